@@ -1,0 +1,1 @@
+"""The functional core: pure decisions, no I/O, no clock."""

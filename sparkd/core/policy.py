@@ -1,0 +1,55 @@
+"""Remediation budget and backoff, computed from remembered attempts."""
+
+from __future__ import annotations
+
+from sparkd.model.memory import Attempt, Memory
+from sparkd.model.probe import ProbeResult
+from sparkd.settings import PolicySpec
+
+# Outcomes that never count toward the failure threshold: nothing was learnt about the model.
+UNCOUNTED = frozenset({"not_run"})
+
+
+def attempts_for(memory: Memory, key: str, since: float) -> tuple[Attempt, ...]:
+    return tuple(a for a in memory.attempts if a.key == key and a.at >= since)
+
+
+def budget_used(memory: Memory, key: str, policy: PolicySpec, now: float) -> int:
+    return len(attempts_for(memory, key, now - policy.budget_window))
+
+
+def backoff_until(memory: Memory, key: str, policy: PolicySpec, now: float) -> float:
+    """When the next attempt at `key` is allowed; the first attempt never waits."""
+    since = max(memory.backoff_reset_at, now - policy.budget_window)
+    streak = attempts_for(memory, key, since)
+    if not streak:
+        return now
+    delay = min(policy.backoff_max, policy.backoff_initial * 2 ** (len(streak) - 1))
+    return float(streak[-1].at + delay)
+
+
+def is_new_probe(memory: Memory, probe: ProbeResult | None) -> bool:
+    if probe is None:
+        return False
+    if memory.launched_at is not None and probe.at < memory.launched_at:
+        return False
+    return memory.last_probe_at is None or probe.at > memory.last_probe_at
+
+
+def counts_as_failure(probe: ProbeResult) -> bool:
+    """A failed probe that says the model is broken: not `not_run`, not a busy timeout."""
+    verdict = probe.verdict
+    if verdict.healthy is not False or verdict.outcome in UNCOUNTED:
+        return False
+    return not probe.busy
+
+
+def failures_after(memory: Memory, probe: ProbeResult | None) -> int:
+    """Consecutive counted failures once `probe` is taken into account."""
+    if probe is None or not is_new_probe(memory, probe):
+        return memory.consecutive_failures
+    if probe.verdict.healthy:
+        return 0
+    if counts_as_failure(probe):
+        return memory.consecutive_failures + 1
+    return memory.consecutive_failures

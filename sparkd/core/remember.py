@@ -1,0 +1,93 @@
+"""How memory changes: `remember(memory, observed, outcomes, now, plan)`. Pure.
+
+Also the operator's edits to memory (pause, resume), so every change of memory is a function
+of values, testable without a daemon.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sparkd.core import policy
+from sparkd.model.memory import Attempt, Blocked, Memory, Pause
+from sparkd.model.observed import Observed
+from sparkd.model.plan import ActionOutcome, Plan
+
+# Attempts older than any sane budget window are of no use; keep memory bounded.
+MAX_ATTEMPTS = 256
+MODEL_STARTS = frozenset({"start_model", "restart_model"})
+RAY_STARTS = frozenset({"start_ray_head", "start_ray_worker", "restart_ray"})
+
+
+def remember(
+    memory: Memory,
+    observed: Observed,
+    outcomes: Sequence[ActionOutcome],
+    now: float,
+    plan: Plan | None = None,
+) -> Memory:
+    changes: dict[str, object] = {}
+
+    boot_ids = dict(memory.boot_ids)
+    for host in observed.hosts:
+        if host.boot_id:
+            boot_ids[host.name] = host.boot_id
+    changes["boot_ids"] = boot_ids
+
+    attempts = list(memory.attempts)
+    for outcome in outcomes:
+        if outcome.result == "skipped":
+            continue
+        attempts.append(
+            Attempt(key=outcome.action.key, at=outcome.started_at, ok=outcome.result == "ok")
+        )
+    changes["attempts"] = tuple(attempts[-MAX_ATTEMPTS:])
+
+    probe = observed.probe
+    if policy.is_new_probe(memory, probe) and probe is not None:
+        changes["consecutive_failures"] = policy.failures_after(memory, probe)
+        changes["last_probe_at"] = probe.at
+
+    launched = [o for o in outcomes if o.action.kind in MODEL_STARTS and o.result == "ok"]
+    ray_restarted = any(o.action.kind in RAY_STARTS and o.result == "ok" for o in outcomes)
+    if launched:
+        changes.update(
+            launched_at=launched[-1].finished_at,
+            launch_nodes=observed.ray.alive_node_ids if observed.ray is not None else (),
+            model_ready_at=None,
+            consecutive_failures=0,
+            last_probe_at=launched[-1].finished_at,
+        )
+    elif ray_restarted:
+        # The model's Ray actors die with Ray: it must be launched again.
+        changes.update(launch_nodes=(), model_ready_at=None)
+
+    if plan is not None:
+        if plan.model_ready and not launched and memory.model_ready_at is None:
+            changes["model_ready_at"] = now
+            if memory.launched_at is not None and not memory.launch_nodes and observed.ray:
+                changes["launch_nodes"] = observed.ray.alive_node_ids
+        if plan.phase == "healthy":
+            changes["healthy_since"] = memory.healthy_since or now
+        else:
+            changes["healthy_since"] = None
+        if plan.reset_backoff:
+            changes["backoff_reset_at"] = now
+        if plan.latch is not None and memory.blocked is None:
+            changes["blocked"] = Blocked(reason=plan.latch, since=now)
+        changes["last_phase"] = plan.phase
+        changes["last_reason"] = plan.reason
+        if plan.phase != "paused" and memory.paused is not None and not memory.paused.active(now):
+            changes["paused"] = None
+    return memory.model_copy(update=changes)
+
+
+def pause(memory: Memory, *, reason: str, by: str, now: float, until: float | None) -> Memory:
+    return memory.model_copy(update={"paused": Pause(reason=reason, by=by, since=now, until=until)})
+
+
+def resume(memory: Memory) -> Memory:
+    """Clear a pause and a `blocked` latch, with a fresh budget: a human has looked."""
+    return memory.model_copy(
+        update={"paused": None, "blocked": None, "attempts": (), "consecutive_failures": 0}
+    )

@@ -1,0 +1,1 @@
+"""Frozen value types: what is observed, what is remembered, what is planned."""

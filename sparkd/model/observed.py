@@ -1,0 +1,184 @@
+"""One immutable snapshot of a cluster, taken once per cycle.
+
+Unknown is explicit: a field that could not be observed is None with a reason elsewhere, a host
+that could not be reached carries a classified `HostError`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from sparkd.model.base import Value
+from sparkd.model.probe import ProbeResult
+
+HostErrorKind = Literal[
+    "unreachable", "refused", "timeout", "auth", "host_key", "conn_lost", "exit_nonzero"
+]
+HOST_ERROR_KINDS: tuple[HostErrorKind, ...] = (
+    "unreachable",
+    "refused",
+    "timeout",
+    "auth",
+    "host_key",
+    "conn_lost",
+    "exit_nonzero",
+)
+
+
+class HostError(Value):
+    kind: HostErrorKind
+    detail: str = ""
+
+
+class UnitState(Value):
+    name: str
+    load_state: str = "loaded"
+    active_state: str = "inactive"
+    sub_state: str = "dead"
+    unit_file_state: str = ""
+
+    @property
+    def exists(self) -> bool:
+        return self.load_state != "not-found"
+
+    @property
+    def active(self) -> bool:
+        return self.active_state in ("active", "activating", "reloading", "deactivating")
+
+    @property
+    def enabled(self) -> bool:
+        return self.unit_file_state in ("enabled", "enabled-runtime", "linked", "linked-runtime")
+
+
+class Container(Value):
+    name: str
+    image: str
+    state: str  # docker's State: created, running, paused, restarting, exited, dead
+    labels: dict[str, str] = Field(default_factory=dict)
+    started_at: float | None = None
+    status: str = ""
+
+    @property
+    def running(self) -> bool:
+        return self.state in ("running", "restarting", "paused")
+
+    def label(self, key: str) -> str | None:
+        return self.labels.get(key)
+
+
+class GpuProcess(Value):
+    pid: int
+    name: str
+    used_memory_mib: int | None = None
+    # The container the process runs in (from `docker top`), None when it runs outside any.
+    container: str | None = None
+
+
+class Interface(Value):
+    name: str
+    up: bool
+    addresses: tuple[str, ...] = ()
+
+
+class HostFacts(Value):
+    name: str
+    error: HostError | None = None
+    boot_id: str | None = None
+    units: tuple[UnitState, ...] = ()
+    containers: tuple[Container, ...] = ()
+    gpu_processes: tuple[GpuProcess, ...] = ()
+    interface: Interface | None = None
+    disk_free_bytes: int | None = None
+    # Local images; None when not observed (the planner then assumes nothing about them).
+    images: tuple[str, ...] | None = None
+
+    @property
+    def reachable(self) -> bool:
+        return self.error is None
+
+    def container(self, name: str) -> Container | None:
+        return next((c for c in self.containers if c.name == name), None)
+
+    def unit(self, name: str) -> UnitState | None:
+        return next((u for u in self.units if u.name == name), None)
+
+
+class RayNode(Value):
+    node_id: str
+    ip: str
+    alive: bool
+    gpus: float = 0.0
+    is_head: bool = False
+    state_message: str | None = None
+
+
+class RayState(Value):
+    """Ray as the head sees it. `error` set means Ray did not answer (no cluster, or down)."""
+
+    nodes: tuple[RayNode, ...] = ()
+    gpus_total: float = 0.0
+    error: str | None = None
+
+    @property
+    def up(self) -> bool:
+        return self.error is None
+
+    @property
+    def alive_ips(self) -> frozenset[str]:
+        return frozenset(n.ip for n in self.nodes if n.alive)
+
+    @property
+    def alive_node_ids(self) -> tuple[str, ...]:
+        return tuple(sorted(n.node_id for n in self.nodes if n.alive))
+
+
+LoadStage = Literal["starting", "weights", "graph_capture", "ready", "failed"]
+
+
+class LoadProgress(Value):
+    stage: LoadStage
+    percent: float | None = None
+    # When the log last showed progress (epoch seconds, host clock).
+    progress_at: float | None = None
+    message: str = ""
+
+
+class ServeState(Value):
+    """The `vllm serve` process in the head container."""
+
+    running: bool
+    pid: int | None = None
+    elapsed_seconds: float | None = None
+    spec_hash: str | None = None
+    progress: LoadProgress | None = None
+    log_tail: tuple[str, ...] = ()
+
+
+EndpointStatus = Literal["up", "refused", "timeout", "error", "not_run"]
+
+
+class ModelEndpoint(Value):
+    status: EndpointStatus
+    health_status: int | None = None
+    models: tuple[str, ...] = ()
+    requests_running: float | None = None
+    generation_tokens_total: float | None = None
+    detail: str = ""
+
+    def serves(self, model_id: str) -> bool:
+        return self.status == "up" and self.health_status == 200 and model_id in self.models
+
+
+class Observed(Value):
+    cluster: str
+    observed_at: float
+    hosts: tuple[HostFacts, ...]
+    ray: RayState | None = None
+    serve: ServeState | None = None
+    endpoint: ModelEndpoint | None = None
+    probe: ProbeResult | None = None
+
+    def host(self, name: str) -> HostFacts | None:
+        return next((h for h in self.hosts if h.name == name), None)

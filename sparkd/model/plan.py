@@ -1,0 +1,109 @@
+"""Plans: a phase, a one-line human reason, and ordered actions that each explain themselves."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from sparkd.model.base import Value
+
+Phase = Literal[
+    "paused",
+    "blocked",
+    "unreachable",
+    "cleaning",
+    "starting_ray",
+    "starting_model",
+    "loading",
+    "probing",
+    "healthy",
+    "degraded",
+]
+PHASES: tuple[Phase, ...] = (
+    "paused",
+    "blocked",
+    "unreachable",
+    "cleaning",
+    "starting_ray",
+    "starting_model",
+    "loading",
+    "probing",
+    "healthy",
+    "degraded",
+)
+
+ActionKind = Literal[
+    "stop_unit",
+    "remove_container",
+    "start_ray_head",
+    "start_ray_worker",
+    "restart_ray",
+    "start_model",
+    "restart_model",
+    "kill_gpu_process",
+]
+ACTION_KINDS: tuple[ActionKind, ...] = (
+    "stop_unit",
+    "remove_container",
+    "start_ray_head",
+    "start_ray_worker",
+    "restart_ray",
+    "start_model",
+    "restart_model",
+    "kill_gpu_process",
+)
+
+
+class Action(Value):
+    kind: ActionKind
+    host: str
+    # What the action is about: a unit, a container, a PID, or the model id.
+    target: str
+    reason: str
+
+    @property
+    def key(self) -> str:
+        """Budget and backoff are kept per (kind, host, target)."""
+        return f"{self.kind}:{self.host}:{self.target}"
+
+    def public(self) -> dict[str, str]:
+        return {"kind": self.kind, "host": self.host, "target": self.target, "reason": self.reason}
+
+
+class Plan(Value):
+    cluster: str
+    phase: Phase
+    reason: str
+    actions: tuple[Action, ...] = ()
+    # What would have run but for pause, dry-run or backoff: shown, never executed.
+    withheld: tuple[Action, ...] = ()
+    # Set when this plan latches the cluster `blocked` (budget spent); remember() persists it.
+    latch: str | None = None
+    # Facts the planner decided for remember(): the model answers, and health has lasted long
+    # enough to forget earlier remediations' backoff.
+    model_ready: bool = False
+    reset_backoff: bool = False
+
+    @property
+    def converged(self) -> bool:
+        return self.phase == "healthy" and not self.actions
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster,
+            "phase": self.phase,
+            "reason": self.reason,
+            "converged": self.converged,
+            "actions": [a.public() for a in self.actions],
+            "withheld": [a.public() for a in self.withheld],
+        }
+
+
+ActionResult = Literal["ok", "failed", "timeout", "skipped"]
+
+
+class ActionOutcome(Value):
+    action: Action
+    result: ActionResult
+    started_at: float
+    finished_at: float
+    detail: str = ""

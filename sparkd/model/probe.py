@@ -1,0 +1,61 @@
+"""The verdict of one sanity completion."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from sparkd.model.base import Value
+
+ProbeOutcome = Literal[
+    "answer",
+    "reasoning_only",
+    "empty",
+    "malformed",
+    "http_error",
+    "garbled",
+    "refused",
+    "timeout",
+    "not_run",
+]
+PROBE_OUTCOMES: tuple[ProbeOutcome, ...] = (
+    "answer",
+    "reasoning_only",
+    "empty",
+    "malformed",
+    "http_error",
+    "garbled",
+    "refused",
+    "timeout",
+    "not_run",
+)
+HEALTHY_OUTCOMES: frozenset[ProbeOutcome] = frozenset({"answer", "reasoning_only"})
+
+
+class ProbeVerdict(Value):
+    """What the classifier concluded; `healthy` is None when the probe says nothing (not_run)."""
+
+    outcome: ProbeOutcome
+    healthy: bool | None
+    detail: str = ""
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+
+
+class ProbeResult(Value):
+    """One probe as observed: the verdict plus the measurements taken around it."""
+
+    at: float
+    verdict: ProbeVerdict
+    latency_seconds: float | None = None
+    ttft_seconds: float | None = None
+    http_status: int | None = None
+    # Whether vLLM's generation-token counter rose while the probe waited: tells busy from hung.
+    tokens_advanced: bool | None = None
+
+    @property
+    def outcome(self) -> ProbeOutcome:
+        return self.verdict.outcome
+
+    @property
+    def busy(self) -> bool:
+        return self.verdict.outcome == "timeout" and self.tokens_advanced is True

@@ -1,0 +1,324 @@
+"""Desired state: the TOML config file, validated, with `SPARKD_...` environment overrides.
+
+Environment variables reach scalar settings (`SPARKD_DAEMON__LISTEN=...`), not items of the
+cluster list. Secrets are never values here: only paths to files holding them.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import ipaddress
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+DEFAULT_CONFIG_PATH = Path("/etc/sparkd/sparkd.toml")
+EX_CONFIG = 78
+
+Seconds = Annotated[float, Field(gt=0)]
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+SHM_SIZE = re.compile(r"^[0-9]+[bkmgBKMG]?$")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DaemonSettings(_Section):
+    listen: str = "127.0.0.1:9810"
+    state_dir: Path = Path("/var/lib/sparkd")
+    log_format: Literal["auto", "json", "console"] = "auto"
+    control_token_file: Path | None = None
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("must be HOST:PORT, e.g. 127.0.0.1:9810")
+        return value
+
+    @property
+    def listen_host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def listen_port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+
+class HostSpec(_Section):
+    name: Name
+    address: str
+    port: int = Field(default=22, gt=0, lt=65536)
+    role: Literal["head", "worker"]
+    data_ip: str
+    interface: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:@-]{1,15}$")]
+
+    @field_validator("data_ip")
+    @classmethod
+    def _ip(cls, value: str) -> str:
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address") from None
+
+    @property
+    def ip(self) -> str:
+        return self.data_ip
+
+
+class SshSpec(_Section):
+    """Host keys are always verified: there is deliberately no setting to turn that off."""
+
+    user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_.-]{0,31}$")]
+    key_file: Path
+    known_hosts_file: Path
+    connect_timeout: Seconds = 10.0
+    command_timeout: Seconds = 30.0
+    max_channels: int = Field(default=8, ge=1, le=64)
+
+
+class RaySpec(_Section):
+    image: Annotated[str, Field(min_length=1, pattern=r"^[^\s]+$")]
+    port: int = Field(default=6379, gt=0, lt=65536)
+    expected_gpus: int = Field(default=2, ge=1)
+    env: dict[EnvName, str] = Field(default_factory=dict)
+    shm_size: str = "16g"
+    extra_docker_args: tuple[str, ...] = ()
+    mounts: tuple[str, ...] = ("/models:/models",)
+    dashboard: bool = True
+    join_timeout: Seconds = 120.0
+
+    @field_validator("shm_size")
+    @classmethod
+    def _shm(cls, value: str) -> str:
+        if not SHM_SIZE.match(value):
+            raise ValueError("must be a size such as 16g or 8192m")
+        return value
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for mount in value:
+            src, sep, dst = mount.partition(":")
+            if not sep or not src.startswith("/") or not dst.startswith("/"):
+                raise ValueError(f"mount {mount!r} must be /host/path:/container/path[:ro]")
+        return value
+
+
+class ModelSpec(_Section):
+    id: Annotated[str, Field(min_length=1)]
+    port: int = Field(default=30000, gt=0, lt=65536)
+    tunnel_host: str | None = None
+    url: str | None = None
+    tensor_parallel_size: int = Field(default=2, ge=1)
+    pipeline_parallel_size: int = Field(default=1, ge=1)
+    extra_args: tuple[str, ...] = ()
+    api_key_file: Path | None = None
+    log_dir: Path = Path("/var/lib/sparkd-serve")
+    load_stall: Seconds = 600.0
+    load_timeout: Seconds = 3600.0
+
+    @field_validator("log_dir")
+    @classmethod
+    def _log_dir(cls, value: Path) -> Path:
+        if not value.is_absolute():
+            raise ValueError("must be an absolute path")
+        return value
+
+    @model_validator(mode="after")
+    def _grace(self) -> ModelSpec:
+        if self.load_stall > self.load_timeout:
+            raise ValueError("load_stall must not exceed load_timeout")
+        return self
+
+
+class ProbeSpec(_Section):
+    prompt: Annotated[str, Field(min_length=1)] = "Say hello in one sentence."
+    max_tokens: int = Field(default=50, ge=1)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    timeout: Seconds = 30.0
+    stream: bool = False
+
+
+class CleanupSpec(_Section):
+    units: tuple[Annotated[str, Field(pattern=r"^[A-Za-z0-9@_.:\\-]+$")], ...] = ()
+    container_patterns: tuple[str, ...] = ()
+    harmless_gpu_processes: tuple[str, ...] = ("Xorg", "gnome-shell")
+
+
+class PolicySpec(_Section):
+    failure_threshold: int = Field(default=3, ge=1)
+    budget: int = Field(default=3, ge=1)
+    budget_window: Seconds = 3600.0
+    backoff_initial: Seconds = 30.0
+    backoff_max: Seconds = 900.0
+    healthy_reset: Seconds = 600.0
+    allow_kill_foreign_gpu: bool = False
+
+    @model_validator(mode="after")
+    def _backoff(self) -> PolicySpec:
+        if self.backoff_initial > self.backoff_max:
+            raise ValueError("backoff_initial must not exceed backoff_max")
+        return self
+
+
+class ClusterSpec(_Section):
+    """The desired state of one cluster: what `plan()` compares observations with."""
+
+    name: Name
+    interval: Seconds = 30.0
+    probe_interval: Seconds = 60.0
+    recheck_interval: Seconds = 5.0
+    hosts: tuple[HostSpec, ...]
+    ssh: SshSpec
+    ray: RaySpec
+    model: ModelSpec
+    probe: ProbeSpec = ProbeSpec()
+    cleanup: CleanupSpec = CleanupSpec()
+    policy: PolicySpec = PolicySpec()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> ClusterSpec:
+        heads = [h.name for h in self.hosts if h.role == "head"]
+        if len(heads) != 1:
+            raise ValueError(f"needs exactly one host with role head, found {len(heads)}")
+        _unique("host name", [h.name for h in self.hosts])
+        _unique("host data_ip", [h.ip for h in self.hosts])
+        if self.ray.expected_gpus < len(self.hosts):
+            raise ValueError(
+                f"ray.expected_gpus ({self.ray.expected_gpus}) is less than the number of hosts "
+                f"({len(self.hosts)})"
+            )
+        if self.probe.timeout >= self.probe_interval:
+            raise ValueError(
+                f"probe.timeout ({self.probe.timeout:g}s) must be less than probe_interval "
+                f"({self.probe_interval:g}s)"
+            )
+        parallel = self.model.tensor_parallel_size * self.model.pipeline_parallel_size
+        if parallel != self.ray.expected_gpus:
+            raise ValueError(
+                f"model tensor_parallel_size x pipeline_parallel_size = {parallel}, "
+                f"but ray.expected_gpus = {self.ray.expected_gpus}"
+            )
+        return self
+
+    @property
+    def head(self) -> HostSpec:
+        return next(h for h in self.hosts if h.role == "head")
+
+    @property
+    def workers(self) -> tuple[HostSpec, ...]:
+        return tuple(h for h in self.hosts if h.role == "worker")
+
+    def host(self, name: str) -> HostSpec:
+        return next(h for h in self.hosts if h.name == name)
+
+    @property
+    def model_host(self) -> str:
+        """Where the model is reached from the head's SSH endpoint (default: its data IP)."""
+        return self.model.tunnel_host or self.head.ip
+
+
+def _unique(what: str, values: list[str]) -> None:
+    seen: set[str] = set()
+    for value in values:
+        if value in seen:
+            raise ValueError(f"duplicate {what} {value!r}")
+        seen.add(value)
+
+
+_config_path: contextvars.ContextVar[Path] = contextvars.ContextVar(
+    "sparkd_config_path", default=DEFAULT_CONFIG_PATH
+)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="SPARKD_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    daemon: DaemonSettings = DaemonSettings()
+    clusters: tuple[ClusterSpec, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_clusters(self) -> Settings:
+        _unique("cluster name", [c.name for c in self.clusters])
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml = TomlConfigSettingsSource(settings_cls, toml_file=_config_path.get())
+        return (init_settings, env_settings, toml)
+
+    def cluster(self, name: str) -> ClusterSpec | None:
+        return next((c for c in self.clusters if c.name == name), None)
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; `problems` holds one `location: message` line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
+    if explicit is not None:
+        return Path(explicit)
+    return Path(os.environ.get("SPARKD_CONFIG", str(DEFAULT_CONFIG_PATH)))
+
+
+def load_settings(path: Path) -> Settings:
+    """Read and validate the config; every problem becomes one `location: message` line."""
+    if not path.is_file():
+        raise ConfigError([f"{path}: config file not found"])
+    token = _config_path.set(path)
+    try:
+        return Settings()
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        raise ConfigError([_format_error(e) for e in errors if not _echo(e, errors)]) from None
+    except (OSError, ValueError) as exc:  # unreadable file or TOML syntax error
+        raise ConfigError([f"{path}: {exc}"]) from None
+    finally:
+        _config_path.reset(token)
+
+
+def _echo(error: Any, errors: list[Any]) -> bool:
+    """A list whose item failed also reports itself too short: say only what is wrong."""
+    loc = tuple(error["loc"])
+    return error["type"] == "too_short" and any(
+        len(other["loc"]) > len(loc) and tuple(other["loc"][: len(loc)]) == loc for other in errors
+    )
+
+
+def _format_error(error: Any) -> str:
+    loc = ".".join(str(part) for part in error["loc"]) or "config"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{loc}: {message}"

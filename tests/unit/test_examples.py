@@ -1,0 +1,95 @@
+"""The shipped example snapshots: in sync with their builders, and replayed to the right plan."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sparkd.core.planner import plan
+from sparkd.model.snapshot import load_snapshot
+from tests.examples import EXAMPLE_SET, EXAMPLES, Example, render
+from tests.toy import EXAMPLE_CONFIG, reference_cluster
+
+
+@pytest.mark.parametrize("example", EXAMPLE_SET, ids=[e.name for e in EXAMPLE_SET])
+def test_example_file_is_current(example: Example) -> None:
+    path = EXAMPLES / f"{example.name}.json"
+    assert path.read_text() == render(example), "run: .venv/bin/python -m tests.examples"
+
+
+@pytest.mark.parametrize("example", EXAMPLE_SET, ids=[e.name for e in EXAMPLE_SET])
+def test_example_replays(example: Example) -> None:
+    document = load_snapshot((EXAMPLES / f"{example.name}.json").read_bytes())
+    assert document.snapshot_version == 1
+    result = plan(reference_cluster(), document.observed(), document.memory, document.observed_at)
+    assert result.phase == example.phase, result.reason
+    assert tuple(a.kind for a in result.actions) == example.kinds
+
+
+def test_seed_morning_replay_cli_json() -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sparkd.cli",
+            "plan",
+            "--from-snapshot",
+            str(EXAMPLES / "seed-morning.json"),
+            "--config",
+            str(EXAMPLE_CONFIG),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    [cluster] = json.loads(proc.stdout)
+    assert set(cluster) >= {"cluster", "phase", "reason", "converged", "actions"}
+    assert cluster["converged"] is False
+    kinds = [a["kind"] for a in cluster["actions"]]
+    assert kinds == ["stop_unit"] * 4 + ["remove_container"] * 2 + [
+        "start_ray_head",
+        "start_ray_worker",
+    ]
+    assert [a["target"] for a in cluster["actions"][:4]] == [
+        "vllm-cluster.service",
+        "vllm-proxy.service",
+        "vllm-embeddings.service",
+        "vllm-reranker.service",
+    ]
+    assert {a["target"] for a in cluster["actions"][4:6]} == {"glm-flash"}
+    assert "start_model" not in kinds
+    for action in cluster["actions"]:
+        assert set(action) == {"kind", "host", "target", "reason"}
+
+
+def test_snapshot_round_trip_is_exact() -> None:
+    text = (EXAMPLES / "loading-40pct.json").read_text()
+    document = load_snapshot(text)
+    assert document.model_dump_json(indent=2) + "\n" == text
+
+
+def test_bad_snapshot_exit_65(tmp_path: object) -> None:
+    import pathlib
+
+    path = pathlib.Path(str(tmp_path)) / "bad.json"
+    path.write_text(json.dumps({"snapshot_version": 2, "cluster": "sparks"}))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sparkd.cli",
+            "plan",
+            "--from-snapshot",
+            str(path),
+            "--config",
+            str(EXAMPLE_CONFIG),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 65
+    assert "snapshot_version" in proc.stderr

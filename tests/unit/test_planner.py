@@ -1,0 +1,592 @@
+"""The planner, rule by rule: one named case per rule, each asserting phase, actions and reason."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from sparkd.core.planner import plan
+from sparkd.core.spec import LABEL_SPEC, container_name
+from sparkd.model.memory import Attempt, Blocked, Memory, Pause
+from sparkd.model.observed import GpuProcess, ModelEndpoint, RayNode
+from sparkd.model.plan import Plan
+from sparkd.settings import ClusterSpec
+from tests.toy import Toy
+
+Setup = Callable[[], tuple[Toy, Memory]]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    setup: Setup
+    phase: str
+    kinds: tuple[str, ...]
+    reason: str
+    hosts: tuple[str, ...] | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def with_policy(toy: Toy, **changes: Any) -> None:
+    toy.cluster = toy.cluster.model_copy(
+        update={"policy": toy.cluster.policy.model_copy(update=changes)}
+    )
+
+
+def replace_container(toy: Toy, host: str, **changes: Any) -> None:
+    name = container_name(toy.cluster, toy.cluster.host(host))
+    box = toy.containers[host][name]
+    toy.containers[host][name] = box.model_copy(update=changes)
+
+
+def served(toy: Toy) -> Memory:
+    nodes = tuple(sorted(n.node_id for n in toy.ray_nodes if n.alive))
+    return Memory(
+        launched_at=toy.serve_started,
+        launch_nodes=nodes,
+        model_ready_at=toy.now - 100,
+        last_probe_at=toy.now - 60,
+    )
+
+
+def healthy() -> tuple[Toy, Memory]:
+    toy = Toy.healthy()
+    return toy, served(toy)
+
+
+def seed() -> tuple[Toy, Memory]:
+    return Toy.seed_morning(), Memory()
+
+
+def seed_worker_unreachable() -> tuple[Toy, Memory]:
+    toy = Toy.seed_morning()
+    toy.unreachable("spark-b")
+    return toy, Memory()
+
+
+def healthy_then(mutate: Callable[[Toy, Memory], Memory | None]) -> Setup:
+    def setup() -> tuple[Toy, Memory]:
+        toy, memory = healthy()
+        changed = mutate(toy, memory)
+        return toy, changed if changed is not None else memory
+
+    return setup
+
+
+def _worker_unreachable(toy: Toy, memory: Memory) -> None:
+    toy.unreachable("spark-b", "timeout")
+
+
+def _head_unreachable(toy: Toy, memory: Memory) -> None:
+    toy.unreachable("spark-a", "refused")
+
+
+def _head_exited(toy: Toy, memory: Memory) -> None:
+    replace_container(toy, "spark-a", state="exited", status="Exited (1) 1 minute ago")
+    toy.ray_nodes = []
+    toy.serve_running = False
+    toy.ready = False
+
+
+def _head_drift(toy: Toy, memory: Memory) -> None:
+    replace_container(toy, "spark-a", labels={"sparkd.cluster": "sparks", LABEL_SPEC: "old"})
+
+
+def _worker_drift(toy: Toy, memory: Memory) -> None:
+    replace_container(toy, "spark-b", labels={"sparkd.cluster": "sparks", LABEL_SPEC: "old"})
+
+
+def _worker_missing_from_ray(age: float) -> Callable[[Toy, Memory], None]:
+    def mutate(toy: Toy, memory: Memory) -> None:
+        toy.ray_nodes = [n for n in toy.ray_nodes if n.ip != "192.168.200.13"]
+        replace_container(toy, "spark-b", started_at=toy.now - age)
+
+    return mutate
+
+
+def _wrong_ip(toy: Toy, memory: Memory) -> None:
+    toy.ray_nodes = [n for n in toy.ray_nodes if n.ip != "192.168.200.13"]
+    toy.ray_nodes.append(RayNode(node_id="node09", ip="10.1.230.181", alive=True, gpus=1.0))
+
+
+def _gpus_short(toy: Toy, memory: Memory) -> None:
+    toy.ray_nodes = [
+        n.model_copy(update={"gpus": 0.0}) if not n.is_head else n for n in toy.ray_nodes
+    ]
+
+
+def _serve_never_started(toy: Toy, memory: Memory) -> Memory:
+    toy.serve_running = False
+    toy.ready = False
+    return Memory()
+
+
+def _serve_exited(toy: Toy, memory: Memory) -> None:
+    toy.serve_running = False
+    toy.ready = False
+    toy.log_tail = ("RuntimeError: NCCL error: unhandled system error",)
+
+
+def _serve_drift(toy: Toy, memory: Memory) -> None:
+    toy.serve_spec = "0ld5pec"
+
+
+def _worker_rejoined(toy: Toy, memory: Memory) -> None:
+    worker_ip = "192.168.200.13"
+    toy.ray_nodes = [n for n in toy.ray_nodes if n.ip != worker_ip]
+    toy.ray_nodes.append(RayNode(node_id="node77", ip=worker_ip, alive=True, gpus=1.0))
+
+
+def loading(progress_age: float, elapsed: float, stage: str = "weights") -> Setup:
+    def setup() -> tuple[Toy, Memory]:
+        toy = Toy.healthy()
+        from sparkd.model.plan import Action
+
+        toy.apply(Action(kind="restart_model", host="spark-a", target="m", reason=""))
+        toy.load_seconds = 10 * elapsed + 10_000
+        toy.advance(elapsed)
+        toy.progress_at = toy.now - progress_age
+        if stage == "failed":
+            toy.log_tail = ("torch.OutOfMemoryError: CUDA out of memory",)
+        memory = Memory(launched_at=toy.serve_started)
+        toy.load_failed = stage == "failed"
+        return toy, memory
+
+    return setup
+
+
+def probe_failing(outcome: str, failures_before: int, busy: bool = False) -> Setup:
+    def setup() -> tuple[Toy, Memory]:
+        toy, memory = healthy()
+        toy.probe_style = outcome  # type: ignore[assignment]
+        toy.probe_busy = busy
+        return toy, memory.model_copy(update={"consecutive_failures": failures_before})
+
+    return setup
+
+
+def _endpoint_gone_after_ready(toy: Toy, memory: Memory) -> None:
+    toy.ready = False
+    toy.probe_at = toy.now
+    toy.probe_style = "refused"
+
+
+def _foreign_gpu(toy: Toy, memory: Memory) -> None:
+    toy.gpu["spark-a"].append(GpuProcess(pid=48213, name="/usr/bin/python3", used_memory_mib=96073))
+
+
+def _foreign_gpu_killable(toy: Toy, memory: Memory) -> None:
+    _foreign_gpu(toy, memory)
+    with_policy(toy, allow_kill_foreign_gpu=True)
+
+
+def _harmless_gpu(toy: Toy, memory: Memory) -> None:
+    toy.gpu["spark-a"].append(GpuProcess(pid=2558, name="/usr/lib/xorg/Xorg", used_memory_mib=18))
+
+
+def _image_missing(toy: Toy, memory: Memory) -> Memory:
+    toy.containers["spark-b"].clear()
+    toy.images["spark-b"] = ["hellohal2064/vllm-glm47-gb10:latest"]
+    return memory
+
+
+def _budget_spent(toy: Toy, memory: Memory) -> Memory:
+    toy.probe_style = "http_error"
+    key = "restart_model:spark-a:/models/Qwen3.5-122B-A10B-FP8"
+    attempts = tuple(Attempt(key=key, at=toy.now - 600 * i, ok=True) for i in range(1, 4))
+    return memory.model_copy(update={"consecutive_failures": 2, "attempts": attempts})
+
+
+def _backing_off(toy: Toy, memory: Memory) -> Memory:
+    toy.probe_style = "http_error"
+    key = "restart_model:spark-a:/models/Qwen3.5-122B-A10B-FP8"
+    attempts = (Attempt(key=key, at=toy.now - 10, ok=True),)
+    return memory.model_copy(update={"consecutive_failures": 2, "attempts": attempts})
+
+
+def _stale_unit_back(toy: Toy, memory: Memory) -> None:
+    from tests.toy import Unit
+
+    toy.units["spark-a"]["vllm-cluster.service"] = Unit(active=False, enabled=True)
+
+
+def _stale_unit_inactive_disabled(toy: Toy, memory: Memory) -> None:
+    from tests.toy import Unit
+
+    toy.units["spark-a"]["vllm-cluster.service"] = Unit(active=False, enabled=False)
+
+
+def _paused(toy: Toy, memory: Memory) -> Memory:
+    _head_exited(toy, memory)
+    return memory.model_copy(
+        update={"paused": Pause(reason="maintenance", by="alice", since=toy.now, until=None)}
+    )
+
+
+def _pause_expired(toy: Toy, memory: Memory) -> Memory:
+    _head_exited(toy, memory)
+    return memory.model_copy(
+        update={"paused": Pause(reason="x", by="bob", since=toy.now - 100, until=toy.now - 1)}
+    )
+
+
+def _latched(toy: Toy, memory: Memory) -> Memory:
+    _head_exited(toy, memory)
+    return memory.model_copy(update={"blocked": Blocked(reason="budget spent: ...", since=1.0)})
+
+
+def _other_model_on_port(toy: Toy, memory: Memory) -> Memory:
+    toy.serve_running = False
+    toy.ready = False
+    toy._endpoint = lambda: ModelEndpoint(  # type: ignore[method-assign]
+        status="up", health_status=200, models=("/models/GLM-4.7-Flash",)
+    )
+    return Memory()
+
+
+def _rebooted_note(toy: Toy, memory: Memory) -> Memory:
+    toy.reboot("spark-b")
+    return memory.model_copy(update={"boot_ids": {"spark-b": "boot-spark-b-1"}})
+
+
+CASES = [
+    Case(
+        "seed_morning_cleans_then_starts_ray",
+        seed,
+        "cleaning",
+        ("stop_unit",) * 4 + ("remove_container",) * 2 + ("start_ray_head", "start_ray_worker"),
+        "4 stale unit(s) to stop, 2 conflicting container(s) to remove",
+    ),
+    Case(
+        "unreachable_worker_leaves_it_alone_but_cleans_head",
+        seed_worker_unreachable,
+        "unreachable",
+        ("stop_unit",) * 4 + ("remove_container", "start_ray_head"),
+        "spark-b (worker) unreachable (unreachable: No route to host)",
+        hosts=("spark-a",),
+    ),
+    Case("healthy_is_converged", healthy, "healthy", (), "probe reasoning_only"),
+    Case(
+        "healthy_with_answer",
+        probe_failing("answer", 0),
+        "healthy",
+        (),
+        "probe answer",
+    ),
+    Case(
+        "worker_unreachable_touches_nothing",
+        healthy_then(_worker_unreachable),
+        "unreachable",
+        (),
+        "spark-b (worker) unreachable (timeout",
+    ),
+    Case(
+        "head_unreachable_touches_nothing",
+        healthy_then(_head_unreachable),
+        "unreachable",
+        (),
+        "spark-a (head) unreachable (refused",
+    ),
+    Case(
+        "head_exited_restarts_head_then_workers",
+        healthy_then(_head_exited),
+        "starting_ray",
+        ("start_ray_head", "start_ray_worker"),
+        "new Ray head: workers must rejoin",
+    ),
+    Case(
+        "head_spec_drift_rolls_out_in_order",
+        healthy_then(_head_drift),
+        "starting_ray",
+        ("restart_ray", "start_ray_worker"),
+        "spec drift",
+    ),
+    Case(
+        "worker_spec_drift_restarts_only_worker",
+        healthy_then(_worker_drift),
+        "starting_ray",
+        ("restart_ray",),
+        "spec drift",
+        hosts=("spark-b",),
+    ),
+    Case(
+        "worker_joining_within_timeout_waits",
+        healthy_then(_worker_missing_from_ray(10)),
+        "starting_ray",
+        (),
+        "Ray worker spark-b joining",
+    ),
+    Case(
+        "worker_not_joined_after_timeout_restarts",
+        healthy_then(_worker_missing_from_ray(300)),
+        "starting_ray",
+        ("restart_ray",),
+        "not in Ray",
+        hosts=("spark-b",),
+    ),
+    Case(
+        "worker_on_wrong_ip_restarts_worker",
+        healthy_then(_wrong_ip),
+        "starting_ray",
+        ("restart_ray",),
+        "10.1.230.181, not a configured data IP",
+        hosts=("spark-b",),
+    ),
+    Case(
+        "ray_short_of_gpus_waits",
+        healthy_then(_gpus_short),
+        "starting_ray",
+        (),
+        "Ray sees 1 of 2 GPUs",
+    ),
+    Case(
+        "ray_ready_serve_missing_starts_model",
+        healthy_then(_serve_never_started),
+        "starting_model",
+        ("start_model",),
+        "vllm serve is not running",
+    ),
+    Case(
+        "serve_exited_starts_model_with_log",
+        healthy_then(_serve_exited),
+        "starting_model",
+        ("start_model",),
+        "vllm serve exited (last log: RuntimeError: NCCL error",
+    ),
+    Case(
+        "serve_spec_drift_restarts_model",
+        healthy_then(_serve_drift),
+        "starting_model",
+        ("restart_model",),
+        "spec drift: serving 0ld5pec",
+    ),
+    Case(
+        "worker_rejoined_restarts_model",
+        healthy_then(_worker_rejoined),
+        "starting_model",
+        ("restart_model",),
+        "a worker rejoined",
+    ),
+    Case(
+        "load_progressing_is_left_alone",
+        loading(progress_age=30, elapsed=360),
+        "loading",
+        (),
+        "left alone while it progresses",
+    ),
+    Case(
+        "load_progressing_slowly_past_stall_window_is_left_alone",
+        loading(progress_age=599, elapsed=3000),
+        "loading",
+        (),
+        "loading weights",
+    ),
+    Case(
+        "load_stalled_restarts_model",
+        loading(progress_age=601, elapsed=900),
+        "starting_model",
+        ("restart_model",),
+        "load stalled: no progress for 10m01s",
+    ),
+    Case(
+        "load_past_timeout_restarts_even_if_progressing",
+        loading(progress_age=5, elapsed=3601),
+        "starting_model",
+        ("restart_model",),
+        "load not finished after 1h00m (load_timeout 1h00m)",
+    ),
+    Case(
+        "load_failed_in_log_restarts_model",
+        loading(progress_age=5, elapsed=120, stage="failed"),
+        "starting_model",
+        ("restart_model",),
+        "load failed: torch.OutOfMemoryError",
+    ),
+    Case(
+        "first_probe_failure_is_degraded",
+        probe_failing("http_error", 0),
+        "degraded",
+        (),
+        "probe http_error; failure 1 of 3",
+    ),
+    Case(
+        "third_probe_failure_restarts_model",
+        probe_failing("empty", 2),
+        "degraded",
+        ("restart_model",),
+        "3 consecutive failed probes (last: probe empty)",
+    ),
+    Case(
+        "garbled_counts",
+        probe_failing("garbled", 2),
+        "degraded",
+        ("restart_model",),
+        "probe garbled",
+    ),
+    Case(
+        "not_run_never_counts",
+        probe_failing("not_run", 2),
+        "degraded",
+        (),
+        "probe could not run",
+    ),
+    Case(
+        "busy_timeout_never_counts",
+        probe_failing("timeout", 2, busy=True),
+        "degraded",
+        (),
+        "busy: probe timed out",
+    ),
+    Case(
+        "hung_timeout_counts",
+        probe_failing("timeout", 2, busy=False),
+        "degraded",
+        ("restart_model",),
+        "probe timeout",
+    ),
+    Case(
+        "endpoint_gone_after_ready_counts_probe",
+        healthy_then(_endpoint_gone_after_ready),
+        "degraded",
+        (),
+        "probe refused; failure 1 of 3",
+    ),
+    Case(
+        "foreign_gpu_process_blocks",
+        healthy_then(_foreign_gpu),
+        "blocked",
+        (),
+        "foreign GPU process pid 48213 (/usr/bin/python3, 96073 MiB) on spark-a",
+    ),
+    Case(
+        "foreign_gpu_process_killed_when_allowed",
+        healthy_then(_foreign_gpu_killable),
+        "cleaning",
+        ("kill_gpu_process",),
+        "1 foreign GPU process(es) to kill",
+    ),
+    Case("graphics_process_is_harmless", healthy_then(_harmless_gpu), "healthy", (), "probe"),
+    Case(
+        "missing_image_blocks",
+        healthy_then(_image_missing),
+        "blocked",
+        (),
+        "image hellohal2064/vllm-qwen3.5-gb10 missing on spark-b",
+    ),
+    Case(
+        "budget_spent_latches_blocked",
+        healthy_then(_budget_spent),
+        "blocked",
+        (),
+        "budget spent: restart_model",
+    ),
+    Case(
+        "backoff_withholds_repeat",
+        healthy_then(_backing_off),
+        "degraded",
+        (),
+        "backing off restart_model",
+    ),
+    Case(
+        "stale_unit_enabled_again_is_stopped",
+        healthy_then(_stale_unit_back),
+        "cleaning",
+        ("stop_unit",),
+        "1 stale unit(s) to stop",
+    ),
+    Case(
+        "inactive_disabled_unit_is_left_alone",
+        healthy_then(_stale_unit_inactive_disabled),
+        "healthy",
+        (),
+        "probe",
+    ),
+    Case(
+        "paused_plans_nothing",
+        healthy_then(_paused),
+        "paused",
+        (),
+        "paused by alice: maintenance",
+    ),
+    Case(
+        "expired_pause_acts",
+        healthy_then(_pause_expired),
+        "starting_ray",
+        ("start_ray_head", "start_ray_worker"),
+        "Ray head container exited",
+    ),
+    Case(
+        "blocked_latch_plans_nothing",
+        healthy_then(_latched),
+        "blocked",
+        (),
+        "latched; `sparkd resume sparks` to retry",
+    ),
+    Case(
+        "dry_run_plans_nothing",
+        healthy_then(_head_exited),
+        "starting_ray",
+        (),
+        "dry-run: ",
+        kwargs={"dry_run": True},
+    ),
+    Case(
+        "other_model_on_port_blocks",
+        healthy_then(_other_model_on_port),
+        "blocked",
+        (),
+        "already serves /models/GLM-4.7-Flash",
+    ),
+    Case(
+        "reboot_is_named_in_reason",
+        healthy_then(_rebooted_note),
+        "cleaning",
+        ("remove_container", "start_ray_worker"),
+        "spark-b rebooted (boot id changed)",
+    ),
+]
+
+
+def run(case: Case) -> Plan:
+    toy, memory = case.setup()
+    return plan(toy.cluster, toy.observe(), memory, toy.now, **case.kwargs)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_rule(case: Case) -> None:
+    result = run(case)
+    assert result.phase == case.phase, result.reason
+    assert tuple(a.kind for a in result.actions) == case.kinds, result.reason
+    assert case.reason in result.reason
+    if case.hosts is not None:
+        assert {a.host for a in result.actions} <= set(case.hosts)
+    assert result.converged == (case.phase == "healthy" and not case.kinds)
+    for action in result.actions:
+        assert action.reason
+
+
+def test_case_names_are_unique() -> None:
+    assert len({c.name for c in CASES}) == len(CASES)
+
+
+def test_paused_and_dry_run_show_what_they_withhold() -> None:
+    paused = run(next(c for c in CASES if c.name == "paused_plans_nothing"))
+    assert [a.kind for a in paused.withheld] == ["start_ray_head", "start_ray_worker"]
+    dry = run(next(c for c in CASES if c.name == "dry_run_plans_nothing"))
+    assert [a.kind for a in dry.withheld] == ["start_ray_head", "start_ray_worker"]
+
+
+def test_budget_latch_is_carried_for_remember() -> None:
+    result = run(next(c for c in CASES if c.name == "budget_spent_latches_blocked"))
+    assert result.latch is not None and result.latch.startswith("budget spent")
+
+
+def test_four_different_units_are_not_one_budget() -> None:
+    toy, memory = seed()
+    cluster: ClusterSpec = toy.cluster
+    result = plan(cluster, toy.observe(), memory, toy.now)
+    keys = [a.key for a in result.actions if a.kind == "stop_unit"]
+    assert len(set(keys)) == 4
