@@ -326,7 +326,8 @@ def _ray(
             waits.append(f"Ray head starting ({error})")
 
     configured = {h.ip for h in desired.hosts}
-    strangers = sorted(ray.alive_ips - configured) if ray is not None and ray.up else []
+    known = ray is not None and ray.up and ray.ips_known
+    strangers = sorted(ray.alive_ips - configured) if ray is not None and known else []
     for worker in desired.workers:
         seen = facts[worker.name]
         if not seen.reachable:
@@ -362,7 +363,7 @@ def _ray(
                 )
             )
             continue
-        if ray is None or not ray.up or worker.ip in ray.alive_ips:
+        if ray is None or not ray.up or not ray.ips_known or worker.ip in ray.alive_ips:
             continue
         age = _age(box, now)
         if strangers:

@@ -120,6 +120,8 @@ class RayState(Value):
     nodes: tuple[RayNode, ...] = ()
     gpus_total: float = 0.0
     error: str | None = None
+    # `ray status` names nodes but not their IPs; `ray list nodes` gives both.
+    ips_known: bool = True
 
     @property
     def up(self) -> bool:

@@ -1,0 +1,304 @@
+"""Parse what the hosts print into snapshot values. Pure: text in, values out.
+
+Each parser reads one real tool's format (samples in tests/fixtures/samples) and is defensive:
+a section that cannot be read yields None ("not observed"), never a guess.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sparkd.model.observed import (
+    Container,
+    GpuProcess,
+    Interface,
+    LoadProgress,
+    LoadStage,
+    RayNode,
+    RayState,
+    UnitState,
+)
+
+SECTION_START = "@@sparkd "
+SECTION_END = "@@sparkd-end "
+
+
+@dataclass(frozen=True)
+class Section:
+    body: str
+    rc: int | None
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+def parse_sections(text: str) -> dict[str, Section]:
+    """Split the fact script's output: `@@sparkd NAME` ... `@@sparkd-end NAME RC`."""
+    sections: dict[str, Section] = {}
+    name: str | None = None
+    lines: list[str] = []
+    for line in text.splitlines():
+        if line.startswith(SECTION_START):
+            name, lines = line[len(SECTION_START) :].strip(), []
+        elif line.startswith(SECTION_END) and name is not None:
+            _, _, rc_text = line[len(SECTION_END) :].strip().rpartition(" ")
+            rc = int(rc_text) if rc_text.lstrip("-").isdigit() else None
+            sections[name] = Section("\n".join(lines), rc)
+            name = None
+        elif name is not None:
+            lines.append(line)
+    if name is not None:  # cut off mid-section: keep what came, with no exit status
+        sections[name] = Section("\n".join(lines), None)
+    return sections
+
+
+def parse_systemctl_show(text: str) -> tuple[UnitState, ...]:
+    """`systemctl show -p Id,LoadState,ActiveState,SubState,UnitFileState UNIT...`."""
+    units: list[UnitState] = []
+    for block in re.split(r"\n\s*\n", text.strip()):
+        fields = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if "Id" not in fields:
+            continue
+        units.append(
+            UnitState(
+                name=fields["Id"],
+                load_state=fields.get("LoadState", ""),
+                active_state=fields.get("ActiveState", ""),
+                sub_state=fields.get("SubState", ""),
+                unit_file_state=fields.get("UnitFileState", ""),
+            )
+        )
+    return tuple(units)
+
+
+def parse_docker_labels(text: str) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if sep and key:
+            labels[key.strip()] = value
+    return labels
+
+
+def parse_docker_ps(text: str, started: Mapping[str, float] | None = None) -> tuple[Container, ...]:
+    """`docker ps -a --no-trunc --format '{{json .}}'`, one JSON object per line."""
+    containers: list[Container] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        row = json.loads(line)
+        name = str(row.get("Names", "")).split(",")[0]
+        containers.append(
+            Container(
+                name=name,
+                image=str(row.get("Image", "")),
+                state=str(row.get("State", "")).lower(),
+                labels=parse_docker_labels(str(row.get("Labels", ""))),
+                started_at=(started or {}).get(name),
+                status=str(row.get("Status", "")),
+            )
+        )
+    return tuple(containers)
+
+
+@dataclass(frozen=True)
+class TopRow:
+    pid: int
+    elapsed: float | None
+    args: str
+
+
+def parse_docker_top(text: str) -> tuple[TopRow, ...]:
+    """`docker top NAME -eo pid,etimes,args`: a header, then one process per line."""
+    rows: list[TopRow] = []
+    for line in text.splitlines()[1:]:
+        parts = line.split(None, 2)
+        if len(parts) < 2 or not parts[0].isdigit():
+            continue
+        elapsed = float(parts[1]) if parts[1].isdigit() else None
+        rows.append(
+            TopRow(pid=int(parts[0]), elapsed=elapsed, args=parts[2] if len(parts) > 2 else "")
+        )
+    return tuple(rows)
+
+
+def parse_compute_apps(
+    text: str, owners: Mapping[int, str] | None = None
+) -> tuple[GpuProcess, ...]:
+    """`nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits`.
+
+    GB10 prints `[N/A]` for memory it cannot attribute; that is unknown, not zero.
+    """
+    processes: list[GpuProcess] = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 2 or not parts[0].isdigit():
+            continue
+        memory = parts[2] if len(parts) > 2 else ""
+        used = int(memory) if memory.isdigit() else None
+        pid = int(parts[0])
+        processes.append(
+            GpuProcess(
+                pid=pid, name=parts[1], used_memory_mib=used, container=(owners or {}).get(pid)
+            )
+        )
+    return tuple(processes)
+
+
+def parse_ip_addr(text: str) -> Interface | None:
+    """`ip -j addr show dev IFACE` (iproute2 JSON)."""
+    try:
+        rows = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(rows, list) or not rows or not isinstance(rows[0], dict):
+        return None
+    row = rows[0]
+    flags = row.get("flags") or []
+    up = row.get("operstate") == "UP" or ("UP" in flags and "LOWER_UP" in flags)
+    addresses = tuple(
+        str(a["local"]) for a in row.get("addr_info") or [] if isinstance(a, dict) and "local" in a
+    )
+    return Interface(name=str(row.get("ifname", "")), up=up, addresses=addresses)
+
+
+def parse_df_avail(text: str) -> int | None:
+    """`df -B1 --output=avail PATH`: a header line, then bytes available."""
+    for line in text.splitlines()[1:]:
+        if line.strip().isdigit():
+            return int(line.strip())
+    return None
+
+
+def parse_ray_nodes(text: str) -> RayState | None:
+    """`ray list nodes --format=json` (needs the dashboard). None when it is not that JSON."""
+    try:
+        rows = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(rows, list):
+        return None
+    nodes: list[RayNode] = []
+    for row in rows:
+        if not isinstance(row, dict) or "node_id" not in row:
+            return None
+        resources = row.get("resources_total") or {}
+        gpus = resources.get("GPU", 0.0) if isinstance(resources, dict) else 0.0
+        nodes.append(
+            RayNode(
+                node_id=str(row["node_id"]),
+                ip=str(row.get("node_ip", "")),
+                alive=row.get("state") == "ALIVE",
+                gpus=float(gpus) if isinstance(gpus, int | float) else 0.0,
+                is_head=bool(row.get("is_head_node", False)),
+                state_message=row.get("state_message"),
+            )
+        )
+    total = sum(n.gpus for n in nodes if n.alive)
+    return RayState(nodes=tuple(nodes), gpus_total=total)
+
+
+_RAY_NODE = re.compile(r"^\s*\d+\s+node_([0-9a-f]+)\s*$")
+_RAY_GPU = re.compile(r"^\s*([0-9.]+)/([0-9.]+)\s+GPU\b")
+
+
+def parse_ray_status(text: str) -> RayState | None:
+    """`ray status`, both layouts: `Active:`/`Total Usage:` (Ray 2.60) and `Healthy:`/`Usage:`.
+
+    It names nodes but not their IPs: the state says so, and the planner then trusts GPUs only.
+    """
+    if "Node status" not in text:
+        return None
+    block: str | None = None
+    node_ids: list[str] = []
+    total: float | None = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped in ("Active:", "Healthy:"):
+            block = "nodes"
+            continue
+        if stripped.endswith(":") and not stripped.startswith("node_"):
+            block = "usage" if stripped in ("Total Usage:", "Usage:") else None
+            continue
+        if block == "nodes" and (match := _RAY_NODE.match(line)):
+            node_ids.append(match.group(1))
+        elif block == "usage" and (match := _RAY_GPU.match(line)):
+            total = float(match.group(2))
+    if total is None and not node_ids:
+        return None
+    nodes = tuple(RayNode(node_id=n, ip="", alive=True) for n in node_ids)
+    return RayState(nodes=nodes, gpus_total=total or 0.0, ips_known=False)
+
+
+_SHARDS = re.compile(r"Loading safetensors checkpoint shards:\s+(\d+)% Completed")
+_CAPTURE = re.compile(r"Capturing CUDA graph|Graph capturing|CUDA graph capture", re.I)
+_READY = re.compile(r"Application startup complete|Starting vLLM API server|Uvicorn running on")
+_FATAL = re.compile(
+    r"Traceback \(most recent call last\)|CUDA out of memory|OutOfMemoryError|"
+    r"Engine core initialization failed|EngineDeadError|RuntimeError: |ValueError: |"
+    r"Error: |exited with code"
+)
+_SECRET_PATTERNS = (
+    re.compile(r"(--api-key[ =])\S+"),
+    re.compile(r"(Authorization:\s*Bearer\s+)\S+", re.I),
+    re.compile(r"((?:VLLM_API_KEY|HF_TOKEN|HUGGING_FACE_HUB_TOKEN|OPENAI_API_KEY)=)\S+"),
+)
+
+
+def redact(line: str, secrets: Iterable[str] = ()) -> str:
+    for secret in secrets:
+        if secret:
+            line = line.replace(secret, "***")
+    for pattern in _SECRET_PATTERNS:
+        line = pattern.sub(r"\1***", line)
+    return line
+
+
+def log_lines(text: str) -> list[str]:
+    """Lines as a person would see them: tqdm's carriage-return updates become lines."""
+    return [part.rstrip() for part in re.split(r"[\r\n]+", text) if part.strip()]
+
+
+def parse_load_progress(lines: list[str], progress_at: float | None) -> LoadProgress:
+    """Where a `vllm serve` load stands, from its log. The last stage reached wins, a fatal
+    line after it means the load failed."""
+    stage: LoadStage = "starting"
+    percent: float | None = None
+    message = ""
+    for line in lines:
+        if match := _SHARDS.search(line):
+            stage, percent, message = "weights", float(match.group(1)), line.strip()
+        elif _CAPTURE.search(line):
+            stage, message = "graph_capture", line.strip()
+        elif _READY.search(line):
+            stage, percent, message = "ready", 100.0, line.strip()
+        elif _FATAL.search(line) and stage != "ready":
+            stage, message = "failed", line.strip()
+    if stage == "failed":
+        # The traceback's last line names the error better than its first line.
+        tail = next((ln.strip() for ln in reversed(lines) if _FATAL.search(ln)), message)
+        message = tail
+    return LoadProgress(stage=stage, percent=percent, progress_at=progress_at, message=message)
+
+
+def find_serve(rows: Iterable[TopRow]) -> TopRow | None:
+    """The `vllm serve` process among a container's processes (`exec` replaced the `sh -c`)."""
+    for row in rows:
+        words = row.args.split()
+        for i, word in enumerate(words[:-1]):
+            if (word == "vllm" or word.endswith("/vllm")) and words[i + 1] == "serve":
+                return row
+    return None
+
+
+def json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
