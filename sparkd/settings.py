@@ -94,6 +94,9 @@ class SshSpec(_Section):
     connect_timeout: Seconds = 10.0
     command_timeout: Seconds = 30.0
     max_channels: int = Field(default=8, ge=1, le=64)
+    # Prefix privileged commands (systemctl stop/disable, kill) with `sudo -n`; see
+    # `sparkd commands --sudoers USER` for the matching sudoers entries.
+    sudo: bool = False
 
 
 class RaySpec(_Section):

@@ -1,0 +1,1 @@
+"""The daemon's imperative shell around the core: controllers, persistence, signals."""

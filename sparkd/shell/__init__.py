@@ -1,0 +1,1 @@
+"""The imperative shell: everything that talks to hosts (SSH, HTTP) lives here."""

@@ -1,0 +1,261 @@
+"""Every command sparkd runs on a host, built here and nowhere else.
+
+Commands are built from typed config values; every value is quoted with `shlex.quote` (via
+`shlex.join`), also inside the one nested `sh -c` layer, and every tool runs under
+`timeout -k 2 N` so nothing outlives its cycle on the host (an SSH-side timeout closes the channel
+but leaves the remote process running).
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sparkd.core.assemble import LAUNCH_MARKER
+from sparkd.core.spec import (
+    LABEL_CLUSTER,
+    LABEL_ROLE,
+    LABEL_SPEC,
+    container_name,
+    model_spec_hash,
+    ray_spec_hash,
+    serve_log_path,
+    serve_spec_path,
+)
+from sparkd.settings import ClusterSpec, HostSpec
+
+KILL_GRACE = 2
+UNIT_PROPERTIES = "Id,LoadState,ActiveState,SubState,UnitFileState"
+TOP_FORMAT = "pid,etimes,args"
+LOG_TAIL_BYTES = 65536
+API_KEY_FILE = "api_key"
+
+
+@dataclass(frozen=True)
+class Remote:
+    """One remote command: the shell text to run, and what goes to its stdin (secrets only)."""
+
+    name: str
+    command: str
+    mutating: bool
+    stdin: str | None = None
+
+    def __repr__(self) -> str:  # stdin may hold a secret
+        return f"Remote({self.name!r}, {self.command!r}, mutating={self.mutating})"
+
+
+def timed(argv: Sequence[str], seconds: float) -> list[str]:
+    return ["timeout", "-k", str(KILL_GRACE), str(max(1, math.ceil(seconds))), *argv]
+
+
+def _sudo(cluster: ClusterSpec, argv: list[str]) -> list[str]:
+    return ["sudo", "-n", *argv] if cluster.ssh.sudo else argv
+
+
+def _line(argv: Sequence[str], seconds: float) -> str:
+    return shlex.join(timed(argv, seconds))
+
+
+# -- read path -----------------------------------------------------------------------------
+
+
+_SECTION_FUNCTION = (
+    's() { n=$1; shift; printf \'@@sparkd %s\\n\' "$n"; "$@" 2>&1; rc=$?; '
+    'printf \'\\n@@sparkd-end %s %s\\n\' "$n" "$rc"; }'
+)
+
+
+def fact_script(cluster: ClusterSpec, host: HostSpec, tool_timeout: float) -> Remote:
+    """One batched script per host per cycle: every fact in sections (core.facts.parse_sections)."""
+    t = tool_timeout
+
+    def section(name: str, argv: Sequence[str]) -> str:
+        return shlex.join(["s", name, *timed(argv, t)])
+
+    lines = [_SECTION_FUNCTION]
+    lines.append(section("now", ["date", "+%s"]))
+    lines.append(section("boot_id", ["cat", "/proc/sys/kernel/random/boot_id"]))
+    if cluster.cleanup.units:
+        lines.append(
+            section(
+                "units", ["systemctl", "show", "-p", UNIT_PROPERTIES, "--", *cluster.cleanup.units]
+            )
+        )
+    lines.append(
+        section("containers", ["docker", "ps", "-a", "--no-trunc", "--format", "{{json .}}"])
+    )
+    lines.append(
+        section("image", ["docker", "image", "inspect", "--format", "{{.Id}}", cluster.ray.image])
+    )
+    lines.append(
+        section(
+            "gpu_apps",
+            [
+                "nvidia-smi",
+                "--query-compute-apps=pid,process_name,used_memory",
+                "--format=csv,noheader,nounits",
+            ],
+        )
+    )
+    running = shlex.join(timed(["docker", "ps", "--format", "{{.Names}}"], t))
+    top = shlex.join(timed(["docker", "top"], t))
+    lines.append(f'for c in $({running}); do s "top $c" {top} "$c" -eo {TOP_FORMAT}; done')
+    lines.append(section("iface", ["ip", "-j", "addr", "show", "dev", host.interface]))
+    lines.append(section("disk", ["df", "-B1", "--output=avail", str(cluster.model.log_dir)]))
+    if host.role == "head":
+        head = container_name(cluster, host)
+        if cluster.ray.dashboard:
+            lines.append(
+                section(
+                    "ray_nodes", ["docker", "exec", head, "ray", "list", "nodes", "--format=json"]
+                )
+            )
+        lines.append(section("ray_status", ["docker", "exec", head, "ray", "status"]))
+        lines.append(section("serve_spec", ["cat", serve_spec_path(cluster)]))
+        lines.append(
+            section("serve_log", ["tail", "-c", str(LOG_TAIL_BYTES), serve_log_path(cluster)])
+        )
+        lines.append(section("serve_log_mtime", ["stat", "-c", "%Y", serve_log_path(cluster)]))
+    return Remote("facts", "\n".join(lines) + "\n", mutating=False)
+
+
+# -- write path ----------------------------------------------------------------------------
+
+
+def stop_unit(cluster: ClusterSpec, unit: str, seconds: float) -> Remote:
+    stop = _line(_sudo(cluster, ["systemctl", "stop", "--", unit]), seconds)
+    disable = _line(_sudo(cluster, ["systemctl", "disable", "--", unit]), seconds)
+    return Remote("stop_unit", f"{stop} && {disable}", mutating=True)
+
+
+def remove_container(name: str, seconds: float) -> Remote:
+    return Remote("remove_container", _line(["docker", "rm", "-f", "--", name], seconds), True)
+
+
+def ray_command(cluster: ClusterSpec, host: HostSpec) -> list[str]:
+    ray = cluster.ray
+    if host.role == "head":
+        argv = [
+            "ray", "start", "--block", "--head",
+            f"--node-ip-address={host.ip}", f"--port={ray.port}",
+        ]  # fmt: skip
+        if ray.dashboard:
+            argv.append("--dashboard-host=127.0.0.1")
+        else:
+            argv.append("--include-dashboard=false")
+        return argv
+    return [
+        "ray", "start", "--block",
+        f"--address={cluster.head.ip}:{ray.port}", f"--node-ip-address={host.ip}",
+    ]  # fmt: skip
+
+
+def docker_run_argv(cluster: ClusterSpec, host: HostSpec) -> list[str]:
+    """Like vLLM's run_cluster.sh and NVIDIA's Spark playbook, plus sparkd's labels."""
+    ray = cluster.ray
+    argv = ["docker", "run", "-d", "--name", container_name(cluster, host)]
+    argv += ["--label", f"{LABEL_CLUSTER}={cluster.name}"]
+    argv += ["--label", f"{LABEL_ROLE}={host.role}"]
+    argv += ["--label", f"{LABEL_SPEC}={ray_spec_hash(cluster, host)}"]
+    for key, value in sorted(ray.env.items()):
+        argv += ["-e", f"{key}={value}"]
+    for mount in ray.mounts:
+        argv += ["-v", mount]
+    if host.role == "head":
+        log_dir = str(cluster.model.log_dir)
+        argv += ["-v", f"{log_dir}:{log_dir}"]
+    argv += ["--network", "host", "--gpus", "all", "--shm-size", ray.shm_size]
+    argv += ["--restart=no", "--pull=never", *ray.extra_docker_args, ray.image]
+    return argv + ray_command(cluster, host)
+
+
+def start_ray(cluster: ClusterSpec, host: HostSpec, seconds: float) -> Remote:
+    """Start the node's container; a container holding the name (exited or not) goes first."""
+    name = container_name(cluster, host)
+    remove = _line(["docker", "rm", "-f", "--", name], seconds)
+    run = _line(docker_run_argv(cluster, host), seconds)
+    prepare = ""
+    if host.role == "head":
+        prepare = _line(["mkdir", "-p", "--", str(cluster.model.log_dir)], seconds) + " && "
+    return Remote("start_ray", f"{prepare}{remove} >/dev/null 2>&1; {run}", mutating=True)
+
+
+def serve_argv(cluster: ClusterSpec) -> list[str]:
+    model = cluster.model
+    return [
+        "vllm", "serve", model.id,
+        "--port", str(model.port),
+        "--tensor-parallel-size", str(model.tensor_parallel_size),
+        "--pipeline-parallel-size", str(model.pipeline_parallel_size),
+        "--distributed-executor-backend", "ray",
+        *model.extra_args,
+    ]  # fmt: skip
+
+
+def serve_shell(cluster: ClusterSpec) -> str:
+    """The inner `sh -c` text: exec so the serve process replaces the shell (docker top shows
+    it, signals reach it), output appended to the bind-mounted log. The API key is read from a
+    0600 file inside the shell, so it never appears on any command line."""
+    text = f"exec {shlex.join(serve_argv(cluster))} >>{shlex.quote(serve_log_path(cluster))} 2>&1"
+    if cluster.model.api_key_file is not None:
+        key = shlex.quote(str(cluster.model.log_dir / API_KEY_FILE))
+        text = f'VLLM_API_KEY="$(cat {key})"; export VLLM_API_KEY; {text}'
+    return text
+
+
+def start_model(cluster: ClusterSpec, seconds: float, api_key: str | None = None) -> Remote:
+    """Record the spec hash beside the log, store the API key (from stdin), launch detached."""
+    log_dir = str(cluster.model.log_dir)
+    spec = serve_spec_path(cluster)
+    head = container_name(cluster, cluster.head)
+    spec_hash = shlex.quote(model_spec_hash(cluster))
+    log = shlex.quote(serve_log_path(cluster))
+    steps = [
+        _line(["mkdir", "-p", "--", log_dir], seconds),
+        f"printf '%s\\n' {spec_hash} > {shlex.quote(spec)}",
+        f"printf '%s %s ===\\n' {shlex.quote(LAUNCH_MARKER)} {spec_hash} >> {log}",
+    ]
+    if api_key is not None:
+        target = shlex.quote(str(cluster.model.log_dir / API_KEY_FILE))
+        steps.append(f"(umask 077 && {shlex.join(timed(['cat'], seconds))} > {target})")
+    exec_argv = ["docker", "exec", "-d", head, "sh", "-c", serve_shell(cluster)]
+    steps.append(_line(exec_argv, seconds))
+    return Remote("start_model", " && ".join(steps), mutating=True, stdin=api_key)
+
+
+def kill_process(cluster: ClusterSpec, pid: int, signal: str, seconds: float) -> Remote:
+    # `env` makes the shell run the kill program (real, or the simulator's), never its builtin.
+    argv = _sudo(cluster, ["env", "kill", f"-{signal}", str(pid)])
+    return Remote("kill_process", _line(argv, seconds), mutating=True)
+
+
+def serve_processes(cluster: ClusterSpec, seconds: float) -> Remote:
+    head = container_name(cluster, cluster.head)
+    return Remote(
+        "serve_processes", _line(["docker", "top", head, "-eo", TOP_FORMAT], seconds), False
+    )
+
+
+def ray_gpus(cluster: ClusterSpec, seconds: float) -> Remote:
+    head = container_name(cluster, cluster.head)
+    return Remote("ray_status", _line(["docker", "exec", head, "ray", "status"], seconds), False)
+
+
+def catalogue(cluster: ClusterSpec, seconds: float) -> list[tuple[HostSpec, Remote]]:
+    """Every command sparkd may run against this cluster, for `sparkd commands`."""
+    entries: list[tuple[HostSpec, Remote]] = []
+    head = cluster.head
+    for host in cluster.hosts:
+        entries.append((host, fact_script(cluster, host, seconds)))
+        for unit in cluster.cleanup.units:
+            entries.append((host, stop_unit(cluster, unit, seconds)))
+        for pattern in cluster.cleanup.container_patterns:
+            entries.append((host, remove_container(pattern, seconds)))
+        entries.append((host, start_ray(cluster, host, seconds)))
+        entries.append((host, kill_process(cluster, 12345, "TERM", seconds)))
+    api_key = "<from api_key_file>" if cluster.model.api_key_file is not None else None
+    entries.append((head, start_model(cluster, seconds, api_key)))
+    entries.append((head, serve_processes(cluster, seconds)))
+    return entries

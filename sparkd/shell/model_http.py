@@ -1,0 +1,305 @@
+"""HTTP to the model through a channel per request (an SSH direct-tcpip channel in production).
+
+A channel per request, not a local port forward: with a forward the local connect always
+succeeds and a refused backend shows up as an EOF; a direct channel is refused outright, so a
+loading vLLM reads as `refused`. HTTP/1.1 framing is h11's; bodies and streams are capped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+
+import h11
+from prometheus_client.parser import text_string_to_metric_families
+
+from sparkd.core.classify import classify_failure, classify_response, classify_stream
+from sparkd.model.observed import ModelEndpoint
+from sparkd.model.probe import ProbeResult
+from sparkd.settings import ClusterSpec
+
+Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+Opener = Callable[[], Awaitable[Streams]]
+
+MAX_BODY = 1 << 20
+MAX_STREAM_LINES = 10_000
+READ_CHUNK = 65536
+
+
+class ChannelRefused(Exception):
+    """Nothing listens on the far side (the opener must raise this, not a generic error)."""
+
+
+class ChannelUnavailable(Exception):
+    """The channel could not be opened for another reason: the request was never sent."""
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class HttpResponse:
+    status: int
+    body: bytes
+
+
+@asynccontextmanager
+async def _exchange(
+    opener: Opener,
+    method: str,
+    authority: str,
+    path: str,
+    body: bytes | None,
+    headers: Sequence[tuple[str, str]],
+) -> AsyncIterator[tuple[h11.Connection, asyncio.StreamReader]]:
+    reader, writer = await opener()
+    try:
+        conn = h11.Connection(our_role=h11.CLIENT, max_incomplete_event_size=MAX_BODY)
+        all_headers = [("Host", authority), ("Connection", "close"), *headers]
+        if body is not None:
+            all_headers += [
+                ("Content-Type", "application/json"),
+                ("Content-Length", str(len(body))),
+            ]
+        data = conn.send(h11.Request(method=method, target=path, headers=all_headers))
+        if body is not None:
+            data += conn.send(h11.Data(data=body))
+        data += conn.send(h11.EndOfMessage())
+        writer.write(data)
+        await writer.drain()
+        yield conn, reader
+    finally:
+        writer.close()
+
+
+async def _next_event(
+    conn: h11.Connection, reader: asyncio.StreamReader
+) -> h11.Event | type[h11.PAUSED]:
+    while True:
+        event = conn.next_event()
+        if event is not h11.NEED_DATA:
+            return event  # type: ignore[return-value]
+        chunk = await reader.read(READ_CHUNK)
+        conn.receive_data(chunk)  # b"" marks EOF; h11 turns a cut-off response into an error
+
+
+async def request(
+    opener: Opener,
+    method: str,
+    authority: str,
+    path: str,
+    *,
+    body: bytes | None = None,
+    headers: Sequence[tuple[str, str]] = (),
+    max_bytes: int = MAX_BODY,
+) -> HttpResponse:
+    async with _exchange(opener, method, authority, path, body, headers) as (conn, reader):
+        status = 0
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            event = await _next_event(conn, reader)
+            if isinstance(event, h11.Response):
+                status = event.status_code
+            elif isinstance(event, h11.Data):
+                size += len(event.data)
+                if size > max_bytes:
+                    raise BodyTooLarge(f"response body over {max_bytes} bytes")
+                parts.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                return HttpResponse(status, b"".join(parts))
+
+
+async def stream_lines(
+    opener: Opener,
+    authority: str,
+    path: str,
+    body: bytes,
+    headers: Sequence[tuple[str, str]],
+    on_first_data: Callable[[], None],
+) -> tuple[int, list[str]]:
+    """POST and collect an SSE response's lines, noting when the first token arrives."""
+    async with _exchange(opener, "POST", authority, path, body, headers) as (conn, reader):
+        status = 0
+        lines: list[str] = []
+        pending = b""
+        seen_token = False
+        while True:
+            event = await _next_event(conn, reader)
+            if isinstance(event, h11.Response):
+                status = event.status_code
+            elif isinstance(event, h11.Data):
+                pending += bytes(event.data)
+                *complete, pending = pending.split(b"\n")
+                for raw in complete:
+                    line = raw.decode("utf-8", "replace")
+                    if not seen_token and _carries_token(line):
+                        seen_token = True
+                        on_first_data()
+                    lines.append(line)
+                if len(lines) > MAX_STREAM_LINES or len(pending) > MAX_BODY:
+                    raise BodyTooLarge("stream too long")
+            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                if pending:
+                    lines.append(pending.decode("utf-8", "replace"))
+                return status, lines
+
+
+def _carries_token(line: str) -> bool:
+    if not line.startswith("data:") or "[DONE]" in line:
+        return False
+    try:
+        chunk = json.loads(line[5:])
+    except ValueError:
+        return False
+    for choice in chunk.get("choices") or []:
+        delta = choice.get("delta") or {}
+        for field in ("content", "reasoning", "reasoning_content"):
+            if isinstance(delta.get(field), str) and delta[field]:
+                return True
+        if delta.get("tool_calls"):
+            return True
+    return False
+
+
+def parse_vllm_metrics(text: str) -> tuple[float | None, float | None]:
+    """vLLM's own /metrics: requests running and generation tokens, summed over engines."""
+    running: float | None = None
+    tokens: float | None = None
+    for family in text_string_to_metric_families(text):
+        if family.name == "vllm:num_requests_running":
+            running = sum(s.value for s in family.samples)
+        elif family.name == "vllm:generation_tokens":
+            tokens = sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return running, tokens
+
+
+def _auth(api_key: str | None) -> list[tuple[str, str]]:
+    return [("Authorization", f"Bearer {api_key}")] if api_key else []
+
+
+async def observe_endpoint(
+    opener: Opener, cluster: ClusterSpec, api_key: str | None, limit: float
+) -> ModelEndpoint:
+    authority = f"{cluster.model_host}:{cluster.model.port}"
+    try:
+        async with asyncio.timeout(limit):
+            health = await request(opener, "GET", authority, "/health")
+            listed = await request(opener, "GET", authority, "/v1/models", headers=_auth(api_key))
+            metrics = await request(opener, "GET", authority, "/metrics")
+    except ChannelRefused:
+        return ModelEndpoint(status="refused", detail="connection refused")
+    except ChannelUnavailable as exc:
+        return ModelEndpoint(status="not_run", detail=str(exc))
+    except TimeoutError:
+        return ModelEndpoint(status="timeout", detail=f"no answer within {limit:g}s")
+    except (h11.ProtocolError, BodyTooLarge, OSError, EOFError) as exc:
+        return ModelEndpoint(status="error", detail=f"{type(exc).__name__}: {exc}"[:200])
+    models: tuple[str, ...] = ()
+    try:
+        document = json.loads(listed.body)
+        models = tuple(str(m["id"]) for m in document.get("data", []) if isinstance(m, dict))
+    except (ValueError, KeyError, AttributeError):
+        pass
+    running, tokens = (None, None)
+    if metrics.status == 200:
+        with suppress(ValueError):
+            running, tokens = parse_vllm_metrics(metrics.body.decode("utf-8", "replace"))
+    return ModelEndpoint(
+        status="up",
+        health_status=health.status,
+        models=models,
+        requests_running=running,
+        generation_tokens_total=tokens,
+        detail=f"/health {health.status}, /v1/models {listed.status}",
+    )
+
+
+async def _token_count(opener: Opener, authority: str) -> float | None:
+    try:
+        async with asyncio.timeout(5):
+            response = await request(opener, "GET", authority, "/metrics")
+        return parse_vllm_metrics(response.body.decode("utf-8", "replace"))[1]
+    except Exception:  # any failure just means "unknown": the probe verdict stands
+        return None
+
+
+async def probe(
+    opener: Opener,
+    cluster: ClusterSpec,
+    api_key: str | None,
+    *,
+    wall_clock: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> ProbeResult:
+    """One sanity completion, classified; never runs past the probe timeout."""
+    spec = cluster.probe
+    authority = f"{cluster.model_host}:{cluster.model.port}"
+    payload: dict[str, object] = {
+        "model": cluster.model.id,
+        "messages": [{"role": "user", "content": spec.prompt}],
+        "max_tokens": spec.max_tokens,
+        "temperature": spec.temperature,
+    }
+    if spec.stream:
+        payload["stream"] = True
+        payload["stream_options"] = {"include_usage": True}
+    body = json.dumps(payload).encode()
+    at = wall_clock()
+    start = monotonic()
+    first: list[float] = []
+    tokens_before = await _token_count(opener, authority)
+    try:
+        async with asyncio.timeout(spec.timeout):
+            if spec.stream:
+                status, lines = await stream_lines(
+                    opener, authority, "/v1/chat/completions", body, _auth(api_key),
+                    lambda: first.append(monotonic() - start),
+                )  # fmt: skip
+                verdict = classify_stream(status, lines)
+            else:
+                response = await request(
+                    opener,
+                    "POST",
+                    authority,
+                    "/v1/chat/completions",
+                    body=body,
+                    headers=_auth(api_key),
+                )
+                status = response.status
+                verdict = classify_response(status, response.body)
+    except ChannelRefused:
+        return ProbeResult(at=at, verdict=classify_failure("refused", "connection refused"))
+    except ChannelUnavailable as exc:
+        return ProbeResult(at=at, verdict=classify_failure("not_run", str(exc)))
+    except TimeoutError:
+        tokens_after = await _token_count(opener, authority)
+        advanced = (
+            tokens_after > tokens_before
+            if tokens_before is not None and tokens_after is not None
+            else None
+        )
+        return ProbeResult(
+            at=at,
+            verdict=classify_failure("timeout", f"no answer within {spec.timeout:g}s"),
+            latency_seconds=monotonic() - start,
+            tokens_advanced=advanced,
+        )
+    except BodyTooLarge as exc:
+        verdict = classify_response(200, f"<{exc}>")
+        return ProbeResult(at=at, verdict=verdict, latency_seconds=monotonic() - start)
+    except (h11.ProtocolError, OSError, EOFError) as exc:
+        verdict = classify_response(200, f"<connection broke: {type(exc).__name__}>")
+        return ProbeResult(at=at, verdict=verdict, latency_seconds=monotonic() - start)
+    return ProbeResult(
+        at=at,
+        verdict=verdict,
+        latency_seconds=monotonic() - start,
+        ttft_seconds=first[0] if first else None,
+        http_status=status,
+    )

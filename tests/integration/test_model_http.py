@@ -1,0 +1,134 @@
+"""The model client and the probe against the simulated vLLM server over real loopback HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from sparkd.settings import ClusterSpec
+from sparkd.shell import model_http
+from sparkd.sim.vllm_server import ModelBehaviour, SimVllmServer
+from tests.toy import reference_cluster
+
+MODEL = "/models/Qwen3.5-122B-A10B-FP8"
+
+
+def opener_for(port: int) -> model_http.Opener:
+    async def open_() -> model_http.Streams:
+        try:
+            return await asyncio.open_connection("127.0.0.1", port)
+        except ConnectionRefusedError as exc:
+            raise model_http.ChannelRefused(str(exc)) from None
+
+    return open_
+
+
+def cluster(**probe: Any) -> ClusterSpec:
+    spec = reference_cluster()
+    return spec.model_copy(update={"probe": spec.probe.model_copy(update=probe)})
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[SimVllmServer, ModelBehaviour]]:
+    behaviour = ModelBehaviour()
+    srv = SimVllmServer(MODEL, behaviour)
+    await srv.start()
+    yield srv, behaviour
+    await srv.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("naming", ["reasoning", "both", "reasoning_content"])
+async def test_probe_reasoning_only(server: Any, stream: bool, naming: str) -> None:
+    srv, behaviour = server
+    behaviour.naming = naming
+    result = await model_http.probe(opener_for(srv.port), cluster(stream=stream), None)
+    assert result.verdict.outcome == "reasoning_only"
+    assert result.verdict.completion_tokens == 50
+    assert result.verdict.finish_reason == "length"
+    assert result.latency_seconds is not None and result.latency_seconds > 0
+    if stream:
+        assert result.ttft_seconds is not None and result.ttft_seconds <= result.latency_seconds
+
+
+@pytest.mark.parametrize(
+    ("style", "outcome"),
+    [
+        ("answer", "answer"),
+        ("empty", "empty"),
+        ("malformed", "malformed"),
+        ("http_500", "http_error"),
+        ("garbled", "garbled"),
+    ],
+)
+async def test_probe_styles(server: Any, style: str, outcome: str) -> None:
+    srv, behaviour = server
+    behaviour.style = style
+    result = await model_http.probe(opener_for(srv.port), cluster(), None)
+    assert result.verdict.outcome == outcome
+
+
+async def test_busy_is_told_from_hung(server: Any) -> None:
+    srv, behaviour = server
+    behaviour.style = "busy"
+    busy = await model_http.probe(opener_for(srv.port), cluster(timeout=0.3), None)
+    assert (busy.verdict.outcome, busy.tokens_advanced, busy.busy) == ("timeout", True, True)
+    behaviour.style = "reasoning_only"
+    behaviour.engine = "hung"
+    hung = await model_http.probe(opener_for(srv.port), cluster(timeout=0.3), None)
+    assert (hung.verdict.outcome, hung.tokens_advanced, hung.busy) == ("timeout", False, False)
+
+
+async def test_refused_when_nothing_listens() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = await model_http.probe(opener_for(port), cluster(), None)
+    assert result.verdict.outcome == "refused"
+    endpoint = await model_http.observe_endpoint(opener_for(port), cluster(), None, 2)
+    assert endpoint.status == "refused"
+
+
+async def test_not_run_when_the_channel_cannot_open() -> None:
+    async def broken() -> model_http.Streams:
+        raise model_http.ChannelUnavailable("SSH connection to spark-a lost")
+
+    result = await model_http.probe(broken, cluster(), None)
+    assert (result.verdict.outcome, result.verdict.healthy) == ("not_run", None)
+
+
+async def test_observe_endpoint(server: Any) -> None:
+    srv, _ = server
+    endpoint = await model_http.observe_endpoint(opener_for(srv.port), cluster(), None, 2)
+    assert endpoint.serves(MODEL)
+    assert endpoint.requests_running == 0
+    assert endpoint.generation_tokens_total is not None
+
+
+async def test_api_key_is_sent() -> None:
+    srv = SimVllmServer(MODEL, ModelBehaviour(), api_key="k-123")
+    await srv.start()
+    try:
+        denied = await model_http.probe(opener_for(srv.port), cluster(), None)
+        allowed = await model_http.probe(opener_for(srv.port), cluster(), "k-123")
+    finally:
+        await srv.stop()
+    assert denied.verdict.outcome == "http_error"
+    assert allowed.verdict.outcome == "reasoning_only"
+
+
+def test_vllm_metrics_parsing() -> None:
+    text = (
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
+        "# HELP vllm:generation_tokens_total Number of generation tokens processed.\n"
+        "# TYPE vllm:generation_tokens_total counter\n"
+        'vllm:generation_tokens_total{engine="0",model_name="m"} 1234.0\n'
+        'vllm:generation_tokens_created{engine="0",model_name="m"} 1.7e9\n'
+    )
+    assert model_http.parse_vllm_metrics(text) == (3.0, 1234.0)

@@ -1,0 +1,71 @@
+"""Persisted memory, events and the state-dir lock on a real filesystem."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkd.model.memory import Attempt, Memory
+from sparkd.runtime.state import LockHeld, StateDir
+
+
+def test_memory_round_trip_and_permissions(tmp_path: Path) -> None:
+    state = StateDir(tmp_path / "state")
+    memory = Memory(attempts=(Attempt(key="k", at=1.0, ok=True),), launched_at=5.0)
+    state.save_memory("sparks", memory)
+    assert state.load_memory("sparks") == (memory, None)
+    assert stat.S_IMODE(state.path.stat().st_mode) == 0o700
+    assert stat.S_IMODE(state.memory_path("sparks").stat().st_mode) == 0o600
+    assert [p.name for p in state.path.iterdir()] == ["memory-sparks.json"]
+
+
+def test_missing_memory_is_fresh(tmp_path: Path) -> None:
+    assert StateDir(tmp_path).load_memory("x") == (Memory(), None)
+
+
+@pytest.mark.parametrize(
+    "content", [b"{not json", b'{"version": 99}', b'{"version": 1, "attempts": 5}']
+)
+def test_corrupt_memory_is_moved_aside(tmp_path: Path, content: bytes) -> None:
+    state = StateDir(tmp_path)
+    state.memory_path("sparks").write_bytes(content)
+    memory, problem = state.load_memory("sparks")
+    assert memory == Memory()
+    assert problem is not None and "moved to" in problem
+    [aside] = list(tmp_path.glob("memory-sparks.json.corrupt-*"))
+    assert aside.read_bytes() == content
+
+
+def test_events_newest_first_with_retention(tmp_path: Path) -> None:
+    state = StateDir(tmp_path)
+    for i in range(25):
+        state.append_events([{"n": i}], keep=5)
+    events = state.read_events(100)
+    assert events[0] == {"n": 24}
+    assert len(events) <= 10
+    assert state.read_events(3) == [{"n": 24}, {"n": 23}, {"n": 22}]
+
+
+def test_lock_is_exclusive_across_processes(tmp_path: Path) -> None:
+    state = StateDir(tmp_path)
+    holder = (
+        "import sys, time; from pathlib import Path; from sparkd.runtime.state import StateDir\n"
+        "with StateDir(Path(sys.argv[1])).lock():\n"
+        "    print('held', flush=True); time.sleep(30)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", holder, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        with pytest.raises(LockHeld, match=f"pid {proc.pid}"), state.lock():
+            pass
+    finally:
+        proc.kill()
+        proc.wait()
+    with state.lock():
+        pass

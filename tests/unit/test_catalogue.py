@@ -1,0 +1,200 @@
+"""The remote command catalogue: every value quoted, structure immune to hostile config."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkd.core.spec import container_name, serve_log_path
+from sparkd.settings import ClusterSpec
+from sparkd.shell import catalogue
+from tests.toy import reference_cluster
+
+TEXT = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+    min_size=1,
+    max_size=40,
+)
+HOSTILE = st.one_of(
+    TEXT,
+    st.sampled_from(["$(reboot)", "`id`", "a;b", "x' y", 'q"uote', "--flag", "a b\nc", "*", "~"]),
+)
+
+
+def changed(**parts: dict[str, Any]) -> ClusterSpec:
+    cluster = reference_cluster()
+    update = {k: getattr(cluster, k).model_copy(update=v) for k, v in parts.items()}
+    return cluster.model_copy(update=update)
+
+
+def test_every_tool_runs_under_timeout() -> None:
+    cluster = reference_cluster()
+    for _host, remote in catalogue.catalogue(cluster, 20):
+        if remote.name == "facts":
+            for line in remote.command.splitlines()[1:]:
+                words = shlex.split(line.replace("$(", " ").replace(");", " "))
+                assert "timeout" in words, line
+                if words[0] == "s":
+                    assert words[2] == "timeout", line
+            continue
+        for step in remote.command.replace(" && ", "\n").replace("; ", "\n").splitlines():
+            words = shlex.split(step)
+            if words[0] in ("printf", "(umask"):
+                continue  # shell builtins writing a file: nothing that can hang
+            assert words[:3] == ["timeout", "-k", "2"], (remote.name, step)
+
+
+@settings(max_examples=200, deadline=None)
+@given(HOSTILE)
+def test_remove_container_argv(name: str) -> None:
+    remote = catalogue.remove_container(name, 9)
+    assert shlex.split(remote.command) == [
+        "timeout",
+        "-k",
+        "2",
+        "9",
+        "docker",
+        "rm",
+        "-f",
+        "--",
+        name,
+    ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    HOSTILE,
+    st.lists(HOSTILE, max_size=4),
+    st.dictionaries(st.from_regex(r"[A-Z_]{1,8}", fullmatch=True), HOSTILE, max_size=3),
+)
+def test_start_model_two_layers(model_id: str, extra: list[str], env: dict[str, str]) -> None:
+    cluster = changed(model={"id": model_id, "extra_args": tuple(extra)}, ray={"env": env})
+    remote = catalogue.start_model(cluster, 30)
+    *_, launch = remote.command.split(" && ")
+    outer = shlex.split(launch)
+    head = container_name(cluster, cluster.head)
+    assert outer[:11] == [
+        "timeout",
+        "-k",
+        "2",
+        "30",
+        "docker",
+        "exec",
+        "-d",
+        head,
+        "sh",
+        "-c",
+        outer[10],
+    ]
+    inner = shlex.split(outer[10])
+    assert inner == ["exec", *catalogue.serve_argv(cluster), f">>{serve_log_path(cluster)}", "2>&1"]
+    assert catalogue.serve_argv(cluster)[2] == model_id
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.dictionaries(
+        st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,10}", fullmatch=True), HOSTILE, max_size=4
+    ),
+    st.lists(HOSTILE, max_size=3),
+)
+def test_docker_run_argv_round_trips(env: dict[str, str], extra: list[str]) -> None:
+    cluster = changed(ray={"env": env, "extra_docker_args": tuple(extra)})
+    for host in cluster.hosts:
+        remote = catalogue.start_ray(cluster, host, 60)
+        run = remote.command.split("; ", 1)[1]
+        assert shlex.split(run) == [
+            "timeout",
+            "-k",
+            "2",
+            "60",
+            *catalogue.docker_run_argv(cluster, host),
+        ]
+
+
+def test_docker_run_follows_the_playbook() -> None:
+    cluster = reference_cluster()
+    argv = catalogue.docker_run_argv(cluster, cluster.head)
+    for flag in ("--network", "--gpus", "--shm-size", "--restart=no", "--pull=never"):
+        assert flag in argv
+    assert "RAY_memory_monitor_refresh_ms=0" in argv
+    assert "NCCL_SOCKET_IFNAME=enp1s0f0np0" in argv
+    assert (
+        argv[-6:]
+        == [
+            "ray",
+            "start",
+            "--block",
+            "--head",
+            "--node-ip-address=192.168.200.12",
+            "--port=6379",
+        ][-6:]
+        or "--dashboard-host=127.0.0.1" in argv
+    )
+    worker = catalogue.docker_run_argv(cluster, cluster.workers[0])
+    assert worker[-4:] == [
+        "--block",
+        "--address=192.168.200.12:6379",
+        "--node-ip-address=192.168.200.13",
+    ][-4:] or worker[-3:] == [
+        "--block",
+        "--address=192.168.200.12:6379",
+        "--node-ip-address=192.168.200.13",
+    ]
+    labels = [argv[i + 1] for i, a in enumerate(argv) if a == "--label"]
+    assert [lab.split("=")[0] for lab in labels] == ["sparkd.cluster", "sparkd.role", "sparkd.spec"]
+
+
+def test_api_key_never_on_a_command_line(tmp_path: Any) -> None:
+    cluster = changed(model={"api_key_file": tmp_path / "key"})
+    remote = catalogue.start_model(cluster, 30, api_key="sk-very-secret")
+    assert "sk-very-secret" not in remote.command
+    assert remote.stdin == "sk-very-secret"
+    assert "sk-very-secret" not in repr(remote)
+    assert 'VLLM_API_KEY="$(cat ' in catalogue.serve_shell(cluster)
+
+
+def test_stop_unit_stops_and_disables_with_sudo() -> None:
+    cluster = changed(ssh={"sudo": True})
+    remote = catalogue.stop_unit(cluster, "vllm-cluster.service", 10)
+    stop, disable = remote.command.split(" && ")
+    assert shlex.split(stop)[4:] == [
+        "sudo",
+        "-n",
+        "systemctl",
+        "stop",
+        "--",
+        "vllm-cluster.service",
+    ]
+    assert shlex.split(disable)[4:] == [
+        "sudo",
+        "-n",
+        "systemctl",
+        "disable",
+        "--",
+        "vllm-cluster.service",
+    ]
+
+
+def test_fact_script_is_read_only_and_sectioned() -> None:
+    cluster = reference_cluster()
+    script = catalogue.fact_script(cluster, cluster.head, 10)
+    assert not script.mutating
+    for name in (
+        "now",
+        "boot_id",
+        "units",
+        "containers",
+        "gpu_apps",
+        "iface",
+        "disk",
+        "ray_nodes",
+        "ray_status",
+        "serve_log",
+    ):
+        assert f"s {name} timeout" in script.command, name
+    worker = catalogue.fact_script(cluster, cluster.workers[0], 10)
+    assert "ray_status" not in worker.command
