@@ -226,8 +226,11 @@ def start_model(cluster: ClusterSpec, seconds: float, api_key: str | None = None
 
 
 def kill_process(cluster: ClusterSpec, pid: int, signal: str, seconds: float) -> Remote:
-    # `env` makes the shell run the kill program (real, or the simulator's), never its builtin.
-    argv = _sudo(cluster, ["env", "kill", f"-{signal}", str(pid)])
+    # Through sudo or env, the kill program runs (real, or the simulator's), never the builtin.
+    if cluster.ssh.sudo:
+        argv = ["sudo", "-n", "kill", f"-{signal}", str(pid)]
+    else:
+        argv = ["env", "kill", f"-{signal}", str(pid)]
     return Remote("kill_process", _line(argv, seconds), mutating=True)
 
 
@@ -236,6 +239,16 @@ def serve_processes(cluster: ClusterSpec, seconds: float) -> Remote:
     return Remote(
         "serve_processes", _line(["docker", "top", head, "-eo", TOP_FORMAT], seconds), False
     )
+
+
+def inspect_container(name: str, seconds: float) -> Remote:
+    template = '{{.State.Running}} {{index .Config.Labels "' + LABEL_SPEC + '"}}'
+    argv = ["docker", "inspect", "--format", template, "--", name]
+    return Remote("inspect_container", _line(argv, seconds), mutating=False)
+
+
+def read_serve_spec(cluster: ClusterSpec, seconds: float) -> Remote:
+    return Remote("read_serve_spec", _line(["cat", serve_spec_path(cluster)], seconds), False)
 
 
 def ray_gpus(cluster: ClusterSpec, seconds: float) -> Remote:
@@ -258,4 +271,8 @@ def catalogue(cluster: ClusterSpec, seconds: float) -> list[tuple[HostSpec, Remo
     api_key = "<from api_key_file>" if cluster.model.api_key_file is not None else None
     entries.append((head, start_model(cluster, seconds, api_key)))
     entries.append((head, serve_processes(cluster, seconds)))
+    entries.append((head, read_serve_spec(cluster, seconds)))
+    entries.append((head, ray_gpus(cluster, seconds)))
+    for host in cluster.hosts:
+        entries.append((host, inspect_container(container_name(cluster, host), seconds)))
     return entries

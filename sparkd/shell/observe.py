@@ -1,0 +1,112 @@
+"""Take one snapshot of a cluster: one fact script per host, HTTP to the model, maybe a probe.
+
+All hosts are observed concurrently; each is bounded by its own command timeout, so a slow or
+dead host never delays the others beyond that. Failures become classified values here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sparkd.core import facts
+from sparkd.core.assemble import HeadExtras, head_extras, host_facts
+from sparkd.model.observed import HostError, HostFacts, ModelEndpoint, Observed
+from sparkd.model.probe import ProbeResult
+from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.shell import catalogue, model_http
+from sparkd.shell.secrets import read_secret
+from sparkd.shell.ssh import HostConnection, SshFailure, SshPool
+
+
+@dataclass(frozen=True)
+class HostReading:
+    facts: HostFacts
+    extras: HeadExtras | None
+
+
+def tool_timeout(cluster: ClusterSpec) -> float:
+    """Each tool in the fact script gets a share of the command timeout, so one hung tool is
+    killed on the host (timeout -k) while the script still reports the others."""
+    return max(1.0, cluster.ssh.command_timeout / 3)
+
+
+def opener(conn: HostConnection, cluster: ClusterSpec) -> model_http.Opener:
+    async def open_channel() -> model_http.Streams:
+        try:
+            return await conn.open_connection(cluster.model_host, cluster.model.port)
+        except SshFailure as failure:
+            if failure.kind == "refused":
+                raise model_http.ChannelRefused(failure.error.detail) from None
+            raise model_http.ChannelUnavailable(f"{failure.kind}: {failure.error.detail}") from None
+
+    return open_channel
+
+
+async def read_host(
+    cluster: ClusterSpec,
+    host: HostSpec,
+    conn: HostConnection,
+    observed_at: float,
+    secrets: tuple[str, ...],
+) -> HostReading:
+    script = catalogue.fact_script(cluster, host, tool_timeout(cluster))
+    try:
+        result = await conn.run(script.command, timeout=cluster.ssh.command_timeout)
+        output = result.stdout
+    except SshFailure as failure:
+        if failure.kind != "exit_nonzero" or failure.result is None:
+            return HostReading(HostFacts(name=host.name, error=failure.error), None)
+        output = failure.result.stdout  # sections carry their own exit codes
+    sections = facts.parse_sections(output)
+    if "boot_id" not in sections:
+        error = HostError(kind="exit_nonzero", detail="fact script printed no sections")
+        return HostReading(HostFacts(name=host.name, error=error), None)
+    extras = head_extras(cluster, sections, observed_at, secrets) if host.role == "head" else None
+    return HostReading(host_facts(cluster, host, sections, observed_at), extras)
+
+
+async def observe(
+    cluster: ClusterSpec,
+    pool: SshPool,
+    *,
+    probe_due: Callable[[ModelEndpoint], bool] = lambda endpoint: endpoint.status == "up",
+    wall_clock: Callable[[], float] = time.time,
+) -> Observed:
+    observed_at = wall_clock()
+    api_key = read_secret(cluster.model.api_key_file)
+    secrets = (api_key,) if api_key else ()
+    conns = {h.name: pool.connection(h, cluster.ssh) for h in cluster.hosts}
+    readings = await asyncio.gather(
+        *(read_host(cluster, h, conns[h.name], observed_at, secrets) for h in cluster.hosts)
+    )
+    head = cluster.head
+    head_reading = next(r for r, h in zip(readings, cluster.hosts, strict=True) if h is head)
+    endpoint: ModelEndpoint | None = None
+    probe: ProbeResult | None = None
+    extras = head_reading.extras
+    if head_reading.facts.reachable and extras is not None:
+        open_channel = opener(conns[head.name], cluster)
+        endpoint = await model_http.observe_endpoint(
+            open_channel, cluster, api_key, cluster.ssh.command_timeout
+        )
+        if probe_due(endpoint):
+            probe = await model_http.probe(open_channel, cluster, api_key, wall_clock=wall_clock)
+    return Observed(
+        cluster=cluster.name,
+        observed_at=observed_at,
+        hosts=tuple(r.facts for r in readings),
+        ray=extras.ray if extras is not None else None,
+        serve=extras.serve if extras is not None else None,
+        endpoint=endpoint,
+        probe=probe,
+    )
+
+
+async def probe_once(cluster: ClusterSpec, pool: SshPool) -> ProbeResult:
+    """One probe through the head, for `sparkd probe`."""
+    conn = pool.connection(cluster.head, cluster.ssh)
+    api_key = read_secret(cluster.model.api_key_file)
+    return await model_http.probe(opener(conn, cluster), cluster, api_key)

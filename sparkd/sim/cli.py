@@ -1,0 +1,124 @@
+"""`sparkd sim`: run a simulated world in the foreground, or inject a fault into a running one.
+
+sparkd sim --scenario seed-morning [--hosts N] [--clusters N] [--dir PATH] [--realistic]
+           [--scale F]
+sparkd sim fault NAME HOST [ARG] [--dir PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from sparkd.sim.control import send_fault
+from sparkd.sim.timing import Timing
+from sparkd.sim.world import SCENARIOS, World
+
+FAULTS = (
+    "reboot", "unreachable", "blackhole", "heal", "crash-model", "hang-engine", "oom-capture",
+    "wrong-ip", "stray-gpu", "kill-container", "slow-load", "answer-style",
+)  # fmt: skip
+
+
+def default_dir() -> Path:
+    """Where `sparkd sim` keeps its world unless told otherwise (so `fault` finds it)."""
+    return Path(tempfile.gettempdir()) / f"sparkd-sim-{os.getuid()}"
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sparkd sim", description="Run a simulated Spark world.")
+    parser.add_argument("--scenario", choices=SCENARIOS, default="seed-morning")
+    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--clusters", type=int, default=1)
+    parser.add_argument("--dir", type=Path, default=None, help="world directory")
+    parser.add_argument(
+        "--realistic", action="store_true", help="measured Ray/vLLM timing (default: fast)"
+    )
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every duration")
+    return parser
+
+
+def _fault_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sparkd sim fault", description="Inject a fault into a running simulated world."
+    )
+    parser.add_argument("fault", choices=FAULTS)
+    parser.add_argument("host")
+    parser.add_argument("arg", nargs="?", default=None)
+    parser.add_argument("--dir", type=Path, default=None, help="world directory")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """Entry point for `sparkd sim ARGS` (`argv` with or without the leading "sim")."""
+    if argv[:1] == ["sim"]:
+        argv = argv[1:]
+    try:
+        if argv[:1] == ["fault"]:
+            return _fault(_fault_parser().parse_args(argv[1:]))
+        run_args = _run_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse's --help and usage errors
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        return asyncio.run(_run(run_args))
+    except ValueError as exc:
+        print(f"sparkd sim: {exc}", file=sys.stderr)
+        return 2
+
+
+def _fault(args: argparse.Namespace) -> int:
+    directory: Path = args.dir or default_dir()
+    socket = directory / "control.sock"
+    try:
+        answer = asyncio.run(send_fault(socket, args.fault, args.host, args.arg))
+    except (FileNotFoundError, ConnectionRefusedError):
+        print(f"sparkd sim: no running world at {directory}", file=sys.stderr)
+        return 1
+    stream = sys.stdout if answer.get("ok") else sys.stderr
+    print(answer.get("message", ""), file=stream)
+    return 0 if answer.get("ok") else 1
+
+
+async def _run(args: argparse.Namespace) -> int:
+    timing = Timing.realistic() if args.realistic else Timing.fast()
+    if args.scale != 1.0:
+        timing = timing.scaled(args.scale)
+    world = World(
+        args.dir or default_dir(),
+        hosts=args.hosts,
+        clusters=args.clusters,
+        scenario=args.scenario,
+        timing=timing,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with world:
+        print(f"simulated world '{args.scenario}' in {world.directory}")
+        for host in world.hosts.values():
+            print(
+                f"  {host.name:<10} {host.cluster:<10} ssh {world.user}@{host.address} -p "
+                f"{host.port}  ({host.state.role})"
+            )
+        print(f"client key:  {world.client_key_path}")
+        print(f"known_hosts: {world.known_hosts_path}")
+        print(f"config:      {world.config_path}")
+        print(f"faults:      sparkd sim fault NAME HOST [ARG] --dir {world.directory}")
+        print("Ctrl-C stops the world.", flush=True)
+        await stop.wait()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(Exception):
+            loop.remove_signal_handler(sig)
+    print("world stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

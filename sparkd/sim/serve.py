@@ -1,0 +1,384 @@
+"""`vllm serve` inside a simulated head container: a long-lived process whose stdout carries
+vLLM's progress lines, which needs the Ray cluster's GPUs, and which starts the model's HTTP
+server only once loading is done (until then the port refuses connections)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sparkd.sim.engine import HostEngine
+from sparkd.sim.protocol import Done, Stream, fail
+from sparkd.sim.state import Container, GpuProcess, RayCluster, SimProcess
+from sparkd.sim.timing import Timing
+
+SHARDS = 39
+GRAPH_SIZES = 67
+WEIGHTS_MIB = 96073
+
+
+class ModelServer(Protocol):
+    async def start(self) -> int: ...
+    async def stop(self) -> None: ...
+
+
+ServerFactory = Callable[[str, str, int, str | None, int], ModelServer]
+"""(model id, listen address, port, api key, max model len) -> server."""
+
+_VALUE_FLAGS = {
+    "--port",
+    "--host",
+    "--tensor-parallel-size",
+    "-tp",
+    "--pipeline-parallel-size",
+    "-pp",
+    "--reasoning-parser",
+    "--tool-call-parser",
+    "--max-model-len",
+    "--gpu-memory-utilization",
+    "--served-model-name",
+    "--api-key",
+    "--distributed-executor-backend",
+    "--max-num-seqs",
+    "--kv-cache-dtype",
+    "--dtype",
+    "--quantization",
+    "--download-dir",
+    "--load-format",
+    "--max-num-batched-tokens",
+    "--uvicorn-log-level",
+    "--swap-space",
+    "--block-size",
+    "--seed",
+    "--chat-template",
+    "--limit-mm-per-prompt",
+    "--mm-encoder-tp-mode",
+    "--compilation-config",
+    "--speculative-config",
+    "--data-parallel-size",
+    "--tokenizer",
+    "--revision",
+}
+_BOOL_FLAGS = {
+    "--enable-auto-tool-choice",
+    "--trust-remote-code",
+    "--enforce-eager",
+    "--enable-prefix-caching",
+    "--no-enable-prefix-caching",
+    "--enable-chunked-prefill",
+    "--disable-log-requests",
+    "--disable-log-stats",
+    "--async-scheduling",
+    "--enable-expert-parallel",
+}
+
+
+@dataclass
+class ServeArgs:
+    model: str
+    port: int = 8000
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    served_name: str | None = None
+    api_key: str | None = None
+    max_model_len: int = 262144
+    argv: list[str] = field(default_factory=list)
+
+    @property
+    def gpus(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel
+
+
+def parse_serve(args: list[str], env_api_key: str) -> ServeArgs | Done:
+    usage = "usage: vllm serve [model_tag] [options]\n"
+    if not args or args[0].startswith("-"):
+        return fail(usage + "vllm serve: error: the following arguments are required: model_tag", 2)
+    parsed = ServeArgs(model=args[0], api_key=env_api_key or None, argv=list(args))
+    unknown: list[str] = []
+    i = 1
+    while i < len(args):
+        name, eq, value = args[i].partition("=")
+        if name in _VALUE_FLAGS:
+            if not eq:
+                i += 1
+                if i >= len(args):
+                    return fail(
+                        usage + f"vllm serve: error: argument {name}: expected one argument", 2
+                    )
+                value = args[i]
+            try:
+                if name == "--port":
+                    parsed.port = int(value)
+                elif name in ("--tensor-parallel-size", "-tp"):
+                    parsed.tensor_parallel = int(value)
+                elif name in ("--pipeline-parallel-size", "-pp"):
+                    parsed.pipeline_parallel = int(value)
+                elif name == "--max-model-len":
+                    parsed.max_model_len = int(value)
+            except ValueError:
+                return fail(
+                    usage + f"vllm serve: error: argument {name}: invalid int value: '{value}'", 2
+                )
+            if name == "--served-model-name":
+                parsed.served_name = value
+            elif name == "--api-key":
+                parsed.api_key = value
+        elif name not in _BOOL_FLAGS:
+            unknown.append(args[i])
+        i += 1
+    if unknown:
+        return fail(usage + "vllm serve: error: unrecognized arguments: " + " ".join(unknown), 2)
+    return parsed
+
+
+@dataclass
+class ServeFaults:
+    """Per-host switches the world's fault API flips."""
+
+    slow_load: bool = False
+    oom_capture: bool = False
+
+
+class ServeProcess:
+    def __init__(
+        self,
+        engine: HostEngine,
+        container: Container,
+        args: ServeArgs,
+        cluster: RayCluster | None,
+        engines: dict[str, HostEngine],
+        timing: Timing,
+        faults: ServeFaults,
+        server_factory: ServerFactory,
+        heartbeat_timeout: float,
+    ) -> None:
+        self.engine = engine
+        self.container = container
+        self.args = args
+        self.cluster = cluster
+        self.engines = engines
+        self.timing = timing
+        self.faults = faults
+        self.server_factory = server_factory
+        self.heartbeat_timeout = heartbeat_timeout
+        self.stream = Stream()
+        self.phase = "init"
+        self.server: ModelServer | None = None
+        self.workers: list[tuple[HostEngine, Container, SimProcess, GpuProcess]] = []
+        self.process = engine.add_process(
+            container, "/usr/bin/python3 /usr/local/bin/vllm serve " + " ".join(args.argv)
+        )
+        self.pid = self.process.pid
+        self.log_lines: list[str] = []
+        self.task: asyncio.Task[None] = asyncio.ensure_future(self._main())
+        self._crash = asyncio.Event()
+        self._crash_rc = 0
+        self.stream.on_disconnect = self.kill_hard
+        self._stopping: asyncio.Future[None] | None = None
+
+    # -- output ------------------------------------------------------------------------------
+
+    def _emit(self, line: str) -> None:
+        self.log_lines.append(line)
+        self.stream.write(line + "\n")
+
+    def _info(self, where: str, message: str, level: str = "INFO") -> None:
+        stamp = time.strftime("%m-%d %H:%M:%S")
+        self._emit(f"(APIServer pid={self.pid}) {level} {stamp} [{where}] {message}")
+
+    # -- control from the world ----------------------------------------------------------------
+
+    def kill_hard(self) -> None:
+        self._finish(137)
+
+    def terminate(self) -> None:
+        self._crash_rc = 0
+        self._emit("INFO:     Shutting down")
+        self._emit("INFO:     Application shutdown complete.")
+        self._finish(143 if self.phase != "running" else 0)
+
+    def crash(self, reason: str) -> None:
+        """The engine died (a Ray worker lost, an injected crash): the server exits on its own."""
+        if self.stream.exit_code.done():
+            return
+        self._info("core.py:842", f"EngineCore encountered a fatal error: {reason}", "ERROR")
+        self._info("async_llm.py:474", "AsyncLLM output_handler failed.", "ERROR")
+        self._emit("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.")
+        self._emit("INFO:     Shutting down")
+        # vLLM may exit with status 0 after its engine died (vllm#48966).
+        self._finish(0)
+
+    async def wait_stopped(self) -> None:
+        """Until the model server (if one was started) has closed its socket."""
+        if self._stopping is not None:
+            await self._stopping
+
+    def _finish(self, rc: int) -> None:
+        if self.stream.exit_code.done():
+            return
+        if self.task is not asyncio.current_task():
+            self.task.cancel()
+        self._release()
+        self.stream.finish(rc)
+
+    def _release(self) -> None:
+        with contextlib.suppress(ValueError):
+            self.container.processes.remove(self.process)
+        for engine, container, proc, gpu in self.workers:
+            with contextlib.suppress(ValueError):
+                container.processes.remove(proc)
+            with contextlib.suppress(ValueError):
+                engine.state.gpu_processes.remove(gpu)
+        if self.workers and self.cluster is not None:
+            self.cluster.gpus_in_use = max(0.0, self.cluster.gpus_in_use - self.args.gpus)
+        self.workers = []
+        server, self.server = self.server, None
+        if server is not None:
+            self._stopping = asyncio.ensure_future(server.stop())
+        self.phase = "exited"
+
+    # -- the process itself --------------------------------------------------------------------
+
+    async def _main(self) -> None:
+        try:
+            rc = await self._run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the simulated process dies like a Python traceback would
+            self._emit(f"{type(exc).__name__}: {exc}")
+            rc = 1
+        self._finish(rc)
+
+    async def _run(self) -> int:
+        a = self.args
+        self._info("api_server.py:1896", "vLLM API server version 0.11.0")
+        self._info(
+            "utils.py:328",
+            f"non-default args: {{'model': '{a.model}', 'port': {a.port}, "
+            f"'tensor_parallel_size': {a.tensor_parallel}, "
+            f"'pipeline_parallel_size': {a.pipeline_parallel}}}",
+        )
+        self._info("model.py:547", "Resolved architecture: Qwen3_5MoeForConditionalGeneration")
+        self._info("model.py:1510", f"Using max model len {a.max_model_len}")
+        await asyncio.sleep(self.timing.model_init)
+        available = (
+            self.cluster.total_gpus(time.monotonic(), self.heartbeat_timeout)
+            - self.cluster.gpus_in_use
+            if self.cluster is not None
+            else 0.0
+        )
+        if self.cluster is None or available < a.gpus:
+            self._emit("Traceback (most recent call last):")
+            self._emit(
+                '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/executor/'
+                'ray_utils.py", line 317, in initialize_ray_cluster'
+            )
+            self._emit(
+                "ValueError: The number of required GPUs exceeds the total number of available "
+                f"GPUs in the placement group. Required: {a.gpus}, available: {available:g}."
+            )
+            return 1
+        self._place_workers()
+        self._info("ray_distributed_executor.py:176", "use_ray_spmd_worker: True")
+        await self._load()
+        self.phase = "capture"
+        await self._capture()
+        if self.faults.oom_capture:
+            self.faults.oom_capture = False
+            self._emit(
+                "(raylet) [2026] A worker died or was killed while executing a task by an "
+                "unexpected system error: OOM killer"
+            )
+            self.engine.emit("oom", self.container)
+            return 137
+        server = self.server_factory(
+            a.served_name or a.model, self.engine.state.address, a.port, a.api_key, a.max_model_len
+        )
+        try:
+            await server.start()
+        except OSError as exc:
+            self._info(
+                "api_server.py:1924", f"[Errno 98] error while attempting to bind: {exc}", "ERROR"
+            )
+            return 1
+        self.server = server
+        self.phase = "running"
+        self._info("api_server.py:1971", f"Starting vLLM API server 0 on http://0.0.0.0:{a.port}")
+        self._emit(f"INFO:     Started server process [{self.pid}]")
+        self._emit("INFO:     Waiting for application startup.")
+        self._emit("INFO:     Application startup complete.")
+        await asyncio.Event().wait()
+        return 0
+
+    def _place_workers(self) -> None:
+        assert self.cluster is not None
+        now = time.monotonic()
+        nodes = sorted(
+            (n for n in self.cluster.nodes if n.counted(now, self.heartbeat_timeout)),
+            key=lambda n: not n.is_head,
+        )
+        self.cluster.gpus_in_use += self.args.gpus
+        for node in nodes[: self.args.gpus]:
+            engine = self.engines[node.host]
+            container = engine.state.containers.get(node.container_id)
+            if container is None:
+                continue
+            proc = engine.add_process(container, "ray::RayWorkerWrapper")
+            gpu = GpuProcess(
+                pid=proc.pid, name="ray::RayWorkerWrapper", used_mib=1052, container_id=container.id
+            )
+            engine.state.gpu_processes.append(gpu)
+            self.workers.append((engine, container, proc, gpu))
+
+    async def _load(self) -> None:
+        self.phase = "loading"
+        per_shard = self.timing.model_load / SHARDS
+        if self.faults.slow_load:
+            per_shard *= self.timing.slow_load_factor
+        started = time.monotonic()
+        for done in range(SHARDS + 1):
+            elapsed = time.monotonic() - started
+            rate = f"{elapsed / done:.2f}s/it" if done else "?it/s"
+            remaining = _clock((SHARDS - done) * per_shard) if done else "?"
+            self._emit(
+                f"Loading safetensors checkpoint shards: {done * 100 // SHARDS:3d}% Completed | "
+                f"{done}/{SHARDS} [{_clock(elapsed)}<{remaining}, {rate}]"
+            )
+            for _, _, _, gpu in self.workers:
+                gpu.used_mib = 1052 + (WEIGHTS_MIB - 1052) * done // SHARDS
+            if done < SHARDS:
+                await asyncio.sleep(per_shard)
+        took = time.monotonic() - started
+        self._info("default_loader.py:267", f"Loading weights took {took:.2f} seconds")
+        self._info(
+            "gpu_model_runner.py:2653", f"Model loading took 58.31 GiB and {took:.6f} seconds"
+        )
+
+    async def _capture(self) -> None:
+        steps = 4
+        started = time.monotonic()
+        for step in range(steps + 1):
+            done = GRAPH_SIZES * step // steps
+            bar = "█" * (10 * step // steps) + " " * (10 - 10 * step // steps)
+            self._emit(
+                "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): "
+                f"{done * 100 // GRAPH_SIZES:3d}%|{bar}| {done}/{GRAPH_SIZES} "
+                f"[{_clock(time.monotonic() - started)}<00:00, 2.21it/s]"
+            )
+            if self.faults.oom_capture and step == steps // 2:
+                return
+            if step < steps:
+                await asyncio.sleep(self.timing.graph_capture / steps)
+        self._info("gpu_model_runner.py:3480", "Graph capturing finished in 35 secs, took 0.86 GiB")
+        self._info(
+            "core.py:210", "init engine (profile, create kv cache, warmup model) took 61.2 s"
+        )
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes:02d}:{secs:02d}"

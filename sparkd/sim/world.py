@@ -1,0 +1,739 @@
+"""The simulated world: DGX Spark hosts behind real SSH servers on loopback, whose fake tools all
+talk to this one in-process model.
+
+    async with World(directory, scenario="seed-morning", timing=Timing.fast()) as world:
+        world.config_path, world.client_key_path, world.known_hosts_path
+        await world.fault("reboot", "spark-b")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pwd
+import shlex
+import shutil
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import asyncssh
+
+from sparkd.sim import fake_system
+from sparkd.sim.config import render_config
+from sparkd.sim.control import ControlServer
+from sparkd.sim.engine import HostEngine, graphics_processes, normalize_image
+from sparkd.sim.fake_docker import FakeDocker
+from sparkd.sim.protocol import Done, Reply, ToolCall, fail
+from sparkd.sim.ray_runtime import RayWorld, StatusLayout
+from sparkd.sim.reference import GLM_IMAGE, INTERFACE, MODEL_ID, QWEN_IMAGE, STALE_UNITS
+from sparkd.sim.serve import ModelServer, ServeFaults, ServeProcess, parse_serve
+from sparkd.sim.sshd import SimSshHost
+from sparkd.sim.state import (
+    Container,
+    GpuProcess,
+    HostState,
+    Mount,
+    RayCluster,
+    RayNode,
+    Unit,
+    new_boot_id,
+    new_container_id,
+)
+from sparkd.sim.timing import Timing
+from sparkd.sim.toolserver import ToolServer
+from sparkd.sim.vllm_server import FieldNaming, ModelBehaviour, SimVllmServer
+
+TOOLS = ("docker", "systemctl", "nvidia-smi", "ray", "vllm", "ip", "df", "kill", "cat", "sudo")
+SCENARIOS = ("seed-morning", "healthy", "empty")
+BIN_DIR = Path(__file__).with_name("bin")
+_SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+Reachability = Literal["ok", "unreachable", "blackhole", "down"]
+Scenario = Literal["seed-morning", "healthy", "empty"]
+
+
+@dataclass(frozen=True)
+class CommandRecord:
+    at: float
+    host: str
+    source: Literal["ssh", "tool"]
+    command: str
+    container: str | None = None
+
+
+@dataclass
+class SimHost:
+    """One simulated Spark: its state, container engine, SSH endpoint and fault switches."""
+
+    state: HostState
+    engine: HostEngine
+    ssh: SimSshHost
+    cluster: str
+    behaviour: ModelBehaviour
+    faults: ServeFaults
+    reachability: Reachability = "ok"
+
+    @property
+    def name(self) -> str:
+        return self.state.name
+
+    @property
+    def address(self) -> str:
+        return self.state.address
+
+    @property
+    def port(self) -> int:
+        return self.ssh.port
+
+
+def host_names(count: int) -> list[str]:
+    """spark-a ... spark-z, then spark-aa, spark-ab, ..."""
+    names = []
+    for i in range(count):
+        label, n = "", i
+        while True:
+            label = chr(ord("a") + n % 26) + label
+            n = n // 26 - 1
+            if n < 0:
+                break
+        names.append(f"spark-{label}")
+    return names
+
+
+class World:
+    def __init__(
+        self,
+        directory: str | Path | None = None,
+        *,
+        hosts: int = 2,
+        clusters: int = 1,
+        scenario: Scenario = "seed-morning",
+        timing: Timing | None = None,
+        user: str = "aurora",
+        cluster_name: str = "sparks",
+        ray_status_layout: StatusLayout = "active",
+        answer_naming: FieldNaming = "reasoning",
+        run_as: str | None = None,
+        spec_labels: Callable[[Path], Mapping[str, str]] | None = None,
+    ) -> None:
+        if scenario not in SCENARIOS:
+            raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
+        if hosts < 1 or clusters < 1 or hosts < clusters:
+            raise ValueError("need at least one host per cluster")
+        if hosts > 250:
+            raise ValueError("at most 250 hosts (one loopback address each)")
+        # Session-visible files (fake tools, per-host homes and log dirs) live in a fresh
+        # directory under the system temp dir, which the unprivileged session user can reach even
+        # when `directory` sits below a private one.
+        self.runtime_dir = Path(tempfile.mkdtemp(prefix="sparkd-sim-"))
+        self.directory = Path(directory) if directory is not None else self.runtime_dir
+        self.host_count = hosts
+        self.cluster_count = clusters
+        self.scenario: Scenario = scenario
+        self.timing = timing or Timing.fast()
+        self.user = user
+        self.cluster_name = cluster_name
+        self.answer_naming: FieldNaming = answer_naming
+        # Sessions never run as root: a fake-tool PATH mistake must not reach the real system.
+        self.run_as = run_as if run_as is not None else ("nobody" if os.geteuid() == 0 else None)
+        # The `sparkd.spec` values the `healthy` scenario stamps on what it starts: the caller
+        # computes them from the generated config (keys "CLUSTER/head", "CLUSTER/worker",
+        # "CLUSTER/model"), so a healthy world shows no drift without the simulator computing the
+        # daemon's hashes itself.
+        self.spec_labels_from = spec_labels
+        self.spec_labels: dict[str, str] = {}
+        self.hosts: dict[str, SimHost] = {}
+        self.ray = RayWorld(self.timing, self._node_lost)
+        self.ray.layout = ray_status_layout
+        self.serves: list[ServeProcess] = []
+        self.command_log: list[CommandRecord] = []
+        self._tool_server = ToolServer(self.handle)
+        self._client_key = asyncssh.generate_private_key("ssh-ed25519")
+        self._background: set[asyncio.Task[None]] = set()
+        self._control = ControlServer(self)
+        self.started = False
+
+    # -- paths -----------------------------------------------------------------------------------
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.runtime_dir / "bin"
+
+    @property
+    def client_key_path(self) -> Path:
+        return self.directory / "id_ed25519"
+
+    @property
+    def known_hosts_path(self) -> Path:
+        return self.directory / "known_hosts"
+
+    @property
+    def config_path(self) -> Path:
+        return self.directory / "sparkd.toml"
+
+    @property
+    def control_path(self) -> Path:
+        return self.directory / "control.sock"
+
+    def host(self, name: str) -> SimHost:
+        try:
+            return self.hosts[name]
+        except KeyError:
+            raise KeyError(f"no host {name!r}; hosts: {', '.join(self.hosts)}") from None
+
+    def commands(self, host: str | None = None) -> list[CommandRecord]:
+        return [r for r in self.command_log if host is None or r.host == host]
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> World:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._prepare_directory()
+        await self._tool_server.start()
+        names = host_names(self.host_count)
+        per_cluster = -(-self.host_count // self.cluster_count)
+        for index, name in enumerate(names):
+            cluster_index = index // per_cluster
+            first_of_cluster = index % per_cluster == 0
+            self.hosts[name] = self._make_host(name, index, cluster_index, first_of_cluster)
+        self._apply_scenario()
+        ports = await asyncio.gather(*(h.ssh.listen() for h in self.hosts.values()))
+        del ports
+        self._write_client_files()
+        await self._control.start(self.control_path)
+        self.started = True
+        if self.spec_labels_from is not None:
+            self.spec_labels = dict(self.spec_labels_from(self.config_path))
+        if self.scenario == "healthy":
+            await self._bring_up_healthy()
+
+    async def stop(self) -> None:
+        await self._control.stop()
+        serves = list(self.serves)
+        for serve in serves:
+            serve.kill_hard()
+        await asyncio.gather(*(s.wait_stopped() for s in serves), return_exceptions=True)
+        for host in self.hosts.values():
+            host.engine.shutdown()
+            await host.ssh.close()
+        for task in list(self._background):
+            task.cancel()
+        await self._tool_server.stop()
+        await asyncio.sleep(0)
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        self.started = False
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _prepare_directory(self) -> None:
+        self.runtime_dir.chmod(0o755)
+        self.bin_dir.mkdir(exist_ok=True)
+        client = self.bin_dir / "sim-tool"
+        shutil.copyfile(BIN_DIR / "sim-tool", client)
+        client.chmod(0o755)
+        shutil.copyfile(BIN_DIR / "session-init.bash", self.bin_dir / "session-init.bash")
+        (self.bin_dir / "session-init.bash").chmod(0o644)
+        for tool in TOOLS:
+            link = self.bin_dir / tool
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to("sim-tool")
+        _check_reachable(self.bin_dir, self.run_as)
+
+    def _make_host(self, name: str, index: int, cluster_index: int, head: bool) -> SimHost:
+        address = f"127.0.0.{index + 2}"
+        host_dir = self.runtime_dir / "hosts" / name
+        log_dir = host_dir / "serve"
+        home = host_dir / "home"
+        for d in (log_dir, home):
+            d.mkdir(parents=True, exist_ok=True)
+            self._give_to_session_user(d)
+        state = HostState(
+            name=name,
+            address=address,
+            role="head" if head else "worker",
+            data_ip=address,
+            interface=INTERFACE,
+            log_dir=str(log_dir),
+            home=str(home),
+        )
+        engine = HostEngine(state, self._run_main, self._container_exited)
+        ssh = SimSshHost(
+            address=address,
+            host_key=asyncssh.generate_private_key("ssh-ed25519"),
+            client_key=self._client_key,
+            user=self.user,
+            session_env=lambda: self.session_env(name),
+            cwd=str(home),
+            record=lambda command: self._record(name, "ssh", command),
+            other_addresses=lambda: {h.address for h in self.hosts.values()},
+            run_as=self.run_as,
+        )
+        return SimHost(
+            state=state,
+            engine=engine,
+            ssh=ssh,
+            cluster=self._cluster_label(cluster_index),
+            behaviour=ModelBehaviour(naming=self.answer_naming),
+            faults=ServeFaults(),
+        )
+
+    def _cluster_label(self, index: int) -> str:
+        return self.cluster_name if index == 0 else f"{self.cluster_name}-{index + 1}"
+
+    def _give_to_session_user(self, path: Path) -> None:
+        if self.run_as is not None:
+            entry = pwd.getpwnam(self.run_as)
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+        path.chmod(0o755)
+
+    # -- environments ----------------------------------------------------------------------------
+
+    def session_env(self, host: str, container: Container | None = None) -> dict[str, str]:
+        state = self.host(host).state
+        env = {
+            "PATH": f"{self.bin_dir}:{_SYSTEM_PATH}",
+            "HOME": state.home,
+            "USER": self.user,
+            "LOGNAME": self.user,
+            "SHELL": "/bin/bash",
+            "LANG": "C.UTF-8",
+            "BASH_ENV": str(self.bin_dir / "session-init.bash"),
+            "SPARKD_SIM_PORT": str(self._tool_server.port),
+            "SPARKD_SIM_HOST": host,
+        }
+        if container is not None:
+            env = {**container.env, **env, "HOSTNAME": state.name}
+            env["SPARKD_SIM_CONTAINER"] = container.id
+        return env
+
+    def _record(
+        self, host: str, source: Literal["ssh", "tool"], command: str, container: str | None = None
+    ) -> None:
+        self.command_log.append(CommandRecord(time.time(), host, source, command, container))
+
+    # -- scenarios -------------------------------------------------------------------------------
+
+    def _apply_scenario(self) -> None:
+        for host in self.hosts.values():
+            state = host.state
+            state.gpu_processes = graphics_processes()
+            if self.scenario == "empty":
+                continue
+            state.images = {normalize_image(QWEN_IMAGE), normalize_image(GLM_IMAGE)}
+            if self.scenario != "seed-morning":
+                continue
+            if state.role == "head":
+                for unit in STALE_UNITS:
+                    state.units[unit] = Unit(unit, enabled=True, active=True)
+            glm = Container(
+                id=new_container_id(),
+                name="glm-flash",
+                image=GLM_IMAGE,
+                command=["bash", "-c", "vllm serve /models/GLM-4.7-Flash --port 30000"],
+                labels={"com.docker.compose.project": "glm"},
+                env={},
+                mounts=[Mount("/models", "/models")],
+                restart="always",
+                created_wall=time.time() - 9 * 86400,
+            )
+            state.containers[glm.id] = glm
+            host.engine.start(glm)
+            # It came back with the reboot a couple of minutes ago ("Up 2 minutes").
+            state.booted_wall = time.time() - 150
+            glm.started_wall = time.time() - 120
+
+    async def _bring_up_healthy(self) -> None:
+        """What sparkd converges to: Ray on every host of each cluster, the model serving."""
+        for cluster in sorted({h.cluster for h in self.hosts.values()}):
+            members = [h for h in self.hosts.values() if h.cluster == cluster]
+            head = members[0]
+            labels = {"sparkd.cluster": cluster}
+            env = {
+                "NCCL_SOCKET_IFNAME": INTERFACE,
+                "GLOO_SOCKET_IFNAME": INTERFACE,
+                "RAY_memory_monitor_refresh_ms": "0",
+            }
+            head_start = ["ray", "start", "--block", "--head", f"--node-ip-address={head.address}"]
+            self._create(
+                head,
+                f"sparkd-{cluster}-ray-head",
+                {**labels, "sparkd.role": "head", "sparkd.spec": self._spec(cluster, "head")},
+                env,
+                [*head_start, "--port=6379", "--dashboard-host=0.0.0.0"],
+            )
+            for worker in members[1:]:
+                worker_start = ["ray", "start", "--block", f"--address={head.address}:6379"]
+                self._create(
+                    worker,
+                    f"sparkd-{cluster}-ray-worker",
+                    {
+                        **labels,
+                        "sparkd.role": "worker",
+                        "sparkd.spec": self._spec(cluster, "worker"),
+                    },
+                    env,
+                    [*worker_start, f"--node-ip-address={worker.address}"],
+                )
+            self._spawn(self._launch_model(head, cluster, len(members)))
+
+    def _spec(self, cluster: str, role: str) -> str:
+        return self.spec_labels.get(f"{cluster}/{role}", "sim-healthy")
+
+    async def _launch_model(self, head: SimHost, cluster: str, gpus: int) -> None:
+        """Start `vllm serve` the way sparkd does, once Ray has every host's GPU."""
+        while True:
+            ray = next((c for c in self.ray.clusters if c.alive and c.ip == head.address), None)
+            if (
+                ray is not None
+                and ray.total_gpus(time.monotonic(), self.timing.heartbeat_timeout) >= gpus
+            ):
+                break
+            await asyncio.sleep(self.timing.worker_join / 4)
+        log = f"{head.state.log_dir}/serve.log"
+        spec_file = Path(head.state.log_dir) / "serve.spec"
+        spec_file.write_text(self._spec(cluster, "model") + "\n")
+        self._give_to_session_user(spec_file)
+        inner = (
+            f"exec vllm serve {MODEL_ID} --port 30000 --tensor-parallel-size {gpus} "
+            "--pipeline-parallel-size 1 --reasoning-parser qwen3 --tool-call-parser qwen3_coder "
+            f"--enable-auto-tool-choice >>{log} 2>&1"
+        )
+        command = f"docker exec -d sparkd-{cluster}-ray-head sh -c {shlex.quote(inner)}"
+        rc, _, err = await head.ssh.run_local(command)
+        if rc != 0:
+            raise RuntimeError(f"could not launch the model on {head.name}: {err.strip()}")
+
+    def _create(
+        self,
+        host: SimHost,
+        name: str,
+        labels: dict[str, str],
+        env: dict[str, str],
+        command: list[str],
+    ) -> Container:
+        container = Container(
+            id=new_container_id(),
+            name=name,
+            image=QWEN_IMAGE,
+            command=command,
+            labels=labels,
+            env=env,
+            mounts=[Mount("/models", "/models"), Mount(host.state.log_dir, host.state.log_dir)],
+            restart="no",
+            shm_size="16g",
+            gpus="all",
+        )
+        host.state.containers[container.id] = container
+        host.engine.start(container)
+        return container
+
+    # -- container main commands and their consequences ------------------------------------------
+
+    async def _run_main(self, engine: HostEngine, container: Container) -> int:
+        if container.command[:2] == ["ray", "start"]:
+            return await self.ray.run_start(engine, container, container.command[2:])
+        # Any other image command idles until stopped (the stale GLM server, a shell...).
+        await asyncio.Event().wait()
+        return 0
+
+    def _container_exited(self, engine: HostEngine, container: Container) -> None:
+        for serve in list(self.serves):
+            if serve.container is container:
+                serve.kill_hard()
+
+    def _node_lost(self, cluster: RayCluster, node: RayNode) -> None:
+        for serve in list(self.serves):
+            if serve.cluster is cluster and any(
+                c.id == node.container_id for _, c, _, _ in serve.workers
+            ):
+                serve.crash(f"Ray node {node.node_id[:8]} ({node.ip}) died")
+
+    # -- the fake tools --------------------------------------------------------------------------
+
+    async def handle(self, call: ToolCall) -> Reply:
+        host = self.hosts.get(call.host)
+        if host is None:
+            return fail(f"{call.tool}: unknown simulated host {call.host!r}", 125)
+        container = host.state.containers.get(call.container) if call.container else None
+        self._record(host.name, "tool", " ".join(call.argv), container.name if container else None)
+        state = host.state
+        tool = call.tool
+        if tool == "docker":
+            if container is not None:
+                return fail("bash: docker: command not found", 127)
+            return await FakeDocker(host.engine, lambda c: self.session_env(host.name, c))(call)
+        if tool == "ray":
+            return self.ray.cli(container, call.args)
+        if tool == "vllm":
+            return self._vllm(host, container, call)
+        if tool == "systemctl":
+            return fake_system.systemctl(state, call.args)
+        if tool == "nvidia-smi":
+            return fake_system.nvidia_smi(state, call.args)
+        if tool == "ip":
+            return fake_system.ip(state, call.args)
+        if tool == "df":
+            return fake_system.df(state, call.args)
+        if tool == "kill":
+            return fake_system.kill(state, call.args, self._deliver_signal)
+        if tool == "cat":
+            return fake_system.cat_boot_id(state, call.args)
+        return fail(f"bash: {tool}: command not found", 127)
+
+    def _vllm(self, host: SimHost, container: Container | None, call: ToolCall) -> Reply:
+        if container is None:
+            return fail("bash: vllm: command not found", 127)
+        if not call.args or call.args[0] != "serve":
+            return fail(
+                "usage: vllm [-h] [-v] {chat,complete,serve,bench,collect-env,run-batch}"
+                f"\nvllm: error: argument subparser: invalid choice: "
+                f"'{call.args[0] if call.args else ''}'",
+                2,
+            )
+        args = parse_serve(call.args[1:], call.api_key)
+        if isinstance(args, Done):
+            return args
+
+        def make_server(
+            model: str, address: str, port: int, key: str | None, max_len: int
+        ) -> ModelServer:
+            return SimVllmServer(
+                model, host.behaviour, host=address, port=port, api_key=key, max_model_len=max_len
+            )
+
+        serve = ServeProcess(
+            host.engine,
+            container,
+            args,
+            self.ray.cluster_of(container.id),
+            {h.name: h.engine for h in self.hosts.values()},
+            self.timing,
+            host.faults,
+            make_server,
+            self.timing.heartbeat_timeout,
+        )
+        self.serves.append(serve)
+        serve.stream.exit_code.add_done_callback(lambda _: self._forget(serve))
+        return serve.stream
+
+    def _forget(self, serve: ServeProcess) -> None:
+        with contextlib.suppress(ValueError):
+            self.serves.remove(serve)
+
+    def _deliver_signal(self, state: HostState, pid: int, sig: int) -> bool:
+        host = self.hosts[state.name]
+        for serve in self.serves:
+            if serve.engine is host.engine and serve.pid == pid:
+                if sig:
+                    serve.kill_hard() if sig == 9 else serve.terminate()
+                return True
+            for engine, _, proc, _ in serve.workers:
+                if engine is host.engine and proc.pid == pid:
+                    if sig:
+                        serve.crash(f"RayWorkerWrapper pid={pid} killed by signal {sig}")
+                    return True
+        for container in state.containers.values():
+            for index, proc in enumerate(container.processes):
+                if proc.pid == pid:
+                    if sig:
+                        # The main process, or a Ray daemon `ray start --block` watches: either
+                        # way the container's main command ends.
+                        rc = 128 + sig if index == 0 else 1
+                        host.engine.stop_container(container, rc, by_user=False)
+                    return True
+        for gpu in list(state.gpu_processes):
+            if gpu.pid == pid and gpu.container_id is None:
+                if sig:
+                    state.gpu_processes.remove(gpu)
+                return True
+        return False
+
+    # -- faults ----------------------------------------------------------------------------------
+
+    async def fault(self, name: str, host: str, arg: str | None = None) -> str:
+        """Inject fault `name` on `host`; returns a one-line description of what happened."""
+        target = self.host(host)
+        plain: dict[str, Callable[[str], Awaitable[str]]] = {
+            "reboot": self.reboot,
+            "unreachable": self.unreachable,
+            "blackhole": self.blackhole,
+            "heal": self.heal,
+            "crash-model": self.crash_model,
+            "hang-engine": self.hang_engine,
+            "oom-capture": self.oom_capture,
+            "wrong-ip": self.wrong_ip,
+            "slow-load": self.slow_load,
+        }
+        with_arg: dict[str, Callable[[str, str | None], Awaitable[str]]] = {
+            "stray-gpu": self.stray_gpu,
+            "kill-container": self.kill_container,
+            "answer-style": self.answer_style,
+        }
+        if name in with_arg:
+            return await with_arg[name](target.name, arg)
+        if name not in plain:
+            known = ", ".join(sorted([*plain, *with_arg]))
+            raise ValueError(f"unknown fault {name!r}; known: {known}")
+        if arg is not None:
+            raise ValueError(f"fault {name!r} takes no argument")
+        return await plain[name](target.name)
+
+    async def reboot(self, host: str) -> str:
+        """Everything on the host dies; it comes back after `reboot_downtime` with a new boot id,
+        its enabled units active and its `always`/`unless-stopped` containers restarted."""
+        h = self.host(host)
+        h.reachability = "down"
+        await h.ssh.close()
+        for serve in list(self.serves):
+            if serve.engine is h.engine:
+                serve.kill_hard()
+        h.engine.shutdown()
+        for unit in h.state.units.values():
+            unit.active = False
+        self._spawn(self._boot(h))
+        return f"{host} rebooting; back in {self.timing.reboot_downtime:g}s"
+
+    async def _boot(self, h: SimHost) -> None:
+        await asyncio.sleep(self.timing.reboot_downtime)
+        h.state.boot_id = new_boot_id()
+        h.state.booted_wall = time.time()
+        for unit in h.state.units.values():
+            unit.active = unit.enabled
+        h.engine.boot()
+        if h.reachability == "down":  # an unreachable/blackhole fault outlives the reboot
+            h.reachability = "ok"
+            await h.ssh.listen()
+
+    async def unreachable(self, host: str) -> str:
+        h = self.host(host)
+        h.reachability = "unreachable"
+        await h.ssh.close()
+        return f"{host} unreachable: SSH connections refused"
+
+    async def blackhole(self, host: str) -> str:
+        h = self.host(host)
+        h.reachability = "blackhole"
+        await h.ssh.blackhole()
+        return f"{host} blackholed: SSH accepts TCP and never answers"
+
+    async def heal(self, host: str) -> str:
+        """Undo the reversible faults on `host` (a reboot in progress finishes on its own)."""
+        h = self.host(host)
+        if h.reachability in ("unreachable", "blackhole"):
+            h.reachability = "ok"
+            await h.ssh.listen()
+        h.faults.slow_load = False
+        h.faults.oom_capture = False
+        h.state.ray_ip_override = None
+        h.behaviour.engine = "ok"
+        h.behaviour.style = "reasoning_only"
+        h.behaviour.naming = self.answer_naming
+        h.state.gpu_processes = [
+            g for g in h.state.gpu_processes if g.container_id is not None or g.graphics
+        ]
+        return f"{host} healed"
+
+    def _serve_on(self, host: str) -> ServeProcess:
+        h = self.host(host)
+        for serve in self.serves:
+            if serve.engine is h.engine:
+                return serve
+        raise ValueError(f"no vllm serve running on {host}")
+
+    async def crash_model(self, host: str) -> str:
+        self._serve_on(host).crash("injected crash")
+        return f"model on {host} crashed"
+
+    async def hang_engine(self, host: str) -> str:
+        self.host(host).behaviour.engine = "hung"
+        return f"engine on {host} hung: /health 200, completions never finish"
+
+    async def oom_capture(self, host: str) -> str:
+        self.host(host).faults.oom_capture = True
+        return f"next CUDA graph capture on {host} is OOM-killed"
+
+    async def wrong_ip(self, host: str) -> str:
+        h = self.host(host)
+        # Still a loopback address: nothing may ever dial a non-loopback one.
+        h.state.ray_ip_override = "127.0.100." + h.address.rsplit(".", 1)[1]
+        return f"Ray on {host} registers as {h.state.ray_ip_override} from its next start"
+
+    async def stray_gpu(self, host: str, arg: str | None = None) -> str:
+        h = self.host(host)
+        pid = h.engine.new_pid()
+        h.state.gpu_processes.append(
+            GpuProcess(pid=pid, name="/usr/bin/python3", used_mib=int(arg or 96073))
+        )
+        return f"stray GPU process {pid} on {host}"
+
+    async def kill_container(self, host: str, arg: str | None = None) -> str:
+        h = self.host(host)
+        if arg is None:
+            raise ValueError("kill-container needs a container name")
+        container = h.state.container(arg)
+        if container is None or not container.running:
+            raise ValueError(f"no running container {arg!r} on {host}")
+        h.engine.stop_container(container, 137, by_user=False)
+        return f"container {container.name} on {host} killed (exit 137)"
+
+    async def slow_load(self, host: str) -> str:
+        self.host(host).faults.slow_load = True
+        return f"model loads on {host} take {self.timing.slow_load_factor:g}x longer"
+
+    async def answer_style(self, host: str, arg: str | None = None) -> str:
+        styles = (
+            "reasoning_only",
+            "answer",
+            "empty",
+            "malformed",
+            "http_500",
+            "garbled",
+            "slow",
+            "busy",
+        )
+        style = (arg or "").replace("-", "_")
+        if style not in styles:
+            raise ValueError(f"answer-style needs one of: {', '.join(styles)}")
+        self.host(host).behaviour.style = style  # type: ignore[assignment]
+        return f"model on {host} now answers {style}"
+
+    # -- client files ----------------------------------------------------------------------------
+
+    def _write_client_files(self) -> None:
+        self.client_key_path.write_bytes(self._client_key.export_private_key("openssh"))
+        self.client_key_path.chmod(0o600)
+        lines = [
+            f"[{h.address}]:{h.port} "
+            + h.ssh.host_key.export_public_key("openssh").decode().strip()
+            for h in self.hosts.values()
+        ]
+        self.known_hosts_path.write_text("".join(line + "\n" for line in lines))
+        self.config_path.write_text(render_config(self))
+
+
+def _check_reachable(path: Path, user: str | None) -> None:
+    """Refuse to start if the session user could not reach the fake tools: the shell would then
+    fall through to the real docker/systemctl further down the PATH."""
+    if user is None:
+        return
+    for part in [path, *path.parents]:
+        if not part.stat().st_mode & 0o001:
+            raise RuntimeError(
+                f"{part} is not traversable by {user}: the fake tools would be hidden"
+            )

@@ -1,0 +1,312 @@
+"""Every fault's observable effect, seen the way sparkd sees it: over SSH and HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncssh
+import pytest
+
+from sparkd.sim.control import send_fault
+from sparkd.sim.reference import MODEL_ID
+from sparkd.sim.timing import Timing
+from sparkd.sim.world import World
+from tests.sim.conftest import connect, eventually, http, run
+from tests.sim.steps import HEAD, WORKER, clean_up, serve_command, start_ray
+from tests.sim.test_procedure import PROBE, refused
+
+SERVE_LOG = "serve.log"
+
+
+async def serving(world: World) -> bool:
+    return any(s.phase == "running" for s in world.serves)
+
+
+@pytest.fixture
+async def healthy(tmp_path: Path) -> AsyncIterator[World]:
+    async with World(tmp_path / "world", scenario="healthy", timing=Timing.fast()) as w:
+        await eventually(lambda: serving(w))
+        yield w
+
+
+async def ssh_refused(world: World, host: str) -> bool:
+    try:
+        conn = await connect(world, host)
+    except OSError as exc:
+        return exc.errno == errno.ECONNREFUSED
+    conn.close()
+    return False
+
+
+def log_text(world: World) -> str:
+    return Path(world.hosts["spark-a"].state.log_dir, SERVE_LOG).read_text()
+
+
+async def test_healthy_scenario_serves_the_probe(healthy: World) -> None:
+    async with await connect(healthy, "spark-a") as head:
+        status, body = await http(head, "localhost", 30000, "POST", "/v1/chat/completions", PROBE)
+        assert status == 200
+        assert json.loads(body)["usage"]["completion_tokens"] == 50
+        ps = await run(head, "docker ps --format '{{.Names}} {{.Label \"sparkd.role\"}}'")
+        assert ps.stdout.startswith(f"{HEAD} ")
+
+
+async def test_reboot(world: World) -> None:
+    host = world.hosts["spark-a"]
+    old_boot = host.state.boot_id
+    async with await connect(world, "spark-a") as head:
+        await run(head, "systemctl stop vllm-proxy.service")
+        await run(head, "docker rm -f glm-flash")  # removed containers stay removed
+        await run(
+            head,
+            "docker run -d --name keep --restart=unless-stopped --pull=never "
+            "hellohal2064/vllm-glm47-gb10 sleep infinity",
+        )
+        await run(
+            head,
+            "docker run -d --name once --restart=no --pull=never "
+            "hellohal2064/vllm-glm47-gb10 sleep infinity",
+        )
+    await world.fault("reboot", "spark-a")
+    assert await ssh_refused(world, "spark-a")
+
+    async def back() -> bool:
+        return not await ssh_refused(world, "spark-a")
+
+    await eventually(back)
+    async with await connect(world, "spark-a") as head:
+        boot = await run(head, "cat /proc/sys/kernel/random/boot_id")
+        assert boot.stdout.strip() not in ("", old_boot)
+        units = await run(head, "systemctl is-active vllm-proxy.service vllm-cluster.service")
+        assert units.stdout == "active\nactive\n"  # enabled units come back with the boot
+        ps = await run(head, "docker ps -a --format '{{.Names}} {{.State}}'")
+        assert sorted(ps.stdout.splitlines()) == ["keep running", "once exited"]
+
+
+async def test_reboot_of_a_worker_kills_the_model(healthy: World) -> None:
+    await healthy.fault("reboot", "spark-b")
+
+    async def crashed() -> bool:
+        return not await serving(healthy)
+
+    await eventually(crashed)
+    assert "EngineDeadError" in log_text(healthy)
+    async with await connect(healthy, "spark-a") as head:
+        assert await refused(head, "localhost", 30000)
+
+
+async def test_unreachable_and_heal(world: World) -> None:
+    async with await connect(world, "spark-b") as worker:
+        await world.fault("unreachable", "spark-b")
+        with pytest.raises((asyncssh.Error, OSError)):
+            await worker.run("true", timeout=2)
+    assert await ssh_refused(world, "spark-b")
+    await world.fault("heal", "spark-b")
+    async with await connect(world, "spark-b") as worker:
+        assert (await run(worker, "true")).exit_status == 0
+
+
+async def test_blackhole_accepts_and_never_answers(world: World) -> None:
+    await world.fault("blackhole", "spark-b")
+    h = world.hosts["spark-b"]
+    reader, writer = await asyncio.open_connection(h.address, h.port)  # TCP is accepted
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(reader.read(1), 0.3)  # but no SSH banner ever comes
+    writer.close()
+    with pytest.raises((asyncio.TimeoutError, asyncssh.Error)):
+        await asyncssh.connect(
+            h.address,
+            h.port,
+            username=world.user,
+            client_keys=[str(world.client_key_path)],
+            known_hosts=str(world.known_hosts_path),
+            config=None,
+            connect_timeout=0.3,
+        )
+    await world.fault("heal", "spark-b")
+    async with await connect(world, "spark-b") as worker:
+        assert (await run(worker, "true")).exit_status == 0
+
+
+async def test_crash_model(healthy: World) -> None:
+    await healthy.fault("crash-model", "spark-a")
+    assert not await serving(healthy)
+    async with await connect(healthy, "spark-a") as head:
+        assert await refused(head, "localhost", 30000)
+        top = await run(head, f"docker top {HEAD} -eo pid,args")
+        assert "vllm serve" not in top.stdout
+    assert "EngineDeadError" in log_text(healthy)
+
+
+async def test_hang_engine_keeps_health_green_but_completions_hang(healthy: World) -> None:
+    await healthy.fault("hang-engine", "spark-a")
+    async with await connect(healthy, "spark-a") as head:
+        status, _ = await http(head, "localhost", 30000, "GET", "/health")
+        assert status == 200
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(
+                http(head, "localhost", 30000, "POST", "/v1/chat/completions", PROBE), 0.3
+            )
+        await healthy.fault("heal", "spark-a")
+        status, _ = await http(head, "localhost", 30000, "POST", "/v1/chat/completions", PROBE)
+        assert status == 200
+
+
+async def test_answer_style(healthy: World) -> None:
+    await healthy.fault("answer-style", "spark-a", "answer")
+    async with await connect(healthy, "spark-a") as head:
+        _, body = await http(head, "localhost", 30000, "POST", "/v1/chat/completions", PROBE)
+        assert json.loads(body)["choices"][0]["message"]["content"]
+    with pytest.raises(ValueError, match="answer-style needs one of"):
+        await healthy.fault("answer-style", "spark-a", "poetry")
+
+
+async def test_oom_during_graph_capture(healthy: World) -> None:
+    await healthy.fault("crash-model", "spark-a")
+    await healthy.fault("oom-capture", "spark-a")
+    async with await connect(healthy, "spark-a") as head:
+        events = await head.create_process(
+            "timeout 5 docker events --format '{{json .}}' --filter event=oom"
+        )
+        assert (await run(head, serve_command(healthy))).exit_status == 0
+        line = await asyncio.wait_for(events.stdout.readline(), 5)
+        events.terminate()
+        event = json.loads(line)
+        assert (event["Action"], event["Actor"]["Attributes"]["name"]) == ("oom", HEAD)
+
+        async def exited() -> bool:
+            return "vllm serve" not in (await run(head, f"docker top {HEAD} -eo args")).stdout
+
+        await eventually(exited)
+        assert (await run(head, f"docker inspect -f '{{{{.State.Running}}}}' {HEAD}")).stdout == (
+            "true\n"
+        )
+    relaunch = log_text(healthy).split("vLLM API server version")[-1]
+    assert "Capturing CUDA graphs" in relaunch
+    assert "OOM killer" in relaunch
+    assert "Application startup complete." not in relaunch
+
+
+async def test_kill_container_emits_die_and_restart_policy_applies(world: World) -> None:
+    async with await connect(world, "spark-b") as worker:
+        events = await worker.create_process(
+            "timeout 5 docker events --format '{{json .}}' --filter event=die"
+        )
+        await asyncio.sleep(0.1)  # let the subscription reach the world
+        await world.fault("kill-container", "spark-b", "glm-flash")
+        event = json.loads(await asyncio.wait_for(events.stdout.readline(), 5))
+        events.terminate()
+        assert event["Actor"]["Attributes"]["exitCode"] == "137"
+        assert event["Actor"]["Attributes"]["name"] == "glm-flash"
+
+        async def restarted() -> bool:
+            ps = await run(
+                worker, "docker inspect -f '{{.State.Running}} {{.RestartCount}}' glm-flash"
+            )
+            return ps.stdout == "true 1\n"
+
+        await eventually(restarted)  # restart=always brings it back
+
+
+async def test_kill_worker_container_in_a_serving_cluster(healthy: World) -> None:
+    await healthy.fault("kill-container", "spark-b", WORKER)
+    async with await connect(healthy, "spark-b") as worker:
+        ps = await run(worker, f"docker ps -a --filter name={WORKER} --format '{{{{.Status}}}}'")
+        assert ps.stdout.startswith("Exited (137)")
+
+    async def crashed() -> bool:
+        return not await serving(healthy)
+
+    await eventually(crashed)
+
+
+async def test_wrong_ip(world: World) -> None:
+    await world.fault("wrong-ip", "spark-b")
+    wrong = world.hosts["spark-b"].state.ray_ip_override
+    assert wrong is not None and wrong.startswith("127.")
+    async with await connect(world, "spark-a") as head, await connect(world, "spark-b") as worker:
+        await clean_up(world, head, worker)
+        await start_ray(world, head, worker)
+        nodes = json.loads(
+            (await run(head, f"docker exec {HEAD} ray list nodes --format=json")).stdout
+        )
+        assert {n["node_ip"] for n in nodes} == {world.hosts["spark-a"].address, wrong}
+
+
+async def test_slow_load(healthy: World) -> None:
+    await healthy.fault("crash-model", "spark-a")
+    await healthy.fault("slow-load", "spark-a")
+    async with await connect(healthy, "spark-a") as head:
+        assert (await run(head, serve_command(healthy))).exit_status == 0
+        await asyncio.sleep(healthy.timing.model_init + healthy.timing.model_load * 1.5)
+        assert await refused(head, "localhost", 30000)  # a normal load would be done by now
+        assert healthy.serves and healthy.serves[0].phase == "loading"
+
+
+async def test_stray_gpu_is_foreign(world: World) -> None:
+    await world.fault("stray-gpu", "spark-a", "4096")
+    async with await connect(world, "spark-a") as head:
+        apps = await run(
+            head,
+            "nvidia-smi --query-compute-apps=pid,process_name,used_memory "
+            "--format=csv,noheader,nounits",
+        )
+        pid, name, used = apps.stdout.strip().split(", ")
+        top = await run(head, "docker top glm-flash -eo pid")
+        assert pid not in top.stdout.split()
+        assert (name, used) == ("/usr/bin/python3", "4096")
+    await world.fault("heal", "spark-a")
+    assert all(g.graphics for g in world.hosts["spark-a"].state.gpu_processes)
+
+
+async def test_faults_through_the_control_socket(world: World) -> None:
+    answer = await send_fault(world.control_path, "unreachable", "spark-b", None)
+    assert answer["ok"] is True
+    assert await ssh_refused(world, "spark-b")
+    bad = await send_fault(world.control_path, "melt", "spark-b", None)
+    assert bad["ok"] is False and "unknown fault" in bad["message"]
+    nohost = await send_fault(world.control_path, "heal", "spark-z", None)
+    assert nohost["ok"] is False and "no host" in nohost["message"]
+    assert (await send_fault(world.control_path, "heal", "spark-b", None))["ok"] is True
+    assert not await ssh_refused(world, "spark-b")
+
+
+async def test_model_id_in_models_listing(healthy: World) -> None:
+    async with await connect(healthy, "spark-a") as head:
+        status, body = await http(
+            head, healthy.hosts["spark-a"].address, 30000, "GET", "/v1/models"
+        )
+        assert status == 200 and json.loads(body)["data"][0]["id"] == MODEL_ID
+
+
+async def test_older_vllm_naming_is_a_world_setting(tmp_path: Path) -> None:
+    async with World(
+        tmp_path / "old", scenario="healthy", answer_naming="reasoning_content"
+    ) as world:
+        await eventually(lambda: serving(world))
+        async with await connect(world, "spark-a") as head:
+            _, body = await http(head, "localhost", 30000, "POST", "/v1/chat/completions", PROBE)
+        message = json.loads(body)["choices"][0]["message"]
+        assert message["content"] is None
+        assert message["reasoning_content"] and "reasoning" not in message
+
+
+async def test_kill_the_serve_pid(healthy: World) -> None:
+    async with await connect(healthy, "spark-a") as head:
+        top = await run(head, f"docker top {HEAD} -eo pid,etimes,args")
+        [row] = [line for line in top.stdout.splitlines() if "vllm serve" in line]
+        pid, elapsed = row.split()[:2]
+        assert int(elapsed) >= 0
+        assert (await run(head, f"kill {pid}")).exit_status == 0
+
+        async def gone() -> bool:
+            return await refused(head, "localhost", 30000)
+
+        await eventually(gone)
+        assert (await run(head, f"kill {pid}")).exit_status == 1
+        apps = await run(head, "nvidia-smi --query-compute-apps=pid --format=csv,noheader")
+        assert apps.stdout == ""  # its Ray workers released the GPU
