@@ -23,8 +23,7 @@ test: lint typecheck
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(BIN)/sparkd plan --from-snapshot examples/snapshots/seed-morning.json \
-		--config etc/sparkd/sparkd.toml
+	$(BIN)/sparkd demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -30,18 +30,64 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate the config file")
     _config_flag(check)
 
-    planner = sub.add_parser("plan", help="print the plan for a saved snapshot")
+    planner = sub.add_parser("plan", help="observe the hosts (or replay a snapshot) and plan")
     _config_flag(planner)
     planner.add_argument(
         "--from-snapshot",
         metavar="FILE",
         type=Path,
-        required=True,
-        help="a saved snapshot document (docs/snapshot.md)",
+        help="replay a saved snapshot document (docs/snapshot.md) instead of observing",
+    )
+    planner.add_argument(
+        "--save-snapshot", metavar="FILE", type=Path, help="write what was observed to FILE"
     )
     planner.add_argument("--json", action="store_true", help="print the plan as JSON")
     planner.add_argument("--dry-run", action="store_true", help="plan as `run --dry-run` would")
 
+    probe = sub.add_parser("probe", help="send one sanity completion and classify it")
+    _config_flag(probe)
+    probe.add_argument("--cluster", help="the cluster to probe (default: the first)")
+    probe.add_argument("--json", action="store_true")
+
+    once = sub.add_parser("once", help="one cycle: observe, plan, act; exit 0 when converged")
+    _config_flag(once)
+    once.add_argument("--dry-run", action="store_true", help="observe and plan, change nothing")
+    once.add_argument("--json", action="store_true")
+
+    run = sub.add_parser("run", help="run the daemon")
+    _config_flag(run)
+    run.add_argument("--dry-run", action="store_true", help="observe and plan, change nothing")
+
+    status = sub.add_parser("status", help="what the running daemon sees and does")
+    _config_flag(status)
+    status.add_argument("--url", help="the daemon's API (default: from daemon.listen)")
+    status.add_argument("--json", action="store_true")
+
+    for name, text in (
+        ("pause", "stop acting on a cluster (it is still observed)"),
+        ("resume", "act again; also clears a blocked latch"),
+        ("reconcile", "run a cycle now"),
+    ):
+        control = sub.add_parser(name, help=text)
+        _config_flag(control)
+        control.add_argument("cluster")
+        control.add_argument("--url", help="the daemon's API (default: from daemon.listen)")
+        if name == "pause":
+            control.add_argument("--reason", required=True)
+            control.add_argument("--for", dest="duration", help="expiry, e.g. 30m, 2h, 1d")
+
+    commands = sub.add_parser("commands", help="every remote command sparkd may run")
+    _config_flag(commands)
+    commands.add_argument("--sudoers", metavar="USER", help="print a sudoers snippet for USER")
+
+    sim = sub.add_parser("sim", help="run the simulated Spark cluster", add_help=False)
+    sim.add_argument("sim_args", nargs=argparse.REMAINDER)
+
+    demo = sub.add_parser("demo", help="the simulated cluster and the daemon, recovering")
+    demo.add_argument("--exit-when-healthy", action="store_true")
+    demo.add_argument("--fault", help="once healthy, inject this fault and show the recovery")
+    demo.add_argument("--dir", type=Path, help="where the simulated world keeps its files")
+    demo.add_argument("--load-seconds", type=float, default=20.0)
     return parser
 
 
@@ -57,9 +103,26 @@ def dispatch(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
     if args.command == "check-config":
         return check_config(args.config)
-    if args.command == "plan":
+    if args.command == "plan" and args.from_snapshot is not None:
         return plan_from_snapshot(args.config, args.from_snapshot, args.json, args.dry_run)
-    raise AssertionError(args.command)
+    if args.command == "sim":
+        from sparkd.sim.cli import main as sim_main
+
+        return sim_main(list(args.sim_args))
+    if args.command == "demo":
+        from sparkd.demo import main as demo_main
+
+        return demo_main(args)
+    if args.command in ("status", "pause", "resume", "reconcile"):
+        from sparkd import cli_api
+
+        return cli_api.main(args)
+    from sparkd import cli_live
+
+    settings = _settings(args.config)
+    if isinstance(settings, int):
+        return settings
+    return cli_live.main(args, settings, config_path(args.config))
 
 
 def _settings(explicit: str | None) -> Settings | int:

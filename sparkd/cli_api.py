@@ -1,0 +1,144 @@
+"""The subcommands that talk to the running daemon's API: status, pause, resume, reconcile."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import re
+import sys
+from typing import Any
+
+import aiohttp
+
+from sparkd.settings import ConfigError, Settings, config_path, load_settings
+from sparkd.shell.secrets import SecretFileError, read_secret
+
+DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+BAR = 20
+
+
+def parse_duration(text: str) -> float:
+    match = DURATION.match(text.strip())
+    if not match:
+        raise ValueError(f"bad duration {text!r}: use e.g. 90s, 30m, 2h, 1d")
+    return float(match.group(1)) * UNITS[match.group(2)]
+
+
+def _settings(args: argparse.Namespace) -> Settings | None:
+    try:
+        return load_settings(config_path(args.config))
+    except ConfigError:
+        return None
+
+
+def _url(args: argparse.Namespace, settings: Settings | None) -> str:
+    if args.url:
+        return str(args.url).rstrip("/")
+    listen = settings.daemon.listen if settings is not None else "127.0.0.1:9810"
+    host, _, port = listen.rpartition(":")
+    if host in ("0.0.0.0", "::", "[::]"):
+        host = "127.0.0.1"
+    return f"http://{host}:{port}"
+
+
+def main(args: argparse.Namespace) -> int:
+    return asyncio.run(_main(args))
+
+
+async def _main(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    url = _url(args, settings)
+    timeout = aiohttp.ClientTimeout(total=15)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            if args.command == "status":
+                async with session.get(f"{url}/status") as response:
+                    body = await response.json()
+                if args.json:
+                    print(json.dumps(body, indent=2))
+                else:
+                    print(render_status(body))
+                return 0
+            return await _control(session, url, args, settings)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        print(f"sparkd {args.command}: cannot reach the daemon at {url}: {exc}", file=sys.stderr)
+        return 69
+
+
+async def _control(
+    session: aiohttp.ClientSession, url: str, args: argparse.Namespace, settings: Settings | None
+) -> int:
+    headers = {}
+    token_file = settings.daemon.control_token_file if settings is not None else None
+    if token_file is not None:
+        try:
+            token = read_secret(token_file)
+        except SecretFileError as exc:
+            print(f"sparkd {args.command}: {exc}", file=sys.stderr)
+            return 77
+        headers["Authorization"] = f"Bearer {token}"
+    body: dict[str, Any] = {"by": getpass.getuser()}
+    if args.command == "pause":
+        body["reason"] = args.reason
+        if args.duration:
+            try:
+                body["for_seconds"] = parse_duration(args.duration)
+            except ValueError as exc:
+                print(f"sparkd pause: {exc}", file=sys.stderr)
+                return 64
+    async with session.post(
+        f"{url}/clusters/{args.cluster}/{args.command}", json=body, headers=headers
+    ) as response:
+        text = await response.text()
+        if response.status != 200:
+            print(f"sparkd {args.command}: HTTP {response.status}: {text}", file=sys.stderr)
+            return 1
+    print(f"{args.cluster}: {args.command} done")
+    return 0
+
+
+def _bar(percent: float | None) -> str:
+    if percent is None:
+        return ""
+    filled = round(BAR * max(0.0, min(100.0, percent)) / 100)
+    return f"[{'#' * filled}{'.' * (BAR - filled)}] {percent:.0f}%"
+
+
+def render_status(body: dict[str, Any]) -> str:
+    rows = [("CLUSTER", "PHASE", "GPUS", "MODEL", "PROBE", "REASON")]
+    for cluster in body.get("clusters", []):
+        snapshot = cluster.get("snapshot") or {}
+        ray = snapshot.get("ray") or {}
+        gpus = f"{ray.get('gpus_total', 0):g}" if ray and not ray.get("error") else "-"
+        serve = snapshot.get("serve") or {}
+        endpoint = snapshot.get("endpoint") or {}
+        if cluster.get("phase") == "loading":
+            progress = serve.get("progress") or {}
+            model = _bar(progress.get("percent")) or progress.get("stage", "loading")
+        elif endpoint.get("status") == "up":
+            model = (
+                "serving"
+                if endpoint.get("health_status") == 200
+                else f"HTTP {endpoint.get('health_status')}"
+            )
+        else:
+            model = "running" if serve.get("running") else "down"
+        probe = snapshot.get("probe") or {}
+        verdict = probe.get("verdict") or {}
+        latency = probe.get("latency_seconds")
+        probe_text = verdict.get("outcome", "-")
+        if latency is not None:
+            probe_text += f" {latency:.2f}s"
+        phase = cluster.get("phase") or "-"
+        if cluster.get("paused"):
+            phase += " (paused)"
+        rows.append((cluster["cluster"], phase, gpus, model, probe_text, cluster.get("reason", "")))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
+    lines = []
+    for row in rows:
+        cells = [str(c).ljust(w) for c, w in zip(row[:5], widths, strict=True)]
+        lines.append("  ".join([*cells, str(row[5])]))
+    return "\n".join(lines)

@@ -1,0 +1,183 @@
+"""The subcommands that talk to the hosts: plan, probe, once, run, commands."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from sparkd.commands import render_plan
+from sparkd.core.planner import plan as make_plan
+from sparkd.model.memory import Memory
+from sparkd.model.plan import Plan
+from sparkd.model.probe import ProbeResult
+from sparkd.model.snapshot import dump_snapshot
+from sparkd.runtime import logs
+from sparkd.runtime.controller import Controller
+from sparkd.runtime.daemon import Daemon
+from sparkd.runtime.state import LockHeld, StateDir
+from sparkd.settings import ClusterSpec, Settings
+from sparkd.shell import catalogue
+from sparkd.shell.observe import observe, probe_once
+from sparkd.shell.ssh import SshPool
+from sparkd.web.app import outcome_json
+
+EX_TEMPFAIL = 75
+
+
+def main(args: argparse.Namespace, settings: Settings, config: Path) -> int:
+    command: str = args.command
+    if command == "plan":
+        return asyncio.run(live_plan(settings, args.json, args.dry_run, args.save_snapshot))
+    if command == "probe":
+        return asyncio.run(probe(settings, args.cluster, args.json))
+    if command == "once":
+        logs.configure(settings.daemon.log_format, stream=sys.stderr)
+        return asyncio.run(once(settings, args.dry_run, args.json))
+    if command == "run":
+        logs.configure(settings.daemon.log_format)
+        return run(settings, config, args.dry_run)
+    if command == "commands":
+        return print_commands(settings, args.sudoers)
+    raise AssertionError(command)
+
+
+def _memory(state: StateDir, cluster: str) -> Memory:
+    """The daemon's memory if it can be read, without touching the file (plan changes nothing)."""
+    path = state.memory_path(cluster)
+    try:
+        return Memory.model_validate_json(path.read_bytes())
+    except (OSError, ValueError):
+        return Memory()
+
+
+async def live_plan(settings: Settings, as_json: bool, dry_run: bool, save: Path | None) -> int:
+    state = StateDir(settings.daemon.state_dir)
+    pool = SshPool()
+    try:
+        observed = await asyncio.gather(*(observe(c, pool) for c in settings.clusters))
+    finally:
+        await pool.close()
+    plans: list[Plan] = []
+    documents: list[str] = []
+    for cluster, seen in zip(settings.clusters, observed, strict=True):
+        memory = _memory(state, cluster.name)
+        plans.append(make_plan(cluster, seen, memory, seen.observed_at, dry_run=dry_run))
+        documents.append(dump_snapshot(seen, memory))
+    if save is not None:
+        # One document per cluster; with several clusters they go to FILE, FILE.1, ...
+        for index, document in enumerate(documents):
+            target = save if index == 0 else save.with_name(f"{save.name}.{index}")
+            target.write_text(document + "\n")
+    if as_json:
+        print(json.dumps([p.public() for p in plans], indent=2))
+    else:
+        print("\n".join(render_plan(p) for p in plans))
+    return 0
+
+
+def _cluster(settings: Settings, name: str | None) -> ClusterSpec | None:
+    if name is None:
+        return settings.clusters[0]
+    return settings.cluster(name)
+
+
+def probe_json(result: ProbeResult) -> dict[str, Any]:
+    verdict = result.verdict
+    return {
+        "outcome": verdict.outcome,
+        "healthy": verdict.healthy,
+        "latency_seconds": result.latency_seconds,
+        "ttft_seconds": result.ttft_seconds,
+        "completion_tokens": verdict.completion_tokens,
+        "finish_reason": verdict.finish_reason,
+        "detail": verdict.detail,
+    }
+
+
+async def probe(settings: Settings, name: str | None, as_json: bool) -> int:
+    cluster = _cluster(settings, name)
+    if cluster is None:
+        print(f"no cluster named {name!r}", file=sys.stderr)
+        return 64
+    pool = SshPool()
+    try:
+        result = await probe_once(cluster, pool)
+    finally:
+        await pool.close()
+    if as_json:
+        print(json.dumps(probe_json(result), indent=2))
+    else:
+        verdict = result.verdict
+        latency = f" in {result.latency_seconds:.2f}s" if result.latency_seconds else ""
+        tokens = verdict.completion_tokens
+        health = {True: "healthy", False: "unhealthy", None: "unknown"}[verdict.healthy]
+        print(f"{cluster.name}: {verdict.outcome} ({health}){latency}, {tokens} completion tokens")
+        if verdict.detail:
+            print(f"  {verdict.detail}")
+    return 0 if result.verdict.healthy else 1
+
+
+async def once(settings: Settings, dry_run: bool, as_json: bool) -> int:
+    state = StateDir(settings.daemon.state_dir)
+    try:
+        with state.lock():
+            pool = SshPool()
+            try:
+                controllers = [
+                    Controller(c, pool, state, dry_run=dry_run) for c in settings.clusters
+                ]
+                plans = await asyncio.gather(*(c.cycle() for c in controllers))
+            finally:
+                await pool.close()
+    except LockHeld as exc:
+        print(f"sparkd once: {exc}; the daemon is acting, not starting a second controller",
+              file=sys.stderr)  # fmt: skip
+        return EX_TEMPFAIL
+    if as_json:
+        out = [
+            {**p.public(), "outcomes": [outcome_json(o) for o in c.view.recent]}
+            for p, c in zip(plans, controllers, strict=True)
+        ]
+        print(json.dumps(out, indent=2))
+    else:
+        for p, c in zip(plans, controllers, strict=True):
+            print(render_plan(p))
+            for outcome in reversed(c.view.recent):
+                print(f"  -> {outcome.action.kind} {outcome.action.target}: {outcome.result}"
+                      f" {outcome.detail}")  # fmt: skip
+    return 0 if all(p.converged for p in plans) else 1
+
+
+def run(settings: Settings, config: Path, dry_run: bool) -> int:
+    state = StateDir(settings.daemon.state_dir)
+    try:
+        with state.lock():
+            asyncio.run(Daemon(settings, config, dry_run=dry_run).serve_forever())
+    except LockHeld as exc:
+        print(f"sparkd run: {exc}", file=sys.stderr)
+        return EX_TEMPFAIL
+    return 0
+
+
+def print_commands(settings: Settings, sudoers: str | None) -> int:
+    privileged: set[str] = set()
+    for cluster in settings.clusters:
+        print(f"# cluster {cluster.name}")
+        for host, remote in catalogue.catalogue(cluster, cluster.ssh.command_timeout):
+            kind = "changes" if remote.mutating else "reads"
+            print(f"## {remote.name} on {host.name} ({kind})")
+            print(remote.command.rstrip("\n"))
+            print()
+        for unit in cluster.cleanup.units:
+            privileged.add(f"/usr/bin/systemctl stop -- {unit}")
+            privileged.add(f"/usr/bin/systemctl disable -- {unit}")
+        privileged.add("/usr/bin/kill -TERM *")
+        privileged.add("/usr/bin/kill -KILL *")
+    if sudoers is not None:
+        print("# sudoers snippet (visudo -f /etc/sudoers.d/sparkd); set ssh.sudo = true")
+        print(f"{sudoers} ALL=(root) NOPASSWD: " + ", \\\n    ".join(sorted(privileged)))
+    return 0

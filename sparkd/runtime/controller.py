@@ -1,0 +1,250 @@
+"""One controller per cluster: observe, plan, execute, remember, record; one cycle at a time.
+
+A cycle starts when the controller's event is set: by its own timer (the interval, or the
+recheck interval while work is in progress), by an operator (`reconcile`, `resume`), never
+back to back. Clusters are independent tasks; one cluster's slowness never delays another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkd.core.planner import plan as make_plan
+from sparkd.core.remember import pause as pause_memory
+from sparkd.core.remember import remember
+from sparkd.core.remember import resume as resume_memory
+from sparkd.model.memory import Memory
+from sparkd.model.observed import ModelEndpoint, Observed
+from sparkd.model.plan import Action, ActionOutcome, Plan
+from sparkd.runtime import logs
+from sparkd.runtime.state import StateDir
+from sparkd.settings import ClusterSpec
+from sparkd.shell.execute import Executor, ExecutorTiming
+from sparkd.shell.observe import observe
+from sparkd.shell.ssh import SshPool
+
+WORK_IN_PROGRESS = frozenset({"cleaning", "starting_ray", "starting_model", "loading", "probing"})
+RECENT_ACTIONS = 50
+EVENTS_KEPT = 1000
+
+
+@dataclass
+class ClusterView:
+    """What the API and the CLI show of a cluster; replaced, never mutated in place by readers."""
+
+    snapshot: Observed | None = None
+    plan: Plan | None = None
+    recent: deque[ActionOutcome] = field(default_factory=lambda: deque(maxlen=RECENT_ACTIONS))
+    in_flight: Action | None = None
+    cycles: int = 0
+    last_cycle_at: float | None = None
+    last_error: str | None = None
+
+
+class Controller:
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        pool: SshPool,
+        state: StateDir,
+        *,
+        dry_run: bool = False,
+        executor_timing: ExecutorTiming | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        on_cycle: Callable[[Controller], None] = lambda c: None,
+        on_action: Callable[[Controller, ActionOutcome], None] = lambda c, o: None,
+        on_plan: Callable[[Controller], None] = lambda c: None,
+    ) -> None:
+        self.cluster = cluster
+        self.pool = pool
+        self.state = state
+        self.dry_run = dry_run
+        self.wall_clock = wall_clock
+        self.monotonic = monotonic
+        self.on_cycle = on_cycle
+        self.on_action = on_action
+        self.on_plan = on_plan
+        self.view = ClusterView()
+        self.wake = asyncio.Event()
+        self.stopping = False
+        self.log = logs.get().bind(cluster=cluster.name)
+        self.executor = Executor(
+            cluster,
+            pool,
+            timing=executor_timing or ExecutorTiming(),
+            wall_clock=wall_clock,
+            on_start=self._action_started,
+            on_finish=self._action_finished,
+        )
+        memory, problem = state.load_memory(cluster.name)
+        if problem:
+            self.log.warning("memory_reset", problem=problem)
+        self.memory: Memory = memory
+        # Progress for the watchdog and /healthz: a cycle finished, or an action is running.
+        self.progress_at = monotonic()
+        self.action_deadline: float | None = None
+
+    # -- one cycle ----------------------------------------------------------------------
+
+    def _probe_due(self, endpoint: ModelEndpoint) -> bool:
+        ready_before = self.memory.model_ready_at is not None
+        if endpoint.status != "up" and not ready_before:
+            return False
+        last = self.memory.last_probe_at
+        return last is None or self.wall_clock() - last >= self.cluster.probe_interval
+
+    async def cycle(self) -> Plan:
+        observed = await observe(
+            self.cluster, self.pool, probe_due=self._probe_due, wall_clock=self.wall_clock
+        )
+        before = self.memory
+        plan = make_plan(self.cluster, observed, before, observed.observed_at, dry_run=self.dry_run)
+        if plan.reason != before.last_reason or plan.phase != before.last_phase:
+            self.log.info("plan", phase=plan.phase, reason=plan.reason, actions=len(plan.actions))
+        events = self._reboot_events(observed, before)
+        if plan.phase != before.last_phase:
+            events.append(
+                self._event("phase", phase=plan.phase, was=before.last_phase, reason=plan.reason)
+            )
+        self.view.snapshot = observed
+        self.view.plan = plan
+        self.on_plan(self)
+        outcomes: list[ActionOutcome] = []
+        if plan.actions and not self.stopping:
+            outcomes = await self.executor.run(plan, should_stop=lambda: self.stopping)
+        events.extend(
+            self._event(
+                "remediation",
+                action=o.action.kind,
+                host=o.action.host,
+                target=o.action.target,
+                result=o.result,
+                reason=o.action.reason,
+                detail=o.detail,
+            )
+            for o in outcomes
+        )
+        self.memory = remember(before, observed, outcomes, self.wall_clock(), plan)
+        if self.memory.blocked is not None and before.blocked is None:
+            events.append(self._event("blocked", reason=self.memory.blocked.reason))
+            self.log.error("blocked", reason=self.memory.blocked.reason)
+        self.state.save_memory(self.cluster.name, self.memory)
+        self.state.append_events(events, keep=EVENTS_KEPT)
+        self.view.snapshot = observed
+        self.view.plan = plan
+        self.view.cycles += 1
+        self.view.last_cycle_at = self.wall_clock()
+        self.view.last_error = None
+        self.view.in_flight = None
+        self.action_deadline = None
+        self.progress_at = self.monotonic()
+        self.on_cycle(self)
+        return plan
+
+    def _action_started(self, action: Action) -> None:
+        self.view.in_flight = action
+        self.progress_at = self.monotonic()
+        self.action_deadline = self.monotonic() + self.executor.action_timeout(action)
+        self.log.info("action_start", action=action.kind, host=action.host, target=action.target)
+
+    def _action_finished(self, outcome: ActionOutcome) -> None:
+        self.view.recent.appendleft(outcome)
+        self.view.in_flight = None
+        self.action_deadline = None
+        self.progress_at = self.monotonic()
+        log = self.log.info if outcome.result == "ok" else self.log.warning
+        log(
+            "action",
+            action=outcome.action.kind,
+            host=outcome.action.host,
+            target=outcome.action.target,
+            result=outcome.result,
+            detail=outcome.detail,
+            seconds=round(outcome.finished_at - outcome.started_at, 3),
+        )
+        self.on_action(self, outcome)
+
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        return {"at": self.wall_clock(), "cluster": self.cluster.name, "kind": kind, **fields}
+
+    def _reboot_events(self, observed: Observed, memory: Memory) -> list[dict[str, Any]]:
+        events = []
+        for host in observed.hosts:
+            old = memory.boot_ids.get(host.name)
+            if host.boot_id and old and old != host.boot_id:
+                self.log.warning("reboot_detected", host=host.name)
+                events.append(self._event("reboot", host=host.name))
+        return events
+
+    def next_delay(self) -> float:
+        plan = self.view.plan
+        if plan is None or self.view.last_error is not None:
+            return self.cluster.recheck_interval
+        if plan.actions or plan.phase in WORK_IN_PROGRESS:
+            return self.cluster.recheck_interval
+        return self.cluster.interval
+
+    # -- the loop -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        while not self.stopping:
+            self.wake.clear()
+            try:
+                await self.cycle()
+            except Exception as exc:  # a cycle must never kill the controller
+                self.view.last_error = f"{type(exc).__name__}: {exc}"
+                self.view.in_flight = None
+                self.action_deadline = None
+                self.log.exception("cycle_failed")
+            if self.stopping:
+                break
+            # Never back to back: even a wake-up waits a little after the last cycle.
+            await asyncio.sleep(min(0.1 * self.cluster.recheck_interval, 1.0))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout=self.next_delay())
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.wake.set()
+
+    def healthy(self, now: float) -> tuple[bool, str]:
+        """Making progress: a cycle finished within 3 intervals, or an action runs in time."""
+        if self.action_deadline is not None:
+            if now <= self.action_deadline:
+                return True, "action in progress"
+            return False, "action overran its timeout"
+        age = now - self.progress_at
+        if age <= 3 * self.cluster.interval:
+            return True, "ok"
+        return False, f"no cycle finished for {age:.0f}s"
+
+    # -- operator requests --------------------------------------------------------------
+
+    def pause(self, reason: str, by: str, until: float | None) -> None:
+        self.memory = pause_memory(
+            self.memory, reason=reason, by=by, now=self.wall_clock(), until=until
+        )
+        self.state.save_memory(self.cluster.name, self.memory)
+        self.state.append_events(
+            [self._event("paused", by=by, reason=reason, until=until)], EVENTS_KEPT
+        )
+        self.log.info("paused", by=by, reason=reason, until=until)
+        self.wake.set()
+
+    def resume(self, by: str) -> None:
+        self.memory = resume_memory(self.memory)
+        self.state.save_memory(self.cluster.name, self.memory)
+        self.state.append_events([self._event("resumed", by=by)], EVENTS_KEPT)
+        self.log.info("resumed", by=by)
+        self.wake.set()
+
+    def reconcile(self, by: str) -> None:
+        self.log.info("reconcile_requested", by=by)
+        self.wake.set()

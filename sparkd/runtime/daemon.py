@@ -1,0 +1,184 @@
+"""The daemon: controllers, the HTTP API, systemd notification, signals, the state-dir lock."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from sparkd.model.plan import ActionOutcome
+from sparkd.runtime import logs
+from sparkd.runtime.controller import Controller
+from sparkd.runtime.notify import Notifier
+from sparkd.runtime.state import StateDir
+from sparkd.settings import ConfigError, Settings, load_settings
+from sparkd.shell.execute import ExecutorTiming
+from sparkd.shell.ssh import SshPool
+
+
+class Daemon:
+    def __init__(
+        self,
+        settings: Settings,
+        config_path: Path,
+        *,
+        dry_run: bool = False,
+        executor_timing: ExecutorTiming | None = None,
+        notifier: Notifier | None = None,
+        on_cycle: Callable[[Controller], None] = lambda c: None,
+        on_action: Callable[[Controller, ActionOutcome], None] = lambda c, o: None,
+        on_plan: Callable[[Controller], None] = lambda c: None,
+    ) -> None:
+        self.settings = settings
+        self.config_path = config_path
+        self.dry_run = dry_run
+        self.executor_timing = executor_timing
+        self.notifier = notifier or Notifier()
+        self.on_cycle = on_cycle
+        self.on_action = on_action
+        self.on_plan = on_plan
+        self.state = StateDir(settings.daemon.state_dir)
+        self.pool = SshPool()
+        self.controllers: dict[str, Controller] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.stopped = asyncio.Event()
+        self.log = logs.get()
+        self.runner: web.AppRunner | None = None
+        self.started_at = time.time()
+
+    def _controller(self, cluster_name: str) -> Controller:
+        cluster = self.settings.cluster(cluster_name)
+        assert cluster is not None
+        return Controller(
+            cluster,
+            self.pool,
+            self.state,
+            dry_run=self.dry_run,
+            executor_timing=self.executor_timing,
+            on_cycle=self._cycled,
+            on_action=lambda controller, outcome: self.on_action(controller, outcome),
+            on_plan=lambda controller: self.on_plan(controller),
+        )
+
+    def _cycled(self, controller: Controller) -> None:
+        plan = controller.view.plan
+        if plan is not None:
+            self.notifier.status(f"{controller.cluster.name}: {plan.phase}: {plan.reason}")
+        self.on_cycle(controller)
+
+    @property
+    def url(self) -> str:
+        """The API's base URL as bound (the configured port may be 0 in tests)."""
+        assert self.runner is not None
+        host, port = self.runner.addresses[0][:2]
+        return f"http://{host}:{port}"
+
+    def healthy(self) -> tuple[bool, str]:
+        now = time.monotonic()
+        problems = []
+        for name, controller in self.controllers.items():
+            ok, why = controller.healthy(now)
+            task = self.tasks.get(name)
+            if task is not None and task.done():
+                ok, why = False, "controller task ended"
+            if not ok:
+                problems.append(f"{name}: {why}")
+        return (not problems, "; ".join(problems) or "ok")
+
+    async def start(self) -> None:
+        from sparkd.web.app import make_app  # the web layer sits above the runtime
+
+        self.state.ensure()
+        for cluster in self.settings.clusters:
+            self.controllers[cluster.name] = self._controller(cluster.name)
+        app = make_app(self)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        daemon = self.settings.daemon
+        site = web.TCPSite(self.runner, daemon.listen_host, daemon.listen_port)
+        await site.start()
+        for name, controller in self.controllers.items():
+            self.tasks[name] = asyncio.create_task(controller.run(), name=f"controller:{name}")
+        self.log.info(
+            "started",
+            listen=daemon.listen,
+            clusters=list(self.controllers),
+            dry_run=self.dry_run,
+            pid=os.getpid(),
+        )
+        self.notifier.ready(f"watching {len(self.controllers)} cluster(s)")
+
+    async def watchdog(self) -> None:
+        """Ping only while the loop runs and every controller makes progress."""
+        interval = self.notifier.watchdog_interval()
+        if interval is None:
+            return
+        while not self.stopped.is_set():
+            ok, why = self.healthy()
+            if ok:
+                self.notifier.watchdog()
+            else:
+                self.log.warning("watchdog_withheld", reason=why)
+            await asyncio.sleep(interval)
+
+    def reload(self) -> None:
+        self.notifier.reloading()
+        try:
+            new = load_settings(self.config_path)
+        except ConfigError as exc:
+            self.log.error("reload_rejected", problems=exc.problems)
+            self.notifier.ready("reload rejected: kept the old config")
+            return
+        old_names = set(self.controllers)
+        self.settings = new
+        for name in old_names - {c.name for c in new.clusters}:
+            self.controllers.pop(name).stop()
+            self.tasks.pop(name, None)
+        for cluster in new.clusters:
+            existing = self.controllers.get(cluster.name)
+            if existing is not None and existing.cluster == cluster:
+                continue
+            if existing is not None:
+                existing.stop()
+            controller = self._controller(cluster.name)
+            self.controllers[cluster.name] = controller
+            self.tasks[cluster.name] = asyncio.create_task(
+                controller.run(), name=f"controller:{cluster.name}"
+            )
+        self.log.info("reloaded", clusters=[c.name for c in new.clusters])
+        self.notifier.ready("reloaded")
+
+    async def stop(self) -> None:
+        """No new actions; the action in flight finishes or times out."""
+        self.notifier.stopping()
+        self.log.info("stopping")
+        for controller in self.controllers.values():
+            controller.stop()
+        if self.tasks:
+            await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        if self.runner is not None:
+            await self.runner.cleanup()
+        await self.pool.close()
+        self.stopped.set()
+
+    async def serve_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        stop_requested = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, stop_requested.set)
+        loop.add_signal_handler(signal.SIGINT, stop_requested.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        await self.start()
+        dog = asyncio.create_task(self.watchdog())
+        try:
+            await stop_requested.wait()
+        finally:
+            await self.stop()
+            dog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await dog

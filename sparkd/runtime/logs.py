@@ -1,0 +1,69 @@
+"""structlog: JSON lines for journald when stdout is not a terminal, a console view when it is.
+
+Each JSON line starts with a `<N>` syslog priority so `journalctl -p err` works.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any, Literal, TextIO
+
+import structlog
+
+PRIORITY = {"critical": 2, "error": 3, "warning": 4, "info": 6, "debug": 7}
+
+
+def _journald_json(_logger: Any, _name: str, event: Any) -> str:
+    priority = PRIORITY.get(str(event.get("level", "info")), 6)
+    return f"<{priority}>" + json.dumps(event, default=str, sort_keys=True)
+
+
+def configure(
+    fmt: Literal["auto", "json", "console"] = "auto",
+    level: int = logging.INFO,
+    stream: TextIO | None = None,
+) -> None:
+    """Logs go to stdout for the daemon (journald); commands whose stdout is data use stderr."""
+    out = stream or sys.stdout
+    use_json = fmt == "json" or (fmt == "auto" and not out.isatty())
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+    renderer: Any = _journald_json if use_json else structlog.dev.ConsoleRenderer(colors=False)
+    tracebacks: Any = structlog.processors.dict_tracebacks if use_json else _identity
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=shared,
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            tracebacks,
+            renderer,
+        ],
+    )
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    logging.getLogger("asyncssh").setLevel(logging.WARNING)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+
+
+def _identity(_logger: Any, _name: str, event: Any) -> Any:
+    return event
+
+
+def get(name: str = "sparkd") -> structlog.stdlib.BoundLogger:
+    logger: structlog.stdlib.BoundLogger = structlog.get_logger(name)
+    return logger

@@ -1,0 +1,264 @@
+"""Run a plan's actions in order, each bounded by its own timeout, checking what it promised.
+
+Stops at the first failure. Every action re-checks its precondition on the host, so running the
+same plan twice never creates a second container or a second serve process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from sparkd.core import facts
+from sparkd.core.spec import container_name, model_spec_hash, ray_spec_hash
+from sparkd.model.plan import Action, ActionOutcome, ActionResult, Plan
+from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.shell import catalogue
+from sparkd.shell.secrets import read_secret
+from sparkd.shell.ssh import HostConnection, SshFailure, SshPool
+
+POLL = 0.5
+SERVE_APPEAR = 30.0
+STOP_GRACE = 20.0
+
+
+class ActionFailed(Exception):
+    """The action ran but its postcondition did not hold."""
+
+
+@dataclass
+class ExecutorTiming:
+    """How long things may take; tests shrink these."""
+
+    poll: float = POLL
+    serve_appear: float = SERVE_APPEAR
+    stop_grace: float = STOP_GRACE
+
+
+@dataclass
+class Executor:
+    cluster: ClusterSpec
+    pool: SshPool
+    timing: ExecutorTiming = field(default_factory=ExecutorTiming)
+    wall_clock: Callable[[], float] = time.time
+    # Called as each action starts, so the daemon can show what is in flight.
+    on_start: Callable[[Action], None] = lambda action: None
+    on_finish: Callable[[ActionOutcome], None] = lambda outcome: None
+
+    def action_timeout(self, action: Action) -> float:
+        base = self.cluster.ssh.command_timeout
+        if action.kind in ("start_ray_head", "start_ray_worker", "restart_ray"):
+            return base * 2 + self.cluster.ray.join_timeout
+        if action.kind in ("start_model", "restart_model"):
+            return base * 3 + self.timing.serve_appear + self.timing.stop_grace
+        return base * 2 + self.timing.stop_grace
+
+    async def run(
+        self, plan: Plan, should_stop: Callable[[], bool] = lambda: False
+    ) -> list[ActionOutcome]:
+        """Actions in order; stops at the first failure, and starts nothing once stopping."""
+        outcomes: list[ActionOutcome] = []
+        for action in plan.actions:
+            if should_stop():
+                break
+            outcome = await self.run_one(action)
+            self.on_finish(outcome)
+            outcomes.append(outcome)
+            if outcome.result != "ok":
+                break
+        return outcomes
+
+    async def run_one(self, action: Action) -> ActionOutcome:
+        self.on_start(action)
+        started = self.wall_clock()
+        result: ActionResult = "ok"
+        detail = ""
+        limit = self.action_timeout(action)
+        try:
+            async with asyncio.timeout(limit):
+                detail = await self._dispatch(action)
+        except TimeoutError:
+            result, detail = "timeout", f"did not finish within {limit:g}s"
+        except SshFailure as failure:
+            result = "failed"
+            detail = f"{failure.kind}: {failure.error.detail}"
+            if failure.result is not None and failure.result.stderr.strip():
+                detail += f": {failure.result.stderr.strip().splitlines()[-1][:200]}"
+        except ActionFailed as exc:
+            result, detail = "failed", str(exc)
+        return ActionOutcome(
+            action=action,
+            result=result,
+            started_at=started,
+            finished_at=self.wall_clock(),
+            detail=detail,
+        )
+
+    # -- actions ------------------------------------------------------------------------
+
+    def _conn(self, host: HostSpec) -> HostConnection:
+        return self.pool.connection(host, self.cluster.ssh)
+
+    async def _sh(self, host: HostSpec, remote: catalogue.Remote) -> str:
+        result = await self._conn(host).run(
+            remote.command, timeout=self.cluster.ssh.command_timeout, input=remote.stdin
+        )
+        return result.stdout
+
+    def _dispatch(self, action: Action) -> Awaitable[str]:
+        host = self.cluster.host(action.host)
+        handlers: dict[str, Callable[[HostSpec, Action], Awaitable[str]]] = {
+            "stop_unit": self._stop_unit,
+            "remove_container": self._remove_container,
+            "start_ray_head": self._start_ray,
+            "start_ray_worker": self._start_ray,
+            "restart_ray": self._start_ray,
+            "start_model": self._start_model,
+            "restart_model": self._start_model,
+            "kill_gpu_process": self._kill_gpu_process,
+        }
+        return handlers[action.kind](host, action)
+
+    async def _stop_unit(self, host: HostSpec, action: Action) -> str:
+        seconds = self.cluster.ssh.command_timeout
+        await self._sh(host, catalogue.stop_unit(self.cluster, action.target, seconds))
+        return f"{action.target} stopped and disabled"
+
+    async def _remove_container(self, host: HostSpec, action: Action) -> str:
+        seconds = self.cluster.ssh.command_timeout
+        await self._sh(host, catalogue.remove_container(action.target, seconds))
+        return f"{action.target} removed"
+
+    async def _container_spec(self, host: HostSpec) -> tuple[bool, str | None]:
+        """Whether sparkd's container on `host` runs, and the spec label it carries."""
+        name = container_name(self.cluster, host)
+        seconds = self.cluster.ssh.command_timeout
+        try:
+            out = await self._sh(host, catalogue.inspect_container(name, seconds))
+        except SshFailure as failure:
+            if failure.kind == "exit_nonzero":
+                return False, None  # no such container
+            raise
+        running, _, spec = out.strip().partition(" ")
+        return running == "true", spec or None
+
+    async def _start_ray(self, host: HostSpec, action: Action) -> str:
+        seconds = self.cluster.ssh.command_timeout
+        if action.kind != "restart_ray":
+            running, spec = await self._container_spec(host)
+            if running and spec == ray_spec_hash(self.cluster, host):
+                return f"{action.target} already running with the desired spec"
+        await self._sh(host, catalogue.start_ray(self.cluster, host, seconds))
+        if host.role == "worker" or len(self.cluster.hosts) == 1:
+            return await self._await_gpus(host)
+        return f"{action.target} started"
+
+    async def _await_gpus(self, host: HostSpec) -> str:
+        """Postcondition of a worker start: Ray on the head shows the expected GPUs, bounded."""
+        want = self.cluster.ray.expected_gpus
+        head = self.cluster.head
+        seconds = self.cluster.ssh.command_timeout
+        deadline = asyncio.get_running_loop().time() + self.cluster.ray.join_timeout
+        seen = 0.0
+        while True:
+            try:
+                state = facts.parse_ray_status(
+                    await self._sh(head, catalogue.ray_gpus(self.cluster, seconds))
+                )
+                seen = state.gpus_total if state is not None else 0.0
+            except SshFailure as failure:
+                if failure.kind != "exit_nonzero":
+                    raise
+            if seen >= want:
+                return f"Ray shows {seen:g} of {want} GPUs"
+            if asyncio.get_running_loop().time() >= deadline:
+                raise ActionFailed(
+                    f"Ray shows {seen:g} of {want} GPUs {self.cluster.ray.join_timeout:g}s after "
+                    f"starting {host.name}"
+                )
+            await asyncio.sleep(self.timing.poll)
+
+    async def _serve_rows(self) -> Sequence[facts.TopRow]:
+        seconds = self.cluster.ssh.command_timeout
+        try:
+            out = await self._sh(
+                self.cluster.head, catalogue.serve_processes(self.cluster, seconds)
+            )
+        except SshFailure as failure:
+            if failure.kind == "exit_nonzero":
+                return ()
+            raise
+        return facts.parse_docker_top(out)
+
+    async def _spec_on_host(self) -> str | None:
+        seconds = self.cluster.ssh.command_timeout
+        try:
+            out = await self._sh(
+                self.cluster.head, catalogue.read_serve_spec(self.cluster, seconds)
+            )
+        except SshFailure as failure:
+            if failure.kind == "exit_nonzero":
+                return None
+            raise
+        return out.strip() or None
+
+    async def _stop_serve(self, pid: int) -> None:
+        head = self.cluster.head
+        seconds = self.cluster.ssh.command_timeout
+        await self._signal(head, pid, "TERM", seconds)
+        if await self._gone(pid, self.timing.stop_grace):
+            return
+        await self._signal(head, pid, "KILL", seconds)
+        if not await self._gone(pid, self.timing.stop_grace):
+            raise ActionFailed(f"vllm serve pid {pid} survived SIGKILL")
+
+    async def _signal(self, host: HostSpec, pid: int, signal: str, seconds: float) -> None:
+        try:
+            await self._sh(host, catalogue.kill_process(self.cluster, pid, signal, seconds))
+        except SshFailure as failure:
+            if failure.kind != "exit_nonzero":  # already gone: kill says "no such process"
+                raise
+
+    async def _gone(self, pid: int, within: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while True:
+            serve = facts.find_serve(await self._serve_rows())
+            if serve is None or serve.pid != pid:
+                return True
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(self.timing.poll)
+
+    async def _start_model(self, host: HostSpec, action: Action) -> str:
+        want = model_spec_hash(self.cluster)
+        serve = facts.find_serve(await self._serve_rows())
+        if serve is not None:
+            if action.kind == "start_model" and await self._spec_on_host() == want:
+                return f"vllm serve already running (pid {serve.pid}) with the desired spec"
+            await self._stop_serve(serve.pid)
+        api_key = read_secret(self.cluster.model.api_key_file)
+        seconds = self.cluster.ssh.command_timeout
+        await self._sh(host, catalogue.start_model(self.cluster, seconds, api_key))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timing.serve_appear
+        while True:
+            serve = facts.find_serve(await self._serve_rows())
+            if serve is not None:
+                return f"vllm serve launched (pid {serve.pid})"
+            if loop.time() >= deadline:
+                raise ActionFailed(
+                    f"vllm serve not running {self.timing.serve_appear:g}s after launch; "
+                    "see the serve log"
+                )
+            await asyncio.sleep(self.timing.poll)
+
+    async def _kill_gpu_process(self, host: HostSpec, action: Action) -> str:
+        seconds = self.cluster.ssh.command_timeout
+        pid = int(action.target)
+        await self._signal(host, pid, "TERM", seconds)
+        await asyncio.sleep(min(self.timing.stop_grace, 5 * self.timing.poll))
+        await self._signal(host, pid, "KILL", seconds)
+        return f"pid {pid} signalled"

@@ -1,0 +1,1 @@
+"""The HTTP API: health, status, events and the operator's controls."""

@@ -1,0 +1,182 @@
+"""The real daemon (controllers, executor, API) against the simulated world over SSH."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkd.runtime.controller import Controller
+from sparkd.runtime.state import StateDir
+from sparkd.settings import ClusterSpec, Settings, load_settings
+from sparkd.shell.execute import ExecutorTiming
+from sparkd.shell.ssh import SshPool
+from sparkd.sim.timing import Timing
+from sparkd.sim.world import CommandRecord, World
+from tests.live.helpers import sparkd_spec_labels
+
+FAST_EXECUTOR = ExecutorTiming(poll=0.03, serve_appear=5.0, stop_grace=2.0)
+# Tool calls that change something on a host; everything else sparkd runs only reads.
+MUTATING = (
+    ("docker", "run"),
+    ("docker", "rm"),
+    ("docker", "stop"),
+    ("docker", "kill"),
+    ("systemctl", "stop"),
+    ("systemctl", "disable"),
+    ("systemctl", "start"),
+    ("systemctl", "restart"),
+    ("kill",),
+    ("vllm", "serve"),
+)
+
+
+def mutations(world: World, host: str | None = None, since: float = 0.0) -> list[CommandRecord]:
+    found = []
+    for record in world.commands(host):
+        if record.source != "tool" or record.at < since:
+            continue
+        words = record.command.split()
+        if words and words[0] == "sudo":
+            words = words[2:] if len(words) > 1 and words[1] == "-n" else words[1:]
+        if any(tuple(words[: len(m)]) == m for m in MUTATING):
+            found.append(record)
+    return found
+
+
+def fast_cluster(cluster: ClusterSpec, **changes: Any) -> ClusterSpec:
+    """Intervals and graces in fractions of a second."""
+    base: dict[str, Any] = {
+        "interval": 1.0,
+        "recheck_interval": 0.2,
+        "probe_interval": 0.3,
+        "probe": cluster.probe.model_copy(update={"timeout": 0.25}),
+        "ssh": cluster.ssh.model_copy(update={"connect_timeout": 1.0, "command_timeout": 3.0}),
+        "ray": cluster.ray.model_copy(update={"join_timeout": 2.0}),
+        "model": cluster.model.model_copy(update={"load_stall": 2.0, "load_timeout": 20.0}),
+        "policy": cluster.policy.model_copy(
+            update={"backoff_initial": 0.1, "backoff_max": 0.5, "healthy_reset": 5.0}
+        ),
+    }
+    for key, value in changes.items():
+        if isinstance(value, dict):
+            base[key] = getattr(cluster, key).model_copy(update=value)
+        else:
+            base[key] = value
+    return cluster.model_copy(update=base)
+
+
+def world_settings(world: World, state: Path, **changes: Any) -> Settings:
+    loaded = load_settings(world.config_path)
+    return Settings.model_construct(
+        daemon=loaded.daemon.model_copy(update={"state_dir": state, "listen": "127.0.0.1:0"}),
+        clusters=tuple(fast_cluster(c, **changes) for c in loaded.clusters),
+    )
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool] | bool], within: float = 15.0, poll: float = 0.05
+) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        outcome = check()
+        if isinstance(outcome, Awaitable):
+            outcome = await outcome
+        if outcome:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {within}s")
+        await asyncio.sleep(poll)
+
+
+async def converge(controller: Controller, cycles: int = 60, pause: float = 0.1) -> list[Any]:
+    """Cycle until converged; return every plan made on the way."""
+    plans = []
+    for _ in range(cycles):
+        plan = await controller.cycle()
+        plans.append(plan)
+        if plan.converged:
+            return plans
+        await asyncio.sleep(pause)
+    raise AssertionError(f"not converged after {cycles} cycles: {plans[-1].reason}")
+
+
+@pytest.fixture
+async def seed_world(tmp_path: Path) -> AsyncIterator[World]:
+    async with World(tmp_path / "world", scenario="seed-morning", timing=Timing.fast()) as w:
+        yield w
+
+
+@pytest.fixture
+async def healthy_world(tmp_path: Path) -> AsyncIterator[World]:
+    async with World(
+        tmp_path / "world",
+        scenario="healthy",
+        timing=Timing.fast(),
+        spec_labels=sparkd_spec_labels,
+    ) as w:
+        yield w
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[SshPool]:
+    p = SshPool(reconnect_initial=0.05, reconnect_max=0.2)
+    yield p
+    await p.close()
+
+
+def controller(world: World, pool: SshPool, state: Path, **kwargs: Any) -> Controller:
+    cluster_changes = kwargs.pop("cluster", {})
+    settings = world_settings(world, state, **cluster_changes)
+    return Controller(
+        settings.clusters[0],
+        pool,
+        StateDir(state),
+        executor_timing=FAST_EXECUTOR,
+        **kwargs,
+    )
+
+
+FAST_TOML = {
+    r"^interval = .*$": "interval = 1.0",
+    r"^probe_interval = .*$": "probe_interval = 0.3",
+    r"^recheck_interval = .*$": "recheck_interval = 0.2",
+    r"^(\s*)timeout = .*$": r"\1timeout = 0.25",
+    r"^(\s*)connect_timeout = .*$": r"\1connect_timeout = 1.0",
+    r"^(\s*)command_timeout = .*$": r"\1command_timeout = 3.0",
+    r"^(\s*)load_stall = .*$": r"\1load_stall = 2.0",
+    r"^(\s*)load_timeout = .*$": r"\1load_timeout = 20.0",
+    r"^(\s*)backoff_initial = .*$": r"\1backoff_initial = 0.1",
+    r"^(\s*)backoff_max = .*$": r"\1backoff_max = 0.5",
+}
+
+
+def write_fast_config(
+    world: World, path: Path, state: Path, port: int, token_file: Path | None = None
+) -> Path:
+    """The world's generated config, with scaled intervals, for a daemon in another process."""
+    import re
+
+    text = world.config_path.read_text()
+    for pattern, replacement in FAST_TOML.items():
+        text = re.sub(pattern, replacement, text, flags=re.M)
+    text = re.sub(r"^listen = .*$", f'listen = "127.0.0.1:{port}"', text, flags=re.M)
+    text = re.sub(r"^state_dir = .*$", f'state_dir = "{state}"', text, flags=re.M)
+    if token_file is not None:
+        text = text.replace("[daemon]\n", f'[daemon]\ncontrol_token_file = "{token_file}"\n', 1)
+    path.write_text(text)
+    load_settings(path)  # fail here, not in the daemon, if the substitutions broke it
+    return path
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port

@@ -1,0 +1,186 @@
+"""`sparkd run`, `once`, `status`, `plan`, `probe` as processes: signals, the lock, logs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+from sparkd.runtime.state import StateDir
+from sparkd.sim.world import World
+from tests.e2e.conftest import eventually, free_port, mutations, write_fast_config
+
+SPARKD = [sys.executable, "-m", "sparkd.cli"]
+
+
+async def sparkd(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *SPARKD, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def start_daemon(config: Path, log: Path) -> asyncio.subprocess.Process:
+    handle = log.open("ab")
+    return await asyncio.create_subprocess_exec(
+        *SPARKD, "run", "--config", str(config), stdout=handle, stderr=handle,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+
+
+async def status(port: int) -> dict:  # type: ignore[type-arg]
+    try:
+        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/status") as r:
+            return await r.json()  # type: ignore[no-any-return]
+    except aiohttp.ClientError:
+        return {}
+
+
+def phase(body: dict) -> str | None:  # type: ignore[type-arg]
+    clusters = body.get("clusters") or []
+    return clusters[0]["phase"] if clusters else None
+
+
+async def test_kill_9_mid_recovery_then_restart(seed_world: World, tmp_path: Path) -> None:
+    port = free_port()
+    config = write_fast_config(seed_world, tmp_path / "sparkd.toml", tmp_path / "state", port)
+    # A slow load, so the restarted daemon finds the model loading and must leave it alone.
+    await seed_world.fault("slow-load", "spark-a")
+    log = tmp_path / "daemon.log"
+    first = await start_daemon(config, log)
+    try:
+
+        async def launched() -> bool:
+            return any(r.command.startswith("vllm serve") for r in mutations(seed_world))
+
+        await eventually(launched, within=30)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        await first.wait()
+    second = await start_daemon(config, log)
+    try:
+
+        async def healthy() -> bool:
+            return phase(await status(port)) == "healthy"
+
+        await eventually(healthy, within=60)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(second.wait(), 20) == 0
+    changed = [r.command.split()[:2] for r in mutations(seed_world)]
+    assert changed.count(["vllm", "serve"]) == 1, "the load in progress was interrupted"
+    assert changed.count(["docker", "run"]) == 2, "a Ray container was started twice"
+    lines = log.read_text().splitlines()
+    assert any(line.startswith("<6>{") for line in lines), lines[:5]
+    for line in lines:
+        if line.startswith("<"):
+            json.loads(line[line.index(">") + 1 :])
+
+
+async def test_once_refuses_while_run_holds_the_lock(seed_world: World, tmp_path: Path) -> None:
+    port = free_port()
+    state = tmp_path / "state"
+    config = write_fast_config(seed_world, tmp_path / "sparkd.toml", state, port)
+    with StateDir(state).lock():
+        before = len(seed_world.commands())
+        code, _, err = await sparkd("once", "--config", str(config))
+    assert code == 75, err
+    assert "locked" in err
+    assert len(seed_world.commands()) == before
+
+
+async def test_once_converges_in_steps_and_exit_codes(seed_world: World, tmp_path: Path) -> None:
+    port = free_port()
+    config = write_fast_config(seed_world, tmp_path / "sparkd.toml", tmp_path / "state", port)
+    code, out, err = await sparkd("once", "--config", str(config), "--json")
+    assert code == 1, err
+    [first] = json.loads(out)
+    assert first["phase"] == "cleaning"
+    assert [o["result"] for o in first["outcomes"]] == ["ok"] * 8
+    deadline = time.monotonic() + 40
+    while True:
+        code, out, err = await sparkd("once", "--config", str(config))
+        if code == 0:
+            break
+        assert code == 1, err
+        assert time.monotonic() < deadline, out
+        await asyncio.sleep(0.2)
+    assert "healthy (converged)" in out
+    code, out, _ = await sparkd("once", "--config", str(config), "--dry-run")
+    assert code == 0, out
+
+
+async def test_sigterm_stops_cleanly_and_sighup_keeps_a_good_config(
+    seed_world: World, tmp_path: Path
+) -> None:
+    port = free_port()
+    config = write_fast_config(seed_world, tmp_path / "sparkd.toml", tmp_path / "state", port)
+    log = tmp_path / "daemon.log"
+    proc = await start_daemon(config, log)
+    try:
+
+        async def up() -> bool:
+            return phase(await status(port)) is not None
+
+        await eventually(up, within=20)
+        good = config.read_text()
+        config.write_text(good.replace('role = "worker"', 'role = "head"'))
+        proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: "reload_rejected" in log.read_text(), within=10)
+        assert phase(await status(port)) is not None
+        config.write_text(good)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+    text = log.read_text()
+    assert '"event": "stopping"' in text
+
+
+async def test_live_plan_probe_status(healthy_world: World, tmp_path: Path) -> None:
+    port = free_port()
+    config = write_fast_config(healthy_world, tmp_path / "sparkd.toml", tmp_path / "state", port)
+    await eventually(lambda: bool(mutations(healthy_world)), within=10)
+    await asyncio.sleep(1.0)  # the world's own load
+    code, out, err = await sparkd("probe", "--config", str(config), "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert set(result) >= {
+        "outcome", "healthy", "latency_seconds", "ttft_seconds", "completion_tokens",
+        "finish_reason",
+    }  # fmt: skip
+    assert (result["outcome"], result["healthy"], result["completion_tokens"]) == (
+        "reasoning_only", True, 50,
+    )  # fmt: skip
+    saved = tmp_path / "snap.json"
+    code, out, err = await sparkd(
+        "plan", "--config", str(config), "--json", "--save-snapshot", str(saved)
+    )
+    assert code == 0, err
+    [plan] = json.loads(out)
+    assert plan["converged"] is True
+    code, replay, _ = await sparkd(
+        "plan", "--config", str(config), "--json", "--from-snapshot", str(saved)
+    )
+    assert json.loads(replay) == [plan]
+    proc = await start_daemon(config, tmp_path / "daemon.log")
+    try:
+
+        async def converged() -> bool:
+            return phase(await status(port)) == "healthy"
+
+        await eventually(converged, within=20)
+        code, out, err = await sparkd("status", "--config", str(config))
+        assert code == 0, err
+        assert out.splitlines()[0].split()[:3] == ["CLUSTER", "PHASE", "GPUS"]
+        assert "sparks" in out and "healthy" in out and "reasoning_only" in out
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 20)
