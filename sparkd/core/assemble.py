@@ -6,14 +6,17 @@ Host times (log mtime, process ages) are converted to the daemon's clock through
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from sparkd.core import facts
 from sparkd.core.spec import container_name, normalize_image
-from sparkd.model.observed import HostFacts, RayState, ServeState
+from sparkd.model.observed import GpuProcess, HostError, HostFacts, RayState, ServeState
 from sparkd.settings import ClusterSpec, HostSpec
 
 LOG_TAIL_LINES = 20
+REQUIRED_SECTIONS = ("boot_id", "containers", "running")
+_STOPPED_SINCE = re.compile(r"is not running|No such container")
 LAUNCH_MARKER = "=== sparkd launch"
 
 
@@ -39,6 +42,37 @@ def _tops(sections: dict[str, facts.Section]) -> dict[str, tuple[facts.TopRow, .
         for name, section in sections.items()
         if name.startswith("top ") and section.ok
     }
+
+
+def unreadable(sections: dict[str, facts.Section]) -> HostError | None:
+    """Why this host's sections cannot be trusted as a whole, if they cannot.
+
+    Other sections may fail alone and read as "not observed", but without the container list
+    and each running container's processes the facts would mislead: no containers reads as
+    "start Ray" (which first removes a running head), and a process whose container is unknown
+    reads as a foreign GPU process, maybe to be killed.
+    """
+    for name in REQUIRED_SECTIONS:
+        section = sections.get(name)
+        if section is None:
+            return HostError(kind="exit_nonzero", detail=f"fact script printed no {name} section")
+        if not section.ok:
+            return _failed(name, section)
+    for container in sections["running"].body.split():
+        top = sections.get(f"top {container}")
+        if top is None:
+            return HostError(kind="exit_nonzero", detail=f"no process list for {container}")
+        # A container that stopped since it was listed has no processes left to own.
+        if not top.ok and not _STOPPED_SINCE.search(top.body):
+            return _failed(f"top {container}", top)
+    return None
+
+
+def _failed(name: str, section: facts.Section) -> HostError:
+    status = f"rc {section.rc}" if section.rc is not None else "cut off"
+    first = _first_line(section.body)
+    detail = f"{name} section failed ({status})" + (f": {first}" if first else "")
+    return HostError(kind="exit_nonzero", detail=detail[:200])
 
 
 def host_facts(
@@ -75,7 +109,7 @@ def host_facts(
         containers=facts.parse_docker_ps(_json_lines(containers_text), started)
         if containers_text is not None
         else (),
-        gpu_processes=facts.parse_compute_apps(apps_text, owners) if apps_text is not None else (),
+        gpu_processes=_stable_gpu_processes(apps_text, body("gpu_apps_after"), owners),
         interface=facts.parse_ip_addr(iface_text) if iface_text is not None else None,
         disk_free_bytes=facts.parse_df_avail(disk_text) if disk_text is not None else None,
         images=images,
@@ -135,6 +169,19 @@ def _since_launch(lines: list[str]) -> list[str]:
         if lines[index].startswith(LAUNCH_MARKER):
             return lines[index + 1 :]
     return lines
+
+
+def _stable_gpu_processes(
+    before: str | None, after: str | None, owners: dict[int, str]
+) -> tuple[GpuProcess, ...]:
+    """Processes listed both before and after the containers' `top`s (when both were read)."""
+    if before is None:
+        return ()
+    processes = facts.parse_compute_apps(before, owners)
+    if after is None:
+        return processes
+    still = {p.pid for p in facts.parse_compute_apps(after)}
+    return tuple(p for p in processes if p.pid in still)
 
 
 def _json_lines(text: str) -> str:

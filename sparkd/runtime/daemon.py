@@ -51,6 +51,7 @@ class Daemon:
         self.log = logs.get()
         self.runner: web.AppRunner | None = None
         self.started_at = time.time()
+        self._reloads: set[asyncio.Task[None]] = set()
 
     def _controller(self, cluster_name: str) -> Controller:
         cluster = self.settings.cluster(cluster_name)
@@ -128,6 +129,12 @@ class Daemon:
             await asyncio.sleep(interval)
 
     def reload(self) -> None:
+        """SIGHUP: load the config again; an invalid one is rejected and the old one kept."""
+        task = asyncio.get_running_loop().create_task(self._reload())
+        self._reloads.add(task)
+        task.add_done_callback(self._reloads.discard)
+
+    async def _reload(self) -> None:
         self.notifier.reloading()
         try:
             new = load_settings(self.config_path)
@@ -135,23 +142,28 @@ class Daemon:
             self.log.error("reload_rejected", problems=exc.problems)
             self.notifier.ready("reload rejected: kept the old config")
             return
-        old_names = set(self.controllers)
         self.settings = new
-        for name in old_names - {c.name for c in new.clusters}:
-            self.controllers.pop(name).stop()
+        wanted = {c.name: c for c in new.clusters}
+        changed = [
+            name
+            for name, controller in self.controllers.items()
+            if wanted.get(name) != controller.cluster
+        ]
+        # A changed cluster's controller finishes its cycle (and the action in flight) first.
+        for name in changed:
+            self.controllers[name].stop()
+        await asyncio.gather(*(self.tasks[n] for n in changed if n in self.tasks))
+        for name in changed:
+            self.controllers.pop(name)
             self.tasks.pop(name, None)
         for cluster in new.clusters:
-            existing = self.controllers.get(cluster.name)
-            if existing is not None and existing.cluster == cluster:
-                continue
-            if existing is not None:
-                existing.stop()
-            controller = self._controller(cluster.name)
-            self.controllers[cluster.name] = controller
-            self.tasks[cluster.name] = asyncio.create_task(
-                controller.run(), name=f"controller:{cluster.name}"
-            )
-        self.log.info("reloaded", clusters=[c.name for c in new.clusters])
+            if cluster.name not in self.controllers:
+                controller = self._controller(cluster.name)
+                self.controllers[cluster.name] = controller
+                self.tasks[cluster.name] = asyncio.create_task(
+                    controller.run(), name=f"controller:{cluster.name}"
+                )
+        self.log.info("reloaded", clusters=list(wanted), restarted=changed)
         self.notifier.ready("reloaded")
 
     async def stop(self) -> None:

@@ -89,19 +89,26 @@ def fact_script(cluster: ClusterSpec, host: HostSpec, tool_timeout: float) -> Re
     lines.append(
         section("image", ["docker", "image", "inspect", "--format", "{{.Id}}", cluster.ray.image])
     )
-    lines.append(
-        section(
-            "gpu_apps",
-            [
-                "nvidia-smi",
-                "--query-compute-apps=pid,process_name,used_memory",
-                "--format=csv,noheader,nounits",
-            ],
-        )
-    )
+    gpu_apps = [
+        "nvidia-smi",
+        "--query-compute-apps=pid,process_name,used_memory",
+        "--format=csv,noheader,nounits",
+    ]
+    lines.append(section("gpu_apps", gpu_apps) + "; g=$rc")
+    # The running containers' names are a section too, so a failed listing is seen as such
+    # rather than as "no processes in any container"; each named one then gets its `top`.
     running = shlex.join(timed(["docker", "ps", "--format", "{{.Names}}"], t))
     top = shlex.join(timed(["docker", "top"], t))
-    lines.append(f'for c in $({running}); do s "top $c" {top} "$c" -eo {TOP_FORMAT}; done')
+    lines.append(
+        f"r=$({running} 2>&1); rc=$?; "
+        'printf \'@@sparkd running\\n%s\\n@@sparkd-end running %s\\n\' "$r" "$rc"'
+    )
+    lines.append(
+        f'if [ "$rc" = 0 ]; then for c in $r; do s "top $c" {top} "$c" -eo {TOP_FORMAT}; done; fi'
+    )
+    # Asked again after the `top`s (unless it failed the first time): only a process seen both
+    # times is judged, so one that started or ended in between is never taken for foreign.
+    lines.append(f'if [ "$g" = 0 ]; then {section("gpu_apps_after", gpu_apps)}; fi')
     lines.append(section("iface", ["ip", "-j", "addr", "show", "dev", host.interface]))
     lines.append(section("disk", ["df", "-B1", "--output=avail", str(cluster.model.log_dir)]))
     if host.role == "head":

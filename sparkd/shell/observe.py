@@ -12,12 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sparkd.core import facts
-from sparkd.core.assemble import HeadExtras, head_extras, host_facts
-from sparkd.model.observed import HostError, HostFacts, ModelEndpoint, Observed
+from sparkd.core.assemble import HeadExtras, head_extras, host_facts, unreadable
+from sparkd.model.observed import HostFacts, ModelEndpoint, Observed
 from sparkd.model.probe import ProbeResult
 from sparkd.settings import ClusterSpec, HostSpec
 from sparkd.shell import catalogue, model_http
-from sparkd.shell.secrets import read_secret
+from sparkd.shell.secrets import SecretFileError, read_secret
 from sparkd.shell.ssh import HostConnection, SshFailure, SshPool
 
 
@@ -61,8 +61,8 @@ async def read_host(
             return HostReading(HostFacts(name=host.name, error=failure.error), None)
         output = failure.result.stdout  # sections carry their own exit codes
     sections = facts.parse_sections(output)
-    if "boot_id" not in sections:
-        error = HostError(kind="exit_nonzero", detail="fact script printed no sections")
+    error = unreadable(sections)
+    if error is not None:
         return HostReading(HostFacts(name=host.name, error=error), None)
     extras = head_extras(cluster, sections, observed_at, secrets) if host.role == "head" else None
     return HostReading(host_facts(cluster, host, sections, observed_at), extras)
@@ -76,7 +76,13 @@ async def observe(
     wall_clock: Callable[[], float] = time.time,
 ) -> Observed:
     observed_at = wall_clock()
-    api_key = read_secret(cluster.model.api_key_file)
+    key_problem: str | None = None
+    try:
+        api_key = read_secret(cluster.model.api_key_file)
+    except SecretFileError as exc:
+        # Without its key every request would fail as 401 and count against the model:
+        # nothing is sent instead (`not_run` never counts), and the reason is in the snapshot.
+        api_key, key_problem = None, f"API key unreadable: {exc}"
     secrets = (api_key,) if api_key else ()
     conns = {h.name: pool.connection(h, cluster.ssh) for h in cluster.hosts}
     readings = await asyncio.gather(
@@ -87,7 +93,9 @@ async def observe(
     endpoint: ModelEndpoint | None = None
     probe: ProbeResult | None = None
     extras = head_reading.extras
-    if head_reading.facts.reachable and extras is not None:
+    if key_problem is not None and head_reading.facts.reachable:
+        endpoint = ModelEndpoint(status="not_run", detail=key_problem)
+    elif head_reading.facts.reachable and extras is not None:
         open_channel = opener(conns[head.name], cluster)
         endpoint = await model_http.observe_endpoint(
             open_channel, cluster, api_key, cluster.ssh.command_timeout

@@ -220,7 +220,8 @@ class HostConnection:
 class SshPool:
     """Every host connection of every cluster, one per (address, port, user).
 
-    The first spec seen for a key wins: settings are not reloaded while the daemon runs.
+    A different spec for the same key (a reloaded config with a new key file or timeouts)
+    replaces the connection; the old one is closed once its callers are done with it.
     """
 
     def __init__(
@@ -234,10 +235,17 @@ class SshPool:
         self._reconnect_initial = reconnect_initial
         self._reconnect_max = reconnect_max
         self._connections: dict[tuple[str, int, str], HostConnection] = {}
+        self._closing: set[asyncio.Task[None]] = set()
 
     def connection(self, host: HostSpec, ssh: SshSpec) -> HostConnection:
         key = (host.address, host.port, ssh.user)
         found = self._connections.get(key)
+        if found is not None and found.ssh != ssh:
+            # Its callers belong to a controller the reload already stopped.
+            closing = asyncio.get_running_loop().create_task(found.close())
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+            found = None
         if found is None:
             found = HostConnection(
                 host,
@@ -252,6 +260,7 @@ class SshPool:
     async def close(self) -> None:
         connections = list(self._connections.values())
         self._connections.clear()
+        await asyncio.gather(*self._closing, return_exceptions=True)
         await asyncio.gather(*(c.close() for c in connections))
 
 

@@ -22,7 +22,7 @@ from sparkd.sim.world import SCENARIOS, World
 
 FAULTS = (
     "reboot", "unreachable", "blackhole", "heal", "crash-model", "hang-engine", "oom-capture",
-    "wrong-ip", "stray-gpu", "kill-container", "slow-load", "answer-style",
+    "wrong-ip", "stray-gpu", "kill-container", "slow-load", "answer-style", "hang-tool",
 )  # fmt: skip
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
 import pwd
 import shlex
@@ -17,7 +18,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,7 +29,7 @@ from sparkd.sim.config import render_config
 from sparkd.sim.control import ControlServer
 from sparkd.sim.engine import HostEngine, graphics_processes, normalize_image
 from sparkd.sim.fake_docker import FakeDocker
-from sparkd.sim.protocol import Done, Reply, ToolCall, fail
+from sparkd.sim.protocol import Done, Reply, Stream, ToolCall, fail
 from sparkd.sim.ray_runtime import RayWorld, StatusLayout
 from sparkd.sim.reference import GLM_IMAGE, INTERFACE, MODEL_ID, QWEN_IMAGE, STALE_UNITS
 from sparkd.sim.serve import ModelServer, ServeFaults, ServeProcess, parse_serve
@@ -52,6 +53,10 @@ TOOLS = ("docker", "systemctl", "nvidia-smi", "ray", "vllm", "ip", "df", "kill",
 SCENARIOS = ("seed-morning", "healthy", "empty")
 BIN_DIR = Path(__file__).with_name("bin")
 _SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+_LOOPBACK = ipaddress.IPv4Network("127.0.0.0/8")
+_LOCALHOST = ipaddress.IPv4Address("127.0.0.1")
+# `wrong-ip` registers a host this far above its address (127.0.0.2 -> 127.0.100.2).
+WRONG_IP_OFFSET = 100 * 256
 
 Reachability = Literal["ok", "unreachable", "blackhole", "down"]
 Scenario = Literal["seed-morning", "healthy", "empty"]
@@ -67,6 +72,16 @@ class CommandRecord:
 
 
 @dataclass
+class HungCall:
+    """A fake-tool call held by the `hang-tool` fault; `released` once its caller went away
+    (the tool's process ended: killed by `timeout`, or its session closed)."""
+
+    host: str
+    argv: list[str]
+    released: bool = False
+
+
+@dataclass
 class SimHost:
     """One simulated Spark: its state, container engine, SSH endpoint and fault switches."""
 
@@ -77,6 +92,8 @@ class SimHost:
     behaviour: ModelBehaviour
     faults: ServeFaults
     reachability: Reachability = "ok"
+    # Calls whose argv starts with one of these (e.g. ("nvidia-smi",), ("docker", "ps")) hang.
+    hung_tools: set[tuple[str, ...]] = field(default_factory=set)
 
     @property
     def name(self) -> str:
@@ -120,6 +137,7 @@ class World:
         answer_naming: FieldNaming = "reasoning",
         run_as: str | None = None,
         spec_labels: Callable[[Path], Mapping[str, str]] | None = None,
+        first_address: str = "127.0.0.2",
     ) -> None:
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
@@ -127,6 +145,14 @@ class World:
             raise ValueError("need at least one host per cluster")
         if hosts > 250:
             raise ValueError("at most 250 hosts (one loopback address each)")
+        # Worlds that run at the same time (two test runs on one machine) need address blocks of
+        # their own: every world's model listens on port 30000 of its head's address.
+        first = ipaddress.IPv4Address(first_address)
+        # The last address `wrong-ip` may hand out must be loopback too.
+        top = int(first) + hosts - 1 + WRONG_IP_OFFSET
+        if first not in _LOOPBACK or first == _LOCALHOST or top >= int(_LOOPBACK.broadcast_address):
+            raise ValueError(f"host addresses from {first_address} must be in 127.0.0.2-127.255.x")
+        self.first_address = first
         # Session-visible files (fake tools, per-host homes and log dirs) live in a fresh
         # directory under the system temp dir, which the unprivileged session user can reach even
         # when `directory` sits below a private one.
@@ -152,6 +178,7 @@ class World:
         self.ray.layout = ray_status_layout
         self.serves: list[ServeProcess] = []
         self.command_log: list[CommandRecord] = []
+        self.hung_calls: list[HungCall] = []
         self._tool_server = ToolServer(self.handle)
         self._client_key = asyncssh.generate_private_key("ssh-ed25519")
         self._background: set[asyncio.Task[None]] = set()
@@ -256,7 +283,7 @@ class World:
         _check_reachable(self.bin_dir, self.run_as)
 
     def _make_host(self, name: str, index: int, cluster_index: int, head: bool) -> SimHost:
-        address = f"127.0.0.{index + 2}"
+        address = str(self.first_address + index)
         host_dir = self.runtime_dir / "hosts" / name
         log_dir = host_dir / "serve"
         home = host_dir / "home"
@@ -474,6 +501,8 @@ class World:
         self._record(host.name, "tool", " ".join(call.argv), container.name if container else None)
         state = host.state
         tool = call.tool
+        if any(tuple(call.argv[: len(prefix)]) == prefix for prefix in host.hung_tools):
+            return self._hang(host, call)
         if tool == "docker":
             if container is not None:
                 return fail("bash: docker: command not found", 127)
@@ -495,6 +524,18 @@ class World:
         if tool == "cat":
             return fake_system.cat_boot_id(state, call.args)
         return fail(f"bash: {tool}: command not found", 127)
+
+    def _hang(self, host: SimHost, call: ToolCall) -> Stream:
+        """Answer nothing, ever: the call ends only when its caller goes away."""
+        hung = HungCall(host.name, call.argv)
+        self.hung_calls.append(hung)
+        stream = Stream()
+
+        def released() -> None:
+            hung.released = True
+
+        stream.on_disconnect = released
+        return stream
 
     def _vllm(self, host: SimHost, container: Container | None, call: ToolCall) -> Reply:
         if container is None:
@@ -584,6 +625,7 @@ class World:
             "stray-gpu": self.stray_gpu,
             "kill-container": self.kill_container,
             "answer-style": self.answer_style,
+            "hang-tool": self.hang_tool,
         }
         if name in with_arg:
             return await with_arg[name](target.name, arg)
@@ -644,6 +686,7 @@ class World:
         h.behaviour.engine = "ok"
         h.behaviour.style = "reasoning_only"
         h.behaviour.naming = self.answer_naming
+        h.hung_tools.clear()
         h.state.gpu_processes = [
             g for g in h.state.gpu_processes if g.container_id is not None or g.graphics
         ]
@@ -671,7 +714,7 @@ class World:
     async def wrong_ip(self, host: str) -> str:
         h = self.host(host)
         # Still a loopback address: nothing may ever dial a non-loopback one.
-        h.state.ray_ip_override = "127.0.100." + h.address.rsplit(".", 1)[1]
+        h.state.ray_ip_override = str(ipaddress.IPv4Address(h.address) + WRONG_IP_OFFSET)
         return f"Ray on {host} registers as {h.state.ray_ip_override} from its next start"
 
     async def stray_gpu(self, host: str, arg: str | None = None) -> str:
@@ -695,6 +738,17 @@ class World:
     async def slow_load(self, host: str) -> str:
         self.host(host).faults.slow_load = True
         return f"model loads on {host} take {self.timing.slow_load_factor:g}x longer"
+
+    async def hang_tool(self, host: str, arg: str | None = None) -> str:
+        """Calls of fake tool `arg` on `host` (inside its containers too) never answer, as a
+        wedged `nvidia-smi` or a `ray status` stuck on a dead GCS does. `arg` may go on with
+        arguments (`docker ps`): then only calls starting with those words hang."""
+        words = tuple(shlex.split(arg or ""))
+        tools = [t for t in TOOLS if t != "sudo"]
+        if not words or words[0] not in tools:
+            raise ValueError(f"hang-tool needs one of: {', '.join(tools)} (and any arguments)")
+        self.host(host).hung_tools.add(words)
+        return f"{' '.join(words)} on {host} now hangs"
 
     async def answer_style(self, host: str, arg: str | None = None) -> str:
         styles = (

@@ -148,10 +148,14 @@ async def test_live_plan_probe_status(healthy_world: World, tmp_path: Path) -> N
     port = free_port()
     config = write_fast_config(healthy_world, tmp_path / "sparkd.toml", tmp_path / "state", port)
     await eventually(lambda: bool(mutations(healthy_world)), within=10)
-    await asyncio.sleep(1.0)  # the world's own load
-    code, out, err = await sparkd("probe", "--config", str(config), "--json")
-    assert code == 0, err
-    result = json.loads(out)
+    probes: list[tuple[int, str, str]] = []
+
+    async def answered() -> bool:  # the world's own load takes a moment
+        probes.append(await sparkd("probe", "--config", str(config), "--json"))
+        return probes[-1][0] == 0
+
+    await eventually(answered, within=30, poll=0.3)
+    result = json.loads(probes[-1][1])
     assert set(result) >= {
         "outcome", "healthy", "latency_seconds", "ttft_seconds", "completion_tokens",
         "finish_reason",

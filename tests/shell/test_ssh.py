@@ -475,6 +475,19 @@ async def test_pool_memoises_by_address_port_and_user(server: SshServer, keys: K
     assert pool.connection(host, ssh_spec(keys)) is not first
 
 
+async def test_pool_replaces_a_connection_whose_spec_changed(server: SshServer, keys: Keys) -> None:
+    pool = SshPool()
+    host = host_spec(server.port)
+    first = pool.connection(host, ssh_spec(keys))
+    await first.run("echo hi", timeout=5)
+    reloaded = ssh_spec(keys).model_copy(update={"command_timeout": 7.0})
+    second = pool.connection(host, reloaded)
+    assert second is not first
+    assert pool.connection(host, reloaded) is second
+    await pool.close()
+    assert not first.connected
+
+
 # --- classification of errors loopback cannot produce -----------------------------------------
 
 

@@ -48,7 +48,7 @@ async def run(conn: asyncssh.SSHClientConnection, command: str, input: str | Non
 
 
 async def eventually(
-    check: Callable[[], Awaitable[bool]], within: float = 5.0, poll: float = 0.02
+    check: Callable[[], Awaitable[bool]], within: float = 15.0, poll: float = 0.02
 ) -> None:
     """Poll `check` until it holds; fail after `within` seconds."""
     deadline = time.monotonic() + within

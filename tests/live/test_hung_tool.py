@@ -1,0 +1,101 @@
+"""A remote tool that never returns: `timeout -k` ends it on the host, the fact script reports
+the rest, and a hung `docker ps` never passes for "no containers"."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from sparkd.core import facts
+from sparkd.core.assemble import unreadable
+from sparkd.core.planner import plan
+from sparkd.model.memory import Memory
+from sparkd.shell import catalogue
+from sparkd.shell.observe import observe, tool_timeout
+from sparkd.shell.ssh import SshPool
+from sparkd.sim.world import World
+from tests.live.conftest import Live, cluster_of
+from tests.sim.conftest import eventually
+
+# Each tool gets a third of this: one second, the shortest a `timeout` here allows.
+COMMAND_TIMEOUT = 3.0
+TIMEOUT_RC = 124  # timeout(1)'s exit status when it had to stop the command
+
+
+async def released(world: World) -> bool:
+    """Every held call's connection to the world closed: no part of those tools still runs."""
+    return bool(world.hung_calls) and all(call.released for call in world.hung_calls)
+
+
+async def test_a_hung_tool_is_killed_and_the_other_sections_arrive(
+    healthy: Live, pool: SshPool
+) -> None:
+    world = healthy.world
+    cluster = cluster_of(world, ssh={"command_timeout": COMMAND_TIMEOUT})
+    assert tool_timeout(cluster) == 1.0
+    await world.fault("hang-tool", "spark-a", "nvidia-smi")
+
+    head = cluster.head
+    script = catalogue.fact_script(cluster, head, tool_timeout(cluster))
+    started = time.monotonic()
+    result = await pool.connection(head, cluster.ssh).run(script.command, timeout=COMMAND_TIMEOUT)
+    took = time.monotonic() - started
+    sections = facts.parse_sections(result.stdout)
+    assert sections["gpu_apps"].rc == TIMEOUT_RC
+    others = {name: s.rc for name, s in sections.items() if name != "gpu_apps"}
+    assert set(others) >= {"boot_id", "units", "containers", "ray_nodes", "ray_status", "serve_log"}
+    assert set(others.values()) == {0}, others
+    assert 1.0 <= took < 2.0  # the hung tool cost its own timeout, not the kill grace too
+    await eventually(lambda: released(world), within=2)
+
+    # Through observe: the head is readable and the plan does not change for want of GPU apps.
+    observed = await observe(cluster, pool)
+    facts_a = observed.host("spark-a")
+    assert facts_a is not None and facts_a.reachable
+    assert facts_a.boot_id == world.hosts["spark-a"].state.boot_id
+    assert {c.name for c in facts_a.containers} == {"sparkd-sparks-ray-head"}
+    assert observed.serve is not None and observed.serve.running
+    assert plan(cluster, observed, Memory(), observed.observed_at).actions == ()
+
+
+@pytest.mark.parametrize(
+    ("hung", "section"),
+    [("docker ps", "containers"), ("docker top", "top sparkd-sparks-ray-head")],
+)
+async def test_a_failed_container_listing_is_not_read_as_no_containers(
+    healthy: Live, pool: SshPool, hung: str, section: str
+) -> None:
+    """Read as "no containers", it would have sparkd start (so first remove) a running head;
+    without `docker top`, sparkd's own Ray workers would pass for foreign GPU processes."""
+    world = healthy.world
+    cluster = cluster_of(world, ssh={"command_timeout": COMMAND_TIMEOUT})
+    await world.fault("hang-tool", "spark-a", hung)
+    observed = await observe(cluster, pool)
+
+    head = observed.host("spark-a")
+    assert head is not None and head.error is not None
+    assert head.error.kind == "exit_nonzero"
+    assert head.error.detail.startswith(f"{section} section failed (rc {TIMEOUT_RC})")
+    worker = observed.host("spark-b")
+    assert worker is not None and worker.reachable
+    result = plan(cluster, observed, Memory(), observed.observed_at)
+    assert result.actions == (), result.reason
+    await eventually(lambda: released(world), within=2)
+
+
+def sections(text: str) -> dict[str, facts.Section]:
+    return facts.parse_sections(text.replace("|", "\n"))
+
+
+def test_a_container_that_stopped_after_listing_is_no_reason_to_distrust_the_host() -> None:
+    listed = "@@sparkd boot_id|b|@@sparkd-end boot_id 0|@@sparkd containers|"
+    listed += "@@sparkd-end containers 0"
+    running = "|@@sparkd running|gone|@@sparkd-end running 0|@@sparkd top gone|"
+    stopped = "Error response from daemon: container 0123 is not running|@@sparkd-end top gone 1"
+    assert unreadable(sections(listed + running + stopped)) is None
+    broken = "Cannot connect to the Docker daemon|@@sparkd-end top gone 1"
+    error = unreadable(sections(listed + running + broken))
+    assert error is not None and "top gone section failed (rc 1)" in error.detail
+    cut_off = unreadable(sections(listed + "|@@sparkd running|gone|@@sparkd-end running 0"))
+    assert cut_off is not None and cut_off.detail == "no process list for gone"

@@ -1,0 +1,75 @@
+"""sparkd's read path end to end: fact scripts over real SSH, parsed into a snapshot, planned."""
+
+from __future__ import annotations
+
+from sparkd.core.planner import plan
+from sparkd.model.memory import Memory
+from sparkd.model.snapshot import dump_snapshot, load_snapshot
+from sparkd.shell.observe import observe
+from sparkd.shell.ssh import SshPool
+from sparkd.sim.world import World
+from tests.live.conftest import Live, cluster_of
+
+STALE_UNITS = (
+    "vllm-cluster.service",
+    "vllm-proxy.service",
+    "vllm-embeddings.service",
+    "vllm-reranker.service",
+)
+
+
+async def test_seed_morning_plans_the_cleanup_then_ray(seed_world: World, pool: SshPool) -> None:
+    cluster = cluster_of(seed_world)
+    observed = await observe(cluster, pool)
+    result = plan(cluster, observed, Memory(), observed.observed_at)
+
+    assert result.phase == "cleaning"
+    assert [(a.kind, a.host, a.target) for a in result.actions] == [
+        *(("stop_unit", "spark-a", unit) for unit in STALE_UNITS),
+        ("remove_container", "spark-a", "glm-flash"),
+        ("remove_container", "spark-b", "glm-flash"),
+        ("start_ray_head", "spark-a", "sparkd-sparks-ray-head"),
+        ("start_ray_worker", "spark-b", "sparkd-sparks-ray-worker"),
+    ]
+
+
+async def test_healthy_world_is_converged(healthy: Live, pool: SshPool) -> None:
+    cluster = healthy.cluster
+    observed = await observe(cluster, pool)
+    result = plan(cluster, observed, Memory(), observed.observed_at)
+
+    assert observed.probe is not None
+    assert observed.probe.outcome == "reasoning_only"
+    assert observed.probe.verdict.completion_tokens == 50
+    assert result.converged, result.reason
+    assert result.phase == "healthy"
+    assert result.actions == ()
+
+
+async def test_a_snapshot_replays_to_the_same_plan(healthy: Live, pool: SshPool) -> None:
+    cluster = healthy.cluster
+    observed = await observe(cluster, pool)
+    memory = Memory()
+    made = plan(cluster, observed, memory, observed.observed_at)
+
+    document = load_snapshot(dump_snapshot(observed, memory))
+
+    assert document.observed() == observed
+    replayed = plan(cluster, document.observed(), document.memory, document.observed_at)
+    assert replayed == made
+
+
+async def test_one_ssh_exec_per_host_per_cycle(healthy: Live, pool: SshPool) -> None:
+    log = healthy.world.command_log
+    before = len(log)
+    observed = await observe(healthy.cluster, pool)
+    during = log[before:]
+
+    # The endpoint checks and the probe ran too, over direct-tcpip channels: not execs.
+    assert observed.endpoint is not None and observed.endpoint.status == "up"
+    assert observed.probe is not None and observed.probe.outcome == "reasoning_only"
+    for host in ("spark-a", "spark-b"):
+        execs = [r for r in during if r.host == host and r.source == "ssh"]
+        tools = [r for r in during if r.host == host and r.source == "tool"]
+        assert len(execs) == 1, execs
+        assert len(tools) >= 5  # the one script really ran every tool
