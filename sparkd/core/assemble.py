@@ -143,8 +143,9 @@ def head_extras(
     lines = [facts.redact(line, secrets) for line in _since_launch(lines)]
     mtime_section = sections.get("serve_log_mtime")
     progress_at: float | None = None
-    if mtime_section is not None and mtime_section.ok and mtime_section.body.strip().isdigit():
-        progress_at = float(mtime_section.body.strip()) + skew
+    if mtime_section is not None and mtime_section.ok:
+        mtime = facts.parse_stat_time(mtime_section.body)
+        progress_at = mtime + skew if mtime is not None else None
     spec = sections.get("serve_spec")
     spec_hash = spec.body.strip() or None if spec is not None and spec.ok else None
     if serve_row is None:

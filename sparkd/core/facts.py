@@ -168,6 +168,37 @@ def parse_ip_addr(text: str) -> Interface | None:
     return Interface(name=str(row.get("ifname", "")), up=up, addresses=addresses)
 
 
+def parse_stat_time(text: str) -> float | None:
+    """`stat -c %y` ("2026-11-30 03:18:05.123456789 +0000", sub-second and portable), or an
+    epoch number; None when it is neither."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    match = re.match(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.(\d+))? ([+-]\d{4})$", text)
+    if match is None:
+        return None
+    date, clock = match.group(1).split(" ")
+    year, month, day = (int(x) for x in date.split("-"))
+    hour, minute, second = (int(x) for x in clock.split(":"))
+    zone = match.group(3)
+    offset = (1 if zone[0] == "+" else -1) * (int(zone[1:3]) * 3600 + int(zone[3:5]) * 60)
+    fraction = float(f"0.{match.group(2)}") if match.group(2) else 0.0
+    seconds = _days_from_civil(year, month, day) * 86400 + hour * 3600 + minute * 60 + second
+    return seconds - offset + fraction
+
+
+def _days_from_civil(year: int, month: int, day: int) -> int:
+    """Days since 1970-01-01 of a proleptic Gregorian date (no clock, no locale, no tz db)."""
+    year -= month <= 2
+    era = year // 400
+    yoe = year - era * 400
+    doy = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
 def parse_df_avail(text: str) -> int | None:
     """`df -B1 --output=avail PATH`: a header line, then bytes available."""
     for line in text.splitlines()[1:]:

@@ -75,7 +75,7 @@ def fact_script(cluster: ClusterSpec, host: HostSpec, tool_timeout: float) -> Re
         return shlex.join(["s", name, *timed(argv, t)])
 
     lines = [_SECTION_FUNCTION]
-    lines.append(section("now", ["date", "+%s"]))
+    lines.append(section("now", ["date", "+%s.%N"]))
     lines.append(section("boot_id", ["cat", "/proc/sys/kernel/random/boot_id"]))
     if cluster.cleanup.units:
         lines.append(
@@ -124,7 +124,7 @@ def fact_script(cluster: ClusterSpec, host: HostSpec, tool_timeout: float) -> Re
         lines.append(
             section("serve_log", ["tail", "-c", str(LOG_TAIL_BYTES), serve_log_path(cluster)])
         )
-        lines.append(section("serve_log_mtime", ["stat", "-c", "%Y", serve_log_path(cluster)]))
+        lines.append(section("serve_log_mtime", ["stat", "-c", "%y", serve_log_path(cluster)]))
     return Remote("facts", "\n".join(lines) + "\n", mutating=False)
 
 

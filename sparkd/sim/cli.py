@@ -22,7 +22,8 @@ from sparkd.sim.world import SCENARIOS, World
 
 FAULTS = (
     "reboot", "unreachable", "blackhole", "heal", "crash-model", "hang-engine", "oom-capture",
-    "wrong-ip", "stray-gpu", "kill-container", "slow-load", "answer-style", "hang-tool",
+    "wrong-ip", "stray-gpu", "kill-container", "slow-load", "stall-load", "answer-style",
+    "hang-tool",
 )  # fmt: skip
 
 

@@ -141,6 +141,8 @@ class ServeFaults:
 
     slow_load: bool = False
     oom_capture: bool = False
+    # One-shot: the next load stops making progress at 40% and never finishes (a wedged read).
+    stall_load: bool = False
 
 
 class ServeProcess:
@@ -350,6 +352,9 @@ class ServeProcess:
             )
             for _, _, _, gpu in self.workers:
                 gpu.used_mib = 1052 + (WEIGHTS_MIB - 1052) * done // SHARDS
+            if self.faults.stall_load and done == SHARDS * 4 // 10:
+                self.faults.stall_load = False
+                await asyncio.Event().wait()  # until the process is killed
             if done < SHARDS:
                 await asyncio.sleep(per_shard)
         took = time.monotonic() - started

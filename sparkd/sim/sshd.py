@@ -60,9 +60,14 @@ class _HostServer(asyncssh.SSHServer):
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, "No route to host")
         conn = self._conn
 
+        real_port = self._host.real_port(target, dest_port)
+        if real_port is None:
+            # Nothing of the world listens there: refused at once, and nothing is dialled.
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, "Connection refused")
+
         async def forward() -> Any:
             try:
-                return await conn.forward_connection(target, dest_port)
+                return await conn.forward_connection(target, real_port)
             except asyncssh.ChannelOpenError:
                 # OpenSSH reports a refused connect with this reason text.
                 raise asyncssh.ChannelOpenError(
@@ -84,6 +89,7 @@ class SimSshHost:
         record: CommandLogger,
         other_addresses: Callable[[], set[str]],
         run_as: str | None,
+        real_port: Callable[[str, int], int | None] = lambda address, port: port,
     ) -> None:
         self.address = address
         self.host_key = host_key
@@ -95,6 +101,9 @@ class SimSshHost:
         self._cwd = cwd
         self._record = record
         self._other_addresses = other_addresses
+        # Where a simulated (address, port) really listens: model servers bind ephemeral ports,
+        # so worlds in different processes never collide on the same loopback address.
+        self.real_port = real_port
         self._run_as = run_as
         self._server: asyncssh.SSHAcceptor | None = None
         self._blackhole: asyncio.Server | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import os
 import pwd
@@ -179,6 +180,8 @@ class World:
         self.serves: list[ServeProcess] = []
         self.command_log: list[CommandRecord] = []
         self.hung_calls: list[HungCall] = []
+        # (host address, simulated port) -> the real port its model server listens on.
+        self.listening: dict[tuple[str, int], int] = {}
         self._tool_server = ToolServer(self.handle)
         self._client_key = asyncssh.generate_private_key("ssh-ed25519")
         self._background: set[asyncio.Task[None]] = set()
@@ -310,6 +313,7 @@ class World:
             record=lambda command: self._record(name, "ssh", command),
             other_addresses=lambda: {h.address for h in self.hosts.values()},
             run_as=self.run_as,
+            real_port=lambda address, port: self.listening.get((address, port)),
         )
         return SimHost(
             state=state,
@@ -554,9 +558,10 @@ class World:
         def make_server(
             model: str, address: str, port: int, key: str | None, max_len: int
         ) -> ModelServer:
-            return SimVllmServer(
-                model, host.behaviour, host=address, port=port, api_key=key, max_model_len=max_len
+            server = SimVllmServer(
+                model, host.behaviour, host=address, port=0, api_key=key, max_model_len=max_len
             )
+            return _MappedServer(server, address, port, self.listening)
 
         serve = ServeProcess(
             host.engine,
@@ -620,6 +625,7 @@ class World:
             "oom-capture": self.oom_capture,
             "wrong-ip": self.wrong_ip,
             "slow-load": self.slow_load,
+            "stall-load": self.stall_load,
         }
         with_arg: dict[str, Callable[[str, str | None], Awaitable[str]]] = {
             "stray-gpu": self.stray_gpu,
@@ -681,6 +687,7 @@ class World:
             h.reachability = "ok"
             await h.ssh.listen()
         h.faults.slow_load = False
+        h.faults.stall_load = False
         h.faults.oom_capture = False
         h.state.ray_ip_override = None
         h.behaviour.engine = "ok"
@@ -750,6 +757,10 @@ class World:
         self.host(host).hung_tools.add(words)
         return f"{' '.join(words)} on {host} now hangs"
 
+    async def stall_load(self, host: str) -> str:
+        self.host(host).faults.stall_load = True
+        return f"the next model load on {host} stalls at 40% and never finishes"
+
     async def answer_style(self, host: str, arg: str | None = None) -> str:
         styles = (
             "reasoning_only",
@@ -779,6 +790,33 @@ class World:
         ]
         self.known_hosts_path.write_text("".join(line + "\n" for line in lines))
         self.config_path.write_text(render_config(self))
+
+
+class _MappedServer:
+    """A model server on an ephemeral port, known to the world by the port vLLM was given."""
+
+    def __init__(
+        self,
+        server: SimVllmServer,
+        address: str,
+        port: int,
+        table: dict[tuple[str, int], int],
+    ) -> None:
+        self.server = server
+        self.key = (address, port)
+        self.table = table
+
+    async def start(self) -> int:
+        if self.key in self.table:
+            raise OSError(errno.EADDRINUSE, f"[Errno 98] address already in use: {self.key}")
+        real = await self.server.start()
+        self.table[self.key] = real
+        return self.key[1]
+
+    async def stop(self) -> None:
+        if self.table.get(self.key) == self.server.port:
+            del self.table[self.key]
+        await self.server.stop()
 
 
 def _check_reachable(path: Path, user: str | None) -> None:

@@ -142,3 +142,25 @@ async def test_dry_run_and_pause_change_nothing(
     plan = await paused.cycle()
     assert plan.phase == "paused" and plan.actions == ()
     assert mutations(seed_world) == []
+
+
+async def test_progressing_load_is_left_alone_and_a_stalled_one_restarted_once(
+    seed_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    ctl = controller(seed_world, pool, tmp_path / "s", cluster={"model": {"load_stall": 0.6}})
+    await converge(ctl)
+    # A slow load that keeps progressing: longer than load_stall in all, never restarted.
+    await seed_world.fault("slow-load", "spark-a")
+    await seed_world.fault("crash-model", "spark-a")
+    plans = await converge(ctl, cycles=200)
+    assert kinds(plans) == ["start_model"]
+    assert "loading" in [p.phase for p in plans]
+    await seed_world.fault("heal", "spark-a")
+    # A load that stops at 40%: restarted once after load_stall, then it completes.
+    await seed_world.fault("stall-load", "spark-a")
+    await seed_world.fault("crash-model", "spark-a")
+    plans = await converge(ctl, cycles=200)
+    assert kinds(plans) == ["start_model", "restart_model"]
+    restart = next(p for p in plans if p.actions and p.actions[0].kind == "restart_model")
+    assert restart.reason.startswith("load stalled: no progress for")
+    assert "weights 38%" in restart.reason  # shard 15 of 39, where the load stopped

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sparkd.core import facts
 
@@ -184,3 +187,22 @@ def test_redaction() -> None:
     redacted = facts.redact(line, ["hunter2"])
     assert "s3cr3t" not in redacted and "tok123" not in redacted and "abc" not in redacted
     assert facts.redact("the key is hunter2", ["hunter2"]) == "the key is ***"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.datetimes(
+        min_value=datetime(1971, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(None)
+    ),
+    st.integers(-14 * 60, 14 * 60),
+    st.integers(0, 999_999_999),
+)
+def test_stat_time_matches_the_calendar(moment: datetime, offset_minutes: int, nanos: int) -> None:
+    zone = timezone(timedelta(minutes=offset_minutes))
+    local = moment.replace(microsecond=0, tzinfo=zone)
+    sign = "+" if offset_minutes >= 0 else "-"
+    hours, minutes = divmod(abs(offset_minutes), 60)
+    text = f"{local:%Y-%m-%d %H:%M:%S}.{nanos:09d} {sign}{hours:02d}{minutes:02d}"
+    parsed = facts.parse_stat_time(text)
+    assert parsed is not None
+    assert abs(parsed - (local.timestamp() + nanos / 1e9)) < 1e-6

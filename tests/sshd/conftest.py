@@ -1,0 +1,106 @@
+"""A real OpenSSH sshd on loopback, for the tier that checks sparkd against OpenSSH itself.
+
+Skipped with a message where sshd is missing, except under CI=true, where it must be there
+(.ci/run installs openssh-server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncssh
+import pytest
+
+SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
+
+
+@dataclass(frozen=True)
+class RealSshd:
+    address: str
+    port: int
+    user: str
+    key_file: Path
+    known_hosts: Path
+    other_key_file: Path
+
+
+def _free_port(address: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def sshd(tmp_path: Path) -> Iterator[RealSshd]:
+    if SSHD is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("sshd is missing: .ci/run must install openssh-server")
+        pytest.skip("no sshd on this machine (apt-get install openssh-server)")
+    if os.geteuid() != 0:
+        pytest.skip("a real sshd needs root here (privilege separation)")
+    # Debian's sshd refuses to start without its privilege-separation directory.
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    address = "127.0.0.1"
+    port = _free_port(address)
+    host_key = asyncssh.generate_private_key("ssh-ed25519")
+    client_key = asyncssh.generate_private_key("ssh-ed25519")
+    other_key = asyncssh.generate_private_key("ssh-ed25519")
+    host_key_file = tmp_path / "ssh_host_ed25519_key"
+    host_key.write_private_key(str(host_key_file))
+    host_key_file.chmod(0o600)
+    key_file = tmp_path / "id_ed25519"
+    client_key.write_private_key(str(key_file))
+    key_file.chmod(0o600)
+    other_key_file = tmp_path / "other_ed25519"
+    other_key.write_private_key(str(other_key_file))
+    other_key_file.chmod(0o600)
+    authorized = tmp_path / "authorized_keys"
+    authorized.write_bytes(client_key.export_public_key())
+    known_hosts = tmp_path / "known_hosts"
+    public = host_key.export_public_key().decode().strip()
+    known_hosts.write_text(f"[{address}]:{port} {public}\n")
+    config = tmp_path / "sshd_config"
+    config.write_text(
+        f"ListenAddress {address}:{port}\n"
+        f"HostKey {host_key_file}\n"
+        f"AuthorizedKeysFile {authorized}\n"
+        "PidFile none\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+        "PermitRootLogin prohibit-password\nStrictModes no\nUseDNS no\n"
+        "MaxSessions 30\nMaxStartups 30\nAllowTcpForwarding yes\nLogLevel ERROR\n"
+    )
+    proc = subprocess.Popen([SSHD, "-f", str(config), "-D", "-e"], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with socket.create_connection((address, port), timeout=0.5):
+                break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                err = proc.stderr.read().decode() if proc.stderr else ""
+                proc.kill()
+                pytest.fail(f"sshd did not start: {err}")
+            time.sleep(0.05)
+    try:
+        yield RealSshd(address, port, user, key_file, known_hosts, other_key_file)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def settle() -> None:
+    await asyncio.sleep(0)

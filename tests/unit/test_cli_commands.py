@@ -1,0 +1,45 @@
+"""`sparkd commands`: every remote command for review, and the sudoers entries that match them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.toy import EXAMPLE_CONFIG
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sparkd.cli", "commands", "--config", str(EXAMPLE_CONFIG), *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+
+
+def test_lists_every_kind_of_command() -> None:
+    out = run().stdout
+    for name in (
+        "facts",
+        "stop_unit",
+        "remove_container",
+        "start_ray",
+        "start_model",
+        "kill_process",
+    ):
+        assert f"## {name} on spark-a" in out, name
+    assert "## start_ray on spark-b (changes)" in out
+    assert "## facts on spark-b (reads)" in out
+    assert "docker run -d --name sparkd-sparks-ray-worker" in out
+    assert "--pull=never" in out and "--restart=no" in out
+
+
+def test_sudoers_snippet_names_only_the_privileged_commands() -> None:
+    out = run("--sudoers", "aurora").stdout
+    snippet = out[out.index("# sudoers snippet") :]
+    assert "aurora ALL=(root) NOPASSWD: " in snippet
+    for unit in ("vllm-cluster.service", "vllm-reranker.service"):
+        assert f"/usr/bin/systemctl stop -- {unit}" in snippet
+        assert f"/usr/bin/systemctl disable -- {unit}" in snippet
+    assert "/usr/bin/kill -TERM *" in snippet
+    assert "docker" not in snippet.split("NOPASSWD:", 1)[1]
