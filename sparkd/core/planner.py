@@ -48,6 +48,7 @@ class _Draft:
     reason: str
     actions: list[Action] = field(default_factory=list)
     model_ready: bool = False
+    ray_unsettled: bool = False
 
 
 def plan(
@@ -90,7 +91,7 @@ def plan(
             withheld.append(action)
             continue
         used = policy.budget_used(memory, action.key, desired.policy, now)
-        if used >= desired.policy.budget:
+        if used >= desired.policy.budget and not dry_run:
             latch = (
                 f"budget spent: {action.kind} {action.target} on {action.host} ran {used} times "
                 f"within {_ago(desired.policy.budget_window)}; not fighting it any longer"
@@ -102,6 +103,7 @@ def plan(
                 withheld=tuple(draft.actions),
                 latch=latch,
                 model_ready=draft.model_ready,
+                ray_unsettled=draft.ray_unsettled,
             )
         wait_until = policy.backoff_until(memory, action.key, desired.policy, now)
         if now < wait_until:
@@ -120,6 +122,7 @@ def plan(
             withheld=tuple(allowed + withheld),
             model_ready=draft.model_ready,
             reset_backoff=reset,
+            ray_unsettled=draft.ray_unsettled,
         )
     return Plan(
         cluster=name,
@@ -129,6 +132,7 @@ def plan(
         withheld=tuple(withheld),
         model_ready=draft.model_ready,
         reset_backoff=reset,
+        ray_unsettled=draft.ray_unsettled,
     )
 
 
@@ -164,14 +168,19 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
         notes.insert(0, _unreachable_note(unreachable, facts))
         return _Draft("unreachable", "; ".join(notes), actions)
 
-    ray_actions, ray_wait = _ray(desired, facts, observed.ray, now)
+    serving = observed.endpoint is not None and observed.endpoint.serves(desired.model.id)
+    unsettled_for = (
+        now - memory.ray_unsettled_since if memory.ray_unsettled_since is not None else 0.0
+    )
+    ray_actions, ray_wait = _ray(desired, facts, observed.ray, now, unsettled_for, serving)
     if ray_actions or ray_wait:
         actions.extend(ray_actions)
+        unsettled = bool(ray_wait) and not ray_actions
         if unreachable:
             notes.insert(0, _unreachable_note(unreachable, facts))
-            return _Draft("unreachable", "; ".join(notes), actions)
+            return _Draft("unreachable", "; ".join(notes), actions, ray_unsettled=unsettled)
         notes.append(ray_wait or _summarize(ray_actions))
-        return _Draft(stage or "starting_ray", "; ".join(notes), actions)
+        return _Draft(stage or "starting_ray", "; ".join(notes), actions, ray_unsettled=unsettled)
 
     if unreachable:
         notes.insert(0, _unreachable_note(unreachable, facts))
@@ -280,6 +289,8 @@ def _ray(
     facts: dict[str, HostFacts],
     ray: RayState | None,
     now: float,
+    unsettled_for: float,
+    serving: bool,
 ) -> tuple[list[Action], str]:
     """Ray actions in dependency order, or a reason to wait for Ray to settle."""
     head = desired.head
@@ -312,18 +323,27 @@ def _ray(
     elif ray is None or not ray.up:
         age = _age(head_box, now)
         error = ray.error if ray is not None else "not observed"
-        if age is not None and age > desired.ray.join_timeout:
+        # One failed read is no reason to reload a 100 GB model: restart only when Ray has
+        # not answered for the join timeout, and never while the model answers.
+        if (
+            not serving
+            and age is not None
+            and age > desired.ray.join_timeout
+            and unsettled_for > desired.ray.join_timeout
+        ):
             actions.append(
                 _action(
                     "restart_ray",
                     head.name,
                     container_name(desired, head),
-                    f"Ray head not answering {_ago(age)} after start: {error}",
+                    f"Ray head not answering for {_ago(unsettled_for)}: {error}",
                 )
             )
             new_head = True
+        elif serving:
+            waits.append(f"Ray not answering ({error}) but the model serves; watching")
         else:
-            waits.append(f"Ray head starting ({error})")
+            waits.append(f"Ray head not answering ({error})")
 
     configured = {h.ip for h in desired.hosts}
     known = ray is not None and ray.up and ray.ips_known
@@ -335,16 +355,14 @@ def _ray(
         name = container_name(desired, worker)
         box = seen.container(name)
         if new_head:
-            actions.append(
-                _action(
-                    "start_ray_worker",
-                    worker.name,
-                    name,
-                    "new Ray head: workers must rejoin"
-                    if box is not None
-                    else "Ray worker container missing",
+            if box is not None:
+                actions.append(
+                    _action("restart_ray", worker.name, name, "new Ray head: workers must rejoin")
                 )
-            )
+            else:
+                actions.append(
+                    _action("start_ray_worker", worker.name, name, "Ray worker container missing")
+                )
             continue
         if box is None or not box.running:
             state = "missing" if box is None else f"{box.state} ({box.status})"
@@ -392,7 +410,26 @@ def _ray(
     if waits:
         return [], "; ".join(waits)
     if ray is not None and ray.up and ray.gpus_total < desired.ray.expected_gpus:
-        return [], f"Ray sees {ray.gpus_total:g} of {desired.ray.expected_gpus} GPUs; waiting"
+        short = f"Ray sees {ray.gpus_total:g} of {desired.ray.expected_gpus} GPUs"
+        if unsettled_for <= desired.ray.join_timeout:
+            return [], f"{short}; waiting"
+        # Workers whose node shows no GPU (or, without node IPs, every worker) rejoin.
+        gpus = {n.ip: n.gpus for n in ray.nodes if n.alive}
+        suspects = [
+            w
+            for w in desired.workers
+            if facts[w.name].reachable and (not ray.ips_known or gpus.get(w.ip, 0.0) < 1.0)
+        ]
+        repairs = [
+            _action(
+                "restart_ray",
+                w.name,
+                container_name(desired, w),
+                f"{short} for {_ago(unsettled_for)}; rejoining",
+            )
+            for w in suspects
+        ]
+        return repairs, "" if repairs else f"{short}; waiting"
     return [], ""
 
 
@@ -426,7 +463,7 @@ def _model(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
         if memory.launched_at is not None:
             return start("start_model", f"vllm serve exited{last}")
         return start("start_model", "Ray has its GPUs; vllm serve is not running")
-    if serve.spec_hash != want:
+    if serve.spec_hash is not None and serve.spec_hash != want:
         return start("restart_model", f"spec drift: serving {serve.spec_hash}, desired {want}")
     ray_nodes = observed.ray.alive_node_ids if observed.ray is not None else ()
     if memory.launch_nodes and ray_nodes and ray_nodes != memory.launch_nodes:
@@ -436,8 +473,10 @@ def _model(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
 
     launch = _launch_time(observed, memory)
     ready = endpoint is not None and endpoint.serves(model_id)
+    # Against the launch the host reports: a launch memory missed (a daemon killed
+    # mid-start, a relaunch by hand) is still loading, not a ready model gone dark.
     ever_ready = memory.model_ready_at is not None and (
-        memory.launched_at is None or memory.model_ready_at >= memory.launched_at
+        launch is None or memory.model_ready_at >= launch
     )
     if not ready and not ever_ready:
         return _loading(desired, observed, launch, now)
@@ -508,7 +547,8 @@ def _probe(
     ready: bool,
 ) -> _ModelStep:
     head, model = desired.head, desired.model
-    probe = observed.probe
+    # Between probes (probe_interval > interval) the last probe of this launch still speaks.
+    probe = observed.probe or memory.last_probe
     state = "serving" if ready else "not answering (it was ready)"
     fresh = probe is not None and (launch is None or probe.at >= launch - 1.0)
     if probe is None or not fresh:

@@ -47,6 +47,7 @@ def remember(
     if policy.is_new_probe(memory, probe) and probe is not None:
         changes["consecutive_failures"] = policy.failures_after(memory, probe)
         changes["last_probe_at"] = probe.at
+        changes["last_probe"] = probe
 
     launched = [o for o in outcomes if o.action.kind in MODEL_STARTS and o.result == "ok"]
     ray_restarted = any(o.action.kind in RAY_STARTS and o.result == "ok" for o in outcomes)
@@ -57,10 +58,12 @@ def remember(
             model_ready_at=None,
             consecutive_failures=0,
             last_probe_at=launched[-1].finished_at,
+            last_probe=None,
         )
     elif ray_restarted:
-        # The model's Ray actors die with Ray: it must be launched again.
-        changes.update(launch_nodes=(), model_ready_at=None)
+        # The model's Ray actors die with Ray; launch_nodes stays, so the planner sees the
+        # node ids change and relaunches the model.
+        changes.update(model_ready_at=None)
 
     if plan is not None:
         if plan.model_ready and not launched and memory.model_ready_at is None:
@@ -75,6 +78,10 @@ def remember(
             changes["backoff_reset_at"] = now
         if plan.latch is not None and memory.blocked is None:
             changes["blocked"] = Blocked(reason=plan.latch, since=now)
+        if plan.ray_unsettled:
+            changes["ray_unsettled_since"] = memory.ray_unsettled_since or now
+        else:
+            changes["ray_unsettled_since"] = None
         changes["last_phase"] = plan.phase
         changes["last_reason"] = plan.reason
         if plan.phase != "paused" and memory.paused is not None and not memory.paused.active(now):

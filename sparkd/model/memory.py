@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from sparkd.model.base import Value
+from sparkd.model.probe import ProbeResult
 
 MEMORY_VERSION = 1
 
@@ -46,7 +47,12 @@ class Memory(Value):
     model_ready_at: float | None = None
     # Probe bookkeeping: each probe is counted once, by its timestamp.
     last_probe_at: float | None = None
+    # The latest probe of this launch: between probes it still says how the model answers.
+    last_probe: ProbeResult | None = None
     consecutive_failures: int = 0
+    # Since when Ray has been short of what it should be with no action taken (not answering,
+    # short of GPUs): past the join timeout, that is repaired rather than waited on.
+    ray_unsettled_since: float | None = None
     healthy_since: float | None = None
     last_phase: str | None = None
     last_reason: str | None = None

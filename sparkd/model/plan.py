@@ -82,6 +82,7 @@ class Plan(Value):
     # enough to forget earlier remediations' backoff.
     model_ready: bool = False
     reset_backoff: bool = False
+    ray_unsettled: bool = False
 
     @property
     def converged(self) -> bool:

@@ -90,6 +90,7 @@ class Controller:
         # Progress for the watchdog and /healthz: a cycle finished, or an action is running.
         self.progress_at = monotonic()
         self.action_deadline: float | None = None
+        self._operator_edits: list[Callable[[Memory], Memory]] = []
 
     # -- one cycle ----------------------------------------------------------------------
 
@@ -104,6 +105,8 @@ class Controller:
         observed = await observe(
             self.cluster, self.pool, probe_due=self._probe_due, wall_clock=self.wall_clock
         )
+        self.progress_at = self.monotonic()  # a slow but bounded observation is progress
+        self._operator_edits.clear()
         before = self.memory
         plan = make_plan(self.cluster, observed, before, observed.observed_at, dry_run=self.dry_run)
         if plan.reason != before.last_reason or plan.phase != before.last_phase:
@@ -118,7 +121,7 @@ class Controller:
         self.on_plan(self)
         outcomes: list[ActionOutcome] = []
         if plan.actions and not self.stopping:
-            outcomes = await self.executor.run(plan, should_stop=lambda: self.stopping)
+            outcomes = await self.executor.run(plan, should_stop=self._hold_actions)
         events.extend(
             self._event(
                 "remediation",
@@ -132,11 +135,16 @@ class Controller:
             for o in outcomes
         )
         self.memory = remember(before, observed, outcomes, self.wall_clock(), plan)
+        # A pause or resume that landed while the cycle ran applies on top of what it learnt.
+        for edit in self._operator_edits:
+            self.memory = edit(self.memory)
+        self._operator_edits.clear()
         if self.memory.blocked is not None and before.blocked is None:
             events.append(self._event("blocked", reason=self.memory.blocked.reason))
             self.log.error("blocked", reason=self.memory.blocked.reason)
-        self.state.save_memory(self.cluster.name, self.memory)
-        self.state.append_events(events, keep=EVENTS_KEPT)
+        if not self.dry_run:  # a dry run changes nothing, its own state included
+            self.state.save_memory(self.cluster.name, self.memory)
+            self.state.append_events(events, keep=EVENTS_KEPT)
         self.view.snapshot = observed
         self.view.plan = plan
         self.view.cycles += 1
@@ -147,6 +155,11 @@ class Controller:
         self.progress_at = self.monotonic()
         self.on_cycle(self)
         return plan
+
+    def _hold_actions(self) -> bool:
+        """Stop before the next action: shutting down, or an operator paused meanwhile."""
+        paused = self.memory.paused
+        return self.stopping or (paused is not None and paused.active(self.wall_clock()))
 
     def _action_started(self, action: Action) -> None:
         self.view.in_flight = action
@@ -227,10 +240,13 @@ class Controller:
 
     # -- operator requests --------------------------------------------------------------
 
+    def _edit(self, edit: Callable[[Memory], Memory]) -> None:
+        self.memory = edit(self.memory)
+        self._operator_edits.append(edit)
+
     def pause(self, reason: str, by: str, until: float | None) -> None:
-        self.memory = pause_memory(
-            self.memory, reason=reason, by=by, now=self.wall_clock(), until=until
-        )
+        now = self.wall_clock()
+        self._edit(lambda m: pause_memory(m, reason=reason, by=by, now=now, until=until))
         self.state.save_memory(self.cluster.name, self.memory)
         self.state.append_events(
             [self._event("paused", by=by, reason=reason, until=until)], EVENTS_KEPT
@@ -239,7 +255,7 @@ class Controller:
         self.wake.set()
 
     def resume(self, by: str) -> None:
-        self.memory = resume_memory(self.memory)
+        self._edit(resume_memory)
         self.state.save_memory(self.cluster.name, self.memory)
         self.state.append_events([self._event("resumed", by=by)], EVENTS_KEPT)
         self.log.info("resumed", by=by)

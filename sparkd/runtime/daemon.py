@@ -52,6 +52,7 @@ class Daemon:
         self.runner: web.AppRunner | None = None
         self.started_at = time.time()
         self._reloads: set[asyncio.Task[None]] = set()
+        self._reload_lock = asyncio.Lock()
 
     def _controller(self, cluster_name: str) -> Controller:
         cluster = self.settings.cluster(cluster_name)
@@ -135,6 +136,10 @@ class Daemon:
         task.add_done_callback(self._reloads.discard)
 
     async def _reload(self) -> None:
+        async with self._reload_lock:  # one reload at a time: two SIGHUPs, one controller each
+            await self._reload_locked()
+
+    async def _reload_locked(self) -> None:
         self.notifier.reloading()
         try:
             new = load_settings(self.config_path)

@@ -40,8 +40,21 @@ def configure(
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=False,
     )
-    renderer: Any = _journald_json if use_json else structlog.dev.ConsoleRenderer(colors=False)
-    tracebacks: Any = structlog.processors.dict_tracebacks if use_json else _identity
+    renderer: Any = (
+        _journald_json
+        if use_json
+        else structlog.dev.ConsoleRenderer(
+            colors=False, exception_formatter=structlog.dev.plain_traceback
+        )
+    )
+    # Never render frame locals: they can hold the API key or an Authorization header.
+    tracebacks: Any = (
+        structlog.processors.ExceptionRenderer(
+            structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+        )
+        if use_json
+        else _identity
+    )
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared,
         processors=[

@@ -69,7 +69,9 @@ class StateDir:
             return Memory(), None
         try:
             document = json.loads(raw)
-            if not isinstance(document, dict) or document.get("version") != MEMORY_VERSION:
+            if not isinstance(document, dict):
+                raise ValueError("not a JSON object")
+            if document.get("version") != MEMORY_VERSION:
                 raise ValueError(f"unsupported memory version {document.get('version')!r}")
             return Memory.model_validate(document), None
         except (ValueError, ValidationError) as exc:

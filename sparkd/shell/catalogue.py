@@ -186,7 +186,7 @@ def start_ray(cluster: ClusterSpec, host: HostSpec, seconds: float) -> Remote:
     prepare = ""
     if host.role == "head":
         prepare = _line(["mkdir", "-p", "--", str(cluster.model.log_dir)], seconds) + " && "
-    return Remote("start_ray", f"{prepare}{remove} >/dev/null 2>&1; {run}", mutating=True)
+    return Remote("start_ray", f"{prepare}{{ {remove} >/dev/null 2>&1; {run}; }}", mutating=True)
 
 
 def serve_argv(cluster: ClusterSpec) -> list[str]:

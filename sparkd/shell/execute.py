@@ -88,6 +88,8 @@ class Executor:
                 detail += f": {failure.result.stderr.strip().splitlines()[-1][:200]}"
         except ActionFailed as exc:
             result, detail = "failed", str(exc)
+        except Exception as exc:  # a failed action is a value: recorded, budgeted, backed off
+            result, detail = "failed", f"{type(exc).__name__}: {exc}"[:300]
         return ActionOutcome(
             action=action,
             result=result,
@@ -218,8 +220,15 @@ class Executor:
         try:
             await self._sh(host, catalogue.kill_process(self.cluster, pid, signal, seconds))
         except SshFailure as failure:
-            if failure.kind != "exit_nonzero":  # already gone: kill says "no such process"
-                raise
+            stderr = failure.result.stderr.lower() if failure.result is not None else ""
+            if failure.kind == "exit_nonzero" and "no such process" in stderr:
+                return  # already gone
+            if failure.kind == "exit_nonzero":
+                raise ActionFailed(
+                    f"kill -{signal} {pid} on {host.name} failed: "
+                    f"{stderr.strip() or 'exit status nonzero'} (does the SSH user need sudo?)"
+                ) from None
+            raise
 
     async def _gone(self, pid: int, within: float) -> bool:
         loop = asyncio.get_running_loop()
@@ -233,13 +242,14 @@ class Executor:
             await asyncio.sleep(self.timing.poll)
 
     async def _start_model(self, host: HostSpec, action: Action) -> str:
+        # Before anything is stopped: without its key there must be no half-done restart.
+        api_key = read_secret(self.cluster.model.api_key_file)
         want = model_spec_hash(self.cluster)
         serve = facts.find_serve(await self._serve_rows())
         if serve is not None:
             if action.kind == "start_model" and await self._spec_on_host() == want:
                 return f"vllm serve already running (pid {serve.pid}) with the desired spec"
             await self._stop_serve(serve.pid)
-        api_key = read_secret(self.cluster.model.api_key_file)
         seconds = self.cluster.ssh.command_timeout
         await self._sh(host, catalogue.start_model(self.cluster, seconds, api_key))
         loop = asyncio.get_running_loop()

@@ -157,8 +157,12 @@ def _carries_token(line: str) -> bool:
         chunk = json.loads(line[5:])
     except ValueError:
         return False
+    if not isinstance(chunk, dict):
+        return False
     for choice in chunk.get("choices") or []:
-        delta = choice.get("delta") or {}
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        if not isinstance(delta, dict):
+            continue
         for field in ("content", "reasoning", "reasoning_content"):
             if isinstance(delta.get(field), str) and delta[field]:
                 return True
@@ -198,7 +202,7 @@ async def observe_endpoint(
         return ModelEndpoint(status="not_run", detail=str(exc))
     except TimeoutError:
         return ModelEndpoint(status="timeout", detail=f"no answer within {limit:g}s")
-    except (h11.ProtocolError, BodyTooLarge, OSError, EOFError) as exc:
+    except Exception as exc:  # the edge: a dropped SSH connection, a broken peer, ...
         return ModelEndpoint(status="error", detail=f"{type(exc).__name__}: {exc}"[:200])
     models: tuple[str, ...] = ()
     try:
@@ -295,6 +299,9 @@ async def probe(
         return ProbeResult(at=at, verdict=verdict, latency_seconds=monotonic() - start)
     except (h11.ProtocolError, OSError, EOFError) as exc:
         verdict = classify_response(200, f"<connection broke: {type(exc).__name__}>")
+        return ProbeResult(at=at, verdict=verdict, latency_seconds=monotonic() - start)
+    except Exception as exc:  # e.g. the SSH connection dropped: nothing learnt about the model
+        verdict = classify_failure("not_run", f"{type(exc).__name__}: {exc}"[:200])
         return ProbeResult(at=at, verdict=verdict, latency_seconds=monotonic() - start)
     return ProbeResult(
         at=at,

@@ -97,7 +97,9 @@ def _classify_ssh(exc: asyncssh.Error) -> HostError:
     if isinstance(exc, asyncssh.ChannelOpenError):
         if exc.code == asyncssh.OPEN_CONNECT_FAILED:
             return host_error("refused", f"channel refused: {reason}")
-        return host_error("refused", f"channel open failed (code {exc.code}): {reason}")
+        # Administratively prohibited (AllowTcpForwarding no) or a resource shortage says
+        # nothing about the far side: not a refusal, so never counted against the model.
+        return host_error("conn_lost", f"channel open failed (code {exc.code}): {reason}")
     if isinstance(exc, asyncssh.ConnectionLost):
         return host_error("conn_lost", f"connection lost: {reason}")
     return host_error("conn_lost", f"disconnected ({type(exc).__name__}): {reason}")

@@ -65,7 +65,7 @@ def fast_cluster(cluster: ClusterSpec, **changes: Any) -> ClusterSpec:
     }
     for key, value in changes.items():
         if isinstance(value, dict):
-            base[key] = getattr(cluster, key).model_copy(update=value)
+            base[key] = (base.get(key) or getattr(cluster, key)).model_copy(update=value)
         else:
             base[key] = value
     return cluster.model_copy(update=base)

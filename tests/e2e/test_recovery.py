@@ -91,10 +91,10 @@ async def test_head_reboot_recovers(seed_world: World, pool: SshPool, tmp_path: 
     done = kinds(plans)
     assert (
         "start_ray_head" in done
-        and "start_ray_worker" in done
+        and "restart_ray" in done
         and ("start_model" in done or "restart_model" in done)
     )
-    assert done.index("start_ray_head") < done.index("start_ray_worker")
+    assert done.index("start_ray_head") < done.index("restart_ray")
 
 
 async def test_model_crash_recovers(seed_world: World, pool: SshPool, tmp_path: Path) -> None:
@@ -164,3 +164,20 @@ async def test_progressing_load_is_left_alone_and_a_stalled_one_restarted_once(
     restart = next(p for p in plans if p.actions and p.actions[0].kind == "restart_model")
     assert restart.reason.startswith("load stalled: no progress for")
     assert "weights 38%" in restart.reason  # shard 15 of 39, where the load stopped
+
+
+async def test_pause_during_a_cycle_holds_the_remaining_actions_and_sticks(
+    seed_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    ctl = controller(seed_world, pool, tmp_path / "s")
+    cycle = asyncio.create_task(ctl.cycle())
+    await eventually(lambda: ctl.view.in_flight is not None, within=10, poll=0.001)
+    ctl.pause("stop right there", "oncall", None)
+    plan = await cycle
+    assert len(plan.actions) == 8
+    assert 1 <= len(ctl.view.recent) < 8
+    assert ctl.memory.paused is not None and ctl.memory.paused.by == "oncall"
+    saved, _ = ctl.state.load_memory("sparks")
+    assert saved.paused is not None
+    again = await ctl.cycle()
+    assert again.phase == "paused" and again.actions == ()

@@ -252,7 +252,101 @@ def _rebooted_note(toy: Toy, memory: Memory) -> Memory:
     return memory.model_copy(update={"boot_ids": {"spark-b": "boot-spark-b-1"}})
 
 
+def _ray_read_failed(since: float | None, serving: bool) -> Callable[[Toy, Memory], Memory]:
+    def mutate(toy: Toy, memory: Memory) -> Memory:
+        toy.ray_nodes = []  # the read failed: observe() reports Ray as not answering
+        replace_container(toy, "spark-a", started_at=toy.now - 3600)
+        if not serving:
+            toy.ready = False
+            toy.serve_running = False
+        unsettled = toy.now - since if since is not None else None
+        return memory.model_copy(update={"ray_unsettled_since": unsettled})
+
+    return mutate
+
+
+def _gpu_short_for(seconds: float) -> Callable[[Toy, Memory], Memory]:
+    def mutate(toy: Toy, memory: Memory) -> Memory:
+        _gpus_short(toy, memory)
+        toy.serve_running = False
+        toy.ready = False
+        return memory.model_copy(update={"ray_unsettled_since": toy.now - seconds})
+
+    return mutate
+
+
+def _between_probes(toy: Toy, memory: Memory) -> Memory:
+    observed_probe = toy.observe().probe
+    toy.probe_at = None  # no probe due this cycle
+    return memory.model_copy(update={"last_probe": observed_probe})
+
+
+def _launch_memory_missed(toy: Toy, memory: Memory) -> Memory:
+    from sparkd.model.plan import Action
+
+    toy.apply(Action(kind="restart_model", host="spark-a", target="m", reason=""))
+    toy.load_seconds = 10_000
+    toy.advance(60)
+    # Memory still says the previous launch was ready: the new launch must read as loading.
+    return memory
+
+
+def _dry_run_budget(toy: Toy, memory: Memory) -> Memory:
+    return _budget_spent(toy, memory)
+
+
 CASES = [
+    Case(
+        "one_failed_ray_read_while_serving_restarts_nothing",
+        healthy_then(_ray_read_failed(None, serving=True)),
+        "starting_ray",
+        (),
+        "but the model serves; watching",
+    ),
+    Case(
+        "ray_not_answering_briefly_waits",
+        healthy_then(_ray_read_failed(10, serving=False)),
+        "starting_ray",
+        (),
+        "Ray head not answering",
+    ),
+    Case(
+        "ray_not_answering_past_join_timeout_restarts_head",
+        healthy_then(_ray_read_failed(300, serving=False)),
+        "starting_ray",
+        ("restart_ray", "restart_ray"),
+        "Ray head not answering for 5m00s",
+    ),
+    Case(
+        "gpu_shortfall_past_join_timeout_rejoins_the_short_worker",
+        healthy_then(_gpu_short_for(300)),
+        "starting_ray",
+        ("restart_ray",),
+        "Ray sees 1 of 2 GPUs for 5m00s; rejoining",
+        hosts=("spark-b",),
+    ),
+    Case(
+        "healthy_between_probes_stays_healthy",
+        healthy_then(_between_probes),
+        "healthy",
+        (),
+        "probe reasoning_only",
+    ),
+    Case(
+        "a_launch_memory_missed_is_loading",
+        healthy_then(_launch_memory_missed),
+        "loading",
+        (),
+        "left alone while it progresses",
+    ),
+    Case(
+        "dry_run_never_latches",
+        healthy_then(_dry_run_budget),
+        "degraded",
+        (),
+        "dry-run: 3 consecutive failed probes",
+        kwargs={"dry_run": True},
+    ),
     Case(
         "seed_morning_cleans_then_starts_ray",
         seed,
@@ -294,14 +388,14 @@ CASES = [
         "head_exited_restarts_head_then_workers",
         healthy_then(_head_exited),
         "starting_ray",
-        ("start_ray_head", "start_ray_worker"),
+        ("start_ray_head", "restart_ray"),
         "new Ray head: workers must rejoin",
     ),
     Case(
         "head_spec_drift_rolls_out_in_order",
         healthy_then(_head_drift),
         "starting_ray",
-        ("restart_ray", "start_ray_worker"),
+        ("restart_ray", "restart_ray"),
         "spec drift",
     ),
     Case(
@@ -515,7 +609,7 @@ CASES = [
         "expired_pause_acts",
         healthy_then(_pause_expired),
         "starting_ray",
-        ("start_ray_head", "start_ray_worker"),
+        ("start_ray_head", "restart_ray"),
         "Ray head container exited",
     ),
     Case(
@@ -574,9 +668,9 @@ def test_case_names_are_unique() -> None:
 
 def test_paused_and_dry_run_show_what_they_withhold() -> None:
     paused = run(next(c for c in CASES if c.name == "paused_plans_nothing"))
-    assert [a.kind for a in paused.withheld] == ["start_ray_head", "start_ray_worker"]
+    assert [a.kind for a in paused.withheld] == ["start_ray_head", "restart_ray"]
     dry = run(next(c for c in CASES if c.name == "dry_run_plans_nothing"))
-    assert [a.kind for a in dry.withheld] == ["start_ray_head", "start_ray_worker"]
+    assert [a.kind for a in dry.withheld] == ["start_ray_head", "restart_ray"]
 
 
 def test_budget_latch_is_carried_for_remember() -> None:

@@ -73,7 +73,7 @@ def test_worker_reboot_recovers() -> None:
 
 def test_head_reboot_recovers() -> None:
     plans, _ = converge_from_healthy(lambda toy: toy.reboot("spark-a"))
-    assert kinds(plans) == ["remove_container", "start_ray_head", "start_ray_worker", "start_model"]
+    assert kinds(plans) == ["remove_container", "start_ray_head", "restart_ray", "start_model"]
 
 
 def test_model_crash_recovers() -> None:
