@@ -146,9 +146,17 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
     foreign = _foreign_gpu_processes(desired, facts, reachable, doomed)
     blockers: list[str] = []
     kills: list[Action] = []
-    for host, pid, what in foreign:
+    for host, pid, what, name in foreign:
         if desired.policy.allow_kill_foreign_gpu:
-            kills.append(_action("kill_gpu_process", host, str(pid), f"foreign GPU process {what}"))
+            kills.append(
+                Action(
+                    kind="kill_gpu_process",
+                    host=host,
+                    target=str(pid),
+                    reason=f"foreign GPU process {what}",
+                    subject=name,
+                )
+            )
         else:
             blockers.append(
                 f"foreign GPU process {what} on {host}; policy does not allow killing it"
@@ -244,8 +252,8 @@ def _foreign_gpu_processes(
     facts: dict[str, HostFacts],
     reachable: list[HostSpec],
     doomed: set[tuple[str, str]],
-) -> list[tuple[str, int, str]]:
-    found: list[tuple[str, int, str]] = []
+) -> list[tuple[str, int, str, str]]:
+    found: list[tuple[str, int, str, str]] = []
     harmless = set(desired.cleanup.harmless_gpu_processes)
     for host in reachable:
         seen = facts[host.name]
@@ -260,7 +268,8 @@ def _foreign_gpu_processes(
                     continue  # goes away with its container
             memory = f", {proc.used_memory_mib} MiB" if proc.used_memory_mib is not None else ""
             where = f" in container {proc.container}" if proc.container else ""
-            found.append((host.name, proc.pid, f"pid {proc.pid} ({proc.name}{memory}){where}"))
+            what = f"pid {proc.pid} ({proc.name}{memory}){where}"
+            found.append((host.name, proc.pid, what, proc.name))
     return found
 
 

@@ -59,11 +59,14 @@ class Action(Value):
     # What the action is about: a unit, a container, a PID, or the model id.
     target: str
     reason: str
+    # What budget and backoff count this action against when the target is fleeting: a
+    # respawning foreign process gets a new PID each time but stays the same fight.
+    subject: str = ""
 
     @property
     def key(self) -> str:
-        """Budget and backoff are kept per (kind, host, target)."""
-        return f"{self.kind}:{self.host}:{self.target}"
+        """Budget and backoff are kept per (kind, host, subject or target)."""
+        return f"{self.kind}:{self.host}:{self.subject or self.target}"
 
     def public(self) -> dict[str, str]:
         return {"kind": self.kind, "host": self.host, "target": self.target, "reason": self.reason}

@@ -684,3 +684,30 @@ def test_four_different_units_are_not_one_budget() -> None:
     result = plan(cluster, toy.observe(), memory, toy.now)
     keys = [a.key for a in result.actions if a.kind == "stop_unit"]
     assert len(set(keys)) == 4
+
+
+def test_a_respawning_foreign_process_is_one_fight_not_a_new_pid_each_time() -> None:
+    from sparkd.core.remember import remember
+    from sparkd.model.plan import ActionOutcome
+
+    toy, memory = healthy()
+    with_policy(toy, allow_kill_foreign_gpu=True, backoff_initial=1.0, backoff_max=1.0)
+    kills = 0
+    result = None
+    for pid in range(50_000, 50_010):
+        toy.gpu["spark-a"] = [GpuProcess(pid=pid, name="/usr/bin/python3", used_memory_mib=9)]
+        toy.advance(5)
+        result = plan(toy.cluster, toy.observe(), memory, toy.now)
+        outcomes = []
+        for action in result.actions:
+            assert action.kind == "kill_gpu_process" and action.target == str(pid)
+            kills += 1
+            outcomes.append(
+                ActionOutcome(action=action, result="ok", started_at=toy.now, finished_at=toy.now)
+            )
+        memory = remember(memory, toy.observe(), outcomes, toy.now, result)
+        if result.phase == "blocked":
+            break
+    assert result is not None and result.phase == "blocked"
+    assert kills == toy.cluster.policy.budget
+    assert "kill_gpu_process" in result.reason
