@@ -100,15 +100,17 @@ def _config_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def dispatch(argv: Sequence[str]) -> int:
-    args = _parser().parse_args(list(argv))
+    argv = list(argv)
+    if argv[:1] == ["sim"]:
+        # The simulator parses its own options (argparse's REMAINDER would take none of them).
+        from sparkd.sim.cli import main as sim_main
+
+        return sim_main(argv[1:])
+    args = _parser().parse_args(argv)
     if args.command == "check-config":
         return check_config(args.config)
     if args.command == "plan" and args.from_snapshot is not None:
         return plan_from_snapshot(args.config, args.from_snapshot, args.json, args.dry_run)
-    if args.command == "sim":
-        from sparkd.sim.cli import main as sim_main
-
-        return sim_main(list(args.sim_args))
     if args.command == "demo":
         from sparkd.demo import main as demo_main
 

@@ -98,8 +98,11 @@ class Controller:
         ready_before = self.memory.model_ready_at is not None
         if endpoint.status != "up" and not ready_before:
             return False
+        # The first probe of a launch goes as soon as the model answers; then every interval.
         last = self.memory.last_probe_at
-        return last is None or self.wall_clock() - last >= self.cluster.probe_interval
+        if self.memory.last_probe is None or last is None:
+            return True
+        return self.wall_clock() - last >= self.cluster.probe_interval
 
     async def cycle(self) -> Plan:
         observed = await observe(

@@ -133,17 +133,22 @@ class Executor:
         await self._sh(host, catalogue.remove_container(action.target, seconds))
         return f"{action.target} removed"
 
+    async def _read(self, host: HostSpec, remote: catalogue.Remote) -> str | None:
+        """A read whose non-zero exit means "there is none" (no container, no file)."""
+        try:
+            return await self._sh(host, remote)
+        except SshFailure as failure:
+            if failure.kind == "exit_nonzero":
+                return None
+            raise
+
     async def _container_spec(self, host: HostSpec) -> tuple[bool, str | None]:
         """Whether sparkd's container on `host` runs, and the spec label it carries."""
         name = container_name(self.cluster, host)
-        seconds = self.cluster.ssh.command_timeout
-        try:
-            out = await self._sh(host, catalogue.inspect_container(name, seconds))
-        except SshFailure as failure:
-            if failure.kind == "exit_nonzero":
-                return False, None  # no such container
-            raise
-        running, _, spec = out.strip().partition(" ")
+        out = await self._read(
+            host, catalogue.inspect_container(name, self.cluster.ssh.command_timeout)
+        )
+        running, _, spec = (out or "").strip().partition(" ")
         return running == "true", spec or None
 
     async def _start_ray(self, host: HostSpec, action: Action) -> str:
@@ -184,27 +189,13 @@ class Executor:
 
     async def _serve_rows(self) -> Sequence[facts.TopRow]:
         seconds = self.cluster.ssh.command_timeout
-        try:
-            out = await self._sh(
-                self.cluster.head, catalogue.serve_processes(self.cluster, seconds)
-            )
-        except SshFailure as failure:
-            if failure.kind == "exit_nonzero":
-                return ()
-            raise
-        return facts.parse_docker_top(out)
+        out = await self._read(self.cluster.head, catalogue.serve_processes(self.cluster, seconds))
+        return facts.parse_docker_top(out) if out is not None else ()
 
     async def _spec_on_host(self) -> str | None:
         seconds = self.cluster.ssh.command_timeout
-        try:
-            out = await self._sh(
-                self.cluster.head, catalogue.read_serve_spec(self.cluster, seconds)
-            )
-        except SshFailure as failure:
-            if failure.kind == "exit_nonzero":
-                return None
-            raise
-        return out.strip() or None
+        out = await self._read(self.cluster.head, catalogue.read_serve_spec(self.cluster, seconds))
+        return (out or "").strip() or None
 
     async def _stop_serve(self, pid: int) -> None:
         head = self.cluster.head

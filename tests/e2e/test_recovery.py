@@ -181,3 +181,20 @@ async def test_pause_during_a_cycle_holds_the_remaining_actions_and_sticks(
     assert saved.paused is not None
     again = await ctl.cycle()
     assert again.phase == "paused" and again.actions == ()
+
+
+async def test_first_probe_of_a_launch_is_not_held_back_by_the_probe_interval(
+    seed_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    ctl = controller(
+        seed_world,
+        pool,
+        tmp_path / "s",
+        cluster={"probe_interval": 60.0, "probe": {"timeout": 1.0}},
+    )
+    plans = await converge(ctl, cycles=80)
+    assert plans[-1].phase == "healthy"
+    # And between probes it stays healthy instead of flapping to `probing`.
+    again = await ctl.cycle()
+    assert again.phase == "healthy" and again.converged
+    assert ctl.view.snapshot is not None and ctl.view.snapshot.probe is None

@@ -43,3 +43,13 @@ def test_sudoers_snippet_names_only_the_privileged_commands() -> None:
         assert f"/usr/bin/systemctl disable -- {unit}" in snippet
     assert "/usr/bin/kill -TERM *" in snippet
     assert "docker" not in snippet.split("NOPASSWD:", 1)[1]
+
+
+def test_sim_options_reach_the_simulator() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "sparkd.cli", "sim", "--scenario", "nope"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0
+    assert "nope" in result.stderr and "unrecognized arguments" not in result.stderr
