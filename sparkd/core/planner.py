@@ -163,6 +163,11 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
             )
     blockers.extend(_missing_images(desired, facts, reachable))
     if blockers:
+        if cleanup:
+            # The cleanup may be what clears it (a stale unit running a bare-metal vLLM holds
+            # the GPU): clean first, and judge again on the next look.
+            reason = f"{_summarize_cleanup(cleanup)} first; then: {'; '.join(blockers)}"
+            return _Draft("cleaning", reason, cleanup)
         return _Draft("blocked", "; ".join(blockers))
 
     actions = cleanup + kills

@@ -29,6 +29,10 @@ def serve_spec_path(cluster: ClusterSpec) -> str:
     return str(cluster.model.log_dir / "serve.spec")
 
 
+def serve_pid_path(cluster: ClusterSpec) -> str:
+    return str(cluster.model.log_dir / "serve.pid")
+
+
 def _digest(value: Any) -> str:
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]

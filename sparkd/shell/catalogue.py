@@ -22,6 +22,7 @@ from sparkd.core.spec import (
     model_spec_hash,
     ray_spec_hash,
     serve_log_path,
+    serve_pid_path,
     serve_spec_path,
 )
 from sparkd.settings import ClusterSpec, HostSpec
@@ -209,7 +210,21 @@ def serve_shell(cluster: ClusterSpec) -> str:
     if cluster.model.api_key_file is not None:
         key = shlex.quote(str(cluster.model.log_dir / API_KEY_FILE))
         text = f'VLLM_API_KEY="$(cat {key})"; export VLLM_API_KEY; {text}'
-    return text
+    # The PID as the container sees it: stopping the model then needs only `docker exec`,
+    # not root on the host.
+    return f"echo $$ > {shlex.quote(serve_pid_path(cluster))}; {text}"
+
+
+def signal_serve(cluster: ClusterSpec, signal: str, seconds: float) -> Remote:
+    """Signal `vllm serve` inside the head container by its recorded PID, after checking the
+    PID still is a vLLM process (a stale file must never hit a reused PID)."""
+    pidfile = shlex.quote(serve_pid_path(cluster))
+    inner = (
+        f'p="$(cat {pidfile} 2>/dev/null)"; [ -n "$p" ] && '
+        f'grep -q vllm "/proc/$p/cmdline" 2>/dev/null && kill -{signal} "$p"'
+    )
+    head = container_name(cluster, cluster.head)
+    return Remote("signal_serve", _line(["docker", "exec", head, "sh", "-c", inner], seconds), True)
 
 
 def start_model(cluster: ClusterSpec, seconds: float, api_key: str | None = None) -> Remote:
@@ -278,6 +293,7 @@ def catalogue(cluster: ClusterSpec, seconds: float) -> list[tuple[HostSpec, Remo
     api_key = "<from api_key_file>" if cluster.model.api_key_file is not None else None
     entries.append((head, start_model(cluster, seconds, api_key)))
     entries.append((head, serve_processes(cluster, seconds)))
+    entries.append((head, signal_serve(cluster, "TERM", seconds)))
     entries.append((head, read_serve_spec(cluster, seconds)))
     entries.append((head, ray_gpus(cluster, seconds)))
     for host in cluster.hosts:

@@ -198,11 +198,14 @@ class Executor:
         return (out or "").strip() or None
 
     async def _stop_serve(self, pid: int) -> None:
+        """TERM, then KILL, inside the container by its recorded PID (docker access is enough);
+        only if that fails, by host PID (needs root or sudo on the host)."""
         head = self.cluster.head
         seconds = self.cluster.ssh.command_timeout
-        await self._signal(head, pid, "TERM", seconds)
-        if await self._gone(pid, self.timing.stop_grace):
-            return
+        for signal in ("TERM", "KILL"):
+            await self._read(head, catalogue.signal_serve(self.cluster, signal, seconds))
+            if await self._gone(pid, self.timing.stop_grace):
+                return
         await self._signal(head, pid, "KILL", seconds)
         if not await self._gone(pid, self.timing.stop_grace):
             raise ActionFailed(f"vllm serve pid {pid} survived SIGKILL")

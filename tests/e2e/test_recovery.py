@@ -164,6 +164,11 @@ async def test_progressing_load_is_left_alone_and_a_stalled_one_restarted_once(
     restart = next(p for p in plans if p.actions and p.actions[0].kind == "restart_model")
     assert restart.reason.startswith("load stalled: no progress for")
     assert "weights 38%" in restart.reason  # shard 15 of 39, where the load stopped
+    # The restart stopped the stalled serve inside its container (docker access is enough),
+    # never with a host-level kill that needs root.
+    commands = [r.command for r in seed_world.commands("spark-a") if r.source == "tool"]
+    assert any(c.startswith("docker exec sparkd-sparks-ray-head sh -c") for c in commands)
+    assert not any(c.split()[:1] == ["kill"] for c in commands)
 
 
 async def test_pause_during_a_cycle_holds_the_remaining_actions_and_sticks(

@@ -40,11 +40,25 @@ def test_every_tool_runs_under_timeout() -> None:
                 if words[0] == "s":
                     assert words[2] == "timeout", line
             continue
-        for step in remote.command.replace(" && ", "\n").replace("; ", "\n").splitlines():
-            words = [w for w in shlex.split(step) if w not in ("{", "}")]
-            if not words or words[0] in ("printf", "(umask"):
+        for words in top_level_steps(remote.command):
+            if not words or words[0] in ("printf", "umask"):
                 continue  # shell builtins writing a file: nothing that can hang
-            assert words[:3] == ["timeout", "-k", "2"], (remote.name, step)
+            assert words[:3] == ["timeout", "-k", "2"], (remote.name, words)
+
+
+def top_level_steps(command: str) -> list[list[str]]:
+    """The simple commands of a shell line, split at unquoted `;`, `&&`, `(`, `)`, `{`, `}`."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.wordchars += "${}*=/.:,@%+-"
+    steps: list[list[str]] = [[]]
+    for token in lexer:
+        if token in (";", "&&", "(", ")", "{", "}") or token.startswith(">"):
+            if token.startswith(">"):
+                continue
+            steps.append([])
+        else:
+            steps[-1].append(token)
+    return [step for step in steps if step]
 
 
 @settings(max_examples=200, deadline=None)
@@ -89,7 +103,9 @@ def test_start_model_two_layers(model_id: str, extra: list[str], env: dict[str, 
         "-c",
         outer[10],
     ]
-    inner = shlex.split(outer[10])
+    record_pid, launch = outer[10].split("; ", 1)
+    assert record_pid.startswith("echo $$ > ")
+    inner = shlex.split(launch)
     assert inner == ["exec", *catalogue.serve_argv(cluster), f">>{serve_log_path(cluster)}", "2>&1"]
     assert catalogue.serve_argv(cluster)[2] == model_id
 

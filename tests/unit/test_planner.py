@@ -295,7 +295,21 @@ def _dry_run_budget(toy: Toy, memory: Memory) -> Memory:
     return _budget_spent(toy, memory)
 
 
+def _foreign_gpu_with_stale_unit(toy: Toy, memory: Memory) -> None:
+    from tests.toy import Unit
+
+    _foreign_gpu(toy, memory)
+    toy.units["spark-a"]["vllm-cluster.service"] = Unit(active=True, enabled=True)
+
+
 CASES = [
+    Case(
+        "foreign_gpu_process_with_a_stale_unit_cleans_first",
+        healthy_then(_foreign_gpu_with_stale_unit),
+        "cleaning",
+        ("stop_unit",),
+        "1 stale unit(s) to stop first; then: foreign GPU process pid 48213",
+    ),
     Case(
         "one_failed_ray_read_while_serving_restarts_nothing",
         healthy_then(_ray_read_failed(None, serving=True)),
