@@ -92,6 +92,7 @@ class Narrator:
 
     started: float
     last_phase: str | None = None
+    last_reason: str | None = None
     last_percent: float | None = None
     healthy_seen: asyncio.Event | None = None
 
@@ -103,10 +104,17 @@ class Narrator:
         snapshot = controller.view.snapshot
         if plan is None:
             return
-        if plan.phase != self.last_phase:
+        changed = plan.phase != self.last_phase
+        # Outside a load (where the bar tells the story) a new reason is news too: the second
+        # failed probe, the restart it leads to.
+        if changed or (
+            plan.phase not in ("loading", "healthy") and plan.reason != self.last_reason
+        ):
             self.say(f"{controller.cluster.name}: {plan.phase}: {plan.reason}")
             self.last_phase = plan.phase
-            self.last_percent = None
+            self.last_reason = plan.reason
+            if changed:
+                self.last_percent = None
         if plan.phase == "loading" and snapshot is not None and snapshot.serve is not None:
             progress = snapshot.serve.progress
             percent = progress.percent if progress is not None else None
