@@ -11,7 +11,6 @@ from typing import Any
 
 from sparkd.commands import render_plan
 from sparkd.core.planner import plan as make_plan
-from sparkd.model.memory import Memory
 from sparkd.model.plan import Plan
 from sparkd.model.probe import ProbeResult
 from sparkd.model.snapshot import dump_snapshot
@@ -45,15 +44,6 @@ def main(args: argparse.Namespace, settings: Settings, config: Path) -> int:
     raise AssertionError(command)
 
 
-def _memory(state: StateDir, cluster: str) -> Memory:
-    """The daemon's memory if it can be read, without touching the file (plan changes nothing)."""
-    path = state.memory_path(cluster)
-    try:
-        return Memory.model_validate_json(path.read_bytes())
-    except (OSError, ValueError):
-        return Memory()
-
-
 async def live_plan(settings: Settings, as_json: bool, dry_run: bool, save: Path | None) -> int:
     state = StateDir(settings.daemon.state_dir)
     pool = SshPool()
@@ -64,7 +54,7 @@ async def live_plan(settings: Settings, as_json: bool, dry_run: bool, save: Path
     plans: list[Plan] = []
     documents: list[str] = []
     for cluster, seen in zip(settings.clusters, observed, strict=True):
-        memory = _memory(state, cluster.name)
+        memory = state.peek_memory(cluster.name)
         plans.append(make_plan(cluster, seen, memory, seen.observed_at, dry_run=dry_run))
         documents.append(dump_snapshot(seen, memory))
     if save is not None:

@@ -172,7 +172,7 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
 
     actions = cleanup + kills
     stage: Phase | None = "cleaning" if actions else None
-    notes: list[str] = _reboots(observed, memory)
+    notes = [f"{name} rebooted (boot id changed)" for name in policy.rebooted(observed, memory)]
     if actions:
         notes.append(_summarize_cleanup(actions))
 
@@ -604,14 +604,6 @@ def _age(container: Container, now: float) -> float | None:
     if container.started_at is None:
         return None
     return max(0.0, now - container.started_at)
-
-
-def _reboots(observed: Observed, memory: Memory) -> list[str]:
-    return [
-        f"{host.name} rebooted (boot id changed)"
-        for host in observed.hosts
-        if host.boot_id and memory.boot_ids.get(host.name) not in (None, host.boot_id)
-    ]
 
 
 def _unreachable_note(hosts: list[HostSpec], facts: dict[str, HostFacts]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sparkd.model.memory import Attempt, Memory
+from sparkd.model.observed import Observed
 from sparkd.model.probe import ProbeResult
 from sparkd.settings import PolicySpec
 
@@ -53,3 +54,12 @@ def failures_after(memory: Memory, probe: ProbeResult | None) -> int:
     if counts_as_failure(probe):
         return memory.consecutive_failures + 1
     return memory.consecutive_failures
+
+
+def rebooted(observed: Observed, memory: Memory) -> list[str]:
+    """Hosts whose boot id changed since it was last remembered."""
+    return [
+        host.name
+        for host in observed.hosts
+        if host.boot_id and memory.boot_ids.get(host.name) not in (None, host.boot_id)
+    ]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkd.core.planner import plan as make_plan
+from sparkd.core.policy import rebooted
 from sparkd.core.remember import pause as pause_memory
 from sparkd.core.remember import remember
 from sparkd.core.remember import resume as resume_memory
@@ -192,11 +193,9 @@ class Controller:
 
     def _reboot_events(self, observed: Observed, memory: Memory) -> list[dict[str, Any]]:
         events = []
-        for host in observed.hosts:
-            old = memory.boot_ids.get(host.name)
-            if host.boot_id and old and old != host.boot_id:
-                self.log.warning("reboot_detected", host=host.name)
-                events.append(self._event("reboot", host=host.name))
+        for host in rebooted(observed, memory):
+            self.log.warning("reboot_detected", host=host)
+            events.append(self._event("reboot", host=host))
         return events
 
     def next_delay(self) -> float:

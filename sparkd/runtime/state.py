@@ -79,6 +79,13 @@ class StateDir:
             os.replace(path, aside)
             return Memory(), f"{path} unreadable ({str(exc).splitlines()[0]}); moved to {aside}"
 
+    def peek_memory(self, cluster: str) -> Memory:
+        """The remembered memory without touching the file (for commands that change nothing)."""
+        try:
+            return Memory.model_validate_json(self.memory_path(cluster).read_bytes())
+        except (OSError, ValueError):
+            return Memory()
+
     def save_memory(self, cluster: str, memory: Memory) -> None:
         self.ensure()
         atomic_write(self.memory_path(cluster), memory.model_dump_json(indent=1).encode())

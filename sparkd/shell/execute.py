@@ -170,14 +170,10 @@ class Executor:
         deadline = asyncio.get_running_loop().time() + self.cluster.ray.join_timeout
         seen = 0.0
         while True:
-            try:
-                state = facts.parse_ray_status(
-                    await self._sh(head, catalogue.ray_gpus(self.cluster, seconds))
-                )
+            out = await self._read(head, catalogue.ray_gpus(self.cluster, seconds))
+            if out is not None:
+                state = facts.parse_ray_status(out)
                 seen = state.gpus_total if state is not None else 0.0
-            except SshFailure as failure:
-                if failure.kind != "exit_nonzero":
-                    raise
             if seen >= want:
                 return f"Ray shows {seen:g} of {want} GPUs"
             if asyncio.get_running_loop().time() >= deadline:
@@ -224,16 +220,22 @@ class Executor:
                 ) from None
             raise
 
-    async def _gone(self, pid: int, within: float) -> bool:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + within
+    async def _serve_until(
+        self, done: Callable[[facts.TopRow | None], bool], within: float
+    ) -> tuple[bool, facts.TopRow | None]:
+        """Watch the serve process (`docker top`) until `done` holds of it, at most `within`."""
+        deadline = asyncio.get_running_loop().time() + within
         while True:
             serve = facts.find_serve(await self._serve_rows())
-            if serve is None or serve.pid != pid:
-                return True
-            if loop.time() >= deadline:
-                return False
+            if done(serve):
+                return True, serve
+            if asyncio.get_running_loop().time() >= deadline:
+                return False, serve
             await asyncio.sleep(self.timing.poll)
+
+    async def _gone(self, pid: int, within: float) -> bool:
+        gone, _ = await self._serve_until(lambda s: s is None or s.pid != pid, within)
+        return gone
 
     async def _start_model(self, host: HostSpec, action: Action) -> str:
         # Before anything is stopped: without its key there must be no half-done restart.
@@ -246,18 +248,12 @@ class Executor:
             await self._stop_serve(serve.pid)
         seconds = self.cluster.ssh.command_timeout
         await self._sh(host, catalogue.start_model(self.cluster, seconds, api_key))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timing.serve_appear
-        while True:
-            serve = facts.find_serve(await self._serve_rows())
-            if serve is not None:
-                return f"vllm serve launched (pid {serve.pid})"
-            if loop.time() >= deadline:
-                raise ActionFailed(
-                    f"vllm serve not running {self.timing.serve_appear:g}s after launch; "
-                    "see the serve log"
-                )
-            await asyncio.sleep(self.timing.poll)
+        _, serve = await self._serve_until(lambda s: s is not None, self.timing.serve_appear)
+        if serve is not None:
+            return f"vllm serve launched (pid {serve.pid})"
+        raise ActionFailed(
+            f"vllm serve not running {self.timing.serve_appear:g}s after launch; see the serve log"
+        )
 
     async def _kill_gpu_process(self, host: HostSpec, action: Action) -> str:
         seconds = self.cluster.ssh.command_timeout

@@ -22,7 +22,9 @@ def sample(name: str) -> str:
     return (SAMPLES / name).read_text()
 
 
-async def connect(world: World, host: str) -> asyncssh.SSHClientConnection:
+async def connect(
+    world: World, host: str, connect_timeout: float = 5
+) -> asyncssh.SSHClientConnection:
     h = world.hosts[host]
     return await asyncssh.connect(
         h.address,
@@ -31,7 +33,7 @@ async def connect(world: World, host: str) -> asyncssh.SSHClientConnection:
         client_keys=[str(world.client_key_path)],
         known_hosts=str(world.known_hosts_path),
         config=None,
-        connect_timeout=5,
+        connect_timeout=connect_timeout,
     )
 
 

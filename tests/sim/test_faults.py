@@ -118,15 +118,7 @@ async def test_blackhole_accepts_and_never_answers(world: World) -> None:
         await asyncio.wait_for(reader.read(1), 0.3)  # but no SSH banner ever comes
     writer.close()
     with pytest.raises((asyncio.TimeoutError, asyncssh.Error)):
-        await asyncssh.connect(
-            h.address,
-            h.port,
-            username=world.user,
-            client_keys=[str(world.client_key_path)],
-            known_hosts=str(world.known_hosts_path),
-            config=None,
-            connect_timeout=0.3,
-        )
+        await connect(world, "spark-b", connect_timeout=0.3)
     await world.fault("heal", "spark-b")
     async with await connect(world, "spark-b") as worker:
         assert (await run(worker, "true")).exit_status == 0

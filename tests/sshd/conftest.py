@@ -6,7 +6,6 @@ Skipped with a message where sshd is missing, except under CI=true, where it mus
 
 from __future__ import annotations
 
-import asyncio
 import os
 import pwd
 import shutil
@@ -100,7 +99,3 @@ def sshd(tmp_path: Path) -> Iterator[RealSshd]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-async def settle() -> None:
-    await asyncio.sleep(0)
