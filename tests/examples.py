@@ -9,6 +9,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sparkd.core.planner import plan
+from sparkd.core.remember import remember
 from sparkd.core.spec import container_name
 from sparkd.model.memory import Memory
 from sparkd.model.observed import Container, GpuProcess, RayNode
@@ -53,6 +55,9 @@ def _loading(stalled: bool) -> tuple[Toy, Memory]:
     if stalled:
         toy.advance(360)
         toy.load_stalled_at = toy.now
+        # sparkd looked when the load stopped: its memory holds where the load stood then.
+        seen = toy.observe()
+        memory = remember(memory, seen, (), toy.now, plan(toy.cluster, seen, memory, toy.now))
         toy.advance(660)
     else:
         toy.advance(360)

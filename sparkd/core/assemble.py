@@ -17,6 +17,16 @@ from sparkd.settings import ClusterSpec, HostSpec
 LOG_TAIL_LINES = 20
 REQUIRED_SECTIONS = ("boot_id", "containers", "running")
 _STOPPED_SINCE = re.compile(r"is not running|No such container")
+# Docker answers `top` on a container between restarts of its restart policy with this: it owns
+# no processes now.
+_RESTARTING = re.compile(r"is restarting, wait until the container is running")
+_PRIVILEGE = re.compile(
+    r"Interactive authentication required|Access denied|Permission denied|"
+    r"a password is required|not in the sudoers|Insufficient Permissions",
+    re.I,
+)
+# vLLM's engine process and its Ray workers, by their process titles.
+ENGINE_MARKERS = ("EngineCore", "RayWorkerWrapper")
 LAUNCH_MARKER = "=== sparkd launch"
 
 
@@ -44,13 +54,23 @@ def _tops(sections: dict[str, facts.Section]) -> dict[str, tuple[facts.TopRow, .
     }
 
 
+def _unread_tops(sections: dict[str, facts.Section]) -> list[str]:
+    """Running containers whose process list could not be read (not merely stopped since)."""
+    unread = []
+    for container in sections["running"].body.split():
+        top = sections.get(f"top {container}")
+        gone = top is not None and (_STOPPED_SINCE.search(top.body) or _RESTARTING.search(top.body))
+        if top is None or (not top.ok and not gone):
+            unread.append(container)
+    return unread
+
+
 def unreadable(sections: dict[str, facts.Section]) -> HostError | None:
     """Why this host's sections cannot be trusted as a whole, if they cannot.
 
-    Other sections may fail alone and read as "not observed", but without the container list
-    and each running container's processes the facts would mislead: no containers reads as
-    "start Ray" (which first removes a running head), and a process whose container is unknown
-    reads as a foreign GPU process, maybe to be killed.
+    Other sections may fail alone and read as "unknown", but without the container list the
+    facts would mislead: no containers reads as "start Ray" (which first removes a running
+    head). One container's failed `top` only makes its processes' owner unknown.
     """
     for name in REQUIRED_SECTIONS:
         section = sections.get(name)
@@ -58,21 +78,24 @@ def unreadable(sections: dict[str, facts.Section]) -> HostError | None:
             return HostError(kind="exit_nonzero", detail=f"fact script printed no {name} section")
         if not section.ok:
             return _failed(name, section)
-    for container in sections["running"].body.split():
-        top = sections.get(f"top {container}")
-        if top is None:
-            return HostError(kind="exit_nonzero", detail=f"no process list for {container}")
-        # A container that stopped since it was listed has no processes left to own.
-        if not top.ok and not _STOPPED_SINCE.search(top.body):
-            return _failed(f"top {container}", top)
     return None
 
 
 def _failed(name: str, section: facts.Section) -> HostError:
+    return HostError(kind="exit_nonzero", detail=read_failure(name, section))
+
+
+def read_failure(name: str, section: facts.Section) -> str:
+    """Why a section failed, keeping the line that says why (real `systemctl` prints the cause
+    first and `See system logs...` last), with a hint when it is a privilege problem."""
     status = f"rc {section.rc}" if section.rc is not None else "cut off"
-    first = _first_line(section.body)
-    detail = f"{name} section failed ({status})" + (f": {first}" if first else "")
-    return HostError(kind="exit_nonzero", detail=detail[:200])
+    if section.rc == 124:
+        status = "timed out"
+    why = facts.failure_reason(section.body)
+    detail = f"{name} failed ({status})" + (f": {why}" if why else "")
+    if _PRIVILEGE.search(section.body):
+        detail += " (a privilege problem: see ssh.sudo and `sparkd commands --sudoers`)"
+    return detail[:300]
 
 
 def host_facts(
@@ -85,10 +108,17 @@ def host_facts(
         for name, rows in tops.items()
         if any(r.elapsed is not None for r in rows)
     }
+    unread = _unread_tops(sections) if "running" in sections else []
 
     def body(name: str) -> str | None:
         section = sections.get(name)
         return section.body if section is not None and section.ok else None
+
+    def error(name: str) -> str | None:
+        section = sections.get(name)
+        if section is None or section.ok:
+            return None
+        return read_failure(name, section)
 
     boot = body("boot_id")
     units_text = body("units")
@@ -98,22 +128,57 @@ def host_facts(
     disk_text = body("disk")
     image = sections.get("image")
     images: tuple[str, ...] | None = None
+    image_id: str | None = None
     if image is not None and image.rc == 0:
         images = (normalize_image(cluster.ray.image),)
+        image_id = _image_id(image.body)
     elif image is not None and image.rc == 1 and "no such image" in image.body.lower():
         images = ()
+    ours = _image_ids(body("ours_image"))
+    containers = (
+        facts.parse_docker_ps(_json_lines(containers_text), started)
+        if containers_text is not None
+        else ()
+    )
+    containers = tuple(
+        c.model_copy(update={"image_id": ours[c.name]}) if c.name in ours else c for c in containers
+    )
+    gpu = _stable_gpu_processes(apps_text, body("gpu_apps_after"), owners)
+    if unread:
+        gpu = tuple(
+            p.model_copy(update={"owner_unknown": True}) if p.container is None else p for p in gpu
+        )
     return HostFacts(
         name=host.name,
         boot_id=boot.strip() or None if boot is not None else None,
         units=facts.parse_systemctl_show(units_text) if units_text is not None else (),
-        containers=facts.parse_docker_ps(_json_lines(containers_text), started)
-        if containers_text is not None
-        else (),
-        gpu_processes=_stable_gpu_processes(apps_text, body("gpu_apps_after"), owners),
+        units_error=error("units"),
+        containers=containers,
+        gpu_processes=gpu,
+        gpu_error=error("gpu_apps"),
         interface=facts.parse_ip_addr(iface_text) if iface_text is not None else None,
         disk_free_bytes=facts.parse_df_avail(disk_text) if disk_text is not None else None,
         images=images,
+        image_id=image_id,
     )
+
+
+_IMAGE_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def _image_id(text: str) -> str | None:
+    value = text.strip()
+    return value if _IMAGE_ID.match(value) else None
+
+
+def _image_ids(text: str | None) -> dict[str, str]:
+    """`docker inspect --format '{{.Name}} {{.Image}}' NAME...`: `/name sha256:...` per line."""
+    found: dict[str, str] = {}
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and _IMAGE_ID.match(parts[1]):
+            found[parts[0].lstrip("/")] = parts[1]
+    return found
 
 
 def head_extras(
@@ -132,7 +197,9 @@ def head_extras(
         if status is not None and status.ok:
             ray = facts.parse_ray_status(status.body)
         if ray is None:
-            detail = _first_line(status.body) if status is not None else ""
+            detail = facts.failure_reason(status.body) if status is not None else ""
+            if status is not None and status.rc == 124:
+                detail = f"`ray status` timed out{': ' + detail if detail else ''}"
             ray = RayState(error=detail or "Ray did not answer")
 
     tops = _tops(sections)
@@ -148,6 +215,7 @@ def head_extras(
         progress_at = mtime + skew if mtime is not None else None
     spec = sections.get("serve_spec")
     spec_hash = spec.body.strip() or None if spec is not None and spec.ok else None
+    cpu = _engine_cpu(head_rows)
     if serve_row is None:
         serve = ServeState(
             running=False, spec_hash=spec_hash, log_tail=tuple(lines[-LOG_TAIL_LINES:])
@@ -160,8 +228,20 @@ def head_extras(
             spec_hash=spec_hash,
             progress=facts.parse_load_progress(lines, progress_at),
             log_tail=tuple(lines[-LOG_TAIL_LINES:]),
+            cpu_seconds=cpu,
         )
     return HeadExtras(ray=ray, serve=serve)
+
+
+def _engine_cpu(rows: tuple[facts.TopRow, ...]) -> float | None:
+    """CPU seconds of the serve process and its engine processes (not Ray's own daemons)."""
+    serve = facts.find_serve(rows)
+    engine = [r for r in rows if any(marker in r.args for marker in ENGINE_MARKERS)]
+    if serve is not None and serve not in engine:
+        engine.append(serve)
+    if not engine or any(r.cpu_seconds is None for r in engine):
+        return None
+    return sum(r.cpu_seconds or 0.0 for r in engine)
 
 
 def _since_launch(lines: list[str]) -> list[str]:
@@ -187,10 +267,3 @@ def _stable_gpu_processes(
 
 def _json_lines(text: str) -> str:
     return "\n".join(line for line in text.splitlines() if line.lstrip().startswith("{"))
-
-
-def _first_line(text: str) -> str:
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()[:200]
-    return ""

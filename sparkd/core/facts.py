@@ -112,20 +112,36 @@ class TopRow:
     pid: int
     elapsed: float | None
     args: str
+    cpu_seconds: float | None = None
 
 
 def parse_docker_top(text: str) -> tuple[TopRow, ...]:
-    """`docker top NAME -eo pid,etimes,args`: a header, then one process per line."""
+    """`docker top NAME -eo pid,etimes,times,args` (or without `times`): a header, then one
+    process per line; the columns are read from the header."""
+    lines = text.splitlines()
+    if not lines:
+        return ()
+    header = lines[0].split()
+    with_cpu = len(header) >= 4
     rows: list[TopRow] = []
-    for line in text.splitlines()[1:]:
-        parts = line.split(None, 2)
-        if len(parts) < 2 or not parts[0].isdigit():
+    for line in lines[1:]:
+        parts = line.split(None, 3 if with_cpu else 2)
+        if len(parts) < 2 or not _is_count(parts[0]):
             continue
-        elapsed = float(parts[1]) if parts[1].isdigit() else None
-        rows.append(
-            TopRow(pid=int(parts[0]), elapsed=elapsed, args=parts[2] if len(parts) > 2 else "")
-        )
+        elapsed = float(parts[1]) if _is_count(parts[1]) else None
+        cpu: float | None = None
+        args_at = 2
+        if with_cpu:
+            cpu = float(parts[2]) if len(parts) > 2 and _is_count(parts[2]) else None
+            args_at = 3
+        args = parts[args_at] if len(parts) > args_at else ""
+        rows.append(TopRow(pid=int(parts[0]), elapsed=elapsed, args=args, cpu_seconds=cpu))
     return tuple(rows)
+
+
+def _is_count(text: str) -> bool:
+    """ASCII digits only (`str.isdigit` also takes `²`), and of a sane length."""
+    return 0 < len(text) <= 18 and text.isascii() and text.isdigit()
 
 
 def parse_compute_apps(
@@ -138,10 +154,10 @@ def parse_compute_apps(
     processes: list[GpuProcess] = []
     for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 2 or not parts[0].isdigit():
+        if len(parts) < 2 or not _is_count(parts[0]):
             continue
         memory = parts[2] if len(parts) > 2 else ""
-        used = int(memory) if memory.isdigit() else None
+        used = int(memory) if _is_count(memory) else None
         pid = int(parts[0])
         processes.append(
             GpuProcess(
@@ -207,36 +223,67 @@ def parse_df_avail(text: str) -> int | None:
     return None
 
 
+NO_RESOURCES = "No resource in the cluster"
+NO_STATUS = "No cluster status"
+
+
 def parse_ray_nodes(text: str) -> RayState | None:
-    """`ray list nodes --format=json` (needs the dashboard). None when it is not that JSON."""
-    try:
-        rows = json.loads(text)
-    except ValueError:
-        return None
+    """`ray list nodes --format=json` (needs the dashboard): ONE line of JSON on stdout. Other
+    lines (warnings on stderr, merged by the fact script) are not the answer. None when no line
+    is that JSON. While Ray starts up it prints `No resource in the cluster` (rc 0): up, empty.
+    """
+    rows: Any = json_or_none(text)
+    for line in [] if isinstance(rows, list) else reversed(text.splitlines()):
+        stripped = line.strip()
+        if stripped.startswith("["):
+            rows = json_or_none(stripped)
+            if isinstance(rows, list):
+                break
     if not isinstance(rows, list):
+        if NO_RESOURCES in text:
+            return RayState(nodes=(), gpus_total=0.0)
         return None
     nodes: list[RayNode] = []
     for row in rows:
-        if not isinstance(row, dict) or "node_id" not in row:
+        if not isinstance(row, dict) or not isinstance(row.get("node_id"), str):
             return None
         resources = row.get("resources_total") or {}
         gpus = resources.get("GPU", 0.0) if isinstance(resources, dict) else 0.0
+        message = row.get("state_message")
         nodes.append(
             RayNode(
-                node_id=str(row["node_id"]),
+                node_id=row["node_id"],
                 ip=str(row.get("node_ip", "")),
                 alive=row.get("state") == "ALIVE",
-                gpus=float(gpus) if isinstance(gpus, int | float) else 0.0,
-                is_head=bool(row.get("is_head_node", False)),
-                state_message=row.get("state_message"),
+                gpus=_gpus(gpus),
+                is_head=row.get("is_head_node") is True,
+                state_message=message if isinstance(message, str) else None,
             )
         )
     total = sum(n.gpus for n in nodes if n.alive)
     return RayState(nodes=tuple(nodes), gpus_total=total)
 
 
+def _gpus(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    number = float(value)
+    return number if 0.0 <= number < 1e6 else 0.0
+
+
+def failure_reason(text: str) -> str:
+    """The line that says why a tool failed: a Python traceback's last line (not
+    `Traceback (most recent call last):`), else the first meaningful line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    if any(line.startswith("Traceback (most recent call last)") for line in lines):
+        return lines[-1][:300]
+    return lines[0][:300]
+
+
 _RAY_NODE = re.compile(r"^\s*\d+\s+node_([0-9a-f]+)\s*$")
-_RAY_GPU = re.compile(r"^\s*([0-9.]+)/([0-9.]+)\s+GPU\b")
+_RAY_GPU = re.compile(r"^\s*(\d{1,9}(?:\.\d{1,9})?)/(\d{1,9}(?:\.\d{1,9})?)\s+GPU\b")
 
 
 def parse_ray_status(text: str) -> RayState | None:
@@ -244,6 +291,9 @@ def parse_ray_status(text: str) -> RayState | None:
 
     It names nodes but not their IPs: the state says so, and the planner then trusts GPUs only.
     """
+    if NO_STATUS in text and "Node status" not in text:
+        # Ray's internal services are still starting: up, nothing registered yet.
+        return RayState(nodes=(), gpus_total=0.0, ips_known=False)
     if "Node status" not in text:
         return None
     block: str | None = None
@@ -270,11 +320,11 @@ def parse_ray_status(text: str) -> RayState | None:
 _SHARDS = re.compile(r"Loading safetensors checkpoint shards:\s+(\d+)% Completed")
 _CAPTURE = re.compile(r"Capturing CUDA graph|Graph capturing|CUDA graph capture", re.I)
 _READY = re.compile(r"Application startup complete|Starting vLLM API server|Uvicorn running on")
-_FATAL = re.compile(
-    r"Traceback \(most recent call last\)|CUDA out of memory|OutOfMemoryError|"
-    r"Engine core initialization failed|EngineDeadError|RuntimeError: |ValueError: |"
-    r"Error: |exited with code"
-)
+# Only a signature that the engine is gone fails a load whose process still runs: warnings
+# with `Error:` in them (vLLM's ulimit notice, Ray's autoscaler "No available node types"
+# notice, a Python warning quoting a RuntimeError) are not failures. Anything else fatal ends
+# the process, and an exited process is the evidence.
+_FATAL = re.compile(r"EngineCore failed to start|Engine core initialization failed|EngineDeadError")
 _SECRET_PATTERNS = (
     re.compile(r"(--api-key[ =])\S+"),
     re.compile(r"(Authorization:\s*Bearer\s+)\S+", re.I),

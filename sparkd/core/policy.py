@@ -16,7 +16,10 @@ def attempts_for(memory: Memory, key: str, since: float) -> tuple[Attempt, ...]:
 
 
 def budget_used(memory: Memory, key: str, policy: PolicySpec, now: float) -> int:
-    return len(attempts_for(memory, key, now - policy.budget_window))
+    """Attempts in this incident: within the window, and since health last lasted
+    `healthy_reset` (a remediation that helped, followed by sustained health, is forgiven)."""
+    since = max(memory.backoff_reset_at, now - policy.budget_window)
+    return len(attempts_for(memory, key, since))
 
 
 def backoff_until(memory: Memory, key: str, policy: PolicySpec, now: float) -> float:
@@ -37,21 +40,29 @@ def is_new_probe(memory: Memory, probe: ProbeResult | None) -> bool:
     return memory.last_probe_at is None or probe.at > memory.last_probe_at
 
 
-def counts_as_failure(probe: ProbeResult) -> bool:
-    """A failed probe that says the model is broken: not `not_run`, not a busy timeout."""
+def busy_streak_after(memory: Memory, probe: ProbeResult | None) -> int:
+    """Consecutive busy probes once `probe` is taken into account."""
+    if probe is None or not is_new_probe(memory, probe):
+        return memory.busy_streak
+    return memory.busy_streak + 1 if probe.busy else 0
+
+
+def counts_as_failure(probe: ProbeResult, busy_streak: int = 0, threshold: int = 0) -> bool:
+    """A failed probe that says the model is broken: not `not_run`, and not a busy timeout
+    unless busy has lasted past the failure threshold."""
     verdict = probe.verdict
     if verdict.healthy is not False or verdict.outcome in UNCOUNTED:
         return False
-    return not probe.busy
+    return not probe.busy or (threshold > 0 and busy_streak > threshold)
 
 
-def failures_after(memory: Memory, probe: ProbeResult | None) -> int:
+def failures_after(memory: Memory, probe: ProbeResult | None, threshold: int = 0) -> int:
     """Consecutive counted failures once `probe` is taken into account."""
     if probe is None or not is_new_probe(memory, probe):
         return memory.consecutive_failures
     if probe.verdict.healthy:
         return 0
-    if counts_as_failure(probe):
+    if counts_as_failure(probe, busy_streak_after(memory, probe), threshold):
         return memory.consecutive_failures + 1
     return memory.consecutive_failures
 

@@ -43,9 +43,31 @@ def remember(
         )
     changes["attempts"] = tuple(attempts[-MAX_ATTEMPTS:])
 
+    ray = observed.ray
+    if ray is not None and ray.up:
+        # First sightings of the ALIVE nodes; a node no longer ALIVE is forgotten.
+        changes["ray_seen"] = {
+            node: memory.ray_seen.get(node, observed.observed_at) for node in ray.alive_node_ids
+        }
+    ray_started = dict(memory.ray_started)
+    for outcome in outcomes:
+        if outcome.action.kind in RAY_STARTS and outcome.result in ("ok", "timeout"):
+            ray_started[outcome.action.host] = outcome.started_at
+    changes["ray_started"] = ray_started
+
     probe = observed.probe
     if policy.is_new_probe(memory, probe) and probe is not None:
-        changes["consecutive_failures"] = policy.failures_after(memory, probe)
+        counted = plan is not None and plan.probe_failures is not None
+        changes["consecutive_failures"] = (
+            plan.probe_failures
+            if plan is not None and plan.probe_failures is not None
+            else policy.failures_after(memory, probe)
+        )
+        changes["busy_streak"] = (
+            plan.busy_streak
+            if counted and plan is not None and plan.busy_streak is not None
+            else policy.busy_streak_after(memory, probe)
+        )
         changes["last_probe_at"] = probe.at
         changes["last_probe"] = probe
 
@@ -57,8 +79,10 @@ def remember(
             launch_nodes=observed.ray.alive_node_ids if observed.ray is not None else (),
             model_ready_at=None,
             consecutive_failures=0,
+            busy_streak=0,
             last_probe_at=launched[-1].finished_at,
             last_probe=None,
+            load_mark=None,
         )
     elif ray_restarted:
         # The model's Ray actors die with Ray; launch_nodes stays, so the planner sees the
@@ -68,7 +92,12 @@ def remember(
     if plan is not None:
         if plan.model_ready and not launched and memory.model_ready_at is None:
             changes["model_ready_at"] = now
-            if memory.launched_at is not None and not memory.launch_nodes and observed.ray:
+            if (
+                memory.launched_at is not None
+                and not memory.launch_nodes
+                and observed.ray is not None
+                and plan.ray_ready
+            ):
                 changes["launch_nodes"] = observed.ray.alive_node_ids
         if plan.phase == "healthy":
             changes["healthy_since"] = memory.healthy_since or now
@@ -82,6 +111,8 @@ def remember(
             changes["ray_unsettled_since"] = memory.ray_unsettled_since or now
         else:
             changes["ray_unsettled_since"] = None
+        if not launched:
+            changes["load_mark"] = plan.load_mark
         changes["last_phase"] = plan.phase
         changes["last_reason"] = plan.reason
         if plan.phase != "paused" and memory.paused is not None and not memory.paused.active(now):

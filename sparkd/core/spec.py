@@ -39,10 +39,27 @@ def _digest(value: Any) -> str:
 
 
 def ray_spec_hash(cluster: ClusterSpec, host: HostSpec) -> str:
+    """The hash a new container is labelled with."""
+    return _ray_hash(cluster, host, normalize_image(cluster.ray.image))
+
+
+def ray_spec_hashes(cluster: ClusterSpec, host: HostSpec) -> frozenset[str]:
+    """Every hash that means "as desired": `repo` and `repo:latest` are one image (a re-pulled
+    tag is judged by image ID), and labels written before the name was normalized still match,
+    so an upgrade of sparkd restarts nothing."""
+    return frozenset(_ray_hash(cluster, host, image) for image in _image_spellings(cluster))
+
+
+def _image_spellings(cluster: ClusterSpec) -> list[str]:
+    image = normalize_image(cluster.ray.image)
+    return list(dict.fromkeys([image, cluster.ray.image, image.removesuffix(":latest")]))
+
+
+def _ray_hash(cluster: ClusterSpec, host: HostSpec, image: str) -> str:
     ray = cluster.ray
     return _digest(
         {
-            "image": ray.image,
+            "image": image,
             "port": ray.port,
             "env": dict(sorted(ray.env.items())),
             "shm_size": ray.shm_size,
@@ -58,6 +75,17 @@ def ray_spec_hash(cluster: ClusterSpec, host: HostSpec) -> str:
 
 
 def model_spec_hash(cluster: ClusterSpec) -> str:
+    return _model_hash(cluster, ray_spec_hash(cluster, cluster.head))
+
+
+def model_spec_hashes(cluster: ClusterSpec) -> frozenset[str]:
+    head = cluster.head
+    return frozenset(
+        _model_hash(cluster, _ray_hash(cluster, head, image)) for image in _image_spellings(cluster)
+    )
+
+
+def _model_hash(cluster: ClusterSpec, ray_hash: str) -> str:
     model = cluster.model
     return _digest(
         {
@@ -67,7 +95,7 @@ def model_spec_hash(cluster: ClusterSpec) -> str:
             "pp": model.pipeline_parallel_size,
             "extra_args": list(model.extra_args),
             "api_key": model.api_key_file is not None,
-            "ray": ray_spec_hash(cluster, cluster.head),
+            "ray": ray_hash,
         }
     )
 

@@ -31,6 +31,17 @@ class Blocked(Value):
     since: float
 
 
+class LoadMark(Value):
+    """The last time a load was seen to advance, and what it looked like then."""
+
+    # Which launch: the serve process's PID, and when it started (host clock, daemon time).
+    pid: int | None = None
+    launch: float
+    key: str
+    cpu_seconds: float | None = None
+    at: float
+
+
 class Memory(Value):
     version: int = MEMORY_VERSION
     boot_ids: dict[str, str] = Field(default_factory=dict)
@@ -54,5 +65,13 @@ class Memory(Value):
     # short of GPUs): past the join timeout, that is repaired rather than waited on.
     ray_unsettled_since: float | None = None
     healthy_since: float | None = None
+    # Ray node ids (ALIVE when last read) and when each was first seen: a node first seen
+    # before its host's Ray container started is the old one, not yet dropped by Ray.
+    ray_seen: dict[str, float] = Field(default_factory=dict)
+    # When sparkd last (re)started each host's Ray container.
+    ray_started: dict[str, float] = Field(default_factory=dict)
+    load_mark: LoadMark | None = None
+    # Consecutive busy probe timeouts: past the failure threshold, busy is no excuse.
+    busy_streak: int = 0
     last_phase: str | None = None
     last_reason: str | None = None

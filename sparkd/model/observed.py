@@ -59,6 +59,8 @@ class Container(Value):
     labels: dict[str, str] = Field(default_factory=dict)
     started_at: float | None = None
     status: str = ""
+    # The image ID (`sha256:...`) the container runs, where it was read (sparkd's own).
+    image_id: str | None = None
 
     @property
     def running(self) -> bool:
@@ -74,6 +76,9 @@ class GpuProcess(Value):
     used_memory_mib: int | None = None
     # The container the process runs in (from `docker top`), None when it runs outside any.
     container: str | None = None
+    # A container's process list could not be read, so this process may be that container's:
+    # reported, never killed.
+    owner_unknown: bool = False
 
 
 class Interface(Value):
@@ -93,10 +98,26 @@ class HostFacts(Value):
     disk_free_bytes: int | None = None
     # Local images; None when not observed (the planner then assumes nothing about them).
     images: tuple[str, ...] | None = None
+    # The ID the configured image tag points at on this host (`docker image inspect`).
+    image_id: str | None = None
+    # A read that failed is unknown, never empty: why the units or GPU processes are unknown.
+    units_error: str | None = None
+    gpu_error: str | None = None
 
     @property
     def reachable(self) -> bool:
         return self.error is None
+
+    def link_problem(self, ip: str) -> str | None:
+        """Why the data link cannot carry Ray, or None when it can (or was not observed)."""
+        iface = self.interface
+        if iface is None:
+            return None
+        if not iface.up:
+            return f"waiting for data link on {iface.name or 'its interface'} (down)"
+        if ip not in iface.addresses:
+            return f"waiting for data link on {iface.name} (no address {ip} yet)"
+        return None
 
     def container(self, name: str) -> Container | None:
         return next((c for c in self.containers if c.name == name), None)
@@ -156,6 +177,9 @@ class ServeState(Value):
     spec_hash: str | None = None
     progress: LoadProgress | None = None
     log_tail: tuple[str, ...] = ()
+    # CPU seconds used so far by the serve process and the engine processes beside it: a
+    # silent load stage (CUDA-graph capture, torch.compile) still burns CPU, a hang does not.
+    cpu_seconds: float | None = None
 
 
 EndpointStatus = Literal["up", "refused", "timeout", "error", "not_run"]
@@ -166,6 +190,7 @@ class ModelEndpoint(Value):
     health_status: int | None = None
     models: tuple[str, ...] = ()
     requests_running: float | None = None
+    requests_waiting: float | None = None
     generation_tokens_total: float | None = None
     detail: str = ""
 

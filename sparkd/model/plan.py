@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from sparkd.model.base import Value
+from sparkd.model.memory import LoadMark
 
 Phase = Literal[
     "paused",
@@ -86,6 +87,14 @@ class Plan(Value):
     model_ready: bool = False
     reset_backoff: bool = False
     ray_unsettled: bool = False
+    # Ray has every node, each first seen after its container started: its node ids may be
+    # recorded as the model's launch nodes.
+    ray_ready: bool = False
+    # Where the load stands, for remember() to keep when it advanced.
+    load_mark: LoadMark | None = None
+    # How the planner counted this cycle's new probe (consecutive failures, busy streak).
+    probe_failures: int | None = None
+    busy_streak: int | None = None
 
     @property
     def converged(self) -> bool:

@@ -29,7 +29,7 @@ from sparkd.settings import ClusterSpec, HostSpec
 
 KILL_GRACE = 2
 UNIT_PROPERTIES = "Id,LoadState,ActiveState,SubState,UnitFileState"
-TOP_FORMAT = "pid,etimes,args"
+TOP_FORMAT = "pid,etimes,times,args"
 LOG_TAIL_BYTES = 65536
 API_KEY_FILE = "api_key"
 
@@ -110,14 +110,42 @@ def fact_script(cluster: ClusterSpec, host: HostSpec, tool_timeout: float) -> Re
     # Asked again after the `top`s (unless it failed the first time): only a process seen both
     # times is judged, so one that started or ended in between is never taken for foreign.
     lines.append(f'if [ "$g" = 0 ]; then {section("gpu_apps_after", gpu_apps)}; fi')
+    # The image sparkd's container runs, by ID: a re-pulled tag is a new image.
+    lines.append(
+        section(
+            "ours_image",
+            [
+                "docker",
+                "inspect",
+                "--format",
+                "{{.Name}} {{.Image}}",
+                "--",
+                container_name(cluster, host),
+            ],
+        )
+    )
     lines.append(section("iface", ["ip", "-j", "addr", "show", "dev", host.interface]))
     lines.append(section("disk", ["df", "-B1", "--output=avail", str(cluster.model.log_dir)]))
     if host.role == "head":
         head = container_name(cluster, host)
         if cluster.ray.dashboard:
             lines.append(
+                # The filter applies before Ray's default limit of 100 rows (ALIVE and DEAD
+                # together, sorted by id), which otherwise silently drops ALIVE nodes once
+                # restarts have left enough DEAD records.
                 section(
-                    "ray_nodes", ["docker", "exec", head, "ray", "list", "nodes", "--format=json"]
+                    "ray_nodes",
+                    [
+                        "docker",
+                        "exec",
+                        head,
+                        "ray",
+                        "list",
+                        "nodes",
+                        "--format=json",
+                        "--filter",
+                        "state=ALIVE",
+                    ],
                 )
             )
         lines.append(section("ray_status", ["docker", "exec", head, "ray", "status"]))
@@ -169,6 +197,9 @@ def docker_run_argv(cluster: ClusterSpec, host: HostSpec) -> list[str]:
     argv += ["--label", f"{LABEL_SPEC}={ray_spec_hash(cluster, host)}"]
     for key, value in sorted(ray.env.items()):
         argv += ["-e", f"{key}={value}"]
+    # Per node, as vLLM's multi-node launcher sets it: without it vLLM binds its placement
+    # group to the address of the default route (the management network), unknown to Ray.
+    argv += ["-e", f"VLLM_HOST_IP={host.ip}"]
     for mount in ray.mounts:
         argv += ["-v", mount]
     if host.role == "head":

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from sparkd.core import facts
-from sparkd.core.spec import container_name, model_spec_hash, ray_spec_hash
+from sparkd.core.spec import container_name, model_spec_hashes, ray_spec_hashes
 from sparkd.model.plan import Action, ActionOutcome, ActionResult, Plan
 from sparkd.settings import ClusterSpec, HostSpec
 from sparkd.shell import catalogue
@@ -155,7 +155,7 @@ class Executor:
         seconds = self.cluster.ssh.command_timeout
         if action.kind != "restart_ray":
             running, spec = await self._container_spec(host)
-            if running and spec == ray_spec_hash(self.cluster, host):
+            if running and spec in ray_spec_hashes(self.cluster, host):
                 return f"{action.target} already running with the desired spec"
         await self._sh(host, catalogue.start_ray(self.cluster, host, seconds))
         if host.role == "worker" or len(self.cluster.hosts) == 1:
@@ -240,10 +240,10 @@ class Executor:
     async def _start_model(self, host: HostSpec, action: Action) -> str:
         # Before anything is stopped: without its key there must be no half-done restart.
         api_key = read_secret(self.cluster.model.api_key_file)
-        want = model_spec_hash(self.cluster)
+        want = model_spec_hashes(self.cluster)
         serve = facts.find_serve(await self._serve_rows())
         if serve is not None:
-            if action.kind == "start_model" and await self._spec_on_host() == want:
+            if action.kind == "start_model" and await self._spec_on_host() in want:
                 return f"vllm serve already running (pid {serve.pid}) with the desired spec"
             await self._stop_serve(serve.pid)
         seconds = self.cluster.ssh.command_timeout

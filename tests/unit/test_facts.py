@@ -173,13 +173,19 @@ def test_load_progress_capture_ready_failed() -> None:
     assert facts.parse_load_progress(facts.log_lines(capture), None).stage == "graph_capture"
     ready = capture + "INFO:     Application startup complete.\n"
     assert facts.parse_load_progress(facts.log_lines(ready), None).stage == "ready"
-    failed = (
+    # An OOM traceback alone is no verdict while the process runs: its exit is the evidence.
+    oom = (
         capture
         + "Traceback (most recent call last):\n  x\ntorch.OutOfMemoryError: CUDA out of memory.\n"
     )
+    assert facts.parse_load_progress(facts.log_lines(oom), None).stage == "graph_capture"
+    failed = oom + (
+        "RuntimeError: Engine core initialization failed. See root cause above. "
+        "Failed core proc(s): {}\n"
+    )
     progress = facts.parse_load_progress(facts.log_lines(failed), None)
     assert progress.stage == "failed"
-    assert progress.message.startswith("torch.OutOfMemoryError")
+    assert progress.message.startswith("RuntimeError: Engine core initialization failed")
 
 
 def test_redaction() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from sparkd.core.planner import plan
+from sparkd.core.remember import remember
 from sparkd.core.spec import LABEL_SPEC, container_name
 from sparkd.model.memory import Attempt, Blocked, Memory, Pause
 from sparkd.model.observed import GpuProcess, ModelEndpoint, RayNode
@@ -147,11 +148,18 @@ def loading(progress_age: float, elapsed: float, stage: str = "weights") -> Setu
 
         toy.apply(Action(kind="restart_model", host="spark-a", target="m", reason=""))
         toy.load_seconds = 10 * elapsed + 10_000
-        toy.advance(elapsed)
-        toy.progress_at = toy.now - progress_age
-        if stage == "failed":
-            toy.log_tail = ("torch.OutOfMemoryError: CUDA out of memory",)
         memory = Memory(launched_at=toy.serve_started)
+        # sparkd watched the load until it last advanced, `progress_age` ago; then it froze.
+        toy.advance(elapsed - progress_age)
+        seen = toy.observe()
+        memory = remember(memory, seen, (), toy.now, plan(toy.cluster, seen, memory, toy.now))
+        toy.load_stalled_at = toy.now
+        toy.advance(progress_age)
+        if stage == "failed":
+            toy.log_tail = (
+                "RuntimeError: Engine core initialization failed. See root cause above. "
+                "Failed core proc(s): {}",
+            )
         toy.load_failed = stage == "failed"
         return toy, memory
 
@@ -308,12 +316,12 @@ CASES = [
         healthy_then(_foreign_gpu_with_stale_unit),
         "cleaning",
         ("stop_unit",),
-        "1 stale unit(s) to stop first; then: foreign GPU process pid 48213",
+        "1 stale unit(s) to stop; foreign GPU process pid 48213",
     ),
     Case(
         "one_failed_ray_read_while_serving_restarts_nothing",
         healthy_then(_ray_read_failed(None, serving=True)),
-        "starting_ray",
+        "degraded",
         (),
         "but the model serves; watching",
     ),
@@ -336,7 +344,7 @@ CASES = [
         healthy_then(_gpu_short_for(300)),
         "starting_ray",
         ("restart_ray",),
-        "Ray sees 1 of 2 GPUs for 5m00s; rejoining",
+        "Ray node on 192.168.200.13 registered with 0 GPUs",
         hosts=("spark-b",),
     ),
     Case(
@@ -425,7 +433,7 @@ CASES = [
         healthy_then(_worker_missing_from_ray(10)),
         "starting_ray",
         (),
-        "Ray worker spark-b joining",
+        "Ray node on spark-b joining",
     ),
     Case(
         "worker_not_joined_after_timeout_restarts",
@@ -444,11 +452,11 @@ CASES = [
         hosts=("spark-b",),
     ),
     Case(
-        "ray_short_of_gpus_waits",
+        "node_registered_without_its_gpu_is_restarted",
         healthy_then(_gpus_short),
         "starting_ray",
-        (),
-        "Ray sees 1 of 2 GPUs",
+        ("restart_ray",),
+        "Ray node on 192.168.200.13 registered with 0 GPUs",
     ),
     Case(
         "ray_ready_serve_missing_starts_model",
@@ -476,7 +484,7 @@ CASES = [
         healthy_then(_worker_rejoined),
         "starting_model",
         ("restart_model",),
-        "a worker rejoined",
+        "Ray nodes changed since launch (a node rejoined with a new id)",
     ),
     Case(
         "load_progressing_is_left_alone",
@@ -511,7 +519,7 @@ CASES = [
         loading(progress_age=5, elapsed=120, stage="failed"),
         "starting_model",
         ("restart_model",),
-        "load failed: torch.OutOfMemoryError",
+        "load failed: RuntimeError: Engine core initialization failed",
     ),
     Case(
         "first_probe_failure_is_degraded",

@@ -1,0 +1,186 @@
+"""Stage 1, the hosts: reachability, stale units, conflicting containers, foreign GPU processes.
+
+Unknown is never empty: a `systemctl show` or `nvidia-smi` that failed (common right after boot,
+exactly when sparkd acts) holds what depends on it instead of reading as "nothing there".
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import posixpath
+
+from sparkd.core.judge import (
+    EVERYTHING,
+    MODEL_STARTS,
+    RAY_STARTS,
+    START_MODEL,
+    Context,
+    Hold,
+    Verdict,
+    act,
+)
+from sparkd.core.spec import LABEL_CLUSTER
+from sparkd.model.observed import Container, GpuProcess, HostFacts
+from sparkd.model.plan import Action
+from sparkd.settings import ClusterSpec, HostSpec
+
+
+def ours(desired: ClusterSpec, container: Container) -> bool:
+    return container.label(LABEL_CLUSTER) == desired.name and container.name.startswith(
+        f"sparkd-{desired.name}-"
+    )
+
+
+def judge_reachability(ctx: Context) -> Verdict:
+    """An unreachable host: nothing is done on it, nor what depends on it."""
+    verdict = Verdict()
+    for host in ctx.unreachable:
+        error = ctx.facts[host.name].error
+        kind = error.kind if error is not None else "unknown"
+        detail = f": {error.detail}" if error is not None and error.detail else ""
+        verdict.notes.append(
+            f"{host.name} ({host.role}) unreachable ({kind}{detail}); "
+            "leaving alone what depends on it"
+        )
+        verdict.holds.append(Hold(f"{host.name} unreachable", EVERYTHING, frozenset({host.name})))
+        if host.role == "head":
+            # Workers join the head and the model runs in it: nothing of Ray or the model.
+            verdict.holds.append(Hold(f"{host.name} unreachable", RAY_STARTS | MODEL_STARTS))
+        else:
+            # A new model needs every GPU; a hung one on ALIVE Ray nodes may still be restarted.
+            verdict.holds.append(Hold(f"{host.name} unreachable", START_MODEL))
+    if verdict.notes:
+        verdict.phase = "unreachable"
+    return verdict
+
+
+def judge_cleanup(ctx: Context) -> Verdict:
+    verdict = Verdict()
+    stops: list[Action] = []
+    removals: list[Action] = []
+    for host in ctx.reachable:
+        seen = ctx.facts[host.name]
+        if seen.units_error is not None and ctx.desired.cleanup.units:
+            why = f"stale units on {host.name} unknown ({seen.units_error})"
+            verdict.notes.append(f"{why}; waiting")
+            verdict.holds.append(Hold(why, RAY_STARTS, frozenset({host.name})))
+            verdict.holds.append(Hold(why, START_MODEL))
+        stops.extend(_stale_units(ctx.desired, host, seen))
+        removals.extend(_conflicting(ctx.desired, host, seen))
+    # Units first: a unit may own a container and would start it again.
+    verdict.actions = stops + removals
+    doomed = {(a.host, a.target) for a in removals}
+    blockers = _gpu_processes(ctx, verdict, doomed)
+    if verdict.actions:
+        # A cleanup may be what clears a blocker (a stale unit running a bare-metal vLLM holds
+        # the GPU): clean first, and judge again on the next look.
+        verdict.phase = "cleaning"
+        verdict.notes.insert(0, summarize(verdict.actions))
+    elif blockers:
+        verdict.phase = "blocked"
+    return verdict
+
+
+def _stale_units(desired: ClusterSpec, host: HostSpec, seen: HostFacts) -> list[Action]:
+    found = []
+    for unit_name in desired.cleanup.units:
+        unit = seen.unit(unit_name)
+        if unit is None or not unit.exists or not (unit.active or unit.enabled):
+            continue
+        state = f"{unit.active_state}/{unit.unit_file_state or 'no unit file state'}"
+        found.append(act("stop_unit", host.name, unit_name, f"stale unit is {state}"))
+    return found
+
+
+def _conflicting(desired: ClusterSpec, host: HostSpec, seen: HostFacts) -> list[Action]:
+    found = []
+    for container in seen.containers:
+        if ours(desired, container):
+            continue
+        if any(fnmatch.fnmatchcase(container.name, p) for p in desired.cleanup.container_patterns):
+            found.append(
+                act(
+                    "remove_container",
+                    host.name,
+                    container.name,
+                    f"conflicting container ({container.image}, {container.state})",
+                )
+            )
+    return found
+
+
+def _gpu_processes(ctx: Context, verdict: Verdict, doomed: set[tuple[str, str]]) -> bool:
+    """Foreign GPU processes: killed where the policy allows, else a reason to block. Returns
+    whether something only a human may fix holds a GPU."""
+    desired = ctx.desired
+    blocked = False
+    for host in ctx.reachable:
+        seen = ctx.facts[host.name]
+        if seen.gpu_error is not None:
+            why = f"GPU processes on {host.name} unknown ({seen.gpu_error})"
+            verdict.notes.append(f"{why}; waiting")
+            verdict.holds.append(Hold(why, START_MODEL))
+            continue
+        for proc in _foreign(desired, seen, doomed):
+            what = describe(proc)
+            if proc.owner_unknown:
+                why = (
+                    f"GPU process {what} on {host.name} has an unknown owner (a container's "
+                    "process list could not be read); never killed"
+                )
+                verdict.notes.append(why)
+                verdict.holds.append(Hold(why, START_MODEL))
+            elif desired.policy.allow_kill_foreign_gpu:
+                verdict.actions.append(
+                    act(
+                        "kill_gpu_process",
+                        host.name,
+                        str(proc.pid),
+                        f"foreign GPU process {what}",
+                        subject=proc.name,
+                    )
+                )
+            else:
+                why = f"foreign GPU process {what} on {host.name}; policy does not allow killing it"
+                verdict.notes.append(why)
+                verdict.holds.append(Hold(why, START_MODEL))
+                blocked = True
+    return blocked
+
+
+def _foreign(
+    desired: ClusterSpec, seen: HostFacts, doomed: set[tuple[str, str]]
+) -> list[GpuProcess]:
+    harmless = set(desired.cleanup.harmless_gpu_processes)
+    found = []
+    for proc in seen.gpu_processes:
+        if proc.name in harmless or posixpath.basename(proc.name) in harmless:
+            continue
+        if proc.container is not None:
+            owner = seen.container(proc.container)
+            if owner is not None and ours(desired, owner):
+                continue
+            if (seen.name, proc.container) in doomed:
+                continue  # goes away with its container
+        found.append(proc)
+    return found
+
+
+def describe(proc: GpuProcess) -> str:
+    memory = f", {proc.used_memory_mib} MiB" if proc.used_memory_mib is not None else ""
+    where = f" in container {proc.container}" if proc.container else ""
+    return f"pid {proc.pid} ({proc.name}{memory}){where}"
+
+
+def summarize(actions: list[Action]) -> str:
+    units = sum(1 for a in actions if a.kind == "stop_unit")
+    boxes = sum(1 for a in actions if a.kind == "remove_container")
+    kills = sum(1 for a in actions if a.kind == "kill_gpu_process")
+    parts = []
+    if units:
+        parts.append(f"{units} stale unit(s) to stop")
+    if boxes:
+        parts.append(f"{boxes} conflicting container(s) to remove")
+    if kills:
+        parts.append(f"{kills} foreign GPU process(es) to kill")
+    return ", ".join(parts)

@@ -1,0 +1,110 @@
+"""What every planner stage shares: the cycle's context, a stage's verdict, and holds.
+
+A stage (cleanup, images, Ray, model, probe) always runs and says what it sees. A condition that
+makes some actions unsafe does not end the judgement: it becomes a `Hold` that vetoes only the
+actions needing what it makes unsafe, so a hung model is still restarted while a worker's SSH
+fails, and no model is started on a Ray that lacks its GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sparkd.model.memory import Memory
+from sparkd.model.observed import HostError, HostFacts, Observed
+from sparkd.model.plan import Action, ActionKind, Phase
+from sparkd.settings import ClusterSpec, HostSpec
+
+RAY_STARTS: frozenset[ActionKind] = frozenset({"start_ray_head", "start_ray_worker", "restart_ray"})
+MODEL_STARTS: frozenset[ActionKind] = frozenset({"start_model", "restart_model"})
+START_MODEL: frozenset[ActionKind] = frozenset({"start_model"})
+EVERYTHING: frozenset[ActionKind] = frozenset(
+    {
+        "stop_unit",
+        "remove_container",
+        "kill_gpu_process",
+        *RAY_STARTS,
+        *MODEL_STARTS,
+    }
+)
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A condition that makes some actions unsafe: they wait, and spend no budget."""
+
+    reason: str
+    kinds: frozenset[ActionKind]
+    # The hosts whose actions it holds; None holds them on every host.
+    hosts: frozenset[str] | None = None
+
+    def vetoes(self, action: Action) -> bool:
+        return action.kind in self.kinds and (self.hosts is None or action.host in self.hosts)
+
+
+@dataclass
+class Verdict:
+    """What one stage concluded: the phase it would name, why, what to do, what to hold."""
+
+    phase: Phase | None = None
+    notes: list[str] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)
+    holds: list[Hold] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Context:
+    desired: ClusterSpec
+    observed: Observed
+    memory: Memory
+    now: float
+    facts: dict[str, HostFacts]
+
+    @classmethod
+    def of(cls, desired: ClusterSpec, observed: Observed, memory: Memory, now: float) -> Context:
+        facts = {h.name: _facts(observed, h) for h in desired.hosts}
+        return cls(desired, observed, memory, now, facts)
+
+    @property
+    def reachable(self) -> list[HostSpec]:
+        return [h for h in self.desired.hosts if self.facts[h.name].reachable]
+
+    @property
+    def unreachable(self) -> list[HostSpec]:
+        return [h for h in self.desired.hosts if not self.facts[h.name].reachable]
+
+    @property
+    def head_reachable(self) -> bool:
+        return self.facts[self.desired.head.name].reachable
+
+    @property
+    def model_name(self) -> str:
+        """The name the server lists in /v1/models and answers to."""
+        return served_name(self.desired)
+
+
+def served_name(desired: ClusterSpec) -> str:
+    served: str | None = getattr(desired.model, "served_name", None)
+    return served or desired.model.id
+
+
+def _facts(observed: Observed, host: HostSpec) -> HostFacts:
+    found = observed.host(host.name)
+    if found is not None:
+        return found
+    return HostFacts(name=host.name, error=HostError(kind="timeout", detail="not observed"))
+
+
+def act(kind: ActionKind, host: str, target: str, reason: str, subject: str = "") -> Action:
+    return Action(kind=kind, host=host, target=target, reason=reason, subject=subject)
+
+
+def ago(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f}s" if seconds >= 1 else f"{seconds:.2f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"

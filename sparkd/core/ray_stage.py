@@ -1,0 +1,358 @@
+"""Stage 3, Ray: head, then workers, then whether Ray really has every node and GPU.
+
+Ray's own view lags reality by 15-70 s: a killed node stays ALIVE for ~15 s, a hung one for
+~65 s, and a node restarted at once shows twice on its IP for a while. So a (re)started node
+counts as joined only when an ALIVE node on its data IP was first seen after its container
+started; a GPU total never proves it. Until then Ray is settling, and nothing that needs every
+GPU starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sparkd.core.images import ImageVerdict
+from sparkd.core.judge import (
+    MODEL_STARTS,
+    RAY_STARTS,
+    START_MODEL,
+    Context,
+    Hold,
+    Verdict,
+    act,
+    ago,
+)
+from sparkd.core.load import Load
+from sparkd.core.spec import LABEL_SPEC, container_name, ray_spec_hash, ray_spec_hashes
+from sparkd.model.observed import Container, RayNode, RayState
+from sparkd.model.plan import Action
+from sparkd.settings import HostSpec
+
+# A node is new when first seen at or after its container started (sparkd records the start
+# of its own restarts exactly; a new node needs seconds to register, so no slack is needed).
+SEEN_SLACK = 0.0
+
+
+@dataclass
+class RayVerdict(Verdict):
+    # Every node joined with its GPU, as Ray itself says: a model may start.
+    ready: bool = False
+    # Ray answered (its view may still be settling).
+    readable: bool = False
+    # Waiting on Ray with no action taken: past the join timeout that is repaired.
+    unsettled: bool = False
+    waits: list[str] = field(default_factory=list)
+
+
+def judge_ray(ctx: Context, images: ImageVerdict, load: Load, serving: bool) -> RayVerdict:
+    desired = ctx.desired
+    verdict = RayVerdict()
+    for host in ctx.reachable:
+        problem = ctx.facts[host.name].link_problem(host.ip)
+        if problem is not None:
+            why = f"{host.name}: {problem}"
+            verdict.notes.append(why)
+            verdict.holds.append(Hold(why, RAY_STARTS, frozenset({host.name})))
+            verdict.holds.append(Hold(why, START_MODEL))
+    if not ctx.head_reachable:
+        return verdict
+    ray = ctx.observed.ray
+    busy_model = serving or load.progressing(desired.model.load_stall, desired.model.load_timeout)
+    unsettled_for = (
+        ctx.now - ctx.memory.ray_unsettled_since
+        if ctx.memory.ray_unsettled_since is not None
+        else 0.0
+    )
+    new_head = _head(ctx, verdict, images, ray, busy_model, serving, unsettled_for)
+    _workers(ctx, verdict, images, new_head)
+    if ray is not None and ray.up and not new_head:
+        _membership(ctx, verdict, ray, unsettled_for)
+    if verdict.actions:
+        verdict.holds.append(Hold("Ray is being (re)started", MODEL_STARTS))
+        verdict.phase = "starting_ray"
+        verdict.notes.append("; ".join(f"{a.host}: {a.reason}" for a in verdict.actions))
+        return verdict
+    verdict.readable = ray is not None and ray.up
+    if verdict.waits:
+        why = "; ".join(verdict.waits)
+        verdict.notes.append(why)
+        verdict.unsettled = True
+        if verdict.readable:
+            # Ray says positively that a node is missing: a model (re)start would fail.
+            verdict.holds.append(Hold(f"Ray not ready ({why})", MODEL_STARTS))
+        else:
+            verdict.holds.append(Hold(f"Ray not ready ({why})", START_MODEL))
+        if verdict.phase is None:
+            verdict.phase = "starting_ray"
+        return verdict
+    verdict.ready = verdict.readable
+    return verdict
+
+
+def _head(
+    ctx: Context,
+    verdict: RayVerdict,
+    images: ImageVerdict,
+    ray: RayState | None,
+    busy_model: bool,
+    serving: bool,
+    unsettled_for: float,
+) -> bool:
+    """The head's container and whether Ray answers. Returns whether a new head is planned."""
+    desired = ctx.desired
+    head = desired.head
+    name = container_name(desired, head)
+    box = ctx.facts[head.name].container(name)
+    if box is None or not box.running:
+        state = "missing" if box is None else f"{box.state} ({box.status})"
+        verdict.actions.append(
+            act("start_ray_head", head.name, name, f"Ray head container {state}")
+        )
+        return True
+    drift = _drift(ctx, head, box, images)
+    if drift is not None:
+        verdict.actions.append(act("restart_ray", head.name, name, drift))
+        return True
+    if ray is not None and ray.up:
+        return False
+    error = ray.error if ray is not None else "not observed"
+    age = _age(box, ctx.now)
+    if busy_model:
+        # Direct evidence outranks a failed read: a serve process whose load advances, or a
+        # model that answers, runs on a working Ray. Not healthy, though: Ray is not verified.
+        what = "the model serves" if serving else "the model's load advances"
+        verdict.notes.append(f"Ray not answering ({error}) but {what}; watching")
+        verdict.phase = "degraded" if serving else "loading"
+        return False
+    join = desired.ray.join_timeout
+    if age is not None and age > join and unsettled_for > join:
+        verdict.actions.append(
+            act(
+                "restart_ray",
+                head.name,
+                name,
+                f"Ray head not answering for {ago(unsettled_for)}: {error}",
+            )
+        )
+        return True
+    verdict.waits.append(f"Ray head not answering ({error})")
+    return False
+
+
+def _workers(ctx: Context, verdict: RayVerdict, images: ImageVerdict, new_head: bool) -> None:
+    desired = ctx.desired
+    for worker in desired.workers:
+        if not ctx.facts[worker.name].reachable:
+            continue
+        name = container_name(desired, worker)
+        box = ctx.facts[worker.name].container(name)
+        if new_head:
+            if box is not None and box.running:
+                reason = "new Ray head: workers must rejoin (they never rejoin by themselves)"
+                verdict.actions.append(act("restart_ray", worker.name, name, reason))
+            else:
+                verdict.actions.append(
+                    act("start_ray_worker", worker.name, name, "Ray worker container missing")
+                )
+            continue
+        if box is None or not box.running:
+            state = "missing" if box is None else f"{box.state} ({box.status})"
+            verdict.actions.append(
+                act("start_ray_worker", worker.name, name, f"Ray worker container {state}")
+            )
+            continue
+        drift = _drift(ctx, worker, box, images)
+        if drift is not None:
+            verdict.actions.append(act("restart_ray", worker.name, name, drift))
+
+
+def _drift(ctx: Context, host: HostSpec, box: Container, images: ImageVerdict) -> str | None:
+    if images.unsafe:
+        return None  # never replace a container before the image is right everywhere
+    want = ray_spec_hash(ctx.desired, host)
+    running = box.label(LABEL_SPEC)
+    if running not in ray_spec_hashes(ctx.desired, host):
+        return f"spec drift: running {running}, desired {want}"
+    if images.image_id is not None and box.image_id is not None and box.image_id != images.image_id:
+        return (
+            f"image re-pulled: running {box.image_id.removeprefix('sha256:')[:12]}, "
+            f"{ctx.desired.ray.image} is now {images.image_id.removeprefix('sha256:')[:12]}"
+        )
+    return None
+
+
+def _membership(ctx: Context, verdict: RayVerdict, ray: RayState, unsettled_for: float) -> None:
+    """Whether each configured host has exactly one, new, ALIVE node with its GPU."""
+    desired = ctx.desired
+    expected = desired.ray.expected_gpus
+    alive = [n for n in ray.nodes if n.alive]
+    if not ray.ips_known:
+        _membership_by_count(ctx, verdict, ray, alive, unsettled_for)
+        return
+    configured = {h.ip for h in desired.hosts}
+    strangers = sorted({n.ip for n in alive} - configured)
+    join = desired.ray.join_timeout
+    repairs: list[Action] = []
+    acting = {a.host for a in verdict.actions}
+    for host in desired.hosts:
+        if host.name in acting:
+            continue  # already being (re)started
+        name = container_name(desired, host)
+        on_ip = [n for n in alive if n.ip == host.ip]
+        reachable = ctx.facts[host.name].reachable
+        box = ctx.facts[host.name].container(name) if reachable else None
+        started = _started(ctx, host.name, box)
+        if len(on_ip) > 1:
+            verdict.waits.append(
+                f"Ray settling: {len(on_ip)} ALIVE nodes on {host.ip} (a dead one not yet dropped)"
+            )
+            if unsettled_for > join and reachable:
+                repairs.append(
+                    act(
+                        "restart_ray",
+                        host.name,
+                        name,
+                        f"Ray still shows {len(on_ip)} nodes on {host.ip} "
+                        f"after {ago(unsettled_for)}",
+                    )
+                )
+            continue
+        if len(on_ip) == 1:
+            node = on_ip[0]
+            if started is not None and _first_seen(ctx, node) < started - SEEN_SLACK:
+                verdict.waits.append(
+                    f"Ray settling: node {node.node_id[:8]} on {host.ip} registered before "
+                    f"{host.name}'s Ray container started (waiting for a new node id)"
+                )
+                if unsettled_for > join and reachable:
+                    repairs.append(
+                        act(
+                            "restart_ray",
+                            host.name,
+                            name,
+                            f"{host.name} not rejoined Ray with a new node id "
+                            f"after {ago(unsettled_for)}",
+                        )
+                    )
+                continue
+            if node.gpus < 1.0 and reachable:
+                repairs.append(
+                    act(
+                        "restart_ray",
+                        host.name,
+                        name,
+                        f"Ray node on {host.ip} registered with {node.gpus:g} GPUs",
+                    )
+                )
+            continue
+        if not reachable:
+            verdict.waits.append(f"Ray has no node of unreachable {host.name}")
+            continue
+        if strangers:
+            repairs.append(
+                act(
+                    "restart_ray",
+                    host.name,
+                    name,
+                    f"Ray node registered on {', '.join(strangers)}, not a configured data IP; "
+                    f"{host.ip} missing (wrong interface)",
+                )
+            )
+            continue
+        age = _age(box, ctx.now) if box is not None else None
+        if age is not None and age > join:
+            repairs.append(
+                act(
+                    "restart_ray",
+                    host.name,
+                    name,
+                    f"{host.name} ({host.ip}) not in Ray {ago(age)} after start",
+                )
+            )
+        else:
+            verdict.waits.append(f"Ray node on {host.name} joining")
+    head_repair = next((a for a in repairs if a.host == desired.head.name), None)
+    if head_repair is not None:
+        # A new head means every worker rejoins: repair the head, and the workers follow.
+        verdict.actions.append(head_repair)
+        for worker in desired.workers:
+            if ctx.facts[worker.name].reachable:
+                verdict.actions.append(
+                    act(
+                        "restart_ray",
+                        worker.name,
+                        container_name(desired, worker),
+                        "new Ray head: workers must rejoin (they never rejoin by themselves)",
+                    )
+                )
+        return
+    verdict.actions.extend(repairs)
+    if repairs or verdict.waits:
+        return
+    total = sum(n.gpus for n in alive)
+    if total < expected or ray.gpus_total < expected:
+        _short(ctx, verdict, ray, unsettled_for, "")
+
+
+def _membership_by_count(
+    ctx: Context, verdict: RayVerdict, ray: RayState, alive: list[RayNode], unsettled_for: float
+) -> None:
+    """`ray status` names nodes but not their IPs: count them, and check that every restarted
+    container has a node first seen after it started."""
+    desired = ctx.desired
+    hosts = len(desired.hosts)
+    expected = desired.ray.expected_gpus
+    if len(alive) > hosts or ray.gpus_total > expected:
+        verdict.waits.append(
+            f"Ray settling: {len(alive)} nodes, {ray.gpus_total:g} GPUs counted "
+            "(a dead node not yet dropped)"
+        )
+        return
+    starts = sorted(
+        (s for h in desired.hosts if (s := _started(ctx, h.name, _box(ctx, h))) is not None),
+        reverse=True,
+    )
+    seen = sorted((_first_seen(ctx, n) for n in alive), reverse=True)
+    # Nested sets: the k latest-started containers need k nodes first seen after the k-th.
+    for k, start in enumerate(starts, 1):
+        if sum(1 for s in seen if s >= start - SEEN_SLACK) < k:
+            verdict.waits.append("Ray settling: waiting for restarted nodes to register anew")
+            return
+    if len(alive) < hosts or ray.gpus_total < expected:
+        _short(ctx, verdict, ray, unsettled_for, " (`ray status` does not say which node)")
+
+
+def _short(
+    ctx: Context, verdict: RayVerdict, ray: RayState, unsettled_for: float, which: str
+) -> None:
+    expected = ctx.desired.ray.expected_gpus
+    short = f"Ray sees {ray.gpus_total:g} of {expected} GPUs"
+    if unsettled_for <= ctx.desired.ray.join_timeout:
+        verdict.waits.append(f"{short}; waiting")
+        return
+    # No node can be named: restarting a healthy one would not help. A human looks.
+    verdict.phase = "blocked"
+    verdict.waits.append(f"Ray short of GPUs for {ago(unsettled_for)}: {short}{which}")
+
+
+def _box(ctx: Context, host: HostSpec) -> Container | None:
+    seen = ctx.facts[host.name]
+    return seen.container(container_name(ctx.desired, host)) if seen.reachable else None
+
+
+def _started(ctx: Context, host: str, box: Container | None) -> float | None:
+    """When the host's Ray container last started: sparkd's own record, or Docker's."""
+    recorded = ctx.memory.ray_started.get(host)
+    seen = box.started_at if box is not None and box.running else None
+    known = [t for t in (recorded, seen) if t is not None]
+    return max(known) if known else None
+
+
+def _first_seen(ctx: Context, node: RayNode) -> float:
+    return ctx.memory.ray_seen.get(node.node_id, ctx.observed.observed_at)
+
+
+def _age(box: Container, now: float) -> float | None:
+    if box.started_at is None:
+        return None
+    return max(0.0, now - box.started_at)
