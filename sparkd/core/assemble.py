@@ -197,9 +197,10 @@ def head_extras(
         if status is not None and status.ok:
             ray = facts.parse_ray_status(status.body)
         if ray is None:
-            detail = facts.failure_reason(status.body) if status is not None else ""
-            if status is not None and status.rc == 124:
-                detail = f"`ray status` timed out{': ' + detail if detail else ''}"
+            said = status if status is not None else nodes
+            detail = facts.failure_reason(said.body) if said is not None else ""
+            if said is not None and said.rc == 124:
+                detail = f"`ray` timed out{': ' + detail if detail else ''}"
             ray = RayState(error=detail or "Ray did not answer")
 
     tops = _tops(sections)

@@ -31,6 +31,7 @@ from sparkd.settings import HostSpec
 # A node is new when first seen at or after its container started (sparkd records the start
 # of its own restarts exactly; a new node needs seconds to register, so no slack is needed).
 SEEN_SLACK = 0.0
+ETIME_RESOLUTION = 1.0
 
 
 @dataclass
@@ -341,11 +342,20 @@ def _box(ctx: Context, host: HostSpec) -> Container | None:
 
 
 def _started(ctx: Context, host: str, box: Container | None) -> float | None:
-    """When the host's Ray container last started: sparkd's own record, or Docker's."""
+    """When the host's Ray container last started, as a lower bound: sparkd's own record of
+    its (re)start, unless Docker says the container started again since. Docker's figure comes
+    from whole seconds of process age, so the start may lie up to a second before it."""
     recorded = ctx.memory.ray_started.get(host)
-    seen = box.started_at if box is not None and box.running else None
-    known = [t for t in (recorded, seen) if t is not None]
-    return max(known) if known else None
+    docker = (
+        box.started_at - ETIME_RESOLUTION
+        if box is not None and box.running and box.started_at is not None
+        else None
+    )
+    if docker is None:
+        return recorded
+    if recorded is None or docker > recorded + ETIME_RESOLUTION:
+        return docker
+    return recorded
 
 
 def _first_seen(ctx: Context, node: RayNode) -> float:

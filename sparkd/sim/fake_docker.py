@@ -663,6 +663,7 @@ _PS_COLUMNS: dict[str, str] = {
     "uid": "UID",
     "etimes": "ELAPSED",
     "etime": "ELAPSED",
+    "times": "TIME",
     "args": "COMMAND",
     "cmd": "CMD",
     "command": "COMMAND",
@@ -727,6 +728,7 @@ def _ps_table(processes: list[SimProcess], ps_args: list[str]) -> Done:
             "stime": time.strftime("%H:%M", time.localtime(time.time() - elapsed)),
             "tty": "?",
             "time": "00:00:00",
+            "times": "0",
         }
         rows.append([values[c.split("=")[0]] for c in columns])
     return Done(stdout=tabwriter(rows))

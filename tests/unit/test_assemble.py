@@ -73,3 +73,100 @@ def test_serve_progress_only_since_the_last_launch_and_clock_skew() -> None:
     assert (serve.progress.stage, serve.progress.percent) == ("weights", 10.0)
     assert serve.progress.progress_at == 5090.0
     assert extras.ray.error == "nothing"
+
+
+def _with_running(*names: str, **extra: facts.Section) -> dict[str, facts.Section]:
+    parsed = {
+        "now": facts.Section("1000", 0),
+        "boot_id": facts.Section("b", 0),
+        "containers": facts.Section("", 0),
+        "running": facts.Section("\n".join(names), 0),
+        "gpu_apps": facts.Section("4100, python3, [N/A]", 0),
+        "gpu_apps_after": facts.Section("4100, python3, [N/A]", 0),
+    }
+    parsed.update(extra)
+    return parsed
+
+
+def test_restarting_container_owns_no_processes_and_the_host_stays_readable() -> None:
+    from sparkd.core.assemble import unreadable
+
+    cluster = reference_cluster()
+    restarting = facts.Section(
+        "Error response from daemon: Container "
+        + "f" * 64
+        + " is restarting, wait until the container is running",
+        1,
+    )
+    parsed = _with_running("glm-flash", **{"top glm-flash": restarting})
+    assert unreadable(parsed) is None
+    got = host_facts(cluster, cluster.head, parsed, 1000.0)
+    assert [(p.pid, p.owner_unknown) for p in got.gpu_processes] == [(4100, False)]
+
+
+def test_one_failed_top_makes_unattributed_gpu_processes_owner_unknown() -> None:
+    from sparkd.core.assemble import unreadable
+
+    cluster = reference_cluster()
+    broken = facts.Section("Error response from daemon: i/o timeout", 1)
+    parsed = _with_running("glm-flash", **{"top glm-flash": broken})
+    assert unreadable(parsed) is None
+    got = host_facts(cluster, cluster.head, parsed, 1000.0)
+    assert got.reachable
+    assert [(p.pid, p.owner_unknown) for p in got.gpu_processes] == [(4100, True)]
+
+
+def test_failed_reads_are_unknown_with_the_cause_and_a_privilege_hint() -> None:
+    cluster = reference_cluster()
+    units = facts.Section(
+        "Failed to get properties: Interactive authentication required.\n"
+        "See system logs and 'systemctl status vllm-cluster.service' for details.",
+        1,
+    )
+    smi = facts.Section("", 124)
+    got = host_facts(cluster, cluster.head, _with_running(units=units, gpu_apps=smi), 1000.0)
+    assert got.units == ()
+    assert got.units_error is not None
+    assert "Interactive authentication required" in got.units_error
+    assert "ssh.sudo" in got.units_error
+    assert got.gpu_error is not None and "timed out" in got.gpu_error
+    assert got.gpu_processes == ()
+
+
+def test_engine_cpu_time_counts_the_serve_and_engine_processes_only() -> None:
+    cluster = reference_cluster()
+    name = "sparkd-sparks-ray-head"
+    top = (
+        "PID ELAPSED TIME COMMAND\n"
+        "1 900 40 /usr/bin/python3 /usr/local/bin/ray start --block --head\n"
+        "50 600 120 /usr/bin/python3 /usr/local/bin/vllm serve /models/q --port 8000\n"
+        "51 590 300 VLLM::EngineCore\n"
+        "60 580 200 ray::RayWorkerWrapper.execute_method\n"
+    )
+    parsed = {
+        "now": facts.Section("1000", 0),
+        f"top {name}": facts.Section(top, 0),
+        "serve_log": facts.Section("Loading safetensors checkpoint shards:  41% Completed\n", 0),
+    }
+    serve = head_extras(cluster, parsed, 1000.0).serve
+    assert serve.running and serve.pid == 50
+    assert serve.cpu_seconds == 620.0
+
+
+def test_image_ids_of_the_tag_and_of_the_running_container() -> None:
+    cluster = reference_cluster()
+    tag = "sha256:" + "1" * 64
+    running = "sha256:" + "2" * 64
+    row = (
+        '{"Names":"sparkd-sparks-ray-head","Image":"hellohal2064/vllm-qwen3.5-gb10",'
+        '"State":"running","Labels":"sparkd.cluster=sparks","Status":"Up 2 hours"}'
+    )
+    parsed = _with_running(
+        containers=facts.Section(row, 0),
+        image=facts.Section(tag + "\n", 0),
+        ours_image=facts.Section(f"/sparkd-sparks-ray-head {running}\n", 0),
+    )
+    got = host_facts(cluster, cluster.head, parsed, 1000.0)
+    assert got.image_id == tag
+    box = got.container("sparkd-sparks-ray-head")
+    assert box is not None and box.image_id == running

@@ -214,3 +214,24 @@ def test_fact_script_is_read_only_and_sectioned() -> None:
         assert f"s {name} timeout" in script.command, name
     worker = catalogue.fact_script(cluster, cluster.workers[0], 10)
     assert "ray_status" not in worker.command
+
+
+def test_each_ray_node_gets_its_own_vllm_host_ip() -> None:
+    from sparkd.shell.catalogue import docker_run_argv
+
+    cluster = reference_cluster()
+    for host in cluster.hosts:
+        argv = docker_run_argv(cluster, host)
+        pairs = [argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "-e"]
+        assert f"VLLM_HOST_IP={host.data_ip}" in pairs
+        assert [p for p in pairs if p.startswith("VLLM_HOST_IP=")] == [
+            f"VLLM_HOST_IP={host.data_ip}"
+        ]
+
+
+def test_ray_nodes_are_read_alive_only_so_the_row_limit_cannot_drop_them() -> None:
+    from sparkd.shell.catalogue import fact_script
+
+    cluster = reference_cluster()
+    script = fact_script(cluster, cluster.head, 10).command
+    assert "ray list nodes --format=json --filter state=ALIVE" in script

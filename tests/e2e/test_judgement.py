@@ -1,0 +1,59 @@
+"""Judgement end to end against the simulated world: the situations where acting would make it
+worse, checked in the world's command log."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+from sparkd.model.plan import Plan
+from sparkd.runtime.controller import Controller
+from sparkd.shell.ssh import SshPool
+from sparkd.sim.timing import Timing
+from sparkd.sim.world import World
+from tests.e2e.conftest import controller, converge, mutations
+
+
+async def cycle_until(ctl: Controller, done: str, cycles: int = 200) -> list[Plan]:
+    plans = []
+    for _ in range(cycles):
+        plan = await ctl.cycle()
+        plans.append(plan)
+        if done in plan.reason or plan.phase == done:
+            return plans
+    raise AssertionError(f"never {done!r}: {plans[-1].phase}: {plans[-1].reason}")
+
+
+def ray_restarts(world: World, host: str, since: float) -> list[str]:
+    return [
+        r.command
+        for r in mutations(world, host, since)
+        if r.command.startswith(("docker run", "docker rm"))
+    ]
+
+
+async def test_ray_unreadable_during_a_progressing_load_is_watched_not_restarted(
+    tmp_path: Path, pool: SshPool
+) -> None:
+    # A load that takes several join timeouts, so a restart of Ray would have had its chance.
+    timing = dataclasses.replace(Timing.fast(), model_load=12.0)
+    async with World(tmp_path / "world", scenario="seed-morning", timing=timing) as world:
+        ctl = controller(world, pool, tmp_path / "state")
+        await converge(ctl, cycles=200)
+        since = time.time()
+        await world.fault("crash-model", "spark-a")
+        await cycle_until(ctl, "loading")
+        hung_at = time.time()
+        await world.fault("hang-tool", "spark-a", "ray")
+        plans = await cycle_until(ctl, "but the model serves; watching")
+        assert any("the model's load advances; watching" in p.reason for p in plans)
+        assert all(p.actions == () for p in plans), [p.reason for p in plans if p.actions]
+        assert ray_restarts(world, "spark-a", hung_at) == []
+        assert ray_restarts(world, "spark-b", hung_at) == []
+        launches = [r for r in mutations(world, "spark-a", since) if "vllm serve" in r.command]
+        assert len(launches) == 1
+        await world.fault("heal", "spark-a")
+        final = await converge(ctl, cycles=200)
+        assert final[-1].phase == "healthy"
+        assert ray_restarts(world, "spark-a", hung_at) == []
