@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from sparkd.core import facts
 from sparkd.core.assemble import unreadable
 from sparkd.core.planner import plan
