@@ -8,6 +8,7 @@ from sparkd.model.snapshot import dump_snapshot, load_snapshot
 from sparkd.shell.observe import observe
 from sparkd.shell.ssh import SshPool
 from sparkd.sim.world import World
+from tests.e2e.conftest import mutations
 from tests.live.conftest import Live, cluster_of
 
 STALE_UNITS = (
@@ -23,6 +24,8 @@ async def test_seed_morning_plans_the_cleanup_then_ray(seed_world: World, pool: 
     observed = await observe(cluster, pool)
     result = plan(cluster, observed, Memory(), observed.observed_at)
 
+    # Observing changed nothing on any host: the world's own log says so.
+    assert mutations(seed_world) == []
     assert result.phase == "cleaning"
     assert [(a.kind, a.host, a.target) for a in result.actions] == [
         *(("stop_unit", "spark-a", unit) for unit in STALE_UNITS),
