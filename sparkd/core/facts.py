@@ -86,25 +86,32 @@ def parse_docker_labels(text: str) -> dict[str, str]:
 
 
 def parse_docker_ps(text: str, started: Mapping[str, float] | None = None) -> tuple[Container, ...]:
-    """`docker ps -a --no-trunc --format '{{json .}}'`, one JSON object per line."""
+    """`docker ps -a --no-trunc --format '{{json .}}'`, one JSON object per line. A line that is
+    not such an object is skipped: it names no container sparkd could act on."""
     containers: list[Container] = []
     for line in text.splitlines():
-        line = line.strip()
-        if not line:
+        row = json_or_none(line.strip()) if line.strip() else None
+        if not isinstance(row, dict):
             continue
-        row = json.loads(line)
-        name = str(row.get("Names", "")).split(",")[0]
+        name = _text(row.get("Names")).split(",")[0]
+        if not name:
+            continue
         containers.append(
             Container(
                 name=name,
-                image=str(row.get("Image", "")),
-                state=str(row.get("State", "")).lower(),
-                labels=parse_docker_labels(str(row.get("Labels", ""))),
+                image=_text(row.get("Image")),
+                state=_text(row.get("State")).lower(),
+                labels=parse_docker_labels(_text(row.get("Labels"))),
                 started_at=(started or {}).get(name),
-                status=str(row.get("Status", "")),
+                status=_text(row.get("Status")),
             )
         )
     return tuple(containers)
+
+
+def _text(value: object, limit: int = 4096) -> str:
+    """A JSON field as text: strings as they are (bounded), anything else as nothing."""
+    return value[:limit] if isinstance(value, str) else ""
 
 
 @dataclass(frozen=True)
@@ -169,19 +176,20 @@ def parse_compute_apps(
 
 def parse_ip_addr(text: str) -> Interface | None:
     """`ip -j addr show dev IFACE` (iproute2 JSON)."""
-    try:
-        rows = json.loads(text)
-    except ValueError:
-        return None
+    rows = json_or_none(text)
     if not isinstance(rows, list) or not rows or not isinstance(rows[0], dict):
         return None
     row = rows[0]
-    flags = row.get("flags") or []
+    flags = row.get("flags")
+    flags = flags if isinstance(flags, list) else []
     up = row.get("operstate") == "UP" or ("UP" in flags and "LOWER_UP" in flags)
+    info = row.get("addr_info")
     addresses = tuple(
-        str(a["local"]) for a in row.get("addr_info") or [] if isinstance(a, dict) and "local" in a
+        a["local"]
+        for a in (info if isinstance(info, list) else [])
+        if isinstance(a, dict) and isinstance(a.get("local"), str)
     )
-    return Interface(name=str(row.get("ifname", "")), up=up, addresses=addresses)
+    return Interface(name=_text(row.get("ifname"), 64), up=up, addresses=addresses)
 
 
 def parse_stat_time(text: str) -> float | None:
@@ -252,8 +260,8 @@ def parse_ray_nodes(text: str) -> RayState | None:
         message = row.get("state_message")
         nodes.append(
             RayNode(
-                node_id=row["node_id"],
-                ip=str(row.get("node_ip", "")),
+                node_id=row["node_id"][:128],
+                ip=_text(row.get("node_ip"), 64),
                 alive=row.get("state") == "ALIVE",
                 gpus=_gpus(gpus),
                 is_head=row.get("is_head_node") is True,
@@ -381,5 +389,5 @@ def find_serve(rows: Iterable[TopRow]) -> TopRow | None:
 def json_or_none(text: str) -> Any:
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None

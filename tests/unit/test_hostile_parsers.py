@@ -1,0 +1,99 @@
+"""Hostile host output: whatever a host prints, parsing yields values or classified unknowns,
+never an exception out of the cycle."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkd.core import facts
+from sparkd.core.assemble import head_extras, host_facts, unreadable
+from tests.toy import reference_cluster
+
+SECTIONS = (
+    "now",
+    "boot_id",
+    "units",
+    "containers",
+    "image",
+    "ours_image",
+    "gpu_apps",
+    "gpu_apps_after",
+    "running",
+    "top sparkd-sparks-ray-head",
+    "iface",
+    "disk",
+    "ray_nodes",
+    "ray_status",
+    "serve_spec",
+    "serve_log",
+    "serve_log_mtime",
+)
+NASTY = st.sampled_from(
+    [
+        "²",
+        "1" * 5000,
+        "NaN",
+        "-inf",
+        "1e999",
+        "\x00\xff",
+        '{"data": 5}',
+        "[1, 2]",
+        '[{"node_id": 5}]',
+        '[{"node_id": "a", "resources_total": {"GPU": "NaN"}, "node_ip": []}]',
+        '{"Names": 5, "Labels": null, "State": []}',
+        "PID ELAPSED TIME COMMAND\n² ² ² vllm serve x",
+        "PID ELAPSED TIME COMMAND\n1 99999999999999999999999 1 vllm serve",
+        "12, python3, ²",
+        '[{"ifname": 5, "addr_info": 5, "flags": 5}]',
+        "Id=x\nLoadState",
+        "======== Autoscaler status ========\nNode status\nActive:\n 1 node_zz\nTotal Usage:\n 1.2.3/9 GPU",
+        "Loading safetensors checkpoint shards: 999999999999999999999% Completed",
+        "9999-99-99 99:99:99.999 +9999",
+    ]
+)
+BODY = st.one_of(
+    st.text(max_size=300), NASTY, st.binary(max_size=200).map(lambda b: b.decode("latin-1"))
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(SECTIONS),
+        st.tuples(BODY, st.sampled_from([0, 1, 124, None])),
+        max_size=len(SECTIONS),
+    )
+)
+def test_any_sections_parse_to_values(chosen: dict[str, tuple[str, int | None]]) -> None:
+    cluster = reference_cluster()
+    sections = {name: facts.Section(body, rc) for name, (body, rc) in chosen.items()}
+    if unreadable(sections) is None:
+        host_facts(cluster, cluster.head, sections, 1000.0)
+    extras = head_extras(cluster, sections, 1000.0)
+    assert extras.ray.up or extras.ray.error
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=2000))
+def test_any_fact_script_output_splits(text: str) -> None:
+    facts.parse_sections(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
+        lambda inner: (
+            st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+        ),
+        max_leaves=20,
+    )
+)
+def test_any_json_in_ray_and_docker_readers(value: object) -> None:
+    text = json.dumps(value)
+    facts.parse_ray_nodes(text)
+    facts.parse_docker_ps(text)
+    facts.parse_ip_addr(text)
