@@ -153,9 +153,11 @@ def check_config(explicit: str | None) -> int:
         return settings
     for cluster in settings.clusters:
         workers = ", ".join(f"{w.name}={w.ip}" for w in cluster.workers) or "none"
+        model = cluster.model
+        served = f" served as {model.served_name}" if model.served_name != model.id else ""
         print(
             f"{cluster.name}: head {cluster.head.name}={cluster.head.ip}, workers {workers}; "
-            f"{cluster.ray.expected_gpus} GPUs; model {cluster.model.id} on port "
+            f"{cluster.ray.expected_gpus} GPUs; model {model.id}{served} on port "
             f"{cluster.model.port} (tp={cluster.model.tensor_parallel_size}, "
             f"pp={cluster.model.pipeline_parallel_size}); image {cluster.ray.image}"
         )

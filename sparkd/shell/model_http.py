@@ -245,7 +245,7 @@ async def probe(
     spec = cluster.probe
     authority = f"{cluster.model_host}:{cluster.model.port}"
     payload: dict[str, object] = {
-        "model": cluster.model.id,
+        "model": cluster.model.served_name,
         "messages": [{"role": "user", "content": spec.prompt}],
         "max_tokens": spec.max_tokens,
         "temperature": spec.temperature,

@@ -109,6 +109,39 @@ async def test_observe_endpoint(server: Any) -> None:
     assert endpoint.generation_tokens_total is not None
 
 
+def served_as(*flags: str) -> ClusterSpec:
+    spec = reference_cluster()
+    extra = (*spec.model.extra_args, *flags)
+    return spec.model_copy(update={"model": spec.model.model_copy(update={"extra_args": extra})})
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--served-model-name", "qwen"),
+        ("--served-model-name=qwen",),
+        ("--served-model-name", "qwen", "qwen-122b"),
+    ],
+)
+async def test_served_model_name_is_listed_and_asked_for(flags: tuple[str, ...]) -> None:
+    # vLLM started with --served-model-name lists that name, not the path, and answers 404 to
+    # a request that names the path.
+    srv = SimVllmServer("qwen", ModelBehaviour())
+    await srv.start()
+    try:
+        named = served_as(*flags)
+        endpoint = await model_http.observe_endpoint(opener_for(srv.port), named, None, 2)
+        asked = await model_http.probe(opener_for(srv.port), named, None)
+        by_path = await model_http.probe(opener_for(srv.port), cluster(), None)
+    finally:
+        await srv.stop()
+    assert endpoint.serves(named.model.served_name)
+    assert not endpoint.serves(named.model.id)
+    assert asked.verdict.outcome == "reasoning_only"
+    assert by_path.verdict.outcome == "http_error"
+    assert "404" in by_path.verdict.detail
+
+
 async def test_api_key_is_sent() -> None:
     srv = SimVllmServer(MODEL, ModelBehaviour(), api_key="k-123")
     await srv.start()

@@ -81,7 +81,7 @@ async def test_a_hung_engine_times_out_with_flat_tokens(healthy: Live, pool: Ssh
     observed = await observe(cluster, pool, probe_due=lambda _: True)
 
     # vLLM's /health only asks the engine client, which never notices a hung engine.
-    assert observed.endpoint is not None and observed.endpoint.serves(cluster.model.id)
+    assert observed.endpoint is not None and observed.endpoint.serves(cluster.model.served_name)
     assert observed.probe is not None
     assert observed.probe.outcome == "timeout"
     assert observed.probe.tokens_advanced is False
