@@ -10,6 +10,7 @@ import itertools
 import json
 import unicodedata
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from sparkd.model.probe import HEALTHY_OUTCOMES, ProbeOutcome, ProbeVerdict
@@ -42,6 +43,51 @@ def classify_failure(outcome: ProbeOutcome, detail: str = "") -> ProbeVerdict:
     if outcome not in ("refused", "timeout", "not_run"):
         raise ValueError(f"{outcome} is not a transport failure outcome")
     return verdict(outcome, detail)
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """One reading of vLLM's own /metrics, summed over its engines; None where not exported."""
+
+    running: float | None = None
+    waiting: float | None = None
+    generation_tokens: float | None = None
+
+
+def judge_timeout(
+    before: EngineLoad | None, after: EngineLoad | None, max_tokens: int
+) -> tuple[bool | None, str]:
+    """Whether vLLM worked for others while a probe timed out (busy), and what was seen.
+
+    Busy only on evidence of other work: requests besides the probe's own running or waiting
+    while the generation-token counter rose, or the counter rising by more than the probe's
+    max_tokens could account for. Requests that sit in the engine while no token is produced
+    (the probe's own, or earlier probes' left behind by a hung engine) are not work: hung.
+    None when the counter could not be read both times."""
+    if before is None or after is None:
+        return None, "vLLM's /metrics unreadable: busy or hung is unknown"
+    if before.generation_tokens is None or after.generation_tokens is None:
+        return None, "vLLM's /metrics has no generation-token counter: busy or hung is unknown"
+    generated = after.generation_tokens - before.generation_tokens
+    if generated < 0:
+        return None, "vLLM's token counter went back (the server restarted)"
+    # Before the probe was sent every request was another's; after it timed out the probe's
+    # own may still be counted (a hung engine never processes the abort).
+    others = max(_queued(before), _queued(after) - 1, 0.0)
+    tokens = f"{generated:g} tokens generated meanwhile"
+    if others > 0 and generated > 0:
+        return True, f"{others:g} other request(s) in the engine, {tokens}"
+    if generated > max_tokens:
+        return True, f"{tokens}, more than the probe's {max_tokens}"
+    if others > 0:
+        return False, f"{others:g} other request(s) in the engine, no token generated: hung"
+    if generated > 0:
+        return False, f"only the probe's request in the engine, {tokens}: slow, not busy"
+    return False, "no token generated: hung"
+
+
+def _queued(load: EngineLoad) -> float:
+    return (load.running or 0.0) + (load.waiting or 0.0)
 
 
 def classify_response(status: int, body: bytes | str) -> ProbeVerdict:
