@@ -11,6 +11,7 @@ from typing import Any
 
 from sparkd.commands import render_plan
 from sparkd.core.planner import plan as make_plan
+from sparkd.model.observed import ModelEndpoint
 from sparkd.model.plan import Plan
 from sparkd.model.probe import ProbeResult
 from sparkd.model.snapshot import dump_snapshot
@@ -30,7 +31,9 @@ EX_TEMPFAIL = 75
 def main(args: argparse.Namespace, settings: Settings, config: Path) -> int:
     command: str = args.command
     if command == "plan":
-        return asyncio.run(live_plan(settings, args.json, args.dry_run, args.save_snapshot))
+        return asyncio.run(
+            live_plan(settings, args.json, args.dry_run, args.save_snapshot, probe=args.probe)
+        )
     if command == "probe":
         return asyncio.run(probe(settings, args.cluster, args.json))
     if command == "once":
@@ -44,11 +47,21 @@ def main(args: argparse.Namespace, settings: Settings, config: Path) -> int:
     raise AssertionError(command)
 
 
-async def live_plan(settings: Settings, as_json: bool, dry_run: bool, save: Path | None) -> int:
+async def live_plan(
+    settings: Settings, as_json: bool, dry_run: bool, save: Path | None, *, probe: bool = False
+) -> int:
+    """Observe and plan, acting on nothing. Reading /health, /v1/models and /metrics puts no load
+    on the model; a completion does, so one is sent only when asked for (`--probe`)."""
     state = StateDir(settings.daemon.state_dir)
     pool = SshPool()
+
+    def probe_due(endpoint: ModelEndpoint) -> bool:
+        return probe and endpoint.status == "up"
+
     try:
-        observed = await asyncio.gather(*(observe(c, pool) for c in settings.clusters))
+        observed = await asyncio.gather(
+            *(observe(c, pool, probe_due=probe_due) for c in settings.clusters)
+        )
     finally:
         await pool.close()
     plans: list[Plan] = []

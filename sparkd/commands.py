@@ -43,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     planner.add_argument("--json", action="store_true", help="print the plan as JSON")
     planner.add_argument("--dry-run", action="store_true", help="plan as `run --dry-run` would")
+    planner.add_argument(
+        "--probe",
+        action="store_true",
+        help="also send one sanity completion (by default plan only reads, and puts no load "
+        "on the model)",
+    )
 
     probe = sub.add_parser("probe", help="send one sanity completion and classify it")
     _config_flag(probe)
@@ -110,6 +116,10 @@ def dispatch(argv: Sequence[str]) -> int:
     if args.command == "check-config":
         return check_config(args.config)
     if args.command == "plan" and args.from_snapshot is not None:
+        if args.probe:
+            print("sparkd plan: --probe observes the hosts; it cannot replay a snapshot",
+                  file=sys.stderr)  # fmt: skip
+            return EX_USAGE
         return plan_from_snapshot(args.config, args.from_snapshot, args.json, args.dry_run)
     if args.command == "demo":
         from sparkd.demo import main as demo_main
@@ -143,9 +153,11 @@ def check_config(explicit: str | None) -> int:
         return settings
     for cluster in settings.clusters:
         workers = ", ".join(f"{w.name}={w.ip}" for w in cluster.workers) or "none"
+        model = cluster.model
+        served = f" served as {model.served_name}" if model.served_name != model.id else ""
         print(
             f"{cluster.name}: head {cluster.head.name}={cluster.head.ip}, workers {workers}; "
-            f"{cluster.ray.expected_gpus} GPUs; model {cluster.model.id} on port "
+            f"{cluster.ray.expected_gpus} GPUs; model {model.id}{served} on port "
             f"{cluster.model.port} (tp={cluster.model.tensor_parallel_size}, "
             f"pp={cluster.model.pipeline_parallel_size}); image {cluster.ray.image}"
         )

@@ -6,6 +6,7 @@ cluster list. Secrets are never values here: only paths to files holding them.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import ipaddress
 import os
@@ -152,6 +153,48 @@ class ModelSpec(_Section):
         if self.load_stall > self.load_timeout:
             raise ValueError("load_stall must not exceed load_timeout")
         return self
+
+    @field_validator("extra_args")
+    @classmethod
+    def _served_model_name(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        given = _served_name_flags(value)
+        if len(given) > 1:
+            raise ValueError(f"{SERVED_NAME_FLAG} is given {len(given)} times; give it once")
+        if given and (not given[0] or not all(n.strip() for n in given[0])):
+            raise ValueError(f"{SERVED_NAME_FLAG} needs a name")
+        return value
+
+    @property
+    def served_name(self) -> str:
+        """The name vLLM serves the model under: what `/v1/models` lists and a request names.
+        The first of `--served-model-name`'s names in `extra_args`, else the model id."""
+        for names in _served_name_flags(self.extra_args):
+            return names[0]
+        return self.id
+
+
+SERVED_NAME_FLAG = "--served-model-name"
+
+
+def _served_name_flags(args: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """Each `--served-model-name` in a `vllm serve` argument list, with the names it gives:
+    `--served-model-name A [B ...]` (up to the next option) or `--served-model-name=A`. vLLM's
+    parser also reads the flag with underscores."""
+    found: list[tuple[str, ...]] = []
+    for index, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag.replace("_", "-") != SERVED_NAME_FLAG:
+            continue
+        if eq:
+            found.append((value,))
+            continue
+        names: list[str] = []
+        for following in args[index + 1 :]:
+            if following.startswith("-"):
+                break
+            names.append(following)
+        found.append(tuple(names))
+    return found
 
 
 class ProbeSpec(_Section):
@@ -303,7 +346,7 @@ def load_settings(path: Path) -> Settings:
         raise ConfigError([f"{path}: config file not found"])
     token = _config_path.set(path)
     try:
-        return Settings()
+        settings = Settings()
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         raise ConfigError([_format_error(e) for e in errors if not _echo(e, errors)]) from None
@@ -311,6 +354,73 @@ def load_settings(path: Path) -> Settings:
         raise ConfigError([f"{path}: {exc}"]) from None
     finally:
         _config_path.reset(token)
+    problems = conflicts(settings)
+    if problems:
+        raise ConfigError(problems)
+    return settings
+
+
+def _host_key(host: HostSpec) -> tuple[str, int]:
+    """One SSH endpoint, whatever the spelling of its address (10.0.0.1 vs 10.00.0.1, case)."""
+    address = host.address.strip().lower().strip("[]")
+    with contextlib.suppress(ValueError):
+        address = str(ipaddress.ip_address(address))
+    return address, host.port
+
+
+def conflicts(settings: Settings) -> list[str]:
+    """What two clusters must not share, one `location: problem` line each: a host (the same SSH
+    address and port), the Ray or model port on a shared head, or the model's log_dir. Each
+    cluster's controller owns its hosts' GPUs, containers and ports, and would fight the other."""
+    problems: list[str] = []
+    seen: dict[tuple[str, int], tuple[int, HostSpec]] = {}
+    log_dirs: dict[Path, int] = {}
+    for index, cluster in enumerate(settings.clusters):
+        where = f"clusters.{index}"
+        shared: set[int] = set()
+        for number, host in enumerate(cluster.hosts):
+            key = _host_key(host)
+            endpoint = f"{key[0]}:{key[1]}"
+            if key in seen and seen[key][0] == index:
+                problems.append(
+                    f"{where}.hosts.{number}.address: host {host.name} ({endpoint}) is the same "
+                    f"host as {seen[key][1].name}; list each host once"
+                )
+            elif key in seen:
+                other, first = seen[key]
+                shared.add(other)
+                problems.append(
+                    f"{where}.hosts.{number}.address: host {host.name} ({endpoint}) is also "
+                    f"{first.name} in cluster "
+                    f"{settings.clusters[other].name!r}; two clusters must not share a host"
+                )
+            else:
+                seen[key] = (index, host)
+        for other in sorted(shared):
+            # The Ray GCS port and the model port are bound on the head only.
+            rival = settings.clusters[other]
+            if _host_key(rival.head) != _host_key(cluster.head):
+                continue
+            name = cluster.head.name
+            if rival.ray.port == cluster.ray.port:
+                problems.append(
+                    f"{where}.ray.port: {cluster.ray.port} is also the Ray port of cluster "
+                    f"{rival.name!r} on the shared head {name}"
+                )
+            if rival.model.port == cluster.model.port:
+                problems.append(
+                    f"{where}.model.port: {cluster.model.port} is also the model port of "
+                    f"cluster {rival.name!r} on the shared head {name}"
+                )
+        log_dir = cluster.model.log_dir
+        if log_dir in log_dirs:
+            problems.append(
+                f"{where}.model.log_dir: {log_dir} is also the log_dir of cluster "
+                f"{settings.clusters[log_dirs[log_dir]].name!r}; each cluster needs its own"
+            )
+        else:
+            log_dirs[log_dir] = index
+    return problems
 
 
 def _echo(error: Any, errors: list[Any]) -> bool:

@@ -6,15 +6,30 @@ in `reasoning` (vLLM >= 0.11) or `reasoning_content` (older vLLM, SGLang): that 
 
 from __future__ import annotations
 
+import itertools
 import json
+import unicodedata
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from sparkd.model.probe import HEALTHY_OUTCOMES, ProbeOutcome, ProbeVerdict
 
-# Text shorter than this is never called garbled: "ok" or "Hi!" are fine answers.
-GARBLED_MIN_CHARS = 8
-GARBLED_MIN_TOKENS = 6
+# Text with fewer non-blank characters than this is never called garbled: "4", "Paris.", "Yes",
+# "Hi!" are fine answers, and so is a short list of equal numbers ("0, 0, 0, 0, 0, 0").
+GARBLED_MIN_CHARS = 20
+# A unit of at most this many characters (`!`, `<unk>`, `<|im_start|>`, a short word), repeated at
+# least GARBLED_MIN_REPEATS times in a row over at least GARBLED_MIN_COVER of the text.
+GARBLED_MAX_UNIT = 32
+GARBLED_MIN_REPEATS = 3
+GARBLED_MIN_COVER = 0.6
+# Letters from at least this many scripts, switching script between most neighbouring letters:
+# the random soup of a broken kernel, not a multilingual answer (which switches per word).
+SOUP_MIN_SCRIPTS = 4
+SOUP_MIN_SWITCHES = 0.5
+SOUP_MIN_LETTERS = 12
+# Only the start of a long text is examined: garbling fills a response from its first tokens.
+GARBLED_SCAN_CHARS = 4096
 REASONING_FIELDS = ("reasoning", "reasoning_content")
 
 
@@ -28,6 +43,51 @@ def classify_failure(outcome: ProbeOutcome, detail: str = "") -> ProbeVerdict:
     if outcome not in ("refused", "timeout", "not_run"):
         raise ValueError(f"{outcome} is not a transport failure outcome")
     return verdict(outcome, detail)
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """One reading of vLLM's own /metrics, summed over its engines; None where not exported."""
+
+    running: float | None = None
+    waiting: float | None = None
+    generation_tokens: float | None = None
+
+
+def judge_timeout(
+    before: EngineLoad | None, after: EngineLoad | None, max_tokens: int
+) -> tuple[bool | None, str]:
+    """Whether vLLM worked for others while a probe timed out (busy), and what was seen.
+
+    Busy only on evidence of other work: requests besides the probe's own running or waiting
+    while the generation-token counter rose, or the counter rising by more than the probe's
+    max_tokens could account for. Requests that sit in the engine while no token is produced
+    (the probe's own, or earlier probes' left behind by a hung engine) are not work: hung.
+    None when the counter could not be read both times."""
+    if before is None or after is None:
+        return None, "vLLM's /metrics unreadable: busy or hung is unknown"
+    if before.generation_tokens is None or after.generation_tokens is None:
+        return None, "vLLM's /metrics has no generation-token counter: busy or hung is unknown"
+    generated = after.generation_tokens - before.generation_tokens
+    if generated < 0:
+        return None, "vLLM's token counter went back (the server restarted)"
+    # Before the probe was sent every request was another's; after it timed out the probe's
+    # own may still be counted (a hung engine never processes the abort).
+    others = max(_queued(before), _queued(after) - 1, 0.0)
+    tokens = f"{generated:g} tokens generated meanwhile"
+    if others > 0 and generated > 0:
+        return True, f"{others:g} other request(s) in the engine, {tokens}"
+    if generated > max_tokens:
+        return True, f"{tokens}, more than the probe's {max_tokens}"
+    if others > 0:
+        return False, f"{others:g} other request(s) in the engine, no token generated: hung"
+    if generated > 0:
+        return False, f"only the probe's request in the engine, {tokens}: slow, not busy"
+    return False, "no token generated: hung"
+
+
+def _queued(load: EngineLoad) -> float:
+    return (load.running or 0.0) + (load.waiting or 0.0)
 
 
 def classify_response(status: int, body: bytes | str) -> ProbeVerdict:
@@ -114,30 +174,98 @@ def _classify_message(
     tokens = _completion_tokens(usage)
     extra: dict[str, Any] = {"completion_tokens": tokens, "finish_reason": finish_reason}
     text = content.strip() if isinstance(content, str) else ""
+    thought = reasoning.strip()
+    # A broken kernel garbles every token it emits, thinking and answer alike.
+    for field, value in (("content", text), ("reasoning", thought)):
+        why = garbled(value)
+        if why is not None:
+            return verdict("garbled", f"{field} {why}: {value[:24]!r}", **extra)
     if isinstance(tool_calls, list) and tool_calls:
         return verdict("answer", f"{len(tool_calls)} tool call(s)", **extra)
     if text:
-        if is_garbled(text):
-            return verdict("garbled", f"content is one repeated unit: {text[:24]!r}", **extra)
         return verdict("answer", _snippet(text), **extra)
-    if reasoning.strip():
-        if is_garbled(reasoning.strip()):
-            return verdict(
-                "garbled", f"reasoning is one repeated unit: {reasoning.strip()[:24]!r}", **extra
-            )
+    if thought:
         if tokens == 0:
             return verdict("malformed", "reasoning text but completion_tokens is 0", **extra)
-        return verdict("reasoning_only", _snippet(reasoning.strip()), **extra)
+        return verdict("reasoning_only", _snippet(thought), **extra)
     return verdict("empty", "no content, no reasoning, no tool calls", **extra)
 
 
 def is_garbled(text: str) -> bool:
-    """One character or one token repeated: the signature of a broken TP/NCCL or FP4 kernel."""
-    compact = "".join(text.split())
-    if len(compact) >= GARBLED_MIN_CHARS and len(set(compact)) == 1:
-        return True
-    tokens = text.split()
-    return len(tokens) >= GARBLED_MIN_TOKENS and len(set(tokens)) == 1
+    return garbled(text) is not None
+
+
+def garbled(text: str) -> str | None:
+    """Why `text` is not language, or None. Two signatures of a broken TP/NCCL or FP4 kernel:
+    one short unit repeated over most of the text (`!!!!`, `<unk><unk>`, `!?!?`, `<|im_start|>`
+    again and again), or a soup of letters from many scripts. Blanks are ignored, so a unit
+    repeated with spaces or newlines between is still one unit."""
+    compact = "".join(text[:GARBLED_SCAN_CHARS].split())
+    if len(compact) < GARBLED_MIN_CHARS:
+        return None
+    unit, cover = _repetition(compact)
+    if cover >= GARBLED_MIN_COVER:
+        return f"is {unit!r} repeated over {cover:.0%} of it"
+    scripts = _soup(compact)
+    if scripts is not None:
+        return f"is a soup of letters from {scripts} scripts"
+    return None
+
+
+def _repetition(compact: str) -> tuple[str, float]:
+    """The repeating unit that covers most of `compact`, and the share it covers.
+
+    For each period p, a run of positions where c[i] == c[i+p] marks a stretch that repeats a
+    p-character unit; stretches holding at least GARBLED_MIN_REPEATS units count as covered."""
+    n = len(compact)
+    best_unit, best_cover = "", 0.0
+    for period in range(1, min(GARBLED_MAX_UNIT, n // GARBLED_MIN_REPEATS) + 1):
+        covered = 0
+        end_covered = 0  # stretches for one period can overlap by less than a unit
+        unit = ""
+        start = 0
+        for i in range(n - period + 1):
+            if i < n - period and compact[i] == compact[i + period]:
+                continue
+            stretch_end = i + period  # compact[start:stretch_end] repeats the unit
+            if stretch_end - start >= GARBLED_MIN_REPEATS * period:
+                covered += stretch_end - max(start, end_covered)
+                end_covered = stretch_end
+                unit = unit or compact[start : start + period]
+            start = i + 1
+        if covered / n > best_cover:
+            best_unit, best_cover = unit, covered / n
+    return best_unit, best_cover
+
+
+def _soup(compact: str) -> int | None:
+    """How many scripts the letters mix, when they switch script between most neighbours."""
+    scripts = [_script(ch) for ch in compact if ch.isalpha()]
+    if len(scripts) < SOUP_MIN_LETTERS:
+        return None
+    distinct = len(set(scripts))
+    switches = sum(a != b for a, b in itertools.pairwise(scripts))
+    if distinct >= SOUP_MIN_SCRIPTS and switches / (len(scripts) - 1) >= SOUP_MIN_SWITCHES:
+        return distinct
+    return None
+
+
+# Scripts that one language writes together (Japanese mixes kanji and kana in every sentence).
+_SCRIPT_FAMILY = {
+    "CJK": "CJK",
+    "HIRAGANA": "CJK",
+    "KATAKANA": "CJK",
+    "HALFWIDTH": "CJK",
+    "FULLWIDTH": "CJK",
+    "HANGUL": "CJK",
+    "IDEOGRAPHIC": "CJK",
+}
+
+
+def _script(letter: str) -> str:
+    """A letter's script, from the first word of its Unicode name (LATIN, GREEK, CJK, ...)."""
+    first = unicodedata.name(letter, "UNKNOWN").split(" ", 1)[0]
+    return _SCRIPT_FAMILY.get(first, first)
 
 
 def _reasoning(message: Mapping[str, Any]) -> str:

@@ -49,7 +49,8 @@ class ProbeResult(Value):
     latency_seconds: float | None = None
     ttft_seconds: float | None = None
     http_status: int | None = None
-    # Whether vLLM's generation-token counter rose while the probe waited: tells busy from hung.
+    # On a timeout, whether vLLM did other work while the probe waited (other requests running
+    # or waiting while tokens flowed, or more tokens than the probe's max_tokens): busy, not hung.
     tokens_advanced: bool | None = None
 
     @property

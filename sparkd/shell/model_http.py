@@ -17,7 +17,13 @@ from dataclasses import dataclass
 import h11
 from prometheus_client.parser import text_string_to_metric_families
 
-from sparkd.core.classify import classify_failure, classify_response, classify_stream
+from sparkd.core.classify import (
+    EngineLoad,
+    classify_failure,
+    classify_response,
+    classify_stream,
+    judge_timeout,
+)
 from sparkd.model.observed import ModelEndpoint
 from sparkd.model.probe import ProbeResult
 from sparkd.settings import ClusterSpec
@@ -171,16 +177,20 @@ def _carries_token(line: str) -> bool:
     return False
 
 
-def parse_vllm_metrics(text: str) -> tuple[float | None, float | None]:
-    """vLLM's own /metrics: requests running and generation tokens, summed over engines."""
-    running: float | None = None
-    tokens: float | None = None
+def parse_vllm_metrics(text: str) -> EngineLoad:
+    """vLLM's own /metrics: requests running and waiting, and generation tokens, summed over
+    engines (every series carries a `model_name` label, and `engine` in vLLM v1)."""
+    values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
-        if family.name == "vllm:num_requests_running":
-            running = sum(s.value for s in family.samples)
+        if family.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+            values[family.name] = sum(s.value for s in family.samples)
         elif family.name == "vllm:generation_tokens":
-            tokens = sum(s.value for s in family.samples if s.name.endswith("_total"))
-    return running, tokens
+            values[family.name] = sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return EngineLoad(
+        running=values.get("vllm:num_requests_running"),
+        waiting=values.get("vllm:num_requests_waiting"),
+        generation_tokens=values.get("vllm:generation_tokens"),
+    )
 
 
 def _auth(api_key: str | None) -> list[tuple[str, str]]:
@@ -210,25 +220,27 @@ async def observe_endpoint(
         models = tuple(str(m["id"]) for m in document.get("data", []) if isinstance(m, dict))
     except (ValueError, KeyError, AttributeError):
         pass
-    running, tokens = (None, None)
+    load = EngineLoad()
     if metrics.status == 200:
         with suppress(ValueError):
-            running, tokens = parse_vllm_metrics(metrics.body.decode("utf-8", "replace"))
+            load = parse_vllm_metrics(metrics.body.decode("utf-8", "replace"))
     return ModelEndpoint(
         status="up",
         health_status=health.status,
         models=models,
-        requests_running=running,
-        generation_tokens_total=tokens,
+        requests_running=load.running,
+        generation_tokens_total=load.generation_tokens,
         detail=f"/health {health.status}, /v1/models {listed.status}",
     )
 
 
-async def _token_count(opener: Opener, authority: str) -> float | None:
+async def _engine_load(opener: Opener, authority: str) -> EngineLoad | None:
     try:
         async with asyncio.timeout(5):
             response = await request(opener, "GET", authority, "/metrics")
-        return parse_vllm_metrics(response.body.decode("utf-8", "replace"))[1]
+        if response.status != 200:
+            return None
+        return parse_vllm_metrics(response.body.decode("utf-8", "replace"))
     except Exception:  # any failure just means "unknown": the probe verdict stands
         return None
 
@@ -245,7 +257,7 @@ async def probe(
     spec = cluster.probe
     authority = f"{cluster.model_host}:{cluster.model.port}"
     payload: dict[str, object] = {
-        "model": cluster.model.id,
+        "model": cluster.model.served_name,
         "messages": [{"role": "user", "content": spec.prompt}],
         "max_tokens": spec.max_tokens,
         "temperature": spec.temperature,
@@ -257,7 +269,9 @@ async def probe(
     at = wall_clock()
     start = monotonic()
     first: list[float] = []
-    tokens_before = await _token_count(opener, authority)
+    # /metrics is read once before and, only if the probe times out, once after: enough to
+    # tell a busy engine from a hung one, without adding load.
+    load_before = await _engine_load(opener, authority)
     try:
         async with asyncio.timeout(spec.timeout):
             if spec.stream:
@@ -282,17 +296,14 @@ async def probe(
     except ChannelUnavailable as exc:
         return ProbeResult(at=at, verdict=classify_failure("not_run", str(exc)))
     except TimeoutError:
-        tokens_after = await _token_count(opener, authority)
-        advanced = (
-            tokens_after > tokens_before
-            if tokens_before is not None and tokens_after is not None
-            else None
-        )
+        latency = monotonic() - start
+        load_after = await _engine_load(opener, authority)
+        busy, seen = judge_timeout(load_before, load_after, spec.max_tokens)
         return ProbeResult(
             at=at,
-            verdict=classify_failure("timeout", f"no answer within {spec.timeout:g}s"),
-            latency_seconds=monotonic() - start,
-            tokens_advanced=advanced,
+            verdict=classify_failure("timeout", f"no answer within {spec.timeout:g}s; {seen}"),
+            latency_seconds=latency,
+            tokens_advanced=busy,
         )
     except BodyTooLarge as exc:
         verdict = classify_response(200, f"<{exc}>")

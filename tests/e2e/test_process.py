@@ -165,7 +165,7 @@ async def test_live_plan_probe_status(healthy_world: World, tmp_path: Path) -> N
     )  # fmt: skip
     saved = tmp_path / "snap.json"
     code, out, err = await sparkd(
-        "plan", "--config", str(config), "--json", "--save-snapshot", str(saved)
+        "plan", "--config", str(config), "--json", "--probe", "--save-snapshot", str(saved)
     )
     assert code == 0, err
     [plan] = json.loads(out)

@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from aiohttp import web
 
+from sparkd.core.classify import EngineLoad
 from sparkd.settings import ClusterSpec
 from sparkd.shell import model_http
 from sparkd.sim.vllm_server import ModelBehaviour, SimVllmServer
@@ -77,10 +79,52 @@ async def test_busy_is_told_from_hung(server: Any) -> None:
     behaviour.style = "busy"
     busy = await model_http.probe(opener_for(srv.port), cluster(timeout=0.3), None)
     assert (busy.verdict.outcome, busy.tokens_advanced, busy.busy) == ("timeout", True, True)
+    assert "other request(s) in the engine" in busy.verdict.detail
     behaviour.style = "reasoning_only"
     behaviour.engine = "hung"
     hung = await model_http.probe(opener_for(srv.port), cluster(timeout=0.3), None)
     assert (hung.verdict.outcome, hung.tokens_advanced, hung.busy) == ("timeout", False, False)
+
+
+async def test_a_hung_engine_stays_hung_with_earlier_probes_stuck_in_it(server: Any) -> None:
+    # A hung engine never processes aborts: each timed-out probe stays counted as running, and
+    # those requests are no one's work.
+    srv, behaviour = server
+    behaviour.engine = "hung"
+    for stuck in range(3):
+        result = await model_http.probe(opener_for(srv.port), cluster(timeout=0.2), None)
+        assert (result.verdict.outcome, result.busy) == ("timeout", False), result.verdict
+        assert srv.requests_running == stuck + 1
+
+
+async def test_a_slow_model_alone_is_not_busy(server: Any) -> None:
+    # The counter rises, but only by the probe's own tokens: nobody else is being served.
+    srv, behaviour = server
+    behaviour.style = "slow"
+    result = await model_http.probe(opener_for(srv.port), cluster(timeout=0.4), None)
+    assert result.verdict.outcome == "timeout"
+    assert srv.generation_tokens_total > 0
+    assert (result.tokens_advanced, result.busy) == (False, False)
+    assert "only the probe's request" in result.verdict.detail
+
+
+class MetricsCounting(SimVllmServer):
+    reads = 0
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        self.reads += 1
+        return await super()._metrics(request)
+
+
+@pytest.mark.parametrize(("style", "reads"), [("reasoning_only", 1), ("busy", 2), ("slow", 2)])
+async def test_metrics_read_once_before_and_at_most_once_after(style: str, reads: int) -> None:
+    srv = MetricsCounting(MODEL, ModelBehaviour(style=style))  # type: ignore[arg-type]
+    await srv.start()
+    try:
+        await model_http.probe(opener_for(srv.port), cluster(timeout=0.3), None)
+    finally:
+        await srv.stop()
+    assert srv.reads == reads
 
 
 async def test_refused_when_nothing_listens() -> None:
@@ -109,6 +153,39 @@ async def test_observe_endpoint(server: Any) -> None:
     assert endpoint.generation_tokens_total is not None
 
 
+def served_as(*flags: str) -> ClusterSpec:
+    spec = reference_cluster()
+    extra = (*spec.model.extra_args, *flags)
+    return spec.model_copy(update={"model": spec.model.model_copy(update={"extra_args": extra})})
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--served-model-name", "qwen"),
+        ("--served-model-name=qwen",),
+        ("--served-model-name", "qwen", "qwen-122b"),
+    ],
+)
+async def test_served_model_name_is_listed_and_asked_for(flags: tuple[str, ...]) -> None:
+    # vLLM started with --served-model-name lists that name, not the path, and answers 404 to
+    # a request that names the path.
+    srv = SimVllmServer("qwen", ModelBehaviour())
+    await srv.start()
+    try:
+        named = served_as(*flags)
+        endpoint = await model_http.observe_endpoint(opener_for(srv.port), named, None, 2)
+        asked = await model_http.probe(opener_for(srv.port), named, None)
+        by_path = await model_http.probe(opener_for(srv.port), cluster(), None)
+    finally:
+        await srv.stop()
+    assert endpoint.serves(named.model.served_name)
+    assert not endpoint.serves(named.model.id)
+    assert asked.verdict.outcome == "reasoning_only"
+    assert by_path.verdict.outcome == "http_error"
+    assert "404" in by_path.verdict.detail
+
+
 async def test_api_key_is_sent() -> None:
     srv = SimVllmServer(MODEL, ModelBehaviour(), api_key="k-123")
     await srv.start()
@@ -126,9 +203,24 @@ def test_vllm_metrics_parsing() -> None:
         "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
         "# TYPE vllm:num_requests_running gauge\n"
         'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
+        'vllm:num_requests_running{engine="1",model_name="m"} 1.0\n'
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 2.0\n'
         "# HELP vllm:generation_tokens_total Number of generation tokens processed.\n"
         "# TYPE vllm:generation_tokens_total counter\n"
         'vllm:generation_tokens_total{engine="0",model_name="m"} 1234.0\n'
         'vllm:generation_tokens_created{engine="0",model_name="m"} 1.7e9\n'
     )
-    assert model_http.parse_vllm_metrics(text) == (3.0, 1234.0)
+    assert model_http.parse_vllm_metrics(text) == EngineLoad(4.0, 2.0, 1234.0)
+    assert model_http.parse_vllm_metrics("") == EngineLoad()
+
+
+async def test_the_simulated_servers_metrics_parse(server: Any) -> None:
+    srv, behaviour = server
+    behaviour.style = "busy"
+    response = await model_http.request(opener_for(srv.port), "GET", "x", "/metrics")
+    load = model_http.parse_vllm_metrics(response.body.decode())
+    assert load.running is not None and load.running > 0
+    assert load.waiting == 0
+    assert load.generation_tokens is not None

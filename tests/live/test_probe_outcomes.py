@@ -81,7 +81,7 @@ async def test_a_hung_engine_times_out_with_flat_tokens(healthy: Live, pool: Ssh
     observed = await observe(cluster, pool, probe_due=lambda _: True)
 
     # vLLM's /health only asks the engine client, which never notices a hung engine.
-    assert observed.endpoint is not None and observed.endpoint.serves(cluster.model.id)
+    assert observed.endpoint is not None and observed.endpoint.serves(cluster.model.served_name)
     assert observed.probe is not None
     assert observed.probe.outcome == "timeout"
     assert observed.probe.tokens_advanced is False
@@ -94,3 +94,25 @@ async def test_a_busy_server_times_out_with_tokens_rising(healthy: Live, pool: S
     assert result.outcome == "timeout"
     assert result.tokens_advanced is True
     assert result.busy
+
+
+async def test_a_hung_engine_is_not_busy_with_its_own_stuck_probes(
+    healthy: Live, pool: SshPool
+) -> None:
+    # Each timed-out probe stays in the hung engine's running count; none of them is work.
+    await healthy.world.fault("hang-engine", "spark-a")
+    cluster = probing(healthy.cluster, stream=False)
+    for _ in range(3):
+        result = await probe_once(cluster, pool)
+        assert result.outcome == "timeout"
+        assert not result.busy, result.verdict.detail
+
+
+async def test_a_slow_model_alone_is_not_busy(healthy: Live, pool: SshPool) -> None:
+    # Tokens flow, but only the probe's own: a model this slow on its own is failing, not busy.
+    await healthy.world.fault("answer-style", "spark-a", "slow")
+    result = await probe_once(probing(healthy.cluster, stream=True), pool)
+    assert result.outcome == "timeout"
+    assert result.tokens_advanced is False
+    assert not result.busy
+    assert "only the probe's request" in result.verdict.detail

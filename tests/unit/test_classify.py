@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import string
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from sparkd.core.classify import classify_failure, classify_response, classify_stream, is_garbled
 
@@ -93,7 +96,7 @@ EDGE_CASES = [
         "reasoning_only",
     ),
     ("garbled_content", response({"content": "!!!!!!!!!!!!!!!!!!!!"}), "garbled"),
-    ("garbled_reasoning", response({"content": None, "reasoning": "!!!!!!!!!!!!"}), "garbled"),
+    ("garbled_reasoning", response({"content": None, "reasoning": "!" * 30}), "garbled"),
     ("garbled_repeated_token", response({"content": "the the the the the the the"}), "garbled"),
     ("short_answer_is_not_garbled", response({"content": "Hi!"}, finish="stop"), "answer"),
     ("not_json", "<html>502 Bad Gateway</html>", "malformed"),
@@ -165,9 +168,169 @@ def test_stream_http_error() -> None:
     assert classify_stream(500, []).outcome == "http_error"
 
 
-@pytest.mark.parametrize(
-    ("text", "garbled"),
-    [("!!!!!!!!", True), ("!!!!!!!", False), ("ab ab ab ab ab ab", True), ("Hello there", False)],
+LONG_REASONING = (
+    "Okay, the user wants me to say hello in one sentence. That's simple enough, but let me "
+    "think about what a good greeting looks like. It should be friendly and complete, and it "
+    "must be exactly one sentence, so no second clause after a full stop. Something like "
+    '"Hello there, it\'s nice to meet you!" would work. Should I add a question, such as '
+    "asking how they are? That might turn it into two sentences if I'm not careful: \"Hello! "
+    'How are you?" is two. I could write "Hello, how are you doing today?" instead, which '
+    "is one sentence with a question mark. Wait, the instruction says to say hello, not to ask "
+    "anything, so a plain greeting is closer to what was asked. Let me also check there are no "
+    "hidden constraints: no language was given, so English is fine; no length limit beyond one "
+    "sentence; no format such as JSON or a list. Edge cases: an emoji is fine but unnecessary. "
+    "1, 2, 3: greet, keep it short, stop. So the final answer: \"Hello there, it's nice to "
+    'meet you!" That is one sentence, friendly, and it says hello. Done.'
 )
-def test_is_garbled(text: str, garbled: bool) -> None:
-    assert is_garbled(text) is garbled
+
+NOT_GARBLED = [
+    ("number", "4"),
+    ("city", "Paris."),
+    ("yes", "Yes"),
+    ("greeting", "Hello! It's nice to meet you."),
+    ("short_exclamation", "Hi!!!"),
+    ("counting", "1, 2, 3, 4, 5"),
+    ("counting_to_twenty", ", ".join(str(i) for i in range(1, 21))),
+    ("eight_zeros", "[0, 0, 0, 0, 0, 0, 0, 0]"),
+    ("code", "```python\ndef add(a, b):\n    return a + b\n\nprint(add(2, 2))\n```"),
+    ("markdown_table", "| a | b |\n|---|---|\n| 1 | 2 |\n| 3 | 4 |"),
+    ("list", "- apples\n- pears\n- plums\n- figs"),
+    ("multilingual", "Hello: Hola, Bonjour, Привет, 你好, مرحبا, नमस्ते, γειά σου, שלום."),
+    ("japanese", "東京は日本の首都です。大阪は日本で二番目に大きい都市です。"),
+    ("math", "Let x = 2. Then x^2 = 4, x^3 = 8 and x^4 = 16, so x^4 - x^3 = 8."),
+    ("long_reasoning", LONG_REASONING),
+]
+
+GARBLED = [
+    ("bangs", "!" * 50),
+    ("bangs_with_newlines", "!!!!\n" * 10),
+    ("unk_tokens", "<unk>" * 20),
+    ("unk_tokens_spaced", " ".join(["<unk>"] * 20)),
+    ("alternating", "!?" * 25),
+    ("im_start", "<|im_start|>" * 20),
+    ("im_start_lines", "<|im_start|>\n" * 20),
+    ("one_word", "the " * 12),
+    ("digits", "0" * 40),
+    ("after_a_good_start", "Hello there! " + "!" * 40),
+    ("soup", "ŝ丂ضψजกЖ𝔸ᚠᎠǂਫཀᐁꀀሀ߈ⴰꗀᏣ"),
+    ("soup_with_spaces", "ŝ 丂 ض ψ ज ก Ж 𝔸 ᚠ Ꭰ ǂ ਫ ཀ ᐁ ꀀ ሀ ߈ ⴰ ꗀ Ꮳ ק"),
+]
+
+
+@pytest.mark.parametrize(("name", "text"), NOT_GARBLED, ids=[c[0] for c in NOT_GARBLED])
+def test_real_text_is_not_garbled(name: str, text: str) -> None:
+    assert not is_garbled(text)
+    verdict = classify_response(200, response({"content": text}, finish="stop"))
+    assert verdict.outcome == "answer", verdict.detail
+    reasoning = classify_response(200, response({"content": None, "reasoning": text}))
+    assert reasoning.outcome == "reasoning_only", reasoning.detail
+
+
+@pytest.mark.parametrize(("name", "text"), GARBLED, ids=[c[0] for c in GARBLED])
+@pytest.mark.parametrize("field", ["content", "reasoning", "reasoning_content"])
+def test_garbled_in_any_field(name: str, text: str, field: str) -> None:
+    message: dict[str, Any] = {"content": None, field: text}
+    verdict = classify_response(200, response(message))
+    assert verdict.outcome == "garbled", verdict.detail
+    assert verdict.healthy is False
+    assert verdict.detail.startswith("reasoning" if field != "content" else "content")
+
+
+@pytest.mark.parametrize(("name", "text"), GARBLED[:3], ids=[c[0] for c in GARBLED[:3]])
+def test_garbled_text_next_to_a_good_field(name: str, text: str) -> None:
+    # A broken kernel garbles whatever it emits: garbage thinking beside a sane answer still is.
+    garbled_reasoning = response({"content": "Hello!", "reasoning": text}, finish="stop")
+    assert classify_response(200, garbled_reasoning).outcome == "garbled"
+    garbled_content = response({"content": text, "reasoning": LONG_REASONING})
+    assert classify_response(200, garbled_content).outcome == "garbled"
+
+
+def test_garbled_stream() -> None:
+    lines = [chunk({"role": "assistant", "content": ""})]
+    lines += [chunk({"reasoning": "<unk>"}) for _ in range(30)]
+    lines += [chunk({}, finish="length"), "data: [DONE]"]
+    assert classify_stream(200, lines).outcome == "garbled"
+
+
+def test_real_samples_are_not_garbled() -> None:
+    for name in (
+        "vllm-chat-reasoning-only.json",
+        "vllm-chat-reasoning-only-legacy.json",
+        "vllm-chat-reasoning-content-only.json",
+        "vllm-chat-answer.json",
+    ):
+        message = json.loads(sample(name))["choices"][0]["message"]
+        for field in ("content", "reasoning", "reasoning_content"):
+            assert not is_garbled(message.get(field) or ""), (name, field)
+
+
+# Units as a broken kernel repeats them: any printable characters but blanks, 1-12 of them.
+UNITS = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Zs", "Zl", "Zp")),
+    min_size=1,
+    max_size=12,
+).filter(lambda u: u.strip() == u and "".join(u.split()) == u)
+
+
+NOISE = string.printable + "éüßøЖжψ丂ضज"
+
+
+@given(unit=UNITS, repeats=st.integers(3, 60), noise=st.data())
+def test_any_short_unit_repeated_over_most_of_the_text_is_garbled(
+    unit: str, repeats: int, noise: st.DataObject
+) -> None:
+    block = unit * repeats
+    assume(len(block) >= 20)
+    # Anything before and after, as long as the repetition stays at least 60% of the text.
+    room = len(block) * 2 // 3
+    before = noise.draw(st.text(NOISE, max_size=room), label="before")
+    after = noise.draw(st.text(NOISE, max_size=room - len(before)), label="after")
+    assert is_garbled(before + block + after)
+
+
+SENTENCES = [
+    "Hello there, it's nice to meet you!",
+    "The capital of France is Paris.",
+    "Okay, the user wants me to say hello in one sentence.",
+    "That's simple, but let me make sure it is exactly one sentence.",
+    "Two plus two is 4.",
+    "Here is a list: apples, pears, plums and figs.",
+    "def add(a, b): return a + b",
+    "Wait, should I ask a question as well?",
+    "No, a plain greeting is closer to what was asked.",
+    "Le chat est sur la table.",
+    "Привет, как дела?",
+    "東京は日本の首都です。",
+    "Numbers: 1, 2, 3, 4, 5.",
+    "Yes.",
+]
+
+
+# Each sentence at most once: a few sentences said over and over are a loop, not language.
+@given(st.lists(st.sampled_from(SENTENCES), min_size=1, unique=True), st.sampled_from([" ", "\n"]))
+def test_natural_text_is_not_garbled(sentences: list[str], joiner: str) -> None:
+    assert not is_garbled(joiner.join(sentences))
+
+
+SCRIPTS = [
+    "abcdefghijklmnopqrstuvwxyz",
+    "абвгдежзиклмнопрстуфхцчшщ",
+    "αβγδεζηθικλμνξοπρστυφχψω",
+    "丂丄丅丆万丈三上下丌不与丏丐丑丒专且丕世丘丙业丛东",
+    "ابتثجحخدذرزسشصضطظعغفقكلمن",
+    "अआइईउऊऋएऐओऔकखगघङचछजझञटठडढण",
+    "กขฃคฅฆงจฉชซฌญฎฏฐฑฒณดตถทธนบปผ",
+    "אבגדהוזחטיכלמנסעפצקרשת",
+]
+
+
+@given(st.data(), st.integers(20, 80))
+def test_a_soup_of_scripts_is_garbled(data: st.DataObject, size: int) -> None:
+    # Random letters, each from another script than the one before, at least four scripts.
+    order = data.draw(st.permutations(range(len(SCRIPTS))), label="first scripts")
+    picks = list(order[:4])
+    while len(picks) < size:
+        step = data.draw(st.integers(1, len(SCRIPTS) - 1))
+        picks.append((picks[-1] + step) % len(SCRIPTS))
+    letters = [data.draw(st.sampled_from(SCRIPTS[i])) for i in picks]
+    assert is_garbled("".join(letters))

@@ -183,3 +183,189 @@ def test_sparkd_config_env_picks_the_file(tmp_path: Path) -> None:
 
     env = dict(os.environ, SPARKD_CONFIG=str(EXAMPLE_CONFIG))
     assert run_cli("check-config", env=env).returncode == 0
+
+
+EXTRA_ARGS = """extra_args = [
+    "--reasoning-parser", "qwen3",
+    "--tool-call-parser", "qwen3_coder",
+    "--enable-auto-tool-choice",
+  ]"""
+
+
+def with_extra_args(*args: str) -> str:
+    assert EXTRA_ARGS in BASE
+    listed = ", ".join(f'"{a}"' for a in args)
+    return BASE.replace(EXTRA_ARGS, f"extra_args = [{listed}]")
+
+
+SERVED_NAMES = [
+    ("no_flag", ("--reasoning-parser", "qwen3"), "/models/Qwen3.5-122B-A10B-FP8"),
+    ("separate_value", ("--served-model-name", "qwen"), "qwen"),
+    ("equals_value", ("--served-model-name=qwen", "--enable-auto-tool-choice"), "qwen"),
+    ("first_of_several", ("--served-model-name", "qwen", "qwen-122b", "--port-x"), "qwen"),
+    ("after_other_flags", ("--reasoning-parser", "qwen3", "--served-model-name", "q"), "q"),
+    ("underscore_spelling", ("--served_model_name", "qwen"), "qwen"),
+    ("slash_in_name", ("--served-model-name", "Qwen/Qwen3.5-122B"), "Qwen/Qwen3.5-122B"),
+]
+
+
+@pytest.mark.parametrize(("name", "args", "served"), SERVED_NAMES, ids=[s[0] for s in SERVED_NAMES])
+def test_served_name(tmp_path: Path, name: str, args: tuple[str, ...], served: str) -> None:
+    model = load_settings(write(tmp_path, with_extra_args(*args))).clusters[0].model
+    assert model.served_name == served
+    assert model.id == "/models/Qwen3.5-122B-A10B-FP8"
+
+
+BAD_SERVED_NAMES = [
+    ("flag_last", ("--enable-auto-tool-choice", "--served-model-name"), "needs a name"),
+    ("flag_then_option", ("--served-model-name", "--reasoning-parser", "qwen3"), "needs a name"),
+    ("empty_after_equals", ("--served-model-name=",), "needs a name"),
+    ("twice", ("--served-model-name", "a", "--served-model-name=b"), "given 2 times"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "message"), BAD_SERVED_NAMES, ids=[s[0] for s in BAD_SERVED_NAMES]
+)
+def test_bad_served_model_name(
+    tmp_path: Path, name: str, args: tuple[str, ...], message: str
+) -> None:
+    found = problems(tmp_path, with_extra_args(*args))
+    assert any(p.startswith("clusters.0.model.extra_args: ") and message in p for p in found), found
+
+
+def test_check_config_names_the_served_name(tmp_path: Path) -> None:
+    path = write(tmp_path, with_extra_args("--served-model-name", "qwen"))
+    result = run_cli("check-config", "--config", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "model /models/Qwen3.5-122B-A10B-FP8 served as qwen on port 30000" in result.stdout
+
+
+CLUSTER = BASE[BASE.index("[[clusters]]") :]
+# A second cluster that shares nothing with the first: its own name, hosts and log dir.
+APART = (
+    ('name = "sparks"', 'name = "lab"'),
+    ('address = "10.1.230.180"', 'address = "10.1.240.10"'),
+    ('address = "10.1.230.181"', 'address = "10.1.240.11"'),
+    ('log_dir = "/var/lib/sparkd-serve"', 'log_dir = "/var/lib/sparkd-serve-lab"'),
+)
+
+
+def two_clusters(*edits: tuple[str, str]) -> str:
+    second = CLUSTER
+    for old, new in (*APART, *edits):
+        assert old in second, old
+        second = second.replace(old, new)
+    return BASE + "\n" + second
+
+
+def test_two_clusters_apart_load(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, two_clusters()))
+    assert [c.name for c in settings.clusters] == ["sparks", "lab"]
+
+
+CONFLICTS = [
+    (
+        "shared_host_address",
+        (('address = "10.1.240.11"', 'address = "10.1.230.181"'),),
+        [
+            "clusters.1.hosts.1.address: host spark-b (10.1.230.181:22) is also spark-b in cluster "
+            "'sparks'; two clusters must not share a host"
+        ],
+    ),
+    (
+        "shared_host_under_another_name",
+        (
+            ('name = "spark-b"', 'name = "lab-b"'),
+            ('address = "10.1.240.11"', 'address = "10.1.230.181"'),
+        ),
+        [
+            "clusters.1.hosts.1.address: host lab-b (10.1.230.181:22) is also spark-b in cluster "
+            "'sparks'; two clusters must not share a host"
+        ],
+    ),
+    (
+        "shared_head_on_other_ports",
+        (
+            ('address = "10.1.240.10"', 'address = "10.1.230.180"'),
+            ("port = 6379", "port = 6380"),
+            ("port = 30000", "port = 30001"),
+        ),
+        [
+            "clusters.1.hosts.0.address: host spark-a (10.1.230.180:22) is also spark-a in "
+            "cluster 'sparks'; two clusters must not share a host"
+        ],
+    ),
+    (
+        "shared_host_ray_port",
+        (
+            ('address = "10.1.240.10"', 'address = "10.1.230.180"'),
+            ("port = 30000", "port = 30001"),
+        ),
+        [
+            "clusters.1.hosts.0.address: host spark-a (10.1.230.180:22) is also spark-a in "
+            "cluster 'sparks'; two clusters must not share a host",
+            "clusters.1.ray.port: 6379 is also the Ray port of cluster 'sparks' on the shared "
+            "head spark-a",
+        ],
+    ),
+    (
+        "shared_host_model_port",
+        (
+            ('address = "10.1.240.10"', 'address = "10.1.230.180"'),
+            ("port = 6379", "port = 6380"),
+        ),
+        [
+            "clusters.1.hosts.0.address: host spark-a (10.1.230.180:22) is also spark-a in "
+            "cluster 'sparks'; two clusters must not share a host",
+            "clusters.1.model.port: 30000 is also the model port of cluster 'sparks' on the "
+            "shared head spark-a",
+        ],
+    ),
+    (
+        "same_log_dir",
+        (('log_dir = "/var/lib/sparkd-serve-lab"', 'log_dir = "/var/lib/sparkd-serve/"'),),
+        [
+            "clusters.1.model.log_dir: /var/lib/sparkd-serve is also the log_dir of cluster "
+            "'sparks'; each cluster needs its own"
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "edits", "expected"), CONFLICTS, ids=[c[0] for c in CONFLICTS])
+def test_clusters_sharing(
+    tmp_path: Path, name: str, edits: tuple[tuple[str, str], ...], expected: list[str]
+) -> None:
+    assert problems(tmp_path, two_clusters(*edits)) == expected
+
+
+def test_same_host_on_another_ssh_port_is_another_host(tmp_path: Path) -> None:
+    # One address, two SSH ports: a gateway forwarding to two machines.
+    text = two_clusters(
+        ('address = "10.1.240.10"\n  port = 22', 'address = "10.1.230.180"\n  port = 2222')
+    )
+    assert load_settings(write(tmp_path, text)).clusters[1].head.port == 2222
+
+
+def test_one_host_listed_twice_in_a_cluster(tmp_path: Path) -> None:
+    text = BASE.replace('address = "10.1.230.181"', 'address = "10.1.230.180"')
+    assert problems(tmp_path, text) == [
+        "clusters.0.hosts.1.address: host spark-b (10.1.230.180:22) is the same host as "
+        "spark-a; list each host once"
+    ]
+
+
+def test_check_config_rejects_shared_host_exit_78(tmp_path: Path) -> None:
+    text = two_clusters(('address = "10.1.240.10"', 'address = "10.1.230.180"'))
+    result = run_cli("check-config", "--config", str(write(tmp_path, text)))
+    assert result.returncode == EX_CONFIG
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "clusters.1.hosts.0.address: host spark-a (10.1.230.180:22) is also spark-a in "
+        "cluster 'sparks'; two clusters must not share a host",
+        "clusters.1.ray.port: 6379 is also the Ray port of cluster 'sparks' on the shared head "
+        "spark-a",
+        "clusters.1.model.port: 30000 is also the model port of cluster 'sparks' on the shared "
+        "head spark-a",
+    ]
