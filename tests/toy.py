@@ -300,7 +300,7 @@ class Toy:
         return ModelEndpoint(
             status="up",
             health_status=200,
-            models=(self.cluster.model.id,),
+            models=(self.cluster.model.served_name,),
             requests_running=1.0 if self.probe_busy else 0.0,
             generation_tokens_total=12345.0,
         )

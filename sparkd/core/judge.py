@@ -84,8 +84,8 @@ class Context:
 
 
 def served_name(desired: ClusterSpec) -> str:
-    served: str | None = getattr(desired.model, "served_name", None)
-    return served or desired.model.id
+    """`--served-model-name` in the model's extra args, else the model id."""
+    return desired.model.served_name
 
 
 def _facts(observed: Observed, host: HostSpec) -> HostFacts:

@@ -66,7 +66,7 @@ async def observe_until(
 
 def serving(cluster: ClusterSpec) -> Callable[[Observed], bool]:
     def check(observed: Observed) -> bool:
-        return observed.endpoint is not None and observed.endpoint.serves(cluster.model.id)
+        return observed.endpoint is not None and observed.endpoint.serves(cluster.model.served_name)
 
     return check
 

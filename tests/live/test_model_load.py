@@ -92,7 +92,7 @@ async def test_loading_is_observed_until_the_model_serves(
     assert ages == sorted(ages) and ages[-1] >= 1
     assert served.serve is not None
     assert served.serve.progress is not None and served.serve.progress.stage == "ready"
-    assert served.endpoint is not None and served.endpoint.serves(cluster.model.id)
+    assert served.endpoint is not None and served.endpoint.serves(cluster.model.served_name)
 
     # The key reached vLLM (it refuses a client without it) and never a command line.
     keyless = cluster.model_copy(

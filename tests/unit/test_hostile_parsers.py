@@ -49,7 +49,8 @@ NASTY = st.sampled_from(
         "12, python3, ²",
         '[{"ifname": 5, "addr_info": 5, "flags": 5}]',
         "Id=x\nLoadState",
-        "======== Autoscaler status ========\nNode status\nActive:\n 1 node_zz\nTotal Usage:\n 1.2.3/9 GPU",
+        "======== Autoscaler status ========\nNode status\nActive:\n 1 node_zz\n"
+        "Total Usage:\n 1.2.3/9 GPU",
         "Loading safetensors checkpoint shards: 999999999999999999999% Completed",
         "9999-99-99 99:99:99.999 +9999",
     ]

@@ -11,7 +11,7 @@ from typing import Any
 
 from sparkd.core.planner import plan
 from sparkd.core.remember import remember
-from sparkd.core.spec import container_name
+from sparkd.core.spec import container_name, model_spec_hash
 from sparkd.model.memory import Attempt, LoadMark, Memory
 from sparkd.model.observed import (
     Container,
@@ -568,3 +568,21 @@ def test_load_mark_is_kept_per_launch() -> None:
     toy, memory = _loading(toy, memory, 60)
     assert isinstance(memory.load_mark, LoadMark)
     assert memory.load_mark.pid == 5150
+
+
+# -- 13. --served-model-name ----------------------------------------------------------------------
+
+
+def test_served_model_name_is_what_the_server_must_list() -> None:
+    toy, memory = healthy()
+    model = toy.cluster.model.model_copy(
+        update={"extra_args": (*toy.cluster.model.extra_args, "--served-model-name", "qwen")}
+    )
+    toy.cluster = toy.cluster.model_copy(update={"model": model})
+    toy.serve_spec = model_spec_hash(toy.cluster)  # launched with that name
+    assert decide(toy, memory).phase == "healthy"
+    listed_by_path = ModelEndpoint(status="up", health_status=200, models=(model.id,))
+    seen = toy.observe().model_copy(update={"endpoint": listed_by_path, "probe": None})
+    memory = memory.model_copy(update={"last_probe": None})
+    result = decide(toy, memory, seen)
+    assert result.phase != "healthy" and "not answering" in result.reason
