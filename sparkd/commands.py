@@ -151,6 +151,13 @@ def check_config(explicit: str | None) -> int:
     settings = _settings(explicit)
     if isinstance(settings, int):
         return settings
+    from sparkd.preflight import problems
+
+    found = problems(settings)
+    if found:
+        for problem in found:
+            print(problem, file=sys.stderr)
+        return EX_CONFIG
     for cluster in settings.clusters:
         workers = ", ".join(f"{w.name}={w.ip}" for w in cluster.workers) or "none"
         model = cluster.model

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import fnmatch
 import ipaddress
 import os
 import re
@@ -32,7 +33,30 @@ from pydantic_settings import (
 DEFAULT_CONFIG_PATH = Path("/etc/sparkd/sparkd.toml")
 EX_CONFIG = 78
 
-Seconds = Annotated[float, Field(gt=0)]
+# Every duration is finite and at most a week: a longer one is a typo that would make sparkd
+# wait forever (an `inf` timeout, a load grace of a year).
+MAX_SECONDS = 7 * 24 * 3600.0
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
+# A value that reaches a tool as an argument must not be read by it as an option.
+NotOption = Annotated[str, Field(min_length=1, pattern=r"^[^-\s]")]
+# Units sparkd must never stop: it would cut its own way in, or the container runtime.
+PROTECTED_UNITS = (
+    "ssh.service",
+    "sshd.service",
+    "docker.service",
+    "docker.socket",
+    "containerd.service",
+    "systemd-*",
+    "*.mount",
+    "dbus.service",
+    "NetworkManager.service",
+)
+SYSTEM_DIRS = frozenset(
+    ["/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc", "/root",
+     "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/var/lib", "/var/log",  # noqa: S108
+     "/usr/local", "/usr/bin", "/usr/lib"]
+)  # fmt: skip
+SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.I)
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 SHM_SIZE = re.compile(r"^[0-9]+[bkmgBKMG]?$")
@@ -52,8 +76,28 @@ class DaemonSettings(_Section):
     @classmethod
     def _listen(cls, value: str) -> str:
         host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if (
+            not sep
+            or not host
+            or not (port.isascii() and port.isdigit())
+            or not 0 < int(port) < 65536
+        ):
             raise ValueError("must be HOST:PORT, e.g. 127.0.0.1:9810")
+        bare = host.strip("[]")
+        try:
+            ipaddress.ip_address(bare)
+        except ValueError:
+            if bare != "localhost":
+                raise ValueError(f"{host!r} is not an IP address (or localhost)") from None
+        return value
+
+    @field_validator("state_dir")
+    @classmethod
+    def _state_dir(cls, value: Path) -> Path:
+        if not str(value).strip() or str(value) == ".":
+            raise ValueError("must not be empty")
+        if not value.is_absolute():
+            raise ValueError("must be an absolute path")
         return value
 
     @property
@@ -101,7 +145,7 @@ class SshSpec(_Section):
 
 
 class RaySpec(_Section):
-    image: Annotated[str, Field(min_length=1, pattern=r"^[^\s]+$")]
+    image: Annotated[str, Field(min_length=1, pattern=r"^[^-\s][^\s]*$")]
     port: int = Field(default=6379, gt=0, lt=65536)
     expected_gpus: int = Field(default=2, ge=1)
     env: dict[EnvName, str] = Field(default_factory=dict)
@@ -118,6 +162,20 @@ class RaySpec(_Section):
             raise ValueError("must be a size such as 16g or 8192m")
         return value
 
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        secret = sorted(name for name in value if SECRET_NAME.search(name))
+        if secret:
+            raise ValueError(
+                f"{', '.join(secret)} looks like a secret: ray.env values appear on `docker run`'s "
+                "command line (visible in ps); put it in an env file on the host and pass "
+                "`--env-file` in ray.extra_docker_args"
+            )
+        if "VLLM_HOST_IP" in value:
+            raise ValueError("VLLM_HOST_IP is set per host from its data_ip; leave it out")
+        return value
+
     @field_validator("mounts")
     @classmethod
     def _mounts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -129,10 +187,9 @@ class RaySpec(_Section):
 
 
 class ModelSpec(_Section):
-    id: Annotated[str, Field(min_length=1)]
+    id: NotOption
     port: int = Field(default=30000, gt=0, lt=65536)
     tunnel_host: str | None = None
-    url: str | None = None
     tensor_parallel_size: int = Field(default=2, ge=1)
     pipeline_parallel_size: int = Field(default=1, ge=1)
     extra_args: tuple[str, ...] = ()
@@ -146,6 +203,10 @@ class ModelSpec(_Section):
     def _log_dir(cls, value: Path) -> Path:
         if not value.is_absolute():
             raise ValueError("must be an absolute path")
+        if ":" in str(value):
+            raise ValueError("must not contain ':' (it is bind-mounted as HOST:CONTAINER)")
+        if str(value).rstrip("/") in SYSTEM_DIRS or str(value) == "/":
+            raise ValueError(f"{value} is a system directory; give sparkd a directory of its own")
         return value
 
     @model_validator(mode="after")
@@ -206,9 +267,17 @@ class ProbeSpec(_Section):
 
 
 class CleanupSpec(_Section):
-    units: tuple[Annotated[str, Field(pattern=r"^[A-Za-z0-9@_.:\\-]+$")], ...] = ()
-    container_patterns: tuple[str, ...] = ()
+    units: tuple[Annotated[str, Field(pattern=r"^[A-Za-z0-9@_.:][A-Za-z0-9@_.:\\-]*$")], ...] = ()
+    container_patterns: tuple[NotOption, ...] = ()
     harmless_gpu_processes: tuple[str, ...] = ("Xorg", "gnome-shell")
+
+    @field_validator("units")
+    @classmethod
+    def _protected(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for unit in value:
+            if any(fnmatch.fnmatchcase(unit, p) for p in PROTECTED_UNITS):
+                raise ValueError(f"{unit} is never stopped by sparkd (it keeps the host reachable)")
+        return value
 
 
 class PolicySpec(_Section):
@@ -344,6 +413,10 @@ def load_settings(path: Path) -> Settings:
     """Read and validate the config; every problem becomes one `location: message` line."""
     if not path.is_file():
         raise ConfigError([f"{path}: config file not found"])
+    if any(name.upper().startswith("SPARKD_CLUSTERS") for name in os.environ):
+        raise ConfigError(
+            ["SPARKD_CLUSTERS: the cluster list comes from the config file only; unset it"]
+        )
     token = _config_path.set(path)
     try:
         settings = Settings()

@@ -90,12 +90,7 @@ def fact_script(cluster: ClusterSpec, host: HostSpec, tool_timeout: float) -> Re
     lines.append(
         section("image", ["docker", "image", "inspect", "--format", "{{.Id}}", cluster.ray.image])
     )
-    gpu_apps = [
-        "nvidia-smi",
-        "--query-compute-apps=pid,process_name,used_memory",
-        "--format=csv,noheader,nounits",
-    ]
-    lines.append(section("gpu_apps", gpu_apps) + "; g=$rc")
+    lines.append(section("gpu_apps", GPU_APPS) + "; g=$rc")
     # The running containers' names are a section too, so a failed listing is seen as such
     # rather than as "no processes in any container"; each named one then gets its `top`.
     running = shlex.join(timed(["docker", "ps", "--format", "{{.Names}}"], t))
@@ -109,7 +104,7 @@ def fact_script(cluster: ClusterSpec, host: HostSpec, tool_timeout: float) -> Re
     )
     # Asked again after the `top`s (unless it failed the first time): only a process seen both
     # times is judged, so one that started or ended in between is never taken for foreign.
-    lines.append(f'if [ "$g" = 0 ]; then {section("gpu_apps_after", gpu_apps)}; fi')
+    lines.append(f'if [ "$g" = 0 ]; then {section("gpu_apps_after", GPU_APPS)}; fi')
     # The image sparkd's container runs, by ID: a re-pulled tag is a new image.
     lines.append(
         section(
@@ -278,6 +273,17 @@ def start_model(cluster: ClusterSpec, seconds: float, api_key: str | None = None
     return Remote("start_model", " && ".join(steps), mutating=True, stdin=api_key)
 
 
+GPU_APPS = (
+    "nvidia-smi",
+    "--query-compute-apps=pid,process_name,used_memory",
+    "--format=csv,noheader,nounits",
+)
+
+
+def gpu_apps(seconds: float) -> Remote:
+    return Remote("gpu_apps", _line(GPU_APPS, seconds), mutating=False)
+
+
 def kill_process(cluster: ClusterSpec, pid: int, signal: str, seconds: float) -> Remote:
     # Through sudo or env, the kill program runs (real, or the simulator's), never the builtin.
     if cluster.ssh.sudo:
@@ -320,6 +326,7 @@ def catalogue(cluster: ClusterSpec, seconds: float) -> list[tuple[HostSpec, Remo
         for pattern in cluster.cleanup.container_patterns:
             entries.append((host, remove_container(pattern, seconds)))
         entries.append((host, start_ray(cluster, host, seconds)))
+        entries.append((host, gpu_apps(seconds)))
         entries.append((host, kill_process(cluster, 12345, "TERM", seconds)))
     api_key = "<from api_key_file>" if cluster.model.api_key_file is not None else None
     entries.append((head, start_model(cluster, seconds, api_key)))

@@ -256,9 +256,23 @@ class Executor:
         )
 
     async def _kill_gpu_process(self, host: HostSpec, action: Action) -> str:
+        """Only a compute process `nvidia-smi` lists right now, by the name it was judged by;
+        never PID 0, 1 or a negative PID (a process group, or everything)."""
         seconds = self.cluster.ssh.command_timeout
-        pid = int(action.target)
+        pid = int(action.target) if action.target.isascii() and action.target.isdigit() else 0
+        if pid <= 1:
+            raise ActionFailed(f"refusing to signal pid {action.target!r}")
+        if not await self._gpu_process_listed(host, pid, action.subject):
+            return f"pid {pid} no longer holds a GPU; nothing signalled"
         await self._signal(host, pid, "TERM", seconds)
         await asyncio.sleep(min(self.timing.stop_grace, 5 * self.timing.poll))
+        if not await self._gpu_process_listed(host, pid, action.subject):
+            return f"pid {pid} ended on TERM"
         await self._signal(host, pid, "KILL", seconds)
         return f"pid {pid} signalled"
+
+    async def _gpu_process_listed(self, host: HostSpec, pid: int, name: str) -> bool:
+        out = await self._sh(host, catalogue.gpu_apps(self.cluster.ssh.command_timeout))
+        return any(
+            p.pid == pid and (not name or p.name == name) for p in facts.parse_compute_apps(out)
+        )

@@ -22,4 +22,8 @@ def read_secret(path: Path | None) -> str | None:
     secret = text.strip()
     if not secret:
         raise SecretFileError(path, "empty")
+    if "\n" in secret:
+        raise SecretFileError(path, "holds more than one line")
+    if not secret.isprintable() or not secret.isascii():
+        raise SecretFileError(path, "holds non-printable or non-ASCII characters")
     return secret

@@ -11,6 +11,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncssh
@@ -93,6 +94,10 @@ class HostConnection:
         except TimeoutError:
             raise SshFailure(
                 host_error("timeout", f"`{name}` did not finish within {timeout:g}s")
+            ) from None
+        except OutputTooLarge as exc:
+            raise SshFailure(
+                host_error("exit_nonzero", f"`{name}` printed more than {exc.args[0]} characters")
             ) from None
         except _TRANSPORT_ERRORS as exc:
             raise SshFailure(self._classify_on(conn, exc)) from exc
@@ -264,12 +269,45 @@ class SshPool:
         await asyncio.gather(*(c.close() for c in connections))
 
 
+# No fact script or tool output is anywhere near this; a host printing more is broken or
+# hostile, and reading on would only grow the daemon.
+MAX_OUTPUT = 8 * 1024 * 1024
+READ_CHUNK = 65536
+
+
+class OutputTooLarge(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class _Completed:
+    exit_status: int | None
+    exit_signal: tuple[str, bool, str, str] | None
+    stdout: str
+    stderr: str
+
+
 async def _exec(
-    conn: asyncssh.SSHClientConnection, command: str, input: str | None
-) -> asyncssh.SSHCompletedProcess:
+    conn: asyncssh.SSHClientConnection, command: str, input: str | None, limit: int = MAX_OUTPUT
+) -> _Completed:
+    """Run to completion, reading at most `limit` characters of output in all."""
     process = await conn.create_process(command, input=input, encoding="utf-8", errors="replace")
+    total = 0
+
+    async def drain(reader: asyncssh.SSHReader[str]) -> str:
+        nonlocal total
+        parts: list[str] = []
+        while chunk := await reader.read(READ_CHUNK):
+            total += len(chunk)
+            if total > limit:
+                raise OutputTooLarge(limit)
+            parts.append(chunk)
+        return "".join(parts)
+
     try:
-        return await process.wait()
+        stdout, stderr = await asyncio.gather(drain(process.stdout), drain(process.stderr))
+        await process.wait_closed()
+        return _Completed(process.exit_status, process.exit_signal, stdout, stderr)
     finally:
         # On a local timeout the channel must not linger and hold one of the server's sessions.
         process.close()

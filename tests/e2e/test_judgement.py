@@ -7,7 +7,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from sparkd.model.plan import Plan
+from sparkd.model.plan import Action, Plan
 from sparkd.runtime.controller import Controller
 from sparkd.shell.ssh import SshPool
 from sparkd.sim.timing import Timing
@@ -57,3 +57,34 @@ async def test_ray_unreadable_during_a_progressing_load_is_watched_not_restarted
         final = await converge(ctl, cycles=200)
         assert final[-1].phase == "healthy"
         assert ray_restarts(world, "spark-a", hung_at) == []
+
+
+async def test_a_foreign_gpu_process_is_killed_only_while_nvidia_smi_lists_it(
+    tmp_path: Path, pool: SshPool
+) -> None:
+    async with World(tmp_path / "world", scenario="seed-morning", timing=Timing.fast()) as world:
+        ctl = controller(
+            world, pool, tmp_path / "state", cluster={"policy": {"allow_kill_foreign_gpu": True}}
+        )
+        await converge(ctl, cycles=200)
+        since = time.time()
+        said = await world.fault("stray-gpu", "spark-b")
+        pid = int(said.split()[3])
+        plans = await converge(ctl, cycles=200)
+        assert any(a.kind == "kill_gpu_process" for p in plans for a in p.actions)
+        kills = [r.command for r in mutations(world, "spark-b", since) if "kill" in r.command]
+        assert kills and all(str(pid) in k for k in kills)
+
+        # Hand-made actions the planner never makes: the executor refuses them on its own.
+        since = time.time()
+        for target, result, detail in (
+            ("1", "failed", "refusing"),
+            ("0", "failed", "refusing"),
+            ("-1", "failed", "refusing"),
+            (str(pid), "ok", "no longer holds a GPU"),
+        ):
+            action = Action(kind="kill_gpu_process", host="spark-b", target=target, reason="t")
+            plan = Plan(cluster="sparks", phase="cleaning", reason="t", actions=(action,))
+            [outcome] = await ctl.executor.run(plan)
+            assert (outcome.result, detail in outcome.detail) == (result, True), outcome
+        assert [r for r in mutations(world, "spark-b", since) if "kill" in r.command] == []

@@ -81,6 +81,14 @@ async def _handle(process: asyncssh.SSHServerProcess[str], stats: Stats) -> None
         elif verb == "noexit":  # the channel closes without an exit status
             process.stdout.write("partial\n")
             process.close()
+        elif verb == "endless":  # a hostile host: output until the client gives up
+            line = "x" * 1023 + "\n"
+            try:
+                for _ in range(100_000):  # 6 GiB: far past any bound, never reached
+                    process.stdout.write(line * 64)
+                    await process.stdout.drain()
+            except (OSError, asyncssh.Error):
+                pass  # the client closed the channel
         elif verb == "killed":
             process.exit_with_signal("KILL")
         else:

@@ -537,3 +537,20 @@ def test_classify(exc: BaseException, kind: str) -> None:
 def test_classify_passes_a_failure_through() -> None:
     failure = SshFailure(classify(OSError(errno.EHOSTUNREACH, "x")))
     assert classify(failure) == failure.error
+
+
+async def test_endless_output_fails_classified_with_bounded_memory(conn: HostConnection) -> None:
+    import resource
+
+    from sparkd.shell.ssh import MAX_OUTPUT
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(SshFailure) as failure:
+        await conn.run("endless", timeout=60)
+    assert failure.value.error.kind == "exit_nonzero"
+    assert "printed more than" in failure.value.error.detail
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    # The cap is 8 MiB of text; reading it costs a few copies of it, never the host's whim.
+    assert grown_kib < 64 * 1024, f"peak RSS grew {grown_kib} KiB"
+    assert MAX_OUTPUT <= 8 * 1024 * 1024
+    assert (await conn.run("echo still here", timeout=5)).stdout == "still here\n"

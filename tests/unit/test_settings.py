@@ -152,8 +152,28 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     )
 
 
-def test_check_config_ok() -> None:
-    result = run_cli("check-config", "--config", str(EXAMPLE_CONFIG))
+def usable(tmp_path: Path, text: str = BASE) -> Path:
+    """The config, pointed at a real key, known_hosts and state dir made for the test."""
+    import asyncssh
+
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    key_file = tmp_path / "id_ed25519"
+    key_file.write_bytes(key.export_private_key())
+    key_file.chmod(0o600)
+    known = tmp_path / "known_hosts"
+    public = key.export_public_key().decode().strip()
+    known.write_text(f"10.1.230.180 {public}\n")
+    state = tmp_path / "state"
+    text = (
+        text.replace('"/etc/sparkd/id_ed25519"', f'"{key_file}"')
+        .replace('"/etc/sparkd/known_hosts"', f'"{known}"')
+        .replace('state_dir = "/var/lib/sparkd"', f'state_dir = "{state}"')
+    )
+    return write(tmp_path, text)
+
+
+def test_check_config_ok(tmp_path: Path) -> None:
+    result = run_cli("check-config", "--config", str(usable(tmp_path)))
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(
         "sparks: head spark-a=192.168.200.12, workers spark-b=192.168.200.13"
@@ -181,7 +201,7 @@ def test_check_config_missing_file_exit_78(tmp_path: Path) -> None:
 def test_sparkd_config_env_picks_the_file(tmp_path: Path) -> None:
     import os
 
-    env = dict(os.environ, SPARKD_CONFIG=str(EXAMPLE_CONFIG))
+    env = dict(os.environ, SPARKD_CONFIG=str(usable(tmp_path)))
     assert run_cli("check-config", env=env).returncode == 0
 
 
@@ -235,7 +255,7 @@ def test_bad_served_model_name(
 
 
 def test_check_config_names_the_served_name(tmp_path: Path) -> None:
-    path = write(tmp_path, with_extra_args("--served-model-name", "qwen"))
+    path = usable(tmp_path, with_extra_args("--served-model-name", "qwen"))
     result = run_cli("check-config", "--config", str(path))
     assert result.returncode == 0, result.stderr
     assert "model /models/Qwen3.5-122B-A10B-FP8 served as qwen on port 30000" in result.stdout
