@@ -475,7 +475,19 @@ def _block_size(value: str) -> int:
 
 # -- kill and cat ------------------------------------------------------------------------------
 
-_SIGNALS = {"HUP": 1, "INT": 2, "QUIT": 3, "KILL": 9, "USR1": 10, "USR2": 12, "TERM": 15, "0": 0}
+_SIGNALS = {
+    "HUP": 1,
+    "INT": 2,
+    "QUIT": 3,
+    "KILL": 9,
+    "USR1": 10,
+    "USR2": 12,
+    "TERM": 15,
+    "CONT": 18,
+    "STOP": 19,
+    "TSTP": 20,
+    "0": 0,
+}
 
 
 def kill(host: HostState, args: list[str], deliver: KillPid) -> Done:

@@ -156,7 +156,6 @@ class ServeProcess:
         timing: Timing,
         faults: ServeFaults,
         server_factory: ServerFactory,
-        heartbeat_timeout: float,
     ) -> None:
         self.engine = engine
         self.container = container
@@ -166,7 +165,6 @@ class ServeProcess:
         self.timing = timing
         self.faults = faults
         self.server_factory = server_factory
-        self.heartbeat_timeout = heartbeat_timeout
         self.stream = Stream()
         self.phase = "init"
         self.server: ModelServer | None = None
@@ -268,8 +266,7 @@ class ServeProcess:
         self._info("model.py:1510", f"Using max model len {a.max_model_len}")
         await asyncio.sleep(self.timing.model_init)
         available = (
-            self.cluster.total_gpus(time.monotonic(), self.heartbeat_timeout)
-            - self.cluster.gpus_in_use
+            self.cluster.total_gpus(time.monotonic(), self.timing) - self.cluster.gpus_in_use
             if self.cluster is not None
             else 0.0
         )
@@ -320,7 +317,7 @@ class ServeProcess:
         assert self.cluster is not None
         now = time.monotonic()
         nodes = sorted(
-            (n for n in self.cluster.nodes if n.counted(now, self.heartbeat_timeout)),
+            (n for n in self.cluster.nodes if n.counted(now, self.timing)),
             key=lambda n: not n.is_head,
         )
         self.cluster.gpus_in_use += self.args.gpus

@@ -186,6 +186,8 @@ class World:
         self._client_key = asyncssh.generate_private_key("ssh-ed25519")
         self._background: set[asyncio.Task[None]] = set()
         self._control = ControlServer(self)
+        # Head hosts whose model engine hangs because a Ray node it uses is frozen.
+        self._engines_hung_by_ray: set[str] = set()
         self.started = False
 
     # -- paths -----------------------------------------------------------------------------------
@@ -251,6 +253,7 @@ class World:
 
     async def stop(self) -> None:
         await self._control.stop()
+        self.ray.close()
         serves = list(self.serves)
         for serve in serves:
             serve.kill_hard()
@@ -430,12 +433,9 @@ class World:
         """Start `vllm serve` the way sparkd does, once Ray has every host's GPU."""
         while True:
             ray = next((c for c in self.ray.clusters if c.alive and c.ip == head.address), None)
-            if (
-                ray is not None
-                and ray.total_gpus(time.monotonic(), self.timing.heartbeat_timeout) >= gpus
-            ):
+            if ray is not None and ray.total_gpus(time.monotonic(), self.timing) >= gpus:
                 break
-            await asyncio.sleep(self.timing.worker_join / 4)
+            await asyncio.sleep(self.timing.join_retry / 8)
         log = f"{head.state.log_dir}/serve.log"
         spec_file = Path(head.state.log_dir) / "serve.spec"
         spec_file.write_text(self._spec(cluster, "model") + "\n")
@@ -493,7 +493,33 @@ class World:
             if serve.cluster is cluster and any(
                 c.id == node.container_id for _, c, _, _ in serve.workers
             ):
+                self._unhang_engine(serve)
                 serve.crash(f"Ray node {node.node_id[:8]} ({node.ip}) died")
+
+    def _freeze(self, container: Container) -> None:
+        """The container's processes stop (SIGSTOP, a host that stops answering): its Ray nodes
+        hang, and a model using them hangs with them until Ray declares them dead."""
+        frozen = self.ray.freeze(container.id)
+        ids = {n.container_id for n in frozen}
+        for serve in self.serves:
+            if any(c.id in ids for _, c, _, _ in serve.workers):
+                host = next(h for h in self.hosts.values() if h.engine is serve.engine)
+                if host.behaviour.engine == "ok":
+                    host.behaviour.engine = "hung"
+                    self._engines_hung_by_ray.add(host.name)
+
+    def _thaw(self, container: Container) -> None:
+        self.ray.thaw(container.id)
+        for serve in self.serves:
+            if not any(self.ray.frozen(c.id) for _, c, _, _ in serve.workers):
+                self._unhang_engine(serve)
+
+    def _unhang_engine(self, serve: ServeProcess) -> None:
+        for host in self.hosts.values():
+            if host.engine is serve.engine and host.name in self._engines_hung_by_ray:
+                self._engines_hung_by_ray.discard(host.name)
+                if host.behaviour.engine == "hung":
+                    host.behaviour.engine = "ok"
 
     # -- the fake tools --------------------------------------------------------------------------
 
@@ -506,6 +532,9 @@ class World:
         state = host.state
         tool = call.tool
         if any(tuple(call.argv[: len(prefix)]) == prefix for prefix in host.hung_tools):
+            return self._hang(host, call)
+        if tool == "ray" and container is not None and self.ray.frozen(container.id):
+            # Its processes are stopped: the CLI waits on them for ever.
             return self._hang(host, call)
         if tool == "docker":
             if container is not None:
@@ -572,7 +601,6 @@ class World:
             self.timing,
             host.faults,
             make_server,
-            self.timing.heartbeat_timeout,
         )
         self.serves.append(serve)
         serve.stream.exit_code.add_done_callback(lambda _: self._forget(serve))
@@ -597,7 +625,11 @@ class World:
         for container in state.containers.values():
             for index, proc in enumerate(container.processes):
                 if proc.pid == pid:
-                    if sig:
+                    if sig in (19, 20):
+                        self._freeze(container)
+                    elif sig == 18:
+                        self._thaw(container)
+                    elif sig:
                         # The main process, or a Ray daemon `ray start --block` watches: either
                         # way the container's main command ends.
                         rc = 128 + sig if index == 0 else 1
@@ -678,6 +710,10 @@ class World:
         h = self.host(host)
         h.reachability = "blackhole"
         await h.ssh.blackhole()
+        # Nothing answers, not even Ray's health checks: the host's nodes hang.
+        for container in list(h.state.containers.values()):
+            if container.running:
+                self._freeze(container)
         return f"{host} blackholed: SSH accepts TCP and never answers"
 
     async def heal(self, host: str) -> str:
@@ -686,6 +722,8 @@ class World:
         if h.reachability in ("unreachable", "blackhole"):
             h.reachability = "ok"
             await h.ssh.listen()
+        for container in list(h.state.containers.values()):
+            self._thaw(container)
         h.faults.slow_load = False
         h.faults.stall_load = False
         h.faults.oom_capture = False
