@@ -70,6 +70,10 @@ def _no_such(ref: str) -> Done:
     return fail(f"{_DAEMON}: No such container: {ref}")
 
 
+def _is_restarting(c: Container) -> Done:
+    return fail(f"{_DAEMON}: Container {c.id} is restarting, wait until the container is running")
+
+
 def _unknown_flag(cmd: str, flag: str) -> Done:
     name = flag.lstrip("-")
     kind = "flag" if flag.startswith("--") else "shorthand flag"
@@ -178,6 +182,8 @@ class FakeDocker:
             command = command[:19] + "…"
         if c.status == "running":
             status = "Up " + human_duration(time.time() - c.started_wall)
+        elif c.status == "restarting":
+            status = f"Restarting ({c.exit_code}) {ago(c.finished_wall)}"
         elif c.status == "exited":
             status = f"Exited ({c.exit_code}) {ago(c.finished_wall)}"
         else:
@@ -241,7 +247,7 @@ class FakeDocker:
         no_trunc = parsed.has("--no-trunc")
         selected = []
         for c in sorted(self.host.containers.values(), key=lambda c: -c.created_wall):
-            if not show_all and not c.running:
+            if not show_all and not c.up:
                 continue
             ok = self._matches(c, parsed.many("--filter", "-f"))
             if isinstance(ok, str):
@@ -356,9 +362,9 @@ class FakeDocker:
 
     def rm(self, args: list[str]) -> Done:
         def act(c: Container, parsed: _Parsed) -> str | None:
-            if c.running and not parsed.has("-f", "--force"):
+            if c.up and not parsed.has("-f", "--force"):
                 return (
-                    f'{_DAEMON}: cannot remove container "/{c.name}": container is running: '
+                    f'{_DAEMON}: cannot remove container "/{c.name}": container is {c.status}: '
                     "stop the container before removing or force remove"
                 )
             self.engine.remove(c)
@@ -375,7 +381,7 @@ class FakeDocker:
 
     def kill(self, args: list[str]) -> Done:
         def act(c: Container, _: _Parsed) -> str | None:
-            if not c.running:
+            if not c.up:
                 return (
                     f"{_DAEMON}: cannot kill container: {c.name}: container {c.id} is not running"
                 )
@@ -386,7 +392,7 @@ class FakeDocker:
 
     def start(self, args: list[str]) -> Done:
         def act(c: Container, _: _Parsed) -> str | None:
-            if not c.running:
+            if not c.up:
                 self.engine.start(c)
             return None
 
@@ -396,6 +402,7 @@ class FakeDocker:
         def act(c: Container, _: _Parsed) -> str | None:
             self.engine.stop_container(c, 143, by_user=True)
             self.engine.start(c)
+            self.engine.emit("restart", c)
             return None
 
         return self._each("restart", args, set(), act)
@@ -419,6 +426,8 @@ class FakeDocker:
         c = self.host.container(ref)
         if c is None:
             return _no_such(ref)
+        if c.restarting:
+            return _is_restarting(c)
         if not c.running:
             return fail(f"{_DAEMON}: container {c.id} is not running")
         env = self.env_for(c)
@@ -465,9 +474,9 @@ class FakeDocker:
             "Args": c.command,
             "State": {
                 "Status": c.status,
-                "Running": c.running,
+                "Running": c.up,
                 "Paused": False,
-                "Restarting": False,
+                "Restarting": c.restarting,
                 "OOMKilled": c.oom_killed,
                 "Dead": False,
                 "Pid": main_pid,
@@ -534,6 +543,8 @@ class FakeDocker:
         c = self.host.container(args[0])
         if c is None:
             return _no_such(args[0])
+        if c.restarting:
+            return _is_restarting(c)
         if not c.running:
             return fail(f"{_DAEMON}: container {c.id} is not running")
         return _ps_table(c.processes, args[1:])
@@ -663,6 +674,10 @@ _PS_COLUMNS: dict[str, str] = {
     "uid": "UID",
     "etimes": "ELAPSED",
     "etime": "ELAPSED",
+    "times": "TIME",
+    "time": "TIME",
+    "cputime": "TIME",
+    "cputimes": "TIME",
     "args": "COMMAND",
     "cmd": "CMD",
     "command": "COMMAND",
@@ -682,6 +697,13 @@ def _etime(seconds: int) -> str:
     return text
 
 
+def _cputime(seconds: int) -> str:
+    """procps' TIME column: [DD-]HH:MM:SS of cumulative CPU time."""
+    days, rem = divmod(seconds, 86400)
+    text = f"{rem // 3600:02d}:{rem % 3600 // 60:02d}:{rem % 60:02d}"
+    return f"{days}-{text}" if days else text
+
+
 def _ps_table(processes: list[SimProcess], ps_args: list[str]) -> Done:
     columns = ["uid", "pid", "ppid", "c", "stime", "tty", "time", "cmd"]
     i = 0
@@ -699,7 +721,7 @@ def _ps_table(processes: list[SimProcess], ps_args: list[str]) -> Done:
             return fail(f"{_DAEMON}: ps: error: unsupported option (BSD syntax)\n", 1)
         i += 1
     now = time.monotonic()
-    headers = {"uid": "UID", "c": "C", "stime": "STIME", "tty": "TTY", "time": "TIME"}
+    headers = {"uid": "UID", "c": "C", "stime": "STIME", "tty": "TTY"}
     rows: list[list[str]] = []
     titles = []
     for col in columns:
@@ -712,6 +734,7 @@ def _ps_table(processes: list[SimProcess], ps_args: list[str]) -> Done:
     rows.append(titles)
     for proc in processes:
         elapsed = max(0, int(now - proc.started))
+        cpu = int(proc.cpu_seconds(now))
         values = {
             "pid": str(proc.pid),
             "ppid": str(proc.ppid),
@@ -726,7 +749,10 @@ def _ps_table(processes: list[SimProcess], ps_args: list[str]) -> Done:
             "c": "0",
             "stime": time.strftime("%H:%M", time.localtime(time.time() - elapsed)),
             "tty": "?",
-            "time": "00:00:00",
+            "time": _cputime(cpu),
+            "cputime": _cputime(cpu),
+            "times": str(cpu),
+            "cputimes": str(cpu),
         }
         rows.append([values[c.split("=")[0]] for c in columns])
     return Done(stdout=tabwriter(rows))

@@ -203,10 +203,14 @@ class RayWorld:
         )
         cluster.nodes.append(node)
         self.clusters.append(cluster)
-        engine.add_process(container, f"/usr/local/bin/gcs_server --gcs_server_port={parsed.port}")
-        engine.add_process(container, "/usr/local/bin/raylet --node_ip_address=" + node_ip)
+        engine.add_process(
+            container, f"/usr/local/bin/gcs_server --gcs_server_port={parsed.port}", cores=0.05
+        )
+        engine.add_process(
+            container, "/usr/local/bin/raylet --node_ip_address=" + node_ip, cores=0.05
+        )
         if parsed.dashboard:
-            engine.add_process(container, "/usr/bin/python3 -u dashboard/dashboard.py")
+            engine.add_process(container, "/usr/bin/python3 -u dashboard/dashboard.py", cores=0.02)
         for line in (
             "--------------------",
             "Ray runtime started.",
@@ -259,7 +263,9 @@ class RayWorld:
             counted_after=self.timing.worker_counted,
         )
         cluster.nodes.append(node)
-        engine.add_process(container, "/usr/local/bin/raylet --node_ip_address=" + node_ip)
+        engine.add_process(
+            container, "/usr/local/bin/raylet --node_ip_address=" + node_ip, cores=0.05
+        )
         container.log("--------------------")
         container.log("Ray runtime started.")
         container.log("--------------------")

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from sparkd.sim.timing import Timing
 
 RestartPolicy = Literal["no", "always", "unless-stopped", "on-failure"]
-ContainerStatus = Literal["created", "running", "exited"]
+ContainerStatus = Literal["created", "running", "restarting", "exited"]
 
 
 def new_container_id() -> str:
@@ -41,13 +41,32 @@ class Unit:
 
 @dataclass
 class SimProcess:
-    """A process the world pretends is running (it has a simulated PID, no real process)."""
+    """A process the world pretends is running (it has a simulated PID, no real process).
+
+    It accrues CPU time at `cores` (how busy it is now) times `cpu_scale` CPU seconds per wall
+    second: `Timing.cpu_scale` makes a fast world's processes gain as much CPU time per recheck
+    interval as real ones do per real recheck interval."""
 
     pid: int
     args: str
     started: float = field(default_factory=time.monotonic)
     user: str = "root"
     ppid: int = 1
+    cores: float = 0.0
+    cpu_scale: float = 1.0
+    _cpu_base: float = 0.0
+    _cpu_since: float = field(default_factory=time.monotonic)
+
+    def cpu_seconds(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        return self._cpu_base + self.cores * self.cpu_scale * max(0.0, now - self._cpu_since)
+
+    def busy(self, cores: float) -> None:
+        """From now on it uses `cores` CPUs."""
+        now = time.monotonic()
+        self._cpu_base = self.cpu_seconds(now)
+        self._cpu_since = now
+        self.cores = cores
 
 
 @dataclass
@@ -91,10 +110,24 @@ class Container:
     processes: list[SimProcess] = field(default_factory=list)
     real_pids: set[int] = field(default_factory=set)
     main_task: asyncio.Task[None] | None = None
+    restart_delay: float = 0.0
+    """Docker's current restart backoff for this container (0: none yet)."""
+    restart_task: asyncio.Task[None] | None = None
+    crash_loop: bool = False
+    """Its main process exits with an error shortly after every start."""
 
     @property
     def running(self) -> bool:
         return self.status == "running"
+
+    @property
+    def restarting(self) -> bool:
+        return self.status == "restarting"
+
+    @property
+    def up(self) -> bool:
+        """What docker counts as running (`docker ps` without `-a`, `State.Running`)."""
+        return self.status in ("running", "restarting")
 
     def log(self, line: str) -> None:
         self.logs.append(line)

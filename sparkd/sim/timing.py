@@ -20,7 +20,7 @@ FAST_RECHECK_INTERVAL = 0.2
 """The `recheck_interval` the simulated-world tests run sparkd with."""
 FAST_FACTOR = FAST_RECHECK_INTERVAL / REAL_RECHECK_INTERVAL
 
-_NOT_DURATIONS = ("slow_load_factor",)
+_NOT_DURATIONS = ("slow_load_factor", "cpu_scale")
 # Durations `fast()` keeps as fixed short values instead of scaling the realistic ones.
 _FAST_FIXED = {
     "model_init": 0.03,
@@ -95,6 +95,11 @@ class Timing:
     """SSH refuses connections this long after a reboot."""
     slow_load_factor: float
     """Multiplier applied to loading under the `slow-load` fault."""
+    stall_chatter: float
+    """A stuck engine's warnings/heartbeats come this often (the log's mtime keeps moving)."""
+    cpu_scale: float
+    """Simulated CPU seconds a fully busy core accrues per wall second (1 in real time; in a
+    faster world more, so CPU time rises as much per recheck interval as for real)."""
 
     @classmethod
     def realistic(cls) -> Timing:
@@ -125,6 +130,8 @@ class Timing:
             graph_capture=120.0,
             reboot_downtime=90.0,
             slow_load_factor=3.0,
+            stall_chatter=20.0,
+            cpu_scale=1.0,
         )
 
     @classmethod
@@ -141,4 +148,4 @@ class Timing:
             for f in dataclasses.fields(self)
             if f.name not in _NOT_DURATIONS
         }
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **changes, cpu_scale=self.cpu_scale / factor)

@@ -48,10 +48,11 @@ from sparkd.sim.state import (
 )
 from sparkd.sim.timing import Timing
 from sparkd.sim.toolserver import ToolServer
+from sparkd.sim.vllm_logs import crash_loop_log
 from sparkd.sim.vllm_server import FieldNaming, ModelBehaviour, SimVllmServer
 
 TOOLS = ("docker", "systemctl", "nvidia-smi", "ray", "vllm", "ip", "df", "kill", "cat", "sudo")
-SCENARIOS = ("seed-morning", "healthy", "empty")
+SCENARIOS = ("seed-morning", "seed-crashloop", "healthy", "empty")
 BIN_DIR = Path(__file__).with_name("bin")
 _SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 _LOOPBACK = ipaddress.IPv4Network("127.0.0.0/8")
@@ -60,7 +61,7 @@ _LOCALHOST = ipaddress.IPv4Address("127.0.0.1")
 WRONG_IP_OFFSET = 100 * 256
 
 Reachability = Literal["ok", "unreachable", "blackhole", "down"]
-Scenario = Literal["seed-morning", "healthy", "empty"]
+Scenario = Literal["seed-morning", "seed-crashloop", "healthy", "empty"]
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,7 @@ class World:
         run_as: str | None = None,
         spec_labels: Callable[[Path], Mapping[str, str]] | None = None,
         first_address: str = "127.0.0.2",
+        noisy_load_logs: bool = False,
     ) -> None:
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
@@ -166,6 +168,8 @@ class World:
         self.user = user
         self.cluster_name = cluster_name
         self.answer_naming: FieldNaming = answer_naming
+        # Loads print real vLLM/Ray's harmless error-like lines (see `ServeFaults.noisy_log`).
+        self.noisy_load_logs = noisy_load_logs
         # Sessions never run as root: a fake-tool PATH mistake must not reach the real system.
         self.run_as = run_as if run_as is not None else ("nobody" if os.geteuid() == 0 else None)
         # The `sparkd.spec` values the `healthy` scenario stamps on what it starts: the caller
@@ -305,7 +309,7 @@ class World:
             log_dir=str(log_dir),
             home=str(home),
         )
-        engine = HostEngine(state, self._run_main, self._container_exited)
+        engine = HostEngine(state, self._run_main, self._container_exited, self.timing)
         ssh = SimSshHost(
             address=address,
             host_key=asyncssh.generate_private_key("ssh-ed25519"),
@@ -324,7 +328,7 @@ class World:
             ssh=ssh,
             cluster=self._cluster_label(cluster_index),
             behaviour=ModelBehaviour(naming=self.answer_naming),
-            faults=ServeFaults(),
+            faults=ServeFaults(noisy_log=self.noisy_load_logs),
         )
 
     def _cluster_label(self, index: int) -> str:
@@ -370,7 +374,7 @@ class World:
             if self.scenario == "empty":
                 continue
             state.images = {normalize_image(QWEN_IMAGE), normalize_image(GLM_IMAGE)}
-            if self.scenario != "seed-morning":
+            if self.scenario not in ("seed-morning", "seed-crashloop"):
                 continue
             if state.role == "head":
                 for unit in STALE_UNITS:
@@ -385,6 +389,9 @@ class World:
                 mounts=[Mount("/models", "/models")],
                 restart="always",
                 created_wall=time.time() - 9 * 86400,
+                # `seed-crashloop`: since the reboot its server dies at start-up, and docker
+                # keeps restarting it with a growing backoff.
+                crash_loop=self.scenario == "seed-crashloop",
             )
             state.containers[glm.id] = glm
             host.engine.start(glm)
@@ -477,6 +484,11 @@ class World:
     # -- container main commands and their consequences ------------------------------------------
 
     async def _run_main(self, engine: HostEngine, container: Container) -> int:
+        if container.crash_loop:
+            await asyncio.sleep(self.timing.crash_loop_run)
+            for line in crash_loop_log(container.processes[0].pid if container.processes else 1):
+                container.log(line)
+            return 1
         if container.command[:2] == ["ray", "start"]:
             return await self.ray.run_start(engine, container, container.command[2:])
         # Any other image command idles until stopped (the stale GLM server, a shell...).
@@ -658,10 +670,13 @@ class World:
             "wrong-ip": self.wrong_ip,
             "slow-load": self.slow_load,
             "stall-load": self.stall_load,
+            "chatty-stall": self.chatty_stall,
+            "noisy-load": self.noisy_load,
         }
         with_arg: dict[str, Callable[[str, str | None], Awaitable[str]]] = {
             "stray-gpu": self.stray_gpu,
             "kill-container": self.kill_container,
+            "crash-loop": self.crash_loop,
             "answer-style": self.answer_style,
             "hang-tool": self.hang_tool,
         }
@@ -724,8 +739,11 @@ class World:
             await h.ssh.listen()
         for container in list(h.state.containers.values()):
             self._thaw(container)
+            container.crash_loop = False
         h.faults.slow_load = False
         h.faults.stall_load = False
+        h.faults.chatty_stall = False
+        h.faults.noisy_log = self.noisy_load_logs
         h.faults.oom_capture = False
         h.state.ray_ip_override = None
         h.behaviour.engine = "ok"
@@ -780,6 +798,20 @@ class World:
         h.engine.stop_container(container, 137, by_user=False)
         return f"container {container.name} on {host} killed (exit 137)"
 
+    async def crash_loop(self, host: str, arg: str | None = None) -> str:
+        """Container `arg`'s process dies at start-up from now on: under a restart policy docker
+        restarts it with its backoff, `restarting` in between."""
+        h = self.host(host)
+        if arg is None:
+            raise ValueError("crash-loop needs a container name")
+        container = h.state.container(arg)
+        if container is None:
+            raise ValueError(f"no container {arg!r} on {host}")
+        container.crash_loop = True
+        if container.running:
+            h.engine.stop_container(container, 1, by_user=False)
+        return f"container {container.name} on {host} now exits at start-up ({container.restart})"
+
     async def slow_load(self, host: str) -> str:
         self.host(host).faults.slow_load = True
         return f"model loads on {host} take {self.timing.slow_load_factor:g}x longer"
@@ -798,6 +830,14 @@ class World:
     async def stall_load(self, host: str) -> str:
         self.host(host).faults.stall_load = True
         return f"the next model load on {host} stalls at 40% and never finishes"
+
+    async def chatty_stall(self, host: str) -> str:
+        self.host(host).faults.chatty_stall = True
+        return f"the next model load on {host} sticks at 41% while its log keeps getting warnings"
+
+    async def noisy_load(self, host: str) -> str:
+        self.host(host).faults.noisy_log = True
+        return f"model loads on {host} print vLLM's and Ray's harmless error-like warnings"
 
     async def answer_style(self, host: str, arg: str | None = None) -> str:
         styles = (
