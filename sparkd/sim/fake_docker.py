@@ -326,6 +326,7 @@ class FakeDocker:
             network=parsed.one("--network", "--net") or "bridge",
             shm_size=parsed.one("--shm-size") or "",
             gpus=parsed.one("--gpus") or "",
+            image_id=image_id(self.host, image),
         )
         self.host.containers[container.id] = container
         self.engine.emit("create", container)
@@ -485,7 +486,7 @@ class FakeDocker:
                 "StartedAt": rfc3339(c.started_wall),
                 "FinishedAt": rfc3339(c.finished_wall),
             },
-            "Image": _image_id(normalize_image(c.image)),
+            "Image": c.image_id or image_id(self.host, c.image),
             "Name": "/" + c.name,
             "RestartCount": c.restart_count,
             "HostConfig": {
@@ -522,13 +523,17 @@ class FakeDocker:
         parsed = _parse(args, {"--format", "-f", "--type"}, {"-s", "--size"}, "inspect")
         if isinstance(parsed, Done):
             return parsed
+        kind = parsed.one("--type")
         found, missing = [], []
         for ref in parsed.rest:
-            c = self.host.container(ref)
-            if c is None:
-                missing.append(ref)
-            else:
+            c = self.host.container(ref) if kind in (None, "container") else None
+            image = self._image(ref) if c is None and kind in (None, "image") else None
+            if c is not None:
                 found.append(self._inspect_value(c))
+            elif image is not None:
+                found.append(self._image_value(image))
+            else:
+                missing.append(ref)
         fmt = parsed.one("--format", "-f")
         if fmt is not None:
             out = "".join(render_template(fmt, v) + "\n" for v in found)
@@ -607,6 +612,30 @@ class FakeDocker:
 
     # -- images ------------------------------------------------------------------------------
 
+    def _image(self, ref: str) -> str | None:
+        """The tag `ref` names on this host: a tag, `sha256:ID` or a unique ID prefix."""
+        name = normalize_image(ref)
+        if name in self.host.images:
+            return name
+        digits = ref.removeprefix("sha256:")
+        if len(digits) < 4 or any(c not in "0123456789abcdef" for c in digits):
+            return None
+        matches = [i for i in self.host.images if image_id(self.host, i)[7:].startswith(digits)]
+        return matches[0] if len({image_id(self.host, i) for i in matches}) == 1 else None
+
+    def _image_value(self, image: str) -> dict[str, Any]:
+        ident = image_id(self.host, image)
+        tags = sorted(i for i in self.host.images if image_id(self.host, i) == ident)
+        return {
+            "Id": ident,
+            "RepoTags": tags,
+            "RepoDigests": [],
+            "Created": "2026-03-02T11:04:17.318Z",
+            "Architecture": "arm64",
+            "Os": "linux",
+            "Size": 21_474_836_480,
+        }
+
     def images(self, args: list[str]) -> Done:
         parsed = _parse(args, {"--format", "--filter", "-f"}, {"-q", "--quiet", "-a"}, "images")
         if isinstance(parsed, Done):
@@ -617,7 +646,7 @@ class FakeDocker:
             if wanted and image not in wanted:
                 continue
             repo, _, tag = image.rpartition(":")
-            rows.append({"Repository": repo, "Tag": tag, "ID": _image_id(image)[7:19]})
+            rows.append({"Repository": repo, "Tag": tag, "ID": image_id(self.host, image)[7:19]})
         if parsed.has("-q", "--quiet"):
             return Done(stdout="".join(r["ID"] + "\n" for r in rows))
         fmt = parsed.one("--format")
@@ -636,9 +665,9 @@ class FakeDocker:
             return parsed
         found, missing = [], []
         for ref in parsed.rest:
-            image = normalize_image(ref)
-            if image in self.host.images:
-                found.append({"Id": _image_id(image), "RepoTags": [image]})
+            image = self._image(ref)
+            if image is not None:
+                found.append(self._image_value(image))
             else:
                 missing.append(ref)
         fmt = parsed.one("--format", "-f")
@@ -655,8 +684,10 @@ def _pairs(items: list[str]) -> dict[str, str]:
     return {key: value for key, _, value in (item.partition("=") for item in items)}
 
 
-def _image_id(image: str) -> str:
-    return "sha256:" + hashlib.sha256(image.encode()).hexdigest()
+def image_id(host: HostState, image: str) -> str:
+    """The ID a tag points at on this host: the same on every host unless re-pulled there."""
+    name = normalize_image(image)
+    return host.image_ids.get(name) or "sha256:" + hashlib.sha256(name.encode()).hexdigest()
 
 
 def _bytes(size: str) -> int:

@@ -315,6 +315,13 @@ class ServeProcess:
             # Printed while the placement group waits for the nodes' GPUs; harmless.
             for line in autoscaler_notice(max(1, int(self.timing.model_init)), a.gpus):
                 self._emit(line)
+        driver_ip = self.container.env.get("VLLM_HOST_IP") or self.engine.state.address
+        if not any(
+            n.ip == driver_ip for n in self.cluster.counted_nodes(time.monotonic(), self.timing)
+        ):
+            # vLLM pins its first bundle to `node:<its own IP>`; no Ray node has that IP (the
+            # host's default route is the management network): the group is never placed.
+            return await self._wait_for_placement(driver_ip)
         self._place_workers()
         self._info("ray_distributed_executor.py:176", "use_ray_spmd_worker: True")
         self._busy(api=0.3, core=1.5, workers=1.0)
@@ -405,6 +412,35 @@ class ServeProcess:
         self._info(
             "gpu_model_runner.py:2653", f"Model loading took 58.31 GiB and {took:.6f} seconds"
         )
+
+    async def _wait_for_placement(self, driver_ip: str) -> int:
+        self._busy(api=0.01, core=0.01)
+        specs = [{f"node:{driver_ip}": 0.001, "GPU": 1.0}] + [
+            {"GPU": 1.0} for _ in range(self.args.gpus - 1)
+        ]
+        waited, interval = 0.0, self.timing.pg_wait_first
+        while waited < self.timing.pg_wait_timeout:
+            step = min(interval, self.timing.pg_wait_timeout - waited)
+            await asyncio.sleep(step)
+            waited += step
+            interval *= 2
+            if waited >= self.timing.pg_wait_timeout:
+                break
+            real = waited / self.timing.pg_wait_first * 10
+            self._info(
+                "ray_utils.py:372",
+                f"Waiting for creating a placement group of specs for {int(real)} seconds. "
+                f"specs={specs}. Check `ray status` and `ray list nodes` to see if you have "
+                "enough resources, and make sure the IP addresses used by ray cluster are the "
+                "same as VLLM_HOST_IP environment variable specified in each node if you are "
+                "running on a multi-node.",
+            )
+        self._emit(
+            f"ValueError: Cannot provide a placement group of placement_group_specs={specs} "
+            "within 1800 seconds. See `ray status` and `ray list nodes` to make sure the cluster "
+            "has enough resources."
+        )
+        return 1
 
     async def _chatty_stall(self) -> None:
         """Stuck (a worker waits on a peer that never answers) but far from quiet: the engine's

@@ -115,6 +115,8 @@ class Container:
     restart_task: asyncio.Task[None] | None = None
     crash_loop: bool = False
     """Its main process exits with an error shortly after every start."""
+    image_id: str = ""
+    """The image ID its tag pointed at when it was created (a later re-pull does not change it)."""
 
     @property
     def running(self) -> bool:
@@ -281,6 +283,8 @@ class HostState:
     boot_id: str = field(default_factory=new_boot_id)
     booted_wall: float = field(default_factory=time.time)
     images: set[str] = field(default_factory=set)
+    image_ids: dict[str, str] = field(default_factory=dict)
+    """Tags whose image ID differs from the one every host shares (re-pulled, retagged)."""
     units: dict[str, Unit] = field(default_factory=dict)
     containers: dict[str, Container] = field(default_factory=dict)
     gpu_processes: list[GpuProcess] = field(default_factory=list)

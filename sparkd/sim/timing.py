@@ -74,6 +74,11 @@ class Timing:
     `gcs_rpc_server_reconnect_timeout_s`, 60 s)."""
     join_retry: float
     """How often a worker with no head retries (it never gives up)."""
+    pg_wait_first: float
+    """vLLM waits this long for its placement group before its first `Waiting for creating a
+    placement group` line (10 s), then twice as long each time."""
+    pg_wait_timeout: float
+    """vLLM gives up on its placement group after this (1800 s)."""
     # -- Docker ---------------------------------------------------------------------------------
     restart_backoff: float
     """Docker's first restart delay for a container whose process exited (100 ms), doubled
@@ -121,6 +126,8 @@ class Timing:
             head_mismatch=33.0,
             gcs_reconnect_timeout=60.0,
             join_retry=2.0,
+            pg_wait_first=10.0,
+            pg_wait_timeout=1800.0,
             restart_backoff=0.1,
             restart_backoff_max=60.0,
             restart_reset=10.0,

@@ -14,6 +14,7 @@ import errno
 import ipaddress
 import os
 import pwd
+import secrets
 import shlex
 import shutil
 import tempfile
@@ -29,7 +30,7 @@ from sparkd.sim import fake_system
 from sparkd.sim.config import render_config
 from sparkd.sim.control import ControlServer
 from sparkd.sim.engine import HostEngine, graphics_processes, normalize_image
-from sparkd.sim.fake_docker import FakeDocker
+from sparkd.sim.fake_docker import FakeDocker, image_id
 from sparkd.sim.protocol import Done, Reply, Stream, ToolCall, fail
 from sparkd.sim.ray_runtime import RayWorld, StatusLayout
 from sparkd.sim.reference import GLM_IMAGE, INTERFACE, MODEL_ID, QWEN_IMAGE, STALE_UNITS
@@ -59,6 +60,8 @@ _LOOPBACK = ipaddress.IPv4Network("127.0.0.0/8")
 _LOCALHOST = ipaddress.IPv4Address("127.0.0.1")
 # `wrong-ip` registers a host this far above its address (127.0.0.2 -> 127.0.100.2).
 WRONG_IP_OFFSET = 100 * 256
+# With `data_network=True` a host's data IP is this far above its (management) address.
+DATA_IP_OFFSET = 50 * 256
 
 Reachability = Literal["ok", "unreachable", "blackhole", "down"]
 Scenario = Literal["seed-morning", "seed-crashloop", "healthy", "empty"]
@@ -141,6 +144,7 @@ class World:
         spec_labels: Callable[[Path], Mapping[str, str]] | None = None,
         first_address: str = "127.0.0.2",
         noisy_load_logs: bool = False,
+        data_network: bool = False,
     ) -> None:
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
@@ -152,7 +156,7 @@ class World:
         # their own: every world's model listens on port 30000 of its head's address.
         first = ipaddress.IPv4Address(first_address)
         # The last address `wrong-ip` may hand out must be loopback too.
-        top = int(first) + hosts - 1 + WRONG_IP_OFFSET
+        top = int(first) + hosts - 1 + max(WRONG_IP_OFFSET, DATA_IP_OFFSET)
         if first not in _LOOPBACK or first == _LOCALHOST or top >= int(_LOOPBACK.broadcast_address):
             raise ValueError(f"host addresses from {first_address} must be in 127.0.0.2-127.255.x")
         self.first_address = first
@@ -170,6 +174,9 @@ class World:
         self.answer_naming: FieldNaming = answer_naming
         # Loads print real vLLM/Ray's harmless error-like lines (see `ServeFaults.noisy_log`).
         self.noisy_load_logs = noisy_load_logs
+        # Hosts' data IPs on a network of their own, apart from the management address their
+        # default route (and SSH) uses, as on real Sparks.
+        self.data_network = data_network
         # Sessions never run as root: a fake-tool PATH mistake must not reach the real system.
         self.run_as = run_as if run_as is not None else ("nobody" if os.geteuid() == 0 else None)
         # The `sparkd.spec` values the `healthy` scenario stamps on what it starts: the caller
@@ -304,7 +311,11 @@ class World:
             name=name,
             address=address,
             role="head" if head else "worker",
-            data_ip=address,
+            data_ip=(
+                str(ipaddress.IPv4Address(address) + DATA_IP_OFFSET)
+                if self.data_network
+                else address
+            ),
             interface=INTERFACE,
             log_dir=str(log_dir),
             home=str(home),
@@ -392,6 +403,7 @@ class World:
                 # `seed-crashloop`: since the reboot its server dies at start-up, and docker
                 # keeps restarting it with a growing backoff.
                 crash_loop=self.scenario == "seed-crashloop",
+                image_id=image_id(state, GLM_IMAGE),
             )
             state.containers[glm.id] = glm
             host.engine.start(glm)
@@ -410,16 +422,17 @@ class World:
                 "GLOO_SOCKET_IFNAME": INTERFACE,
                 "RAY_memory_monitor_refresh_ms": "0",
             }
-            head_start = ["ray", "start", "--block", "--head", f"--node-ip-address={head.address}"]
+            head_ip = head.state.data_ip
+            head_start = ["ray", "start", "--block", "--head", f"--node-ip-address={head_ip}"]
             self._create(
                 head,
                 f"sparkd-{cluster}-ray-head",
                 {**labels, "sparkd.role": "head", "sparkd.spec": self._spec(cluster, "head")},
-                env,
+                {**env, "VLLM_HOST_IP": head_ip},
                 [*head_start, "--port=6379", "--dashboard-host=0.0.0.0"],
             )
             for worker in members[1:]:
-                worker_start = ["ray", "start", "--block", f"--address={head.address}:6379"]
+                worker_start = ["ray", "start", "--block", f"--address={head_ip}:6379"]
                 self._create(
                     worker,
                     f"sparkd-{cluster}-ray-worker",
@@ -428,8 +441,8 @@ class World:
                         "sparkd.role": "worker",
                         "sparkd.spec": self._spec(cluster, "worker"),
                     },
-                    env,
-                    [*worker_start, f"--node-ip-address={worker.address}"],
+                    {**env, "VLLM_HOST_IP": worker.state.data_ip},
+                    [*worker_start, f"--node-ip-address={worker.state.data_ip}"],
                 )
             self._spawn(self._launch_model(head, cluster, len(members)))
 
@@ -439,7 +452,9 @@ class World:
     async def _launch_model(self, head: SimHost, cluster: str, gpus: int) -> None:
         """Start `vllm serve` the way sparkd does, once Ray has every host's GPU."""
         while True:
-            ray = next((c for c in self.ray.clusters if c.alive and c.ip == head.address), None)
+            ray = next(
+                (c for c in self.ray.clusters if c.alive and c.ip == head.state.data_ip), None
+            )
             if ray is not None and ray.total_gpus(time.monotonic(), self.timing) >= gpus:
                 break
             await asyncio.sleep(self.timing.join_retry / 8)
@@ -476,6 +491,7 @@ class World:
             restart="no",
             shm_size="16g",
             gpus="all",
+            image_id=image_id(host.state, QWEN_IMAGE),
         )
         host.state.containers[container.id] = container
         host.engine.start(container)
@@ -677,6 +693,7 @@ class World:
             "stray-gpu": self.stray_gpu,
             "kill-container": self.kill_container,
             "crash-loop": self.crash_loop,
+            "repull-image": self.repull_image,
             "answer-style": self.answer_style,
             "hang-tool": self.hang_tool,
         }
@@ -811,6 +828,16 @@ class World:
         if container.running:
             h.engine.stop_container(container, 1, by_user=False)
         return f"container {container.name} on {host} now exits at start-up ({container.restart})"
+
+    async def repull_image(self, host: str, arg: str | None = None) -> str:
+        """Tag `arg` (default: the Ray image) now points at a new image ID on `host` only, as
+        after a `docker pull` of a moved tag there; existing containers keep their image."""
+        h = self.host(host)
+        name = normalize_image(arg or QWEN_IMAGE)
+        new_id = "sha256:" + secrets.token_hex(32)
+        h.state.images.add(name)
+        h.state.image_ids[name] = new_id
+        return f"{name} on {host} is now {new_id[:19]}"
 
     async def slow_load(self, host: str) -> str:
         self.host(host).faults.slow_load = True

@@ -106,3 +106,39 @@ async def test_crash_loop_fault_and_stop(world: World, head: asyncssh.SSHClientC
     assert (await run(head, "docker start glm-flash")).exit_status == 0
     await asyncio.sleep(world.timing.crash_loop_run * 2)
     assert await _state(head, "glm-flash") == "running"
+
+
+async def test_inspect_name_and_image_id_and_a_repulled_tag(
+    world: World, head: asyncssh.SSHClientConnection, worker: asyncssh.SSHClientConnection
+) -> None:
+    glm_image = "hellohal2064/vllm-glm47-gb10:latest"
+    fmt = "docker inspect --format '{{.Name}} {{.Image}}'"
+    both = await run(head, f"{fmt} glm-flash glm-flash")
+    assert both.exit_status == 0
+    lines = both.stdout.splitlines()
+    assert len(lines) == 2 and lines[0] == lines[1]
+    name, image = lines[0].split()
+    assert name == "/glm-flash" and re.fullmatch(r"sha256:[0-9a-f]{64}", image)
+    by_tag = await run(head, f"docker image inspect --format '{{{{.Id}}}}' {glm_image}")
+    assert by_tag.stdout == image + "\n"
+    untagged = await run(
+        head, "docker image inspect --format '{{.Id}}' hellohal2064/vllm-glm47-gb10"
+    )
+    assert untagged.stdout == image + "\n"
+    by_id = await run(head, f"docker image inspect --format '{{{{.RepoTags}}}}' {image[7:19]}")
+    assert by_id.stdout == f'["{glm_image}"]\n'
+    missing = await run(head, "docker image inspect --format '{{.Id}}' nope:1")
+    assert (missing.exit_status, missing.stdout) == (1, "")
+    assert missing.stderr == "Error response from daemon: No such image: nope:1\n"
+    # Every host has the same image until a tag is re-pulled on one of them.
+    other = await run(worker, f"docker image inspect --format '{{{{.Id}}}}' {glm_image}")
+    assert other.stdout == by_tag.stdout
+    await world.fault("repull-image", "spark-b", glm_image)
+    moved = await run(worker, f"docker image inspect --format '{{{{.Id}}}}' {glm_image}")
+    assert moved.stdout != by_tag.stdout and moved.stdout.startswith("sha256:")
+    # The running container keeps the image it was created from.
+    kept = await run(worker, f"{fmt} glm-flash")
+    assert kept.stdout.split()[1] + "\n" == by_tag.stdout
+    assert (await run(head, f"docker image inspect --format '{{{{.Id}}}}' {glm_image}")).stdout == (
+        by_tag.stdout
+    )

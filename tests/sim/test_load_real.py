@@ -16,7 +16,15 @@ import pytest
 from sparkd.sim.timing import Timing
 from sparkd.sim.world import World
 from tests.sim.conftest import connect, eventually, run
-from tests.sim.steps import HEAD, clean_up, serve_command, start_ray
+from tests.sim.steps import (
+    HEAD,
+    clean_up,
+    ray_head_command,
+    ray_status,
+    ray_worker_command,
+    serve_command,
+    start_ray,
+)
 
 TOP = f"docker top {HEAD} -eo pid,etimes,times,time,args"
 
@@ -148,3 +156,60 @@ async def test_noisy_load_prints_harmless_error_like_lines_and_still_loads(
     assert "Error: No available node types can fulfill resource request {'GPU': 1.0}" in log
     assert "RuntimeError: NVML_ERROR_NOT_SUPPORTED" in log
     assert "Application startup complete." in log
+
+
+@pytest.fixture
+async def data_world(tmp_path: Path) -> AsyncIterator[World]:
+    async with World(
+        tmp_path / "world", scenario="seed-morning", timing=Timing.fast(), data_network=True
+    ) as w:
+        yield w
+
+
+@pytest.mark.parametrize("host_ip", [False, True])
+async def test_vllm_host_ip_decides_placement_on_a_separate_data_network(
+    data_world: World, host_ip: bool
+) -> None:
+    world = data_world
+    head_state, worker_state = world.hosts["spark-a"].state, world.hosts["spark-b"].state
+    assert head_state.data_ip != head_state.address
+    async with (
+        await connect(world, "spark-a") as head,
+        await connect(world, "spark-b") as worker,
+    ):
+        route = await run(head, "ip route")
+        assert (
+            route.stdout.startswith("default via ")
+            and f"src {head_state.address}" in (route.stdout.splitlines()[0])
+        )
+        await clean_up(world, head, worker)
+        head_run, worker_run = ray_head_command(world), ray_worker_command(world)
+        if host_ip:
+            head_run = head_run.replace(
+                "docker run -d", f"docker run -d -e VLLM_HOST_IP={head_state.data_ip}"
+            )
+            worker_run = worker_run.replace(
+                "docker run -d", f"docker run -d -e VLLM_HOST_IP={worker_state.data_ip}"
+            )
+        assert (await run(head, head_run)).exit_status == 0
+        assert (await run(worker, worker_run)).exit_status == 0
+
+        async def two_gpus() -> bool:
+            return " 0.0/2.0 GPU" in (await ray_status(head)).stdout
+
+        await eventually(two_gpus)
+        assert (await run(head, serve_command(world))).exit_status == 0
+        if host_ip:
+
+            async def serving() -> bool:
+                return await stage(world) == "running"
+
+            await eventually(serving)
+            return
+        await asyncio.sleep(world.timing.pg_wait_first * 3.5)
+        assert [s.phase for s in world.serves] == ["init"]
+        log = load_log(world)
+        assert "Loading safetensors" not in log
+        waits = [line for line in log.splitlines() if "Waiting for creating a placement" in line]
+        assert 1 <= len(waits) <= 2
+        assert f"node:{head_state.address}" in waits[0] and "VLLM_HOST_IP" in waits[0]
