@@ -23,7 +23,7 @@ from sparkd.sim.world import SCENARIOS, World
 FAULTS = (
     "reboot", "unreachable", "blackhole", "heal", "crash-model", "hang-engine", "oom-capture",
     "wrong-ip", "stray-gpu", "kill-container", "slow-load", "stall-load", "answer-style",
-    "hang-tool",
+    "hang-tool", "crash-loop", "chatty-stall", "noisy-load", "repull-image",
 )  # fmt: skip
 
 
@@ -42,6 +42,11 @@ def _run_parser() -> argparse.ArgumentParser:
         "--realistic", action="store_true", help="measured Ray/vLLM timing (default: fast)"
     )
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every duration")
+    parser.add_argument(
+        "--noisy-logs",
+        action="store_true",
+        help="model loads print vLLM's and Ray's harmless error-like warnings",
+    )
     return parser
 
 
@@ -96,6 +101,7 @@ async def _run(args: argparse.Namespace) -> int:
         clusters=args.clusters,
         scenario=args.scenario,
         timing=timing,
+        noisy_load_logs=args.noisy_logs,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

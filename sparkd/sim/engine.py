@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sparkd.sim.state import Container, GpuProcess, HostState, SimProcess
+from sparkd.sim.timing import Timing
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,6 @@ ExitHook = Callable[["HostEngine", Container], None]
 
 # Images in this world are NVIDIA-based: docker shows the entrypoint in front of the command.
 ENTRYPOINT = "/opt/nvidia/nvidia_entrypoint.sh"
-RESTART_BACKOFF = 0.1
 
 
 def normalize_image(image: str) -> str:
@@ -41,13 +41,19 @@ def graphics_processes() -> list[GpuProcess]:
 
 
 class HostEngine:
-    def __init__(self, state: HostState, main_runner: MainRunner, on_exit: ExitHook) -> None:
+    def __init__(
+        self,
+        state: HostState,
+        main_runner: MainRunner,
+        on_exit: ExitHook,
+        timing: Timing | None = None,
+    ) -> None:
         self.state = state
+        self.timing = timing or Timing.fast()
         self._main_runner = main_runner
         self._on_exit = on_exit
         self._pids = itertools.count(3100)
         self._subscribers: list[asyncio.Queue[dict[str, Any]]] = []
-        self._restart_tasks: set[asyncio.Task[None]] = set()
 
     # -- PIDs and events ---------------------------------------------------------------------
 
@@ -83,20 +89,30 @@ class HostEngine:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def add_process(self, container: Container, args: str, user: str = "root") -> SimProcess:
+    def add_process(
+        self, container: Container, args: str, user: str = "root", cores: float = 0.0
+    ) -> SimProcess:
         ppid = container.processes[0].pid if container.processes else 1
-        proc = SimProcess(pid=self.new_pid(), args=args, user=user, ppid=ppid)
+        proc = SimProcess(
+            pid=self.new_pid(),
+            args=args,
+            user=user,
+            ppid=ppid,
+            cores=cores,
+            cpu_scale=self.timing.cpu_scale,
+        )
         container.processes.append(proc)
         return proc
 
     def start(self, container: Container) -> None:
+        self._cancel_restart(container)
         container.status = "running"
         container.exit_code = 0
         container.oom_killed = False
         container.started_wall = time.time()
         container.stopped_by_user = False
         container.processes = []
-        self.add_process(container, " ".join(container.command))
+        self.add_process(container, " ".join(container.command), cores=0.01)
         container.main_task = asyncio.ensure_future(self._run_main(container))
         self.emit("start", container)
 
@@ -114,10 +130,20 @@ class HostEngine:
     def stop_container(
         self, container: Container, exit_code: int, *, by_user: bool, oom: bool = False
     ) -> None:
-        """The container's main process ended (on its own, by a signal, or with the host)."""
+        """The container's main process ended (on its own, by a signal, or with the host).
+
+        A user's stop/kill/rm ends a pending restart too; the process ending on its own under a
+        restart policy leaves the container `restarting` until docker's backoff delay is over."""
+        if container.restarting and by_user:
+            self._cancel_restart(container)
+            container.status = "exited"
+            container.stopped_by_user = True
+            self.emit("stop", container)
+            return
         if not container.running:
             return
-        container.status = "exited"
+        restarts = not by_user and self._restarts_on_its_own(container, exit_code)
+        container.status = "restarting" if restarts else "exited"
         container.exit_code = exit_code
         container.oom_killed = oom
         container.finished_wall = time.time()
@@ -135,26 +161,43 @@ class HostEngine:
             self.emit("oom", container)
         if by_user:
             self.emit("kill", container, signal="15" if exit_code == 143 else "9")
+        ran = max(0, int(container.finished_wall - container.started_wall))
+        self.emit("die", container, exitCode=str(exit_code), execDuration=str(ran))
+        if by_user:
             self.emit("stop", container)
-        self.emit("die", container, exitCode=str(exit_code))
-        if not by_user and self._restarts_on_its_own(container):
-            task2 = asyncio.ensure_future(self._restart_later(container))
-            self._restart_tasks.add(task2)
-            task2.add_done_callback(self._restart_tasks.discard)
+        if restarts:
+            # Docker's restart manager: 100 ms, doubled after each quick exit, at most a
+            # minute, back to 100 ms once the container ran for 10 s.
+            t = self.timing
+            if ran >= t.restart_reset or container.restart_delay == 0:
+                container.restart_delay = t.restart_backoff
+            else:
+                container.restart_delay = min(container.restart_delay * 2, t.restart_backoff_max)
+            container.restart_count += 1
+            container.restart_task = asyncio.ensure_future(self._restart_later(container))
 
     @staticmethod
-    def _restarts_on_its_own(container: Container) -> bool:
+    def _restarts_on_its_own(container: Container, exit_code: int) -> bool:
         if container.restart in ("always", "unless-stopped"):
             return True
-        return container.restart == "on-failure" and container.exit_code != 0
+        return container.restart == "on-failure" and exit_code != 0
 
     async def _restart_later(self, container: Container) -> None:
-        await asyncio.sleep(RESTART_BACKOFF)
-        if container.id in self.state.containers and not container.running:
-            container.restart_count += 1
+        await asyncio.sleep(container.restart_delay)
+        container.restart_task = None
+        if container.id in self.state.containers and container.restarting:
             self.start(container)
 
+    @staticmethod
+    def _cancel_restart(container: Container) -> None:
+        task, container.restart_task = container.restart_task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
     def remove(self, container: Container) -> None:
+        if container.restarting:
+            self._cancel_restart(container)
+            container.status = "exited"
         self.stop_container(container, 137, by_user=True)
         self.state.containers.pop(container.id, None)
         self.emit("destroy", container)
@@ -177,9 +220,10 @@ class HostEngine:
 
     def shutdown(self) -> None:
         """Everything dies at once (host reboot or world stop); restart policies do not fire."""
-        for task in list(self._restart_tasks):
-            task.cancel()
         for container in list(self.state.containers.values()):
+            if container.restarting:
+                self._cancel_restart(container)
+                container.status = "exited"
             if container.running:
                 main, container.main_task = container.main_task, None
                 if main is not None:
@@ -200,5 +244,6 @@ class HostEngine:
             wanted = container.restart == "always" or (
                 container.restart == "unless-stopped" and not container.stopped_by_user
             )
-            if wanted and not container.running:
+            if wanted and not container.up:
+                container.restart_delay = 0.0
                 self.start(container)

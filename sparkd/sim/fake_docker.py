@@ -70,6 +70,10 @@ def _no_such(ref: str) -> Done:
     return fail(f"{_DAEMON}: No such container: {ref}")
 
 
+def _is_restarting(c: Container) -> Done:
+    return fail(f"{_DAEMON}: Container {c.id} is restarting, wait until the container is running")
+
+
 def _unknown_flag(cmd: str, flag: str) -> Done:
     name = flag.lstrip("-")
     kind = "flag" if flag.startswith("--") else "shorthand flag"
@@ -178,6 +182,8 @@ class FakeDocker:
             command = command[:19] + "…"
         if c.status == "running":
             status = "Up " + human_duration(time.time() - c.started_wall)
+        elif c.status == "restarting":
+            status = f"Restarting ({c.exit_code}) {ago(c.finished_wall)}"
         elif c.status == "exited":
             status = f"Exited ({c.exit_code}) {ago(c.finished_wall)}"
         else:
@@ -241,7 +247,7 @@ class FakeDocker:
         no_trunc = parsed.has("--no-trunc")
         selected = []
         for c in sorted(self.host.containers.values(), key=lambda c: -c.created_wall):
-            if not show_all and not c.running:
+            if not show_all and not c.up:
                 continue
             ok = self._matches(c, parsed.many("--filter", "-f"))
             if isinstance(ok, str):
@@ -320,6 +326,7 @@ class FakeDocker:
             network=parsed.one("--network", "--net") or "bridge",
             shm_size=parsed.one("--shm-size") or "",
             gpus=parsed.one("--gpus") or "",
+            image_id=image_id(self.host, image),
         )
         self.host.containers[container.id] = container
         self.engine.emit("create", container)
@@ -356,9 +363,9 @@ class FakeDocker:
 
     def rm(self, args: list[str]) -> Done:
         def act(c: Container, parsed: _Parsed) -> str | None:
-            if c.running and not parsed.has("-f", "--force"):
+            if c.up and not parsed.has("-f", "--force"):
                 return (
-                    f'{_DAEMON}: cannot remove container "/{c.name}": container is running: '
+                    f'{_DAEMON}: cannot remove container "/{c.name}": container is {c.status}: '
                     "stop the container before removing or force remove"
                 )
             self.engine.remove(c)
@@ -375,7 +382,7 @@ class FakeDocker:
 
     def kill(self, args: list[str]) -> Done:
         def act(c: Container, _: _Parsed) -> str | None:
-            if not c.running:
+            if not c.up:
                 return (
                     f"{_DAEMON}: cannot kill container: {c.name}: container {c.id} is not running"
                 )
@@ -386,7 +393,7 @@ class FakeDocker:
 
     def start(self, args: list[str]) -> Done:
         def act(c: Container, _: _Parsed) -> str | None:
-            if not c.running:
+            if not c.up:
                 self.engine.start(c)
             return None
 
@@ -396,6 +403,7 @@ class FakeDocker:
         def act(c: Container, _: _Parsed) -> str | None:
             self.engine.stop_container(c, 143, by_user=True)
             self.engine.start(c)
+            self.engine.emit("restart", c)
             return None
 
         return self._each("restart", args, set(), act)
@@ -419,6 +427,8 @@ class FakeDocker:
         c = self.host.container(ref)
         if c is None:
             return _no_such(ref)
+        if c.restarting:
+            return _is_restarting(c)
         if not c.running:
             return fail(f"{_DAEMON}: container {c.id} is not running")
         env = self.env_for(c)
@@ -465,9 +475,9 @@ class FakeDocker:
             "Args": c.command,
             "State": {
                 "Status": c.status,
-                "Running": c.running,
+                "Running": c.up,
                 "Paused": False,
-                "Restarting": False,
+                "Restarting": c.restarting,
                 "OOMKilled": c.oom_killed,
                 "Dead": False,
                 "Pid": main_pid,
@@ -476,7 +486,7 @@ class FakeDocker:
                 "StartedAt": rfc3339(c.started_wall),
                 "FinishedAt": rfc3339(c.finished_wall),
             },
-            "Image": _image_id(normalize_image(c.image)),
+            "Image": c.image_id or image_id(self.host, c.image),
             "Name": "/" + c.name,
             "RestartCount": c.restart_count,
             "HostConfig": {
@@ -513,13 +523,17 @@ class FakeDocker:
         parsed = _parse(args, {"--format", "-f", "--type"}, {"-s", "--size"}, "inspect")
         if isinstance(parsed, Done):
             return parsed
+        kind = parsed.one("--type")
         found, missing = [], []
         for ref in parsed.rest:
-            c = self.host.container(ref)
-            if c is None:
-                missing.append(ref)
-            else:
+            c = self.host.container(ref) if kind in (None, "container") else None
+            image = self._image(ref) if c is None and kind in (None, "image") else None
+            if c is not None:
                 found.append(self._inspect_value(c))
+            elif image is not None:
+                found.append(self._image_value(image))
+            else:
+                missing.append(ref)
         fmt = parsed.one("--format", "-f")
         if fmt is not None:
             out = "".join(render_template(fmt, v) + "\n" for v in found)
@@ -534,6 +548,8 @@ class FakeDocker:
         c = self.host.container(args[0])
         if c is None:
             return _no_such(args[0])
+        if c.restarting:
+            return _is_restarting(c)
         if not c.running:
             return fail(f"{_DAEMON}: container {c.id} is not running")
         return _ps_table(c.processes, args[1:])
@@ -596,6 +612,30 @@ class FakeDocker:
 
     # -- images ------------------------------------------------------------------------------
 
+    def _image(self, ref: str) -> str | None:
+        """The tag `ref` names on this host: a tag, `sha256:ID` or a unique ID prefix."""
+        name = normalize_image(ref)
+        if name in self.host.images:
+            return name
+        digits = ref.removeprefix("sha256:")
+        if len(digits) < 4 or any(c not in "0123456789abcdef" for c in digits):
+            return None
+        matches = [i for i in self.host.images if image_id(self.host, i)[7:].startswith(digits)]
+        return matches[0] if len({image_id(self.host, i) for i in matches}) == 1 else None
+
+    def _image_value(self, image: str) -> dict[str, Any]:
+        ident = image_id(self.host, image)
+        tags = sorted(i for i in self.host.images if image_id(self.host, i) == ident)
+        return {
+            "Id": ident,
+            "RepoTags": tags,
+            "RepoDigests": [],
+            "Created": "2026-03-02T11:04:17.318Z",
+            "Architecture": "arm64",
+            "Os": "linux",
+            "Size": 21_474_836_480,
+        }
+
     def images(self, args: list[str]) -> Done:
         parsed = _parse(args, {"--format", "--filter", "-f"}, {"-q", "--quiet", "-a"}, "images")
         if isinstance(parsed, Done):
@@ -606,7 +646,7 @@ class FakeDocker:
             if wanted and image not in wanted:
                 continue
             repo, _, tag = image.rpartition(":")
-            rows.append({"Repository": repo, "Tag": tag, "ID": _image_id(image)[7:19]})
+            rows.append({"Repository": repo, "Tag": tag, "ID": image_id(self.host, image)[7:19]})
         if parsed.has("-q", "--quiet"):
             return Done(stdout="".join(r["ID"] + "\n" for r in rows))
         fmt = parsed.one("--format")
@@ -625,9 +665,9 @@ class FakeDocker:
             return parsed
         found, missing = [], []
         for ref in parsed.rest:
-            image = normalize_image(ref)
-            if image in self.host.images:
-                found.append({"Id": _image_id(image), "RepoTags": [image]})
+            image = self._image(ref)
+            if image is not None:
+                found.append(self._image_value(image))
             else:
                 missing.append(ref)
         fmt = parsed.one("--format", "-f")
@@ -644,8 +684,10 @@ def _pairs(items: list[str]) -> dict[str, str]:
     return {key: value for key, _, value in (item.partition("=") for item in items)}
 
 
-def _image_id(image: str) -> str:
-    return "sha256:" + hashlib.sha256(image.encode()).hexdigest()
+def image_id(host: HostState, image: str) -> str:
+    """The ID a tag points at on this host: the same on every host unless re-pulled there."""
+    name = normalize_image(image)
+    return host.image_ids.get(name) or "sha256:" + hashlib.sha256(name.encode()).hexdigest()
 
 
 def _bytes(size: str) -> int:
@@ -664,6 +706,9 @@ _PS_COLUMNS: dict[str, str] = {
     "etimes": "ELAPSED",
     "etime": "ELAPSED",
     "times": "TIME",
+    "time": "TIME",
+    "cputime": "TIME",
+    "cputimes": "TIME",
     "args": "COMMAND",
     "cmd": "CMD",
     "command": "COMMAND",
@@ -683,6 +728,13 @@ def _etime(seconds: int) -> str:
     return text
 
 
+def _cputime(seconds: int) -> str:
+    """procps' TIME column: [DD-]HH:MM:SS of cumulative CPU time."""
+    days, rem = divmod(seconds, 86400)
+    text = f"{rem // 3600:02d}:{rem % 3600 // 60:02d}:{rem % 60:02d}"
+    return f"{days}-{text}" if days else text
+
+
 def _ps_table(processes: list[SimProcess], ps_args: list[str]) -> Done:
     columns = ["uid", "pid", "ppid", "c", "stime", "tty", "time", "cmd"]
     i = 0
@@ -700,7 +752,7 @@ def _ps_table(processes: list[SimProcess], ps_args: list[str]) -> Done:
             return fail(f"{_DAEMON}: ps: error: unsupported option (BSD syntax)\n", 1)
         i += 1
     now = time.monotonic()
-    headers = {"uid": "UID", "c": "C", "stime": "STIME", "tty": "TTY", "time": "TIME"}
+    headers = {"uid": "UID", "c": "C", "stime": "STIME", "tty": "TTY"}
     rows: list[list[str]] = []
     titles = []
     for col in columns:
@@ -713,6 +765,7 @@ def _ps_table(processes: list[SimProcess], ps_args: list[str]) -> Done:
     rows.append(titles)
     for proc in processes:
         elapsed = max(0, int(now - proc.started))
+        cpu = int(proc.cpu_seconds(now))
         values = {
             "pid": str(proc.pid),
             "ppid": str(proc.ppid),
@@ -727,8 +780,10 @@ def _ps_table(processes: list[SimProcess], ps_args: list[str]) -> Done:
             "c": "0",
             "stime": time.strftime("%H:%M", time.localtime(time.time() - elapsed)),
             "tty": "?",
-            "time": "00:00:00",
-            "times": "0",
+            "time": _cputime(cpu),
+            "cputime": _cputime(cpu),
+            "times": str(cpu),
+            "cputimes": str(cpu),
         }
         rows.append([values[c.split("=")[0]] for c in columns])
     return Done(stdout=tabwriter(rows))

@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable
 
 from sparkd.sim.protocol import Done, fail
+from sparkd.sim.reference import MANAGEMENT_INTERFACE
 from sparkd.sim.state import HostState
 
 KillPid = Callable[[HostState, int, int], bool]
@@ -322,6 +323,8 @@ def ip(host: HostState, args: list[str]) -> Done:
             continue
         else:
             rest.append(arg)
+    if rest and rest[0] in ("route", "r", "ro"):
+        return _route(host, rest[1:], as_json)
     if not rest or rest[0] not in ("addr", "address", "a", "link"):
         obj = rest[0] if rest else ""
         return fail(f'Object "{obj}" is unknown, try "ip help".', 255)
@@ -374,6 +377,52 @@ def ip(host: HostState, args: list[str]) -> Done:
             f"{host.interface}\n       valid_lft forever preferred_lft forever\n"
         )
     return Done(stdout=text)
+
+
+def _route(host: HostState, words: list[str], as_json: bool) -> Done:
+    """`ip route [show]` and `ip route get ADDR`: the default route leaves by the management
+    network when the data IP is on a network of its own (as on a real Spark)."""
+    separate = host.data_ip != host.address
+    mgmt_dev = MANAGEMENT_INTERFACE if separate else host.interface
+    gateway = host.address.rsplit(".", 1)[0] + ".1"
+    data_net = host.data_ip.rsplit(".", 1)[0] + ".0/24"
+    if words and words[0] == "get":
+        if len(words) < 2:
+            return fail('Error: an inet prefix is expected rather than "".', 1)
+        target = words[1]
+        on_data = target.rsplit(".", 1)[0] == host.data_ip.rsplit(".", 1)[0]
+        dev, src = (host.interface, host.data_ip) if on_data else (mgmt_dev, host.address)
+        via = "" if on_data else f"via {gateway} "
+        return Done(stdout=f"{target} {via}dev {dev} src {src} uid 0 \n    cache \n")
+    if words and words[0] not in ("show", "list", "ls"):
+        return fail(f'Command "{words[0]}" is unknown, try "ip route help".', 255)
+    routes = [
+        {
+            "dst": "default",
+            "gateway": gateway,
+            "dev": mgmt_dev,
+            "protocol": "dhcp",
+            "prefsrc": host.address,
+            "metric": 100,
+            "flags": [],
+        },
+        {
+            "dst": data_net,
+            "dev": host.interface,
+            "protocol": "kernel",
+            "scope": "link",
+            "prefsrc": host.data_ip,
+            "flags": [],
+        },
+    ]
+    if as_json:
+        return Done(stdout=json.dumps(routes, separators=(",", ":")) + "\n")
+    return Done(
+        stdout=(
+            f"default via {gateway} dev {mgmt_dev} proto dhcp src {host.address} metric 100 \n"
+            f"{data_net} dev {host.interface} proto kernel scope link src {host.data_ip} \n"
+        )
+    )
 
 
 # -- df ----------------------------------------------------------------------------------------
@@ -475,7 +524,19 @@ def _block_size(value: str) -> int:
 
 # -- kill and cat ------------------------------------------------------------------------------
 
-_SIGNALS = {"HUP": 1, "INT": 2, "QUIT": 3, "KILL": 9, "USR1": 10, "USR2": 12, "TERM": 15, "0": 0}
+_SIGNALS = {
+    "HUP": 1,
+    "INT": 2,
+    "QUIT": 3,
+    "KILL": 9,
+    "USR1": 10,
+    "USR2": 12,
+    "TERM": 15,
+    "CONT": 18,
+    "STOP": 19,
+    "TSTP": 20,
+    "0": 0,
+}
 
 
 def kill(host: HostState, args: list[str], deliver: KillPid) -> Done:

@@ -7,6 +7,7 @@ QWEN_IMAGE = "hellohal2064/vllm-qwen3.5-gb10"
 GLM_IMAGE = "hellohal2064/vllm-glm47-gb10:latest"
 MODEL_ID = "/models/Qwen3.5-122B-A10B-FP8"
 INTERFACE = "enp1s0f0np0"
+MANAGEMENT_INTERFACE = "enP7s7"
 STALE_UNITS = (
     "vllm-cluster.service",
     "vllm-proxy.service",

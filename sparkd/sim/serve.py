@@ -15,6 +15,15 @@ from sparkd.sim.engine import HostEngine
 from sparkd.sim.protocol import Done, Stream, fail
 from sparkd.sim.state import Container, GpuProcess, RayCluster, SimProcess
 from sparkd.sim.timing import Timing
+from sparkd.sim.vllm_logs import (
+    autoscaler_notice,
+    compile_lines,
+    cuda_oom,
+    engine_failed,
+    python_warning,
+    shm_broadcast_wait,
+    ulimit_warning,
+)
 
 SHARDS = 39
 GRAPH_SIZES = 67
@@ -143,6 +152,11 @@ class ServeFaults:
     oom_capture: bool = False
     # One-shot: the next load stops making progress at 40% and never finishes (a wedged read).
     stall_load: bool = False
+    # One-shot: the next load sticks at 41% while its log keeps getting warnings/heartbeats.
+    chatty_stall: bool = False
+    # Loads print the harmless lines real vLLM and Ray print (ulimit warning, the autoscaler's
+    # `Error: No available node types...` notice, a Python warning naming a RuntimeError).
+    noisy_log: bool = False
 
 
 class ServeProcess:
@@ -156,7 +170,6 @@ class ServeProcess:
         timing: Timing,
         faults: ServeFaults,
         server_factory: ServerFactory,
-        heartbeat_timeout: float,
     ) -> None:
         self.engine = engine
         self.container = container
@@ -166,7 +179,6 @@ class ServeProcess:
         self.timing = timing
         self.faults = faults
         self.server_factory = server_factory
-        self.heartbeat_timeout = heartbeat_timeout
         self.stream = Stream()
         self.phase = "init"
         self.server: ModelServer | None = None
@@ -175,6 +187,10 @@ class ServeProcess:
             container, "/usr/bin/python3 /usr/local/bin/vllm serve " + " ".join(args.argv)
         )
         self.pid = self.process.pid
+        # vLLM's engine core runs in a child process of the API server.
+        self.core = engine.add_process(container, "VLLM::EngineCore")
+        self.core.ppid = self.pid
+        self._busy(api=1.0, core=1.0)
         self.log_lines: list[str] = []
         self.task: asyncio.Task[None] = asyncio.ensure_future(self._main())
         self._crash = asyncio.Event()
@@ -227,9 +243,18 @@ class ServeProcess:
         self._release()
         self.stream.finish(rc)
 
+    def _busy(self, api: float, core: float, workers: float = 0.0) -> None:
+        """How many CPUs the API server, the engine core and each Ray worker use from now on."""
+        self.process.busy(api)
+        self.core.busy(core)
+        for _, _, proc, _ in self.workers:
+            proc.busy(workers)
+
     def _release(self) -> None:
         with contextlib.suppress(ValueError):
             self.container.processes.remove(self.process)
+        with contextlib.suppress(ValueError):
+            self.container.processes.remove(self.core)
         for engine, container, proc, gpu in self.workers:
             with contextlib.suppress(ValueError):
                 container.processes.remove(proc)
@@ -257,6 +282,9 @@ class ServeProcess:
 
     async def _run(self) -> int:
         a = self.args
+        noisy = self.faults.noisy_log
+        if noisy:
+            self._emit(ulimit_warning(self.pid))
         self._info("api_server.py:1896", "vLLM API server version 0.11.0")
         self._info(
             "utils.py:328",
@@ -268,8 +296,7 @@ class ServeProcess:
         self._info("model.py:1510", f"Using max model len {a.max_model_len}")
         await asyncio.sleep(self.timing.model_init)
         available = (
-            self.cluster.total_gpus(time.monotonic(), self.heartbeat_timeout)
-            - self.cluster.gpus_in_use
+            self.cluster.total_gpus(time.monotonic(), self.timing) - self.cluster.gpus_in_use
             if self.cluster is not None
             else 0.0
         )
@@ -284,19 +311,31 @@ class ServeProcess:
                 f"GPUs in the placement group. Required: {a.gpus}, available: {available:g}."
             )
             return 1
+        if noisy:
+            # Printed while the placement group waits for the nodes' GPUs; harmless.
+            for line in autoscaler_notice(max(1, int(self.timing.model_init)), a.gpus):
+                self._emit(line)
+        driver_ip = self.container.env.get("VLLM_HOST_IP") or self.engine.state.address
+        if not any(
+            n.ip == driver_ip for n in self.cluster.counted_nodes(time.monotonic(), self.timing)
+        ):
+            # vLLM pins its first bundle to `node:<its own IP>`; no Ray node has that IP (the
+            # host's default route is the management network): the group is never placed.
+            return await self._wait_for_placement(driver_ip)
         self._place_workers()
         self._info("ray_distributed_executor.py:176", "use_ray_spmd_worker: True")
+        self._busy(api=0.3, core=1.5, workers=1.0)
         await self._load()
+        self.phase = "compile"
+        await self._compile()
         self.phase = "capture"
         await self._capture()
         if self.faults.oom_capture:
+            # torch raises in the engine core; the API server reports it and exits.
             self.faults.oom_capture = False
-            self._emit(
-                "(raylet) [2026] A worker died or was killed while executing a task by an "
-                "unexpected system error: OOM killer"
-            )
-            self.engine.emit("oom", self.container)
-            return 137
+            for line in engine_failed(self.pid, self.core.pid, cuda_oom("capture_model")):
+                self._emit(line)
+            return 1
         server = self.server_factory(
             a.served_name or a.model, self.engine.state.address, a.port, a.api_key, a.max_model_len
         )
@@ -309,6 +348,7 @@ class ServeProcess:
             return 1
         self.server = server
         self.phase = "running"
+        self._busy(api=0.02, core=0.02, workers=0.02)
         self._info("api_server.py:1971", f"Starting vLLM API server 0 on http://0.0.0.0:{a.port}")
         self._emit(f"INFO:     Started server process [{self.pid}]")
         self._emit("INFO:     Waiting for application startup.")
@@ -320,7 +360,7 @@ class ServeProcess:
         assert self.cluster is not None
         now = time.monotonic()
         nodes = sorted(
-            (n for n in self.cluster.nodes if n.counted(now, self.heartbeat_timeout)),
+            (n for n in self.cluster.nodes if n.counted(now, self.timing)),
             key=lambda n: not n.is_head,
         )
         self.cluster.gpus_in_use += self.args.gpus
@@ -329,7 +369,7 @@ class ServeProcess:
             container = engine.state.containers.get(node.container_id)
             if container is None:
                 continue
-            proc = engine.add_process(container, "ray::RayWorkerWrapper")
+            proc = engine.add_process(container, "ray::RayWorkerWrapper", cores=1.0)
             gpu = GpuProcess(
                 pid=proc.pid, name="ray::RayWorkerWrapper", used_mib=1052, container_id=container.id
             )
@@ -352,9 +392,19 @@ class ServeProcess:
             )
             for _, _, _, gpu in self.workers:
                 gpu.used_mib = 1052 + (WEIGHTS_MIB - 1052) * done // SHARDS
+            if self.faults.noisy_log and done == 1 and self.workers:
+                for line in python_warning(
+                    self.workers[0][2].pid, self.workers[0][0].state.address
+                ):
+                    self._emit(line)
             if self.faults.stall_load and done == SHARDS * 4 // 10:
+                # A wedged read: no progress, no output, no CPU, until the process is killed.
                 self.faults.stall_load = False
-                await asyncio.Event().wait()  # until the process is killed
+                self._busy(api=0.0, core=0.0, workers=0.0)
+                await asyncio.Event().wait()
+            if self.faults.chatty_stall and done == (SHARDS * 41 + 99) // 100:
+                self.faults.chatty_stall = False
+                await self._chatty_stall()
             if done < SHARDS:
                 await asyncio.sleep(per_shard)
         took = time.monotonic() - started
@@ -362,6 +412,52 @@ class ServeProcess:
         self._info(
             "gpu_model_runner.py:2653", f"Model loading took 58.31 GiB and {took:.6f} seconds"
         )
+
+    async def _wait_for_placement(self, driver_ip: str) -> int:
+        self._busy(api=0.01, core=0.01)
+        specs = [{f"node:{driver_ip}": 0.001, "GPU": 1.0}] + [
+            {"GPU": 1.0} for _ in range(self.args.gpus - 1)
+        ]
+        waited, interval = 0.0, self.timing.pg_wait_first
+        while waited < self.timing.pg_wait_timeout:
+            step = min(interval, self.timing.pg_wait_timeout - waited)
+            await asyncio.sleep(step)
+            waited += step
+            interval *= 2
+            if waited >= self.timing.pg_wait_timeout:
+                break
+            real = waited / self.timing.pg_wait_first * 10
+            self._info(
+                "ray_utils.py:372",
+                f"Waiting for creating a placement group of specs for {int(real)} seconds. "
+                f"specs={specs}. Check `ray status` and `ray list nodes` to see if you have "
+                "enough resources, and make sure the IP addresses used by ray cluster are the "
+                "same as VLLM_HOST_IP environment variable specified in each node if you are "
+                "running on a multi-node.",
+            )
+        self._emit(
+            f"ValueError: Cannot provide a placement group of placement_group_specs={specs} "
+            "within 1800 seconds. See `ray status` and `ray list nodes` to make sure the cluster "
+            "has enough resources."
+        )
+        return 1
+
+    async def _chatty_stall(self) -> None:
+        """Stuck (a worker waits on a peer that never answers) but far from quiet: the engine's
+        warnings keep the log's mtime moving; no new progress line, no CPU."""
+        self._busy(api=0.0, core=0.0, workers=0.0)
+        waited = 0
+        while True:
+            await asyncio.sleep(self.timing.stall_chatter)
+            waited += 60
+            self._emit(shm_broadcast_wait(self.core.pid, waited))
+
+    async def _compile(self) -> None:
+        """torch.compile: two lines, then a long quiet stretch that keeps the CPUs busy."""
+        self._busy(api=0.05, core=1.0, workers=1.0)
+        for line in compile_lines(self.core.pid):
+            self._emit(line)
+        await asyncio.sleep(self.timing.graph_capture / 2)
 
     async def _capture(self) -> None:
         steps = 4
@@ -377,7 +473,7 @@ class ServeProcess:
             if self.faults.oom_capture and step == steps // 2:
                 return
             if step < steps:
-                await asyncio.sleep(self.timing.graph_capture / steps)
+                await asyncio.sleep(self.timing.graph_capture / 2 / steps)
         self._info("gpu_model_runner.py:3480", "Graph capturing finished in 35 secs, took 0.86 GiB")
         self._info(
             "core.py:210", "init engine (profile, create kv cache, warmup model) took 61.2 s"

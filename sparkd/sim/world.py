@@ -14,6 +14,7 @@ import errno
 import ipaddress
 import os
 import pwd
+import secrets
 import shlex
 import shutil
 import tempfile
@@ -29,7 +30,7 @@ from sparkd.sim import fake_system
 from sparkd.sim.config import render_config
 from sparkd.sim.control import ControlServer
 from sparkd.sim.engine import HostEngine, graphics_processes, normalize_image
-from sparkd.sim.fake_docker import FakeDocker
+from sparkd.sim.fake_docker import FakeDocker, image_id
 from sparkd.sim.protocol import Done, Reply, Stream, ToolCall, fail
 from sparkd.sim.ray_runtime import RayWorld, StatusLayout
 from sparkd.sim.reference import GLM_IMAGE, INTERFACE, MODEL_ID, QWEN_IMAGE, STALE_UNITS
@@ -48,19 +49,22 @@ from sparkd.sim.state import (
 )
 from sparkd.sim.timing import Timing
 from sparkd.sim.toolserver import ToolServer
+from sparkd.sim.vllm_logs import crash_loop_log
 from sparkd.sim.vllm_server import FieldNaming, ModelBehaviour, SimVllmServer
 
 TOOLS = ("docker", "systemctl", "nvidia-smi", "ray", "vllm", "ip", "df", "kill", "cat", "sudo")
-SCENARIOS = ("seed-morning", "healthy", "empty")
+SCENARIOS = ("seed-morning", "seed-crashloop", "healthy", "empty")
 BIN_DIR = Path(__file__).with_name("bin")
 _SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 _LOOPBACK = ipaddress.IPv4Network("127.0.0.0/8")
 _LOCALHOST = ipaddress.IPv4Address("127.0.0.1")
 # `wrong-ip` registers a host this far above its address (127.0.0.2 -> 127.0.100.2).
 WRONG_IP_OFFSET = 100 * 256
+# With `data_network=True` a host's data IP is this far above its (management) address.
+DATA_IP_OFFSET = 50 * 256
 
 Reachability = Literal["ok", "unreachable", "blackhole", "down"]
-Scenario = Literal["seed-morning", "healthy", "empty"]
+Scenario = Literal["seed-morning", "seed-crashloop", "healthy", "empty"]
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,8 @@ class World:
         run_as: str | None = None,
         spec_labels: Callable[[Path], Mapping[str, str]] | None = None,
         first_address: str = "127.0.0.2",
+        noisy_load_logs: bool = False,
+        data_network: bool = False,
     ) -> None:
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
@@ -150,7 +156,7 @@ class World:
         # their own: every world's model listens on port 30000 of its head's address.
         first = ipaddress.IPv4Address(first_address)
         # The last address `wrong-ip` may hand out must be loopback too.
-        top = int(first) + hosts - 1 + WRONG_IP_OFFSET
+        top = int(first) + hosts - 1 + max(WRONG_IP_OFFSET, DATA_IP_OFFSET)
         if first not in _LOOPBACK or first == _LOCALHOST or top >= int(_LOOPBACK.broadcast_address):
             raise ValueError(f"host addresses from {first_address} must be in 127.0.0.2-127.255.x")
         self.first_address = first
@@ -166,6 +172,11 @@ class World:
         self.user = user
         self.cluster_name = cluster_name
         self.answer_naming: FieldNaming = answer_naming
+        # Loads print real vLLM/Ray's harmless error-like lines (see `ServeFaults.noisy_log`).
+        self.noisy_load_logs = noisy_load_logs
+        # Hosts' data IPs on a network of their own, apart from the management address their
+        # default route (and SSH) uses, as on real Sparks.
+        self.data_network = data_network
         # Sessions never run as root: a fake-tool PATH mistake must not reach the real system.
         self.run_as = run_as if run_as is not None else ("nobody" if os.geteuid() == 0 else None)
         # The `sparkd.spec` values the `healthy` scenario stamps on what it starts: the caller
@@ -186,6 +197,8 @@ class World:
         self._client_key = asyncssh.generate_private_key("ssh-ed25519")
         self._background: set[asyncio.Task[None]] = set()
         self._control = ControlServer(self)
+        # Head hosts whose model engine hangs because a Ray node it uses is frozen.
+        self._engines_hung_by_ray: set[str] = set()
         self.started = False
 
     # -- paths -----------------------------------------------------------------------------------
@@ -251,6 +264,7 @@ class World:
 
     async def stop(self) -> None:
         await self._control.stop()
+        self.ray.close()
         serves = list(self.serves)
         for serve in serves:
             serve.kill_hard()
@@ -297,12 +311,16 @@ class World:
             name=name,
             address=address,
             role="head" if head else "worker",
-            data_ip=address,
+            data_ip=(
+                str(ipaddress.IPv4Address(address) + DATA_IP_OFFSET)
+                if self.data_network
+                else address
+            ),
             interface=INTERFACE,
             log_dir=str(log_dir),
             home=str(home),
         )
-        engine = HostEngine(state, self._run_main, self._container_exited)
+        engine = HostEngine(state, self._run_main, self._container_exited, self.timing)
         ssh = SimSshHost(
             address=address,
             host_key=asyncssh.generate_private_key("ssh-ed25519"),
@@ -321,7 +339,7 @@ class World:
             ssh=ssh,
             cluster=self._cluster_label(cluster_index),
             behaviour=ModelBehaviour(naming=self.answer_naming),
-            faults=ServeFaults(),
+            faults=ServeFaults(noisy_log=self.noisy_load_logs),
         )
 
     def _cluster_label(self, index: int) -> str:
@@ -367,7 +385,7 @@ class World:
             if self.scenario == "empty":
                 continue
             state.images = {normalize_image(QWEN_IMAGE), normalize_image(GLM_IMAGE)}
-            if self.scenario != "seed-morning":
+            if self.scenario not in ("seed-morning", "seed-crashloop"):
                 continue
             if state.role == "head":
                 for unit in STALE_UNITS:
@@ -382,6 +400,10 @@ class World:
                 mounts=[Mount("/models", "/models")],
                 restart="always",
                 created_wall=time.time() - 9 * 86400,
+                # `seed-crashloop`: since the reboot its server dies at start-up, and docker
+                # keeps restarting it with a growing backoff.
+                crash_loop=self.scenario == "seed-crashloop",
+                image_id=image_id(state, GLM_IMAGE),
             )
             state.containers[glm.id] = glm
             host.engine.start(glm)
@@ -400,16 +422,17 @@ class World:
                 "GLOO_SOCKET_IFNAME": INTERFACE,
                 "RAY_memory_monitor_refresh_ms": "0",
             }
-            head_start = ["ray", "start", "--block", "--head", f"--node-ip-address={head.address}"]
+            head_ip = head.state.data_ip
+            head_start = ["ray", "start", "--block", "--head", f"--node-ip-address={head_ip}"]
             self._create(
                 head,
                 f"sparkd-{cluster}-ray-head",
                 {**labels, "sparkd.role": "head", "sparkd.spec": self._spec(cluster, "head")},
-                env,
+                {**env, "VLLM_HOST_IP": head_ip},
                 [*head_start, "--port=6379", "--dashboard-host=0.0.0.0"],
             )
             for worker in members[1:]:
-                worker_start = ["ray", "start", "--block", f"--address={head.address}:6379"]
+                worker_start = ["ray", "start", "--block", f"--address={head_ip}:6379"]
                 self._create(
                     worker,
                     f"sparkd-{cluster}-ray-worker",
@@ -418,8 +441,8 @@ class World:
                         "sparkd.role": "worker",
                         "sparkd.spec": self._spec(cluster, "worker"),
                     },
-                    env,
-                    [*worker_start, f"--node-ip-address={worker.address}"],
+                    {**env, "VLLM_HOST_IP": worker.state.data_ip},
+                    [*worker_start, f"--node-ip-address={worker.state.data_ip}"],
                 )
             self._spawn(self._launch_model(head, cluster, len(members)))
 
@@ -429,13 +452,12 @@ class World:
     async def _launch_model(self, head: SimHost, cluster: str, gpus: int) -> None:
         """Start `vllm serve` the way sparkd does, once Ray has every host's GPU."""
         while True:
-            ray = next((c for c in self.ray.clusters if c.alive and c.ip == head.address), None)
-            if (
-                ray is not None
-                and ray.total_gpus(time.monotonic(), self.timing.heartbeat_timeout) >= gpus
-            ):
+            ray = next(
+                (c for c in self.ray.clusters if c.alive and c.ip == head.state.data_ip), None
+            )
+            if ray is not None and ray.total_gpus(time.monotonic(), self.timing) >= gpus:
                 break
-            await asyncio.sleep(self.timing.worker_join / 4)
+            await asyncio.sleep(self.timing.join_retry / 8)
         log = f"{head.state.log_dir}/serve.log"
         spec_file = Path(head.state.log_dir) / "serve.spec"
         spec_file.write_text(self._spec(cluster, "model") + "\n")
@@ -469,6 +491,7 @@ class World:
             restart="no",
             shm_size="16g",
             gpus="all",
+            image_id=image_id(host.state, QWEN_IMAGE),
         )
         host.state.containers[container.id] = container
         host.engine.start(container)
@@ -477,6 +500,11 @@ class World:
     # -- container main commands and their consequences ------------------------------------------
 
     async def _run_main(self, engine: HostEngine, container: Container) -> int:
+        if container.crash_loop:
+            await asyncio.sleep(self.timing.crash_loop_run)
+            for line in crash_loop_log(container.processes[0].pid if container.processes else 1):
+                container.log(line)
+            return 1
         if container.command[:2] == ["ray", "start"]:
             return await self.ray.run_start(engine, container, container.command[2:])
         # Any other image command idles until stopped (the stale GLM server, a shell...).
@@ -493,7 +521,33 @@ class World:
             if serve.cluster is cluster and any(
                 c.id == node.container_id for _, c, _, _ in serve.workers
             ):
+                self._unhang_engine(serve)
                 serve.crash(f"Ray node {node.node_id[:8]} ({node.ip}) died")
+
+    def _freeze(self, container: Container) -> None:
+        """The container's processes stop (SIGSTOP, a host that stops answering): its Ray nodes
+        hang, and a model using them hangs with them until Ray declares them dead."""
+        frozen = self.ray.freeze(container.id)
+        ids = {n.container_id for n in frozen}
+        for serve in self.serves:
+            if any(c.id in ids for _, c, _, _ in serve.workers):
+                host = next(h for h in self.hosts.values() if h.engine is serve.engine)
+                if host.behaviour.engine == "ok":
+                    host.behaviour.engine = "hung"
+                    self._engines_hung_by_ray.add(host.name)
+
+    def _thaw(self, container: Container) -> None:
+        self.ray.thaw(container.id)
+        for serve in self.serves:
+            if not any(self.ray.frozen(c.id) for _, c, _, _ in serve.workers):
+                self._unhang_engine(serve)
+
+    def _unhang_engine(self, serve: ServeProcess) -> None:
+        for host in self.hosts.values():
+            if host.engine is serve.engine and host.name in self._engines_hung_by_ray:
+                self._engines_hung_by_ray.discard(host.name)
+                if host.behaviour.engine == "hung":
+                    host.behaviour.engine = "ok"
 
     # -- the fake tools --------------------------------------------------------------------------
 
@@ -506,6 +560,9 @@ class World:
         state = host.state
         tool = call.tool
         if any(tuple(call.argv[: len(prefix)]) == prefix for prefix in host.hung_tools):
+            return self._hang(host, call)
+        if tool == "ray" and container is not None and self.ray.frozen(container.id):
+            # Its processes are stopped: the CLI waits on them for ever.
             return self._hang(host, call)
         if tool == "docker":
             if container is not None:
@@ -572,7 +629,6 @@ class World:
             self.timing,
             host.faults,
             make_server,
-            self.timing.heartbeat_timeout,
         )
         self.serves.append(serve)
         serve.stream.exit_code.add_done_callback(lambda _: self._forget(serve))
@@ -597,7 +653,11 @@ class World:
         for container in state.containers.values():
             for index, proc in enumerate(container.processes):
                 if proc.pid == pid:
-                    if sig:
+                    if sig in (19, 20):
+                        self._freeze(container)
+                    elif sig == 18:
+                        self._thaw(container)
+                    elif sig:
                         # The main process, or a Ray daemon `ray start --block` watches: either
                         # way the container's main command ends.
                         rc = 128 + sig if index == 0 else 1
@@ -626,10 +686,14 @@ class World:
             "wrong-ip": self.wrong_ip,
             "slow-load": self.slow_load,
             "stall-load": self.stall_load,
+            "chatty-stall": self.chatty_stall,
+            "noisy-load": self.noisy_load,
         }
         with_arg: dict[str, Callable[[str, str | None], Awaitable[str]]] = {
             "stray-gpu": self.stray_gpu,
             "kill-container": self.kill_container,
+            "crash-loop": self.crash_loop,
+            "repull-image": self.repull_image,
             "answer-style": self.answer_style,
             "hang-tool": self.hang_tool,
         }
@@ -678,6 +742,10 @@ class World:
         h = self.host(host)
         h.reachability = "blackhole"
         await h.ssh.blackhole()
+        # Nothing answers, not even Ray's health checks: the host's nodes hang.
+        for container in list(h.state.containers.values()):
+            if container.running:
+                self._freeze(container)
         return f"{host} blackholed: SSH accepts TCP and never answers"
 
     async def heal(self, host: str) -> str:
@@ -686,8 +754,13 @@ class World:
         if h.reachability in ("unreachable", "blackhole"):
             h.reachability = "ok"
             await h.ssh.listen()
+        for container in list(h.state.containers.values()):
+            self._thaw(container)
+            container.crash_loop = False
         h.faults.slow_load = False
         h.faults.stall_load = False
+        h.faults.chatty_stall = False
+        h.faults.noisy_log = self.noisy_load_logs
         h.faults.oom_capture = False
         h.state.ray_ip_override = None
         h.behaviour.engine = "ok"
@@ -742,6 +815,30 @@ class World:
         h.engine.stop_container(container, 137, by_user=False)
         return f"container {container.name} on {host} killed (exit 137)"
 
+    async def crash_loop(self, host: str, arg: str | None = None) -> str:
+        """Container `arg`'s process dies at start-up from now on: under a restart policy docker
+        restarts it with its backoff, `restarting` in between."""
+        h = self.host(host)
+        if arg is None:
+            raise ValueError("crash-loop needs a container name")
+        container = h.state.container(arg)
+        if container is None:
+            raise ValueError(f"no container {arg!r} on {host}")
+        container.crash_loop = True
+        if container.running:
+            h.engine.stop_container(container, 1, by_user=False)
+        return f"container {container.name} on {host} now exits at start-up ({container.restart})"
+
+    async def repull_image(self, host: str, arg: str | None = None) -> str:
+        """Tag `arg` (default: the Ray image) now points at a new image ID on `host` only, as
+        after a `docker pull` of a moved tag there; existing containers keep their image."""
+        h = self.host(host)
+        name = normalize_image(arg or QWEN_IMAGE)
+        new_id = "sha256:" + secrets.token_hex(32)
+        h.state.images.add(name)
+        h.state.image_ids[name] = new_id
+        return f"{name} on {host} is now {new_id[:19]}"
+
     async def slow_load(self, host: str) -> str:
         self.host(host).faults.slow_load = True
         return f"model loads on {host} take {self.timing.slow_load_factor:g}x longer"
@@ -760,6 +857,14 @@ class World:
     async def stall_load(self, host: str) -> str:
         self.host(host).faults.stall_load = True
         return f"the next model load on {host} stalls at 40% and never finishes"
+
+    async def chatty_stall(self, host: str) -> str:
+        self.host(host).faults.chatty_stall = True
+        return f"the next model load on {host} sticks at 41% while its log keeps getting warnings"
+
+    async def noisy_load(self, host: str) -> str:
+        self.host(host).faults.noisy_log = True
+        return f"model loads on {host} print vLLM's and Ray's harmless error-like warnings"
 
     async def answer_style(self, host: str, arg: str | None = None) -> str:
         styles = (

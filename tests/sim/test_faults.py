@@ -161,14 +161,7 @@ async def test_oom_during_graph_capture(healthy: World) -> None:
     await healthy.fault("crash-model", "spark-a")
     await healthy.fault("oom-capture", "spark-a")
     async with await connect(healthy, "spark-a") as head:
-        events = await head.create_process(
-            "timeout 5 docker events --format '{{json .}}' --filter event=oom"
-        )
         assert (await run(head, serve_command(healthy))).exit_status == 0
-        line = await asyncio.wait_for(events.stdout.readline(), 5)
-        events.terminate()
-        event = json.loads(line)
-        assert (event["Action"], event["Actor"]["Attributes"]["name"]) == ("oom", HEAD)
 
         async def exited() -> bool:
             return "vllm serve" not in (await run(head, f"docker top {HEAD} -eo args")).stdout
@@ -179,7 +172,13 @@ async def test_oom_during_graph_capture(healthy: World) -> None:
         )
     relaunch = log_text(healthy).split("vLLM API server version")[-1]
     assert "Capturing CUDA graphs" in relaunch
-    assert "OOM killer" in relaunch
+    lines = relaunch.splitlines()
+    assert any("EngineCore failed to start." in line for line in lines)
+    assert any("torch.OutOfMemoryError: CUDA out of memory." in line for line in lines)
+    assert lines[-1].endswith(
+        "RuntimeError: Engine core initialization failed. See root cause above. "
+        "Failed core proc(s): {}"
+    )
     assert "Application startup complete." not in relaunch
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -41,7 +42,7 @@ async def test_head_registers_after_its_start_delay(
         return (await ray_status(head)).exit_status == 0
 
     await eventually(registered)
-    assert time.monotonic() - started >= world.timing.head_start
+    assert time.monotonic() - started >= world.timing.head_answer
 
 
 async def test_two_nodes_match_the_ray_260_layout(
@@ -73,7 +74,7 @@ async def test_older_layout_is_a_world_setting(
     assert (await run(head, ray_head_command(world))).exit_status == 0
 
     async def one_node() -> bool:
-        return (await ray_status(head)).exit_status == 0
+        return " GPU" in (await ray_status(head)).stdout
 
     await eventually(one_node)
     status = await ray_status(head)
@@ -91,20 +92,19 @@ async def test_list_nodes_needs_the_dashboard(
 
     await eventually(up)
     listed = await run(head, f"docker exec {HEAD} ray list nodes --format=json")
-    assert listed.exit_status == 1
-    assert "Failed to connect to API server" in listed.stderr
+    assert listed.exit_status == 2
+    assert listed.stdout == ""
+    assert listed.stderr.startswith("Usage: ray list [OPTIONS]")
+    assert "Error: Failed to make request to http://127.0.0.1:8265/api/v0/nodes" in listed.stderr
 
 
-async def test_worker_without_a_head_gives_up(
+async def test_worker_without_a_head_retries_for_ever(
     world: World, worker: asyncssh.SSHClientConnection
 ) -> None:
     assert (await run(worker, ray_worker_command(world))).exit_status == 0
-
-    async def exited() -> bool:
-        ps = await run(worker, f"docker ps -a --filter name={WORKER} --format '{{{{.Status}}}}'")
-        return ps.stdout.startswith("Exited (1)")
-
-    await eventually(exited)
+    await asyncio.sleep(world.timing.gcs_reconnect_timeout * 1.5)
+    ps = await run(worker, f"docker ps -a --filter name={WORKER} --format '{{{{.Status}}}}'")
+    assert ps.stdout.startswith("Up ")
     logs = await run(worker, f"docker logs --tail 5 {WORKER}")
     assert "Failed to connect to GCS at address" in logs.stdout
 
@@ -128,7 +128,7 @@ async def test_dead_worker_lags_then_is_dead_and_a_restart_rejoins_as_a_new_node
         return " 0.0/1.0 GPU" in (await ray_status(head)).stdout
 
     await eventually(dropped)
-    assert time.monotonic() - died >= world.timing.heartbeat_timeout * 0.9
+    assert time.monotonic() - died >= world.timing.dead_uncounted * 0.9
     status = await ray_status(head)
     assert _shape(status.stdout) == _shape(sample("ray-status-worker-lost.txt"))
     nodes = json.loads((await run(head, f"docker exec {HEAD} ray list nodes --format=json")).stdout)
@@ -158,10 +158,9 @@ async def test_workers_of_a_restarted_head_do_not_rejoin(
     assert (await run(head, ray_head_command(world))).exit_status == 0
 
     async def head_back() -> bool:
-        return (await ray_status(head)).exit_status == 0
+        return " 0.0/1.0 GPU" in (await ray_status(head)).stdout
 
     await eventually(head_back)
-    assert " 0.0/1.0 GPU" in (await ray_status(head)).stdout
 
     async def worker_gave_up() -> bool:
         ps = await run(worker, f"docker ps -a --filter name={WORKER} --format '{{{{.State}}}}'")

@@ -14,7 +14,7 @@ import asyncssh
 import pytest
 
 from sparkd.sim.cli import main
-from sparkd.sim.timing import Timing
+from sparkd.sim.timing import FAST_FACTOR, Timing
 from sparkd.sim.world import World, host_names
 from tests.sim.conftest import connect, run
 
@@ -23,11 +23,19 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_timing_presets_and_scale() -> None:
     fast, real = Timing.fast(), Timing.realistic()
-    assert fast.head_start < 0.1 and fast.model_load < 1
-    assert (real.head_start, real.worker_join, real.heartbeat_timeout) == (5.0, 6.0, 20.0)
+    assert fast.model_load < 1
+    # Measured with real Ray 2.60 (tests/fixtures/ray-real/README.md).
+    assert real.head_answer == pytest.approx(4.4)
+    assert 8 <= real.worker_listed <= 11 and 10 <= real.worker_counted <= 14
+    assert (real.dead_listed, real.dead_uncounted) == (15.0, 24.0)
+    assert 63 <= real.hung_listed <= 64 and 69 <= real.hung_uncounted <= 70
     assert real.model_load >= 60
+    # The test preset keeps Ray's and Docker's real ratio to the recheck interval.
+    for name in ("head_answer", "worker_listed", "dead_listed", "hung_listed", "head_mismatch"):
+        assert getattr(fast, name) == pytest.approx(getattr(real, name) * FAST_FACTOR), name
+    assert round(FAST_FACTOR, 6) == 0.04
     doubled = fast.scaled(2)
-    assert doubled.worker_join == pytest.approx(fast.worker_join * 2)
+    assert doubled.worker_listed == pytest.approx(fast.worker_listed * 2)
     assert doubled.slow_load_factor == fast.slow_load_factor
     with pytest.raises(ValueError):
         fast.scaled(0)

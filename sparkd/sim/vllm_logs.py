@@ -1,0 +1,120 @@
+"""Lines real vLLM (and the Ray it runs on) print while a model loads: harmless warnings that
+contain error-like words while the process keeps running, the periodic heartbeat of a stuck
+engine, and what a fatal start-up failure looks like before the process exits."""
+
+from __future__ import annotations
+
+import time
+
+_SITE = "/usr/local/lib/python3.12/dist-packages"
+
+
+def _stamp() -> str:
+    return time.strftime("%m-%d %H:%M:%S")
+
+
+def ulimit_warning(pid: int) -> str:
+    """vLLM raises the fd limit at start-up and warns when it cannot (harmless)."""
+    return (
+        f"(APIServer pid={pid}) WARNING {_stamp()} [system_utils.py:153] Found ulimit of 1024 and "
+        "failed to automatically increase with error current limit exceeds maximum limit. This "
+        "can cause fd limit errors like `OSError: [Errno 24] Too many open files`. Consider "
+        "increasing with ulimit -n"
+    )
+
+
+def autoscaler_notice(seconds: int, gpus: int) -> list[str]:
+    """Ray's autoscaler notice while a placement group waits for GPUs (harmless: the group is
+    placed as soon as the nodes' GPUs show up)."""
+    bundle = "{'GPU': 1.0}" if gpus <= 1 else f"{{'GPU': 1.0}} * {gpus}"
+    return [
+        f"(autoscaler +{seconds}s) Tip: use `ray status` to view detailed cluster status. To "
+        "disable these messages, set RAY_SCHEDULER_EVENTS=0.",
+        f"(autoscaler +{seconds}s) Error: No available node types can fulfill resource request "
+        f"{bundle}. Add suitable node types to this cluster to resolve this issue.",
+    ]
+
+
+def python_warning(pid: int, ip: str) -> list[str]:
+    """A Python warning from a Ray worker whose text names a RuntimeError (harmless)."""
+    return [
+        f"(RayWorkerWrapper pid={pid}, ip={ip}) {_SITE}/torch/cuda/__init__.py:789: UserWarning: "
+        "Can't initialize NVML (RuntimeError: NVML_ERROR_NOT_SUPPORTED); memory statistics fall "
+        "back to the CUDA runtime",
+        f"(RayWorkerWrapper pid={pid}, ip={ip})   warnings.warn(",
+    ]
+
+
+def shm_broadcast_wait(pid: int, seconds: int) -> str:
+    """What a vLLM engine prints, again and again, while its workers do not answer."""
+    return (
+        f"(EngineCore_DP0 pid={pid}) WARNING {_stamp()} [shm_broadcast.py:466] No available "
+        f"shared memory broadcast block found in {seconds} seconds. This typically happens when "
+        "some processes are hanging or doing some time-consuming work (e.g. compilation, "
+        "weight/kv cache quantization)."
+    )
+
+
+def compile_lines(pid: int) -> list[str]:
+    """torch.compile before the graph capture: long, quiet, CPU-bound."""
+    return [
+        f"(EngineCore_DP0 pid={pid}) INFO {_stamp()} [backends.py:548] Using cache directory: "
+        "/root/.cache/vllm/torch_compile_cache/5c3d1f0a2b/rank_0_0/backbone for vLLM's "
+        "torch.compile",
+        f"(EngineCore_DP0 pid={pid}) INFO {_stamp()} [backends.py:559] Dynamo bytecode transform "
+        "time: 21.37 s",
+    ]
+
+
+def engine_failed(api_pid: int, core_pid: int, root_cause: list[str]) -> list[str]:
+    """A fatal start-up failure: the engine core's traceback (ending in `root_cause`), then the
+    API server's `Engine core initialization failed`; the process exits 1 after it."""
+    core = f"(EngineCore_DP0 pid={core_pid}) ERROR {_stamp()} [core.py:708]"
+    api = f"(APIServer pid={api_pid})"
+    return [
+        f"{core} EngineCore failed to start.",
+        f"{core} Traceback (most recent call last):",
+        f'{core}   File "{_SITE}/vllm/v1/engine/core.py", line 699, in run_engine_core',
+        f"{core}     engine_core = EngineCoreProc(*args, **kwargs)",
+        f'{core}   File "{_SITE}/vllm/v1/engine/core.py", line 498, in __init__',
+        f"{core}     super().__init__(vllm_config, executor_class, log_stats,",
+        f'{core}   File "{_SITE}/vllm/v1/engine/core.py", line 92, in __init__',
+        f"{core}     self._initialize_kv_caches(vllm_config)",
+        *(f"{core} {line}" for line in root_cause),
+        "Process EngineCore_DP0:",
+        "Traceback (most recent call last):",
+        '  File "/usr/lib/python3.12/multiprocessing/process.py", line 314, in _bootstrap',
+        "    self.run()",
+        *root_cause,
+        f"{api} Traceback (most recent call last):",
+        f'{api}   File "/usr/local/bin/vllm", line 10, in <module>',
+        f"{api}     sys.exit(main())",
+        f'{api}   File "{_SITE}/vllm/v1/engine/utils.py", line 880, in wait_for_engine_startup',
+        f'{api}     raise RuntimeError("Engine core initialization failed. "',
+        f"{api} RuntimeError: Engine core initialization failed. See root cause above. Failed "
+        "core proc(s): {}",
+    ]
+
+
+def cuda_oom(during: str) -> list[str]:
+    """The root cause of an OOM while capturing CUDA graphs (or profiling)."""
+    return [
+        f'  File "{_SITE}/vllm/v1/worker/gpu_model_runner.py", line 3480, in {during}',
+        "    self._dummy_run(num_tokens, cudagraph_runtime_mode=mode)",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+        "total capacity of 119.70 GiB of which 1.23 GiB is free. Including non-PyTorch memory, "
+        "this process has 110.12 GiB memory in use. Of the allocated memory 104.38 GiB is "
+        "allocated by PyTorch, and 3.91 GiB is reserved by PyTorch but unallocated. If reserved "
+        "but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF="
+        "expandable_segments:True to avoid fragmentation.  See documentation for Memory "
+        "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
+    ]
+
+
+def crash_loop_log(pid: int) -> list[str]:
+    """A stale GLM server dying at start-up after a reboot (its GPU is not what it expects)."""
+    return [
+        f"(APIServer pid={pid}) INFO {_stamp()} [api_server.py:1896] vLLM API server version "
+        "0.10.1",
+        *engine_failed(pid, pid + 1, cuda_oom("profile_run")),
+    ]

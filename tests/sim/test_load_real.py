@@ -1,0 +1,215 @@
+"""A simulated model load as real vLLM shows it: CPU time in `docker top` rising through every
+stage (silent ones too) and not during a stall, stalls quiet or chatty, harmless error-like
+warnings, and a fatal start-up failure."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncssh
+import pytest
+
+from sparkd.sim.timing import Timing
+from sparkd.sim.world import World
+from tests.sim.conftest import connect, eventually, run
+from tests.sim.steps import (
+    HEAD,
+    clean_up,
+    ray_head_command,
+    ray_status,
+    ray_worker_command,
+    serve_command,
+    start_ray,
+)
+
+TOP = f"docker top {HEAD} -eo pid,etimes,times,time,args"
+
+
+@pytest.fixture
+async def slow_world(tmp_path: Path) -> AsyncIterator[World]:
+    """Loads long enough to watch each stage (weights ~1.5 s, compile and capture ~1 s each)."""
+    timing = dataclasses.replace(Timing.fast(), model_load=1.5, graph_capture=2.0)
+    async with World(tmp_path / "world", scenario="seed-morning", timing=timing) as w:
+        yield w
+
+
+async def cpu(head: asyncssh.SSHClientConnection) -> dict[str, int]:
+    """CPU seconds (`times`) of the serve and engine processes, checked against `time`."""
+    top = await run(head, TOP)
+    header, *rows = top.stdout.splitlines()
+    assert header.split() == ["PID", "ELAPSED", "TIME", "TIME", "COMMAND"]
+    found = {}
+    for row in rows:
+        _, _, times, clock, args = row.split(maxsplit=4)
+        assert re.fullmatch(r"(\d+-)?\d\d:\d\d:\d\d", clock)
+        days, _, hms = clock.rpartition("-")
+        h, m, s = (int(x) for x in hms.split(":"))
+        assert int(days or 0) * 86400 + h * 3600 + m * 60 + s == int(times)
+        if "vllm serve" in args:
+            found["serve"] = int(times)
+        elif args == "VLLM::EngineCore":
+            found["engine"] = int(times)
+    return found
+
+
+def load_log(world: World) -> str:
+    path = Path(world.hosts["spark-a"].state.log_dir, "serve.log")
+    return path.read_text() if path.exists() else ""
+
+
+def log_mtime(world: World) -> float:
+    return Path(world.hosts["spark-a"].state.log_dir, "serve.log").stat().st_mtime
+
+
+async def launch(world: World, head: asyncssh.SSHClientConnection, extra: str = "") -> None:
+    async with await connect(world, "spark-b") as worker:
+        await clean_up(world, head, worker)
+        await start_ray(world, head, worker)
+    assert (await run(head, serve_command(world, extra=extra))).exit_status == 0
+
+
+async def stage(world: World) -> str:
+    return next((s.phase for s in world.serves), "none")
+
+
+async def test_cpu_time_rises_in_every_load_stage_and_idles_when_serving(
+    slow_world: World,
+) -> None:
+    async with await connect(slow_world, "spark-a") as head:
+        await launch(slow_world, head)
+        seen: dict[str, list[int]] = {}
+        while (phase := await stage(slow_world)) != "running":
+            if phase in ("loading", "compile", "capture"):
+                sample = await cpu(head)
+                if "engine" in sample:
+                    seen.setdefault(phase, []).append(sample["engine"])
+            await asyncio.sleep(0.05)
+        for phase in ("loading", "compile", "capture"):
+            samples = seen.get(phase, [])
+            assert len(samples) >= 2 and samples[-1] > samples[0], (phase, samples)
+        # torch.compile is a silent stage: no new log line while CPU time rises.
+        log = load_log(slow_world)
+        assert "torch.compile" in log and "Dynamo bytecode transform time" in log
+        before = await cpu(head)
+        await asyncio.sleep(1.0)
+        after = await cpu(head)
+        # Idle: about 0.02 CPUs, scaled like the rest of the world's time.
+        assert after["engine"] - before["engine"] <= 2
+        assert after["serve"] - before["serve"] <= 2
+
+
+async def test_stalled_load_accrues_no_cpu_and_writes_nothing(
+    world: World, head: asyncssh.SSHClientConnection
+) -> None:
+    await world.fault("stall-load", "spark-a")
+    await launch(world, head)
+
+    async def stuck() -> bool:
+        return "Completed | 15/39" in load_log(world)
+
+    await eventually(stuck)
+    await asyncio.sleep(0.1)
+    before, size = await cpu(head), len(load_log(world))
+    await asyncio.sleep(1.0)
+    assert await cpu(head) == before
+    assert len(load_log(world)) == size
+
+
+async def test_chatty_stall_keeps_writing_without_progress(
+    world: World, head: asyncssh.SSHClientConnection
+) -> None:
+    await world.fault("chatty-stall", "spark-a")
+    await launch(world, head)
+
+    async def stuck() -> bool:
+        return "41% Completed" in load_log(world)
+
+    await eventually(stuck)
+    await asyncio.sleep(0.1)
+    before, mtime = await cpu(head), log_mtime(world)
+    await asyncio.sleep(world.timing.stall_chatter * 2.5)
+    text = load_log(world)
+    assert log_mtime(world) > mtime
+    assert text.count("No available shared memory broadcast block found") >= 2
+    last_progress = [line for line in text.splitlines() if "% Completed" in line][-1]
+    assert "41% Completed" in last_progress
+    assert await cpu(head) == before
+    assert any(s.phase == "loading" for s in world.serves)
+
+
+async def test_noisy_load_prints_harmless_error_like_lines_and_still_loads(
+    world: World, head: asyncssh.SSHClientConnection
+) -> None:
+    await world.fault("noisy-load", "spark-a")
+    await launch(world, head)
+
+    async def serving() -> bool:
+        return await stage(world) == "running"
+
+    await eventually(serving)
+    log = load_log(world)
+    assert "OSError: [Errno 24] Too many open files" in log
+    assert "Error: No available node types can fulfill resource request {'GPU': 1.0}" in log
+    assert "RuntimeError: NVML_ERROR_NOT_SUPPORTED" in log
+    assert "Application startup complete." in log
+
+
+@pytest.fixture
+async def data_world(tmp_path: Path) -> AsyncIterator[World]:
+    async with World(
+        tmp_path / "world", scenario="seed-morning", timing=Timing.fast(), data_network=True
+    ) as w:
+        yield w
+
+
+@pytest.mark.parametrize("host_ip", [False, True])
+async def test_vllm_host_ip_decides_placement_on_a_separate_data_network(
+    data_world: World, host_ip: bool
+) -> None:
+    world = data_world
+    head_state, worker_state = world.hosts["spark-a"].state, world.hosts["spark-b"].state
+    assert head_state.data_ip != head_state.address
+    async with (
+        await connect(world, "spark-a") as head,
+        await connect(world, "spark-b") as worker,
+    ):
+        route = await run(head, "ip route")
+        assert (
+            route.stdout.startswith("default via ")
+            and f"src {head_state.address}" in (route.stdout.splitlines()[0])
+        )
+        await clean_up(world, head, worker)
+        head_run, worker_run = ray_head_command(world), ray_worker_command(world)
+        if host_ip:
+            head_run = head_run.replace(
+                "docker run -d", f"docker run -d -e VLLM_HOST_IP={head_state.data_ip}"
+            )
+            worker_run = worker_run.replace(
+                "docker run -d", f"docker run -d -e VLLM_HOST_IP={worker_state.data_ip}"
+            )
+        assert (await run(head, head_run)).exit_status == 0
+        assert (await run(worker, worker_run)).exit_status == 0
+
+        async def two_gpus() -> bool:
+            return " 0.0/2.0 GPU" in (await ray_status(head)).stdout
+
+        await eventually(two_gpus)
+        assert (await run(head, serve_command(world))).exit_status == 0
+        if host_ip:
+
+            async def serving() -> bool:
+                return await stage(world) == "running"
+
+            await eventually(serving)
+            return
+        await asyncio.sleep(world.timing.pg_wait_first * 3.5)
+        assert [s.phase for s in world.serves] == ["init"]
+        log = load_log(world)
+        assert "Loading safetensors" not in log
+        waits = [line for line in log.splitlines() if "Waiting for creating a placement" in line]
+        assert 1 <= len(waits) <= 2
+        assert f"node:{head_state.address}" in waits[0] and "VLLM_HOST_IP" in waits[0]
