@@ -44,8 +44,9 @@ def _run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every duration")
     parser.add_argument(
         "--noisy-logs",
-        action="store_true",
-        help="model loads print vLLM's and Ray's harmless error-like warnings",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="model loads print vLLM's and Ray's harmless error-like warnings, as real ones do",
     )
     return parser
 

@@ -143,7 +143,7 @@ class World:
         run_as: str | None = None,
         spec_labels: Callable[[Path], Mapping[str, str]] | None = None,
         first_address: str = "127.0.0.2",
-        noisy_load_logs: bool = False,
+        noisy_load_logs: bool = True,
         data_network: bool = False,
     ) -> None:
         if scenario not in SCENARIOS:

@@ -15,7 +15,7 @@ from sparkd.runtime.state import StateDir
 from sparkd.settings import ClusterSpec, Settings, load_settings
 from sparkd.shell.execute import ExecutorTiming
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.timing import Timing
+from sparkd.sim.timing import FAST_FACTOR, Timing
 from sparkd.sim.world import CommandRecord, World
 from tests.live.helpers import sparkd_spec_labels
 
@@ -57,7 +57,9 @@ def fast_cluster(cluster: ClusterSpec, **changes: Any) -> ClusterSpec:
         "probe_interval": 1.2,
         "probe": cluster.probe.model_copy(update={"timeout": 1.0}),
         "ssh": cluster.ssh.model_copy(update={"connect_timeout": 1.0, "command_timeout": 3.0}),
-        "ray": cluster.ray.model_copy(update={"join_timeout": 2.0}),
+        # Ray's timers keep their real ratio to the recheck interval (sim.timing.FAST_FACTOR):
+        # a dead node lingers ~3 rechecks, a hung one ~13, the join timeout 24.
+        "ray": cluster.ray.model_copy(update={"join_timeout": 120.0 * FAST_FACTOR}),
         "model": cluster.model.model_copy(update={"load_stall": 5.0, "load_timeout": 30.0}),
         "policy": cluster.policy.model_copy(
             update={"backoff_initial": 0.1, "backoff_max": 0.5, "healthy_reset": 5.0}

@@ -3,6 +3,7 @@ worse, checked in the world's command log."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from pathlib import Path
@@ -88,3 +89,69 @@ async def test_a_foreign_gpu_process_is_killed_only_while_nvidia_smi_lists_it(
             [outcome] = await ctl.executor.run(plan)
             assert (outcome.result, detail in outcome.detail) == (result, True), outcome
         assert [r for r in mutations(world, "spark-b", since) if "kill" in r.command] == []
+
+
+async def test_crash_looping_conflicting_container_is_removed_and_hosts_stay_reachable(
+    tmp_path: Path, pool: SshPool
+) -> None:
+    """The seed's morning with `restart=always` GLM containers crash-looping: Docker calls them
+    `restarting` and refuses `docker top` on them."""
+    async with World(tmp_path / "world", scenario="seed-crashloop", timing=Timing.fast()) as w:
+        ctl = controller(w, pool, tmp_path / "state")
+        plans = await converge(ctl, cycles=200)
+        assert all(p.phase != "unreachable" for p in plans), [p.reason for p in plans]
+        removed = [(r.host, r.command) for r in mutations(w) if r.command.startswith("docker rm")]
+        assert ("spark-a", "docker rm -f -- glm-flash") in removed
+        assert ("spark-b", "docker rm -f -- glm-flash") in removed
+        assert plans[-1].phase == "healthy"
+
+
+async def test_a_restarted_worker_is_waited_for_by_node_id_and_costs_one_launch(
+    tmp_path: Path, pool: SshPool
+) -> None:
+    """Real Ray keeps a killed worker's node ALIVE for a while and shows the new one beside it;
+    the model is launched once, and never on a view that holds the old node."""
+    async with World(tmp_path / "world", scenario="seed-morning", timing=Timing.fast()) as world:
+        ctl = controller(world, pool, tmp_path / "state")
+        await converge(ctl, cycles=200)
+        assert ctl.view.snapshot is not None and ctl.view.snapshot.ray is not None
+        worker_ip = ctl.cluster.host("spark-b").ip
+        old = {n.node_id for n in ctl.view.snapshot.ray.nodes if n.ip == worker_ip}
+        since = time.time()
+        await world.fault("kill-container", "spark-b", "sparkd-sparks-ray-worker")
+        launches_seen_on: list[set[str]] = []
+        settling = 0
+        for _ in range(300):
+            plan = await ctl.cycle()
+            seen = ctl.view.snapshot
+            assert seen is not None
+            if "Ray settling" in plan.reason:
+                settling += 1
+            if any(a.kind in ("start_model", "restart_model") for a in plan.actions):
+                assert seen.ray is not None
+                launches_seen_on.append(set(seen.ray.alive_node_ids))
+            if plan.converged and launches_seen_on:
+                break
+            await asyncio.sleep(ctl.cluster.recheck_interval)
+        assert plan.converged, plan.reason
+        assert len(launches_seen_on) == 1
+        assert not (launches_seen_on[0] & old), "launched on a view holding the dead node"
+        launches = [r for r in mutations(world, "spark-a", since) if "vllm serve" in r.command]
+        assert len(launches) == 1
+        assert settling >= 1, "Ray's lag never showed: the world is not realistic"
+
+
+async def test_a_stuck_load_with_a_chatty_log_is_restarted_after_load_stall(
+    tmp_path: Path, pool: SshPool
+) -> None:
+    async with World(tmp_path / "world", scenario="seed-morning", timing=Timing.fast()) as world:
+        ctl = controller(world, pool, tmp_path / "state")
+        await converge(ctl, cycles=200)
+        since = time.time()
+        await world.fault("chatty-stall", "spark-a")
+        await world.fault("crash-model", "spark-a")
+        plans = await converge(ctl, cycles=400)
+        stalls = [a for p in plans for a in p.actions if "load stalled" in a.reason]
+        assert len(stalls) == 1, [p.reason for p in plans if p.actions]
+        launches = [r for r in mutations(world, "spark-a", since) if "vllm serve" in r.command]
+        assert len(launches) == 2

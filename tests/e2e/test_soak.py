@@ -77,6 +77,13 @@ def judge(fault: Fault, outcomes: list[ActionOutcome], roles: dict[str, str]) ->
     return wrong
 
 
+def describe(outcomes: list[ActionOutcome]) -> list[str]:
+    return [
+        f"{o.action.kind}@{o.action.host}={o.result} ({o.action.reason}; {o.detail})"
+        for o in outcomes
+    ]
+
+
 async def until_healthy_for(
     ctl: Controller, seconds: float, outcomes: list[ActionOutcome], limit: float = 60.0
 ) -> Plan | None:
@@ -110,7 +117,9 @@ async def test_soak(seed: int, tmp_path: Path, capsys: pytest.CaptureFixture[str
         ctl = controller(world, pool, tmp_path / "state")
         assert ctl.cluster.policy.budget == 3, "the soak runs at the shipped budget"
         roles = {h.name: h.role for h in ctl.cluster.hosts}
-        reset = ctl.cluster.policy.healthy_reset
+        # Health that lasted `healthy_reset` as sparkd judges it (its plans are stamped at the
+        # start of their observation): a few rechecks more than the reset itself.
+        reset = ctl.cluster.policy.healthy_reset + 5 * ctl.cluster.recheck_interval
         try:
             assert await until_healthy_for(ctl, reset, []) is not None, "cold start failed"
             for _ in range(FAULTS):
@@ -123,11 +132,17 @@ async def test_soak(seed: int, tmp_path: Path, capsys: pytest.CaptureFixture[str
                 done = await until_healthy_for(ctl, reset, outcomes)
                 if done is None:
                     tally.missed += 1
-                    notes.append(f"missed {fault.name} on {host}: {ctl.view.plan}")
+                    plan = ctl.view.plan
+                    notes.append(
+                        f"missed {fault.name} on {host}: {plan.phase if plan else None}: "
+                        f"{plan.reason if plan else None}; did: {describe(outcomes)}"
+                    )
                     break
                 wrong = judge(fault, outcomes, roles)
                 tally.false_remediations += len(wrong)
-                notes.extend(f"{fault.name} on {host}: {w}" for w in wrong)
+                notes.extend(
+                    f"{fault.name} on {host}: {w}; did: {describe(outcomes)}" for w in wrong
+                )
         finally:
             await pool.close()
     with capsys.disabled():
@@ -135,4 +150,6 @@ async def test_soak(seed: int, tmp_path: Path, capsys: pytest.CaptureFixture[str
             f"\nsoak seed {seed}: {FAULTS} faults, {tally.false_remediations} false "
             f"remediations, {tally.missed} missed faults"
         )
+        for note in notes:
+            print(f"  {note}")
     assert (tally.false_remediations, tally.missed) == (0, 0), notes
