@@ -107,8 +107,16 @@ def _bar(percent: float | None) -> str:
     return f"[{'#' * filled}{'.' * (BAR - filled)}] {percent:.0f}%"
 
 
+def _ratio(cluster: dict[str, Any]) -> str:
+    probes = cluster.get("probes") or {}
+    ratio = probes.get("reasoning_only_ratio")
+    if ratio is None:
+        return "-"
+    return f"{100 * ratio:.0f}% of {probes.get('window', 0)}"
+
+
 def render_status(body: dict[str, Any]) -> str:
-    rows = [("CLUSTER", "PHASE", "GPUS", "MODEL", "PROBE", "REASON")]
+    rows = [("CLUSTER", "PHASE", "GPUS", "MODEL", "PROBE", "REASONING-ONLY", "REASON")]
     for cluster in body.get("clusters", []):
         snapshot = cluster.get("snapshot") or {}
         ray = snapshot.get("ray") or {}
@@ -126,7 +134,8 @@ def render_status(body: dict[str, Any]) -> str:
             )
         else:
             model = "running" if serve.get("running") else "down"
-        probe = snapshot.get("probe") or {}
+        # The probe of this cycle, else the latest one: probes run less often than cycles.
+        probe = snapshot.get("probe") or (snapshot.get("memory") or {}).get("last_probe") or {}
         verdict = probe.get("verdict") or {}
         latency = probe.get("latency_seconds")
         probe_text = verdict.get("outcome", "-")
@@ -135,10 +144,20 @@ def render_status(body: dict[str, Any]) -> str:
         phase = cluster.get("phase") or "-"
         if cluster.get("paused"):
             phase += " (paused)"
-        rows.append((cluster["cluster"], phase, gpus, model, probe_text, cluster.get("reason", "")))
-    widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
+        rows.append(
+            (
+                cluster["cluster"],
+                phase,
+                gpus,
+                model,
+                probe_text,
+                _ratio(cluster),
+                cluster.get("reason", ""),
+            )
+        )
+    widths = [max(len(str(r[i])) for r in rows) for i in range(6)]
     lines = []
     for row in rows:
-        cells = [str(c).ljust(w) for c, w in zip(row[:5], widths, strict=True)]
-        lines.append("  ".join([*cells, str(row[5])]))
+        cells = [str(c).ljust(w) for c, w in zip(row[:6], widths, strict=True)]
+        lines.append("  ".join([*cells, str(row[6])]))
     return "\n".join(lines)

@@ -15,6 +15,7 @@ from aiohttp import web
 from sparkd.model.plan import ActionOutcome
 from sparkd.runtime import logs
 from sparkd.runtime.controller import Controller
+from sparkd.runtime.metrics import Metrics
 from sparkd.runtime.notify import Notifier
 from sparkd.runtime.state import StateDir
 from sparkd.settings import ConfigError, Settings, load_settings
@@ -46,6 +47,7 @@ class Daemon:
         self.state = StateDir(settings.daemon.state_dir)
         self.pool = SshPool()
         self.controllers: dict[str, Controller] = {}
+        self.metrics = Metrics(lambda: list(self.controllers.values()))
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.stopped = asyncio.Event()
         self.log = logs.get()
@@ -57,6 +59,7 @@ class Daemon:
     def _controller(self, cluster_name: str) -> Controller:
         cluster = self.settings.cluster(cluster_name)
         assert cluster is not None
+        self.metrics.track(cluster)
         return Controller(
             cluster,
             self.pool,
@@ -66,6 +69,7 @@ class Daemon:
             on_cycle=self._cycled,
             on_action=lambda controller, outcome: self.on_action(controller, outcome),
             on_plan=lambda controller: self.on_plan(controller),
+            on_record=self.metrics.record,
         )
 
     def _cycled(self, controller: Controller) -> None:

@@ -1,4 +1,5 @@
-"""The aiohttp app: GET /healthz, /status, /events; POST /clusters/{name}/pause|resume|reconcile.
+"""The aiohttp app: GET /metrics, /healthz, /status, /events;
+POST /clusters/{name}/pause|resume|reconcile.
 
 The control endpoints need `Authorization: Bearer <token>`, checked in constant time against
 the file named by `daemon.control_token_file`, read per request so a rotated token applies at
@@ -12,6 +13,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from prometheus_client.aiohttp import make_aiohttp_handler
 
 from sparkd import __version__
 from sparkd.model.plan import ActionOutcome
@@ -59,6 +61,11 @@ def cluster_json(controller: Controller) -> dict[str, Any]:
         "cycles": view.cycles,
         "last_cycle_at": view.last_cycle_at,
         "last_error": view.last_error,
+        "probes": {
+            "reasoning_only_ratio": view.reasoning_only_ratio,
+            "window": len(view.probe_window),
+            "last_success_at": view.last_probe_success_at,
+        },
         "snapshot": snapshot,
     }
 
@@ -169,6 +176,7 @@ async def reconcile(request: web.Request) -> web.Response:
 def make_app(daemon: Daemon) -> web.Application:
     app = web.Application(client_max_size=64 * 1024)
     app[DAEMON] = daemon
+    app.router.add_get("/metrics", make_aiohttp_handler(daemon.metrics.registry))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/status", status)
     app.router.add_get("/events", events)
