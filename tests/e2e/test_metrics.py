@@ -326,3 +326,24 @@ async def test_load_progress_and_eta_while_loading(seed_world: World, tmp_path: 
         assert value(samples, "sparkd_model_load_eta_seconds", cluster="sparks") is None
     finally:
         await daemon.stop()
+
+
+async def test_dashboard_and_rules_name_only_exported_or_recorded_metrics(
+    healthy_daemon: Daemon,
+) -> None:
+    import yaml
+
+    from tests.ops.test_dashboard import expressions, metric_names
+    from tests.ops.tools import RULES
+
+    _, text = await fetch(f"{healthy_daemon.url}/metrics")
+    exported: set[str] = set()
+    for family in text_string_to_metric_families(text):
+        exported.add(family.name)  # families without samples yet (the ETA outside a load)
+        exported.update(sample.name for sample in family.samples)
+    rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+    recorded = {r["record"] for r in rules if "record" in r}
+    assert "sparkd_model_load_eta_seconds" in exported
+    for expr in expressions() + [r["expr"] for r in rules]:
+        unknown = metric_names(expr) - exported - recorded
+        assert not unknown, (expr, unknown)
