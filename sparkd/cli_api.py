@@ -6,25 +6,15 @@ import argparse
 import asyncio
 import getpass
 import json
-import re
 import sys
 from typing import Any
 
 import aiohttp
 
-from sparkd.settings import ConfigError, Settings, config_path, load_settings
+from sparkd.settings import ConfigError, Settings, config_path, load_settings, parse_duration
 from sparkd.shell.secrets import SecretFileError, read_secret
 
-DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
-UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 BAR = 20
-
-
-def parse_duration(text: str) -> float:
-    match = DURATION.match(text.strip())
-    if not match:
-        raise ValueError(f"bad duration {text!r}: use e.g. 90s, 30m, 2h, 1d")
-    return float(match.group(1)) * UNITS[match.group(2)]
 
 
 def _settings(args: argparse.Namespace) -> Settings | None:

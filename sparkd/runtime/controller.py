@@ -20,11 +20,12 @@ from sparkd.core.policy import is_new_probe, rebooted
 from sparkd.core.remember import pause as pause_memory
 from sparkd.core.remember import remember
 from sparkd.core.remember import resume as resume_memory
-from sparkd.model.memory import Memory
+from sparkd.model.memory import Memory, Pause
 from sparkd.model.observed import ModelEndpoint, Observed
 from sparkd.model.plan import Action, ActionOutcome, Plan
 from sparkd.model.probe import ProbeOutcome, ProbeResult
 from sparkd.runtime import logs
+from sparkd.runtime.maintenance import Window, window_at
 from sparkd.runtime.state import StateDir
 from sparkd.settings import ClusterSpec
 from sparkd.shell.execute import Executor, ExecutorTiming
@@ -142,7 +143,13 @@ class Controller:
         self.progress_at = self.monotonic()  # a slow but bounded observation is progress
         self._operator_edits.clear()
         before = self.memory
-        plan = make_plan(self.cluster, observed, before, observed.observed_at, dry_run=self.dry_run)
+        plan = make_plan(
+            self.cluster,
+            observed,
+            self._effective(before, observed.observed_at),
+            observed.observed_at,
+            dry_run=self.dry_run,
+        )
         if plan.reason != before.last_reason or plan.phase != before.last_phase:
             self.log.info("plan", phase=plan.phase, reason=plan.reason, actions=len(plan.actions))
         rebooted_hosts = rebooted(observed, before)
@@ -207,10 +214,32 @@ class Controller:
         )
         return plan
 
+    def maintenance_at(self, now: float) -> Window | None:
+        return window_at(self.cluster.maintenance, now)
+
+    def _effective(self, memory: Memory, now: float) -> Memory:
+        """Memory as the planner sees it: inside a maintenance window, paused by the window
+        (an operator's own pause stays as it is). Never remembered: the window decides."""
+        if memory.paused is not None and memory.paused.active(now):
+            return memory
+        window = self.maintenance_at(now)
+        if window is None:
+            return memory
+        pause = Pause(
+            reason=window.reason, by="maintenance window", since=window.start, until=window.end
+        )
+        return memory.model_copy(update={"paused": pause})
+
     def _hold_actions(self) -> bool:
-        """Stop before the next action: shutting down, or an operator paused meanwhile."""
+        """Stop before the next action: shutting down, or paused (by an operator or a window)
+        meanwhile. The action already running finishes."""
+        now = self.wall_clock()
         paused = self.memory.paused
-        return self.stopping or (paused is not None and paused.active(self.wall_clock()))
+        return (
+            self.stopping
+            or (paused is not None and paused.active(now))
+            or self.maintenance_at(now) is not None
+        )
 
     def _action_started(self, action: Action) -> None:
         self.view.in_flight = action

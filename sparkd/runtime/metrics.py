@@ -206,6 +206,9 @@ class _Families:
         self.paused = gauge(
             "sparkd_cluster_paused", "Observed but not acted on: an operator's pause or a window"
         )
+        self.maintenance = gauge(
+            "sparkd_cluster_maintenance", "Inside a configured maintenance window"
+        )
         self.blocked = gauge("sparkd_cluster_blocked", "Latched blocked: needs a human")
         self.budget = gauge(
             "sparkd_remediation_budget_remaining",
@@ -237,6 +240,8 @@ class _Families:
         self.ray_gpus_desired.add_metric([name], cluster.ray.expected_gpus)
         self.info.add_metric([name], {"model": cluster.model.id})
         plan = view.plan
+        window = controller.maintenance_at(now)
+        self.maintenance.add_metric([name], 1.0 if window is not None else 0.0)
         blocked = memory.blocked is not None or (plan is not None and plan.phase == "blocked")
         self.blocked.add_metric([name], 1.0 if blocked else 0.0)
         for action in ACTION_KINDS:
@@ -310,6 +315,7 @@ class _Families:
             self.phase,
             self.converged,
             self.paused,
+            self.maintenance,
             self.blocked,
             self.budget,
             self.last_cycle,

@@ -38,6 +38,13 @@ def outcome_json(outcome: ActionOutcome) -> dict[str, Any]:
     }
 
 
+def _window(controller: Controller) -> dict[str, Any] | None:
+    window = controller.maintenance_at(controller.wall_clock())
+    if window is None:
+        return None
+    return {"reason": window.reason, "start": window.start, "end": window.end}
+
+
 def cluster_json(controller: Controller) -> dict[str, Any]:
     view = controller.view
     memory = controller.memory
@@ -54,6 +61,7 @@ def cluster_json(controller: Controller) -> dict[str, Any]:
         "converged": plan.converged if plan is not None else False,
         "paused": memory.paused.model_dump(mode="json") if memory.paused is not None else None,
         "blocked": memory.blocked.model_dump(mode="json") if memory.blocked is not None else None,
+        "maintenance": _window(controller),
         "dry_run": controller.dry_run,
         "plan": plan.public() if plan is not None else None,
         "in_flight": view.in_flight.public() if view.in_flight is not None else None,
