@@ -6,25 +6,15 @@ import argparse
 import asyncio
 import getpass
 import json
-import re
 import sys
 from typing import Any
 
 import aiohttp
 
-from sparkd.settings import ConfigError, Settings, config_path, load_settings
+from sparkd.settings import ConfigError, Settings, config_path, load_settings, parse_duration
 from sparkd.shell.secrets import SecretFileError, read_secret
 
-DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
-UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 BAR = 20
-
-
-def parse_duration(text: str) -> float:
-    match = DURATION.match(text.strip())
-    if not match:
-        raise ValueError(f"bad duration {text!r}: use e.g. 90s, 30m, 2h, 1d")
-    return float(match.group(1)) * UNITS[match.group(2)]
 
 
 def _settings(args: argparse.Namespace) -> Settings | None:
@@ -107,8 +97,16 @@ def _bar(percent: float | None) -> str:
     return f"[{'#' * filled}{'.' * (BAR - filled)}] {percent:.0f}%"
 
 
+def _ratio(cluster: dict[str, Any]) -> str:
+    probes = cluster.get("probes") or {}
+    ratio = probes.get("reasoning_only_ratio")
+    if ratio is None:
+        return "-"
+    return f"{100 * ratio:.0f}% of {probes.get('window', 0)}"
+
+
 def render_status(body: dict[str, Any]) -> str:
-    rows = [("CLUSTER", "PHASE", "GPUS", "MODEL", "PROBE", "REASON")]
+    rows = [("CLUSTER", "PHASE", "GPUS", "MODEL", "PROBE", "REASONING-ONLY", "REASON")]
     for cluster in body.get("clusters", []):
         snapshot = cluster.get("snapshot") or {}
         ray = snapshot.get("ray") or {}
@@ -126,7 +124,8 @@ def render_status(body: dict[str, Any]) -> str:
             )
         else:
             model = "running" if serve.get("running") else "down"
-        probe = snapshot.get("probe") or {}
+        # The probe of this cycle, else the latest one: probes run less often than cycles.
+        probe = snapshot.get("probe") or (snapshot.get("memory") or {}).get("last_probe") or {}
         verdict = probe.get("verdict") or {}
         latency = probe.get("latency_seconds")
         probe_text = verdict.get("outcome", "-")
@@ -135,10 +134,20 @@ def render_status(body: dict[str, Any]) -> str:
         phase = cluster.get("phase") or "-"
         if cluster.get("paused"):
             phase += " (paused)"
-        rows.append((cluster["cluster"], phase, gpus, model, probe_text, cluster.get("reason", "")))
-    widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
+        rows.append(
+            (
+                cluster["cluster"],
+                phase,
+                gpus,
+                model,
+                probe_text,
+                _ratio(cluster),
+                cluster.get("reason", ""),
+            )
+        )
+    widths = [max(len(str(r[i])) for r in rows) for i in range(6)]
     lines = []
     for row in rows:
-        cells = [str(c).ljust(w) for c, w in zip(row[:5], widths, strict=True)]
-        lines.append("  ".join([*cells, str(row[5])]))
+        cells = [str(c).ljust(w) for c, w in zip(row[:6], widths, strict=True)]
+        lines.append("  ".join([*cells, str(row[6])]))
     return "\n".join(lines)

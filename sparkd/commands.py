@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -168,6 +169,14 @@ def check_config(explicit: str | None) -> int:
             f"{cluster.model.port} (tp={cluster.model.tensor_parallel_size}, "
             f"pp={cluster.model.pipeline_parallel_size}); image {cluster.ray.image}"
         )
+        for spec in cluster.maintenance:
+            trigger = spec.trigger()
+            first = trigger.get_next_fire_time(None, datetime.now(trigger.timezone))
+            opens = first.isoformat(timespec="minutes") if first is not None else "never"
+            print(
+                f"  maintenance {spec.cron!r} ({trigger.timezone}) for {spec.duration:g}s: "
+                f"{spec.reason}; next {opens}"
+            )
     return 0
 
 

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+from apscheduler.triggers.cron import CronTrigger
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -60,6 +61,16 @@ SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.I)
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 SHM_SIZE = re.compile(r"^[0-9]+[bkmgBKMG]?$")
+DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """`90s`, `30m`, `2h`, `1d` or plain seconds."""
+    match = DURATION.match(text.strip())
+    if not match:
+        raise ValueError(f"bad duration {text!r}: use e.g. 90s, 30m, 2h, 1d")
+    return float(match.group(1)) * DURATION_UNITS[match.group(2)]
 
 
 class _Section(BaseModel):
@@ -296,6 +307,35 @@ class PolicySpec(_Section):
         return self
 
 
+class MaintenanceSpec(_Section):
+    """A recurring window in which the cluster is observed and nothing is acted on."""
+
+    cron: Annotated[str, Field(min_length=1)]
+    duration: Seconds
+    reason: Annotated[str, Field(min_length=1)]
+    # The cron's timezone; the host's own when unset.
+    timezone: str | None = None
+
+    @field_validator("duration", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> object:
+        return parse_duration(value) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _cron(self) -> MaintenanceSpec:
+        self.trigger()
+        return self
+
+    def trigger(self) -> CronTrigger:
+        """APScheduler's trigger for the window's starts; raises ValueError when invalid."""
+        try:
+            return CronTrigger.from_crontab(self.cron, timezone=self.timezone)
+        except ValueError as exc:
+            raise ValueError(f"cron {self.cron!r}: {exc}") from None
+        except LookupError as exc:  # an unknown timezone name
+            raise ValueError(f"unknown timezone {self.timezone!r}: {exc}") from None
+
+
 class ClusterSpec(_Section):
     """The desired state of one cluster: what `plan()` compares observations with."""
 
@@ -310,6 +350,7 @@ class ClusterSpec(_Section):
     probe: ProbeSpec = ProbeSpec()
     cleanup: CleanupSpec = CleanupSpec()
     policy: PolicySpec = PolicySpec()
+    maintenance: tuple[MaintenanceSpec, ...] = ()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ClusterSpec:

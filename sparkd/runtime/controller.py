@@ -16,14 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkd.core.planner import plan as make_plan
-from sparkd.core.policy import rebooted
+from sparkd.core.policy import is_new_probe, rebooted
 from sparkd.core.remember import pause as pause_memory
 from sparkd.core.remember import remember
 from sparkd.core.remember import resume as resume_memory
-from sparkd.model.memory import Memory
+from sparkd.model.memory import Memory, Pause
 from sparkd.model.observed import ModelEndpoint, Observed
 from sparkd.model.plan import Action, ActionOutcome, Plan
+from sparkd.model.probe import ProbeOutcome, ProbeResult
 from sparkd.runtime import logs
+from sparkd.runtime.maintenance import Window, window_at
 from sparkd.runtime.state import StateDir
 from sparkd.settings import ClusterSpec
 from sparkd.shell.execute import Executor, ExecutorTiming
@@ -33,6 +35,8 @@ from sparkd.shell.ssh import SshPool
 WORK_IN_PROGRESS = frozenset({"cleaning", "starting_ray", "starting_model", "loading", "probing"})
 RECENT_ACTIONS = 50
 EVENTS_KEPT = 1000
+# The reasoning-only ratio is taken over this many of the latest healthy probes.
+PROBE_WINDOW = 20
 
 
 @dataclass
@@ -46,6 +50,30 @@ class ClusterView:
     cycles: int = 0
     last_cycle_at: float | None = None
     last_error: str | None = None
+    # Outcomes of the latest healthy probes (answer or reasoning_only), newest last.
+    probe_window: deque[ProbeOutcome] = field(default_factory=lambda: deque(maxlen=PROBE_WINDOW))
+    last_probe_success_at: float | None = None
+
+    @property
+    def reasoning_only_ratio(self) -> float | None:
+        """reasoning_only / (answer + reasoning_only) over the window; None before any."""
+        if not self.probe_window:
+            return None
+        return sum(o == "reasoning_only" for o in self.probe_window) / len(self.probe_window)
+
+
+@dataclass(frozen=True)
+class CycleRecord:
+    """What one cycle did, for the metrics: `ok` False means it raised (the rest is empty)."""
+
+    ok: bool
+    seconds: float
+    observed: Observed | None = None
+    plan: Plan | None = None
+    # The probe taken in this cycle, when it is one the planner had not seen.
+    probe: ProbeResult | None = None
+    rebooted: tuple[str, ...] = ()
+    outcomes: tuple[ActionOutcome, ...] = ()
 
 
 class Controller:
@@ -62,6 +90,7 @@ class Controller:
         on_cycle: Callable[[Controller], None] = lambda c: None,
         on_action: Callable[[Controller, ActionOutcome], None] = lambda c, o: None,
         on_plan: Callable[[Controller], None] = lambda c: None,
+        on_record: Callable[[Controller, CycleRecord], None] = lambda c, r: None,
     ) -> None:
         self.cluster = cluster
         self.pool = pool
@@ -72,6 +101,7 @@ class Controller:
         self.on_cycle = on_cycle
         self.on_action = on_action
         self.on_plan = on_plan
+        self.on_record = on_record
         self.view = ClusterView()
         self.wake = asyncio.Event()
         self.stopping = False
@@ -106,16 +136,24 @@ class Controller:
         return self.wall_clock() - last >= self.cluster.probe_interval
 
     async def cycle(self) -> Plan:
+        started = self.monotonic()
         observed = await observe(
             self.cluster, self.pool, probe_due=self._probe_due, wall_clock=self.wall_clock
         )
         self.progress_at = self.monotonic()  # a slow but bounded observation is progress
         self._operator_edits.clear()
         before = self.memory
-        plan = make_plan(self.cluster, observed, before, observed.observed_at, dry_run=self.dry_run)
+        plan = make_plan(
+            self.cluster,
+            observed,
+            self._effective(before, observed.observed_at),
+            observed.observed_at,
+            dry_run=self.dry_run,
+        )
         if plan.reason != before.last_reason or plan.phase != before.last_phase:
             self.log.info("plan", phase=plan.phase, reason=plan.reason, actions=len(plan.actions))
-        events = self._reboot_events(observed, before)
+        rebooted_hosts = rebooted(observed, before)
+        events = self._reboot_events(rebooted_hosts)
         if plan.phase != before.last_phase:
             events.append(
                 self._event("phase", phase=plan.phase, was=before.last_phase, reason=plan.reason)
@@ -157,13 +195,51 @@ class Controller:
         self.view.in_flight = None
         self.action_deadline = None
         self.progress_at = self.monotonic()
+        probe = observed.probe if is_new_probe(before, observed.probe) else None
+        if probe is not None and probe.verdict.healthy:
+            self.view.probe_window.append(probe.outcome)
+            self.view.last_probe_success_at = probe.at
         self.on_cycle(self)
+        self.on_record(
+            self,
+            CycleRecord(
+                ok=True,
+                seconds=self.monotonic() - started,
+                observed=observed,
+                plan=plan,
+                probe=probe,
+                rebooted=tuple(rebooted_hosts),
+                outcomes=tuple(outcomes),
+            ),
+        )
         return plan
 
+    def maintenance_at(self, now: float) -> Window | None:
+        return window_at(self.cluster.maintenance, now)
+
+    def _effective(self, memory: Memory, now: float) -> Memory:
+        """Memory as the planner sees it: inside a maintenance window, paused by the window
+        (an operator's own pause stays as it is). Never remembered: the window decides."""
+        if memory.paused is not None and memory.paused.active(now):
+            return memory
+        window = self.maintenance_at(now)
+        if window is None:
+            return memory
+        pause = Pause(
+            reason=window.reason, by="maintenance window", since=window.start, until=window.end
+        )
+        return memory.model_copy(update={"paused": pause})
+
     def _hold_actions(self) -> bool:
-        """Stop before the next action: shutting down, or an operator paused meanwhile."""
+        """Stop before the next action: shutting down, or paused (by an operator or a window)
+        meanwhile. The action already running finishes."""
+        now = self.wall_clock()
         paused = self.memory.paused
-        return self.stopping or (paused is not None and paused.active(self.wall_clock()))
+        return (
+            self.stopping
+            or (paused is not None and paused.active(now))
+            or self.maintenance_at(now) is not None
+        )
 
     def _action_started(self, action: Action) -> None:
         self.view.in_flight = action
@@ -191,9 +267,9 @@ class Controller:
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         return {"at": self.wall_clock(), "cluster": self.cluster.name, "kind": kind, **fields}
 
-    def _reboot_events(self, observed: Observed, memory: Memory) -> list[dict[str, Any]]:
+    def _reboot_events(self, hosts: list[str]) -> list[dict[str, Any]]:
         events = []
-        for host in rebooted(observed, memory):
+        for host in hosts:
             self.log.warning("reboot_detected", host=host)
             events.append(self._event("reboot", host=host))
         return events
@@ -211,6 +287,7 @@ class Controller:
     async def run(self) -> None:
         while not self.stopping:
             self.wake.clear()
+            started = self.monotonic()
             try:
                 await self.cycle()
             except Exception as exc:  # a cycle must never kill the controller
@@ -218,6 +295,7 @@ class Controller:
                 self.view.in_flight = None
                 self.action_deadline = None
                 self.log.exception("cycle_failed")
+                self.on_record(self, CycleRecord(ok=False, seconds=self.monotonic() - started))
             if self.stopping:
                 break
             # Never back to back: even a wake-up waits a little after the last cycle.

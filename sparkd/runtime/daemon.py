@@ -15,6 +15,8 @@ from aiohttp import web
 from sparkd.model.plan import ActionOutcome
 from sparkd.runtime import logs
 from sparkd.runtime.controller import Controller
+from sparkd.runtime.maintenance import MaintenanceScheduler
+from sparkd.runtime.metrics import Metrics
 from sparkd.runtime.notify import Notifier
 from sparkd.runtime.state import StateDir
 from sparkd.settings import ConfigError, Settings, load_settings
@@ -46,6 +48,8 @@ class Daemon:
         self.state = StateDir(settings.daemon.state_dir)
         self.pool = SshPool()
         self.controllers: dict[str, Controller] = {}
+        self.metrics = Metrics(lambda: list(self.controllers.values()))
+        self.maintenance = MaintenanceScheduler(self._wake)
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.stopped = asyncio.Event()
         self.log = logs.get()
@@ -57,6 +61,8 @@ class Daemon:
     def _controller(self, cluster_name: str) -> Controller:
         cluster = self.settings.cluster(cluster_name)
         assert cluster is not None
+        self.metrics.track(cluster)
+        self.maintenance.schedule(cluster)
         return Controller(
             cluster,
             self.pool,
@@ -66,7 +72,14 @@ class Daemon:
             on_cycle=self._cycled,
             on_action=lambda controller, outcome: self.on_action(controller, outcome),
             on_plan=lambda controller: self.on_plan(controller),
+            on_record=self.metrics.record,
         )
+
+    def _wake(self, cluster_name: str) -> None:
+        controller = self.controllers.get(cluster_name)
+        if controller is not None:
+            controller.log.info("maintenance_edge")
+            controller.wake.set()
 
     def _cycled(self, controller: Controller) -> None:
         plan = controller.view.plan
@@ -105,6 +118,7 @@ class Daemon:
         daemon = self.settings.daemon
         site = web.TCPSite(self.runner, daemon.listen_host, daemon.listen_port)
         await site.start()
+        self.maintenance.start()
         for name, controller in self.controllers.items():
             self.tasks[name] = asyncio.create_task(controller.run(), name=f"controller:{name}")
         self.log.info(
@@ -161,6 +175,7 @@ class Daemon:
         for name in changed:
             self.controllers.pop(name)
             self.tasks.pop(name, None)
+            self.maintenance.unschedule(name)
         for cluster in new.clusters:
             if cluster.name not in self.controllers:
                 controller = self._controller(cluster.name)
@@ -179,6 +194,8 @@ class Daemon:
             controller.stop()
         if self.tasks:
             await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        if self.maintenance.scheduler.running:
+            await self.maintenance.stop()
         if self.runner is not None:
             await self.runner.cleanup()
         await self.pool.close()

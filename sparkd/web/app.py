@@ -1,4 +1,5 @@
-"""The aiohttp app: GET /healthz, /status, /events; POST /clusters/{name}/pause|resume|reconcile.
+"""The aiohttp app: GET /metrics, /healthz, /status, /events;
+POST /clusters/{name}/pause|resume|reconcile.
 
 The control endpoints need `Authorization: Bearer <token>`, checked in constant time against
 the file named by `daemon.control_token_file`, read per request so a rotated token applies at
@@ -12,6 +13,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from prometheus_client.aiohttp import make_aiohttp_handler
 
 from sparkd import __version__
 from sparkd.model.plan import ActionOutcome
@@ -36,6 +38,13 @@ def outcome_json(outcome: ActionOutcome) -> dict[str, Any]:
     }
 
 
+def _window(controller: Controller) -> dict[str, Any] | None:
+    window = controller.maintenance_at(controller.wall_clock())
+    if window is None:
+        return None
+    return {"reason": window.reason, "start": window.start, "end": window.end}
+
+
 def cluster_json(controller: Controller) -> dict[str, Any]:
     view = controller.view
     memory = controller.memory
@@ -52,6 +61,7 @@ def cluster_json(controller: Controller) -> dict[str, Any]:
         "converged": plan.converged if plan is not None else False,
         "paused": memory.paused.model_dump(mode="json") if memory.paused is not None else None,
         "blocked": memory.blocked.model_dump(mode="json") if memory.blocked is not None else None,
+        "maintenance": _window(controller),
         "dry_run": controller.dry_run,
         "plan": plan.public() if plan is not None else None,
         "in_flight": view.in_flight.public() if view.in_flight is not None else None,
@@ -59,6 +69,11 @@ def cluster_json(controller: Controller) -> dict[str, Any]:
         "cycles": view.cycles,
         "last_cycle_at": view.last_cycle_at,
         "last_error": view.last_error,
+        "probes": {
+            "reasoning_only_ratio": view.reasoning_only_ratio,
+            "window": len(view.probe_window),
+            "last_success_at": view.last_probe_success_at,
+        },
         "snapshot": snapshot,
     }
 
@@ -169,6 +184,7 @@ async def reconcile(request: web.Request) -> web.Response:
 def make_app(daemon: Daemon) -> web.Application:
     app = web.Application(client_max_size=64 * 1024)
     app[DAEMON] = daemon
+    app.router.add_get("/metrics", make_aiohttp_handler(daemon.metrics.registry))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/status", status)
     app.router.add_get("/events", events)

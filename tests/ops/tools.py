@@ -1,0 +1,50 @@
+"""Finding the Prometheus tools, and the shipped rules with their `for:` durations scaled."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "etc" / "prometheus" / "sparkd.rules.yml"
+RULE_TESTS = ROOT / "etc" / "prometheus" / "sparkd.rules.test.yml"
+ALERTMANAGER_CONFIG = ROOT / "etc" / "alertmanager" / "sparkd.yml"
+DASHBOARD = ROOT / "etc" / "grafana" / "sparkd.json"
+RUNBOOK = ROOT / "docs" / "runbook.md"
+# Debian's prometheus-alertmanager package names its daemon prometheus-alertmanager.
+COMMANDS = {
+    "prometheus": ("prometheus",),
+    "promtool": ("promtool",),
+    "alertmanager": ("alertmanager", "prometheus-alertmanager"),
+    "amtool": ("amtool",),
+}
+
+
+def tool(name: str) -> str:
+    """The tool's path; a missing tool skips the test, and fails it in CI."""
+    for command in COMMANDS[name]:
+        found = shutil.which(command)
+        if found:
+            return found
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{name} is missing: .ci/run must install it")
+    pytest.skip(f"no {name} on this machine")
+
+
+FOR = re.compile(r"^(\s*for:\s*)(\d+)([mh])\s*$", re.M)
+
+
+def scaled_rules(text: str) -> str:
+    """The rules with every `for:` of N minutes (hours) made N seconds (minutes)."""
+
+    def scale(match: re.Match[str]) -> str:
+        unit = {"m": "s", "h": "m"}[match.group(3)]
+        return f"{match.group(1)}{match.group(2)}{unit}"
+
+    scaled, count = FOR.subn(scale, text)
+    assert count, "no for: durations found to scale"
+    return scaled
