@@ -100,7 +100,14 @@ def test_config_rejects_a_bad_window(
 
 
 def test_check_config_shows_the_next_opening(tmp_path: Path) -> None:
-    path = config_with(tmp_path, WINDOW.format(cron="0 3 * * SUN", duration="2h", extra=""))
+    from tests.unit.test_settings import usable
+
+    text = (
+        EXAMPLE_CONFIG.read_text()
+        + "\n"
+        + WINDOW.format(cron="0 3 * * SUN", duration="2h", extra="")
+    )
+    path = usable(tmp_path, text)
     result = subprocess.run(
         [sys.executable, "-m", "sparkd.cli", "check-config", "--config", str(path)],
         capture_output=True,
