@@ -90,6 +90,7 @@ class SimSshHost:
         other_addresses: Callable[[], set[str]],
         run_as: str | None,
         real_port: Callable[[str, int], int | None] = lambda address, port: port,
+        aliases: Callable[[], dict[str, str]] = dict,
     ) -> None:
         self.address = address
         self.host_key = host_key
@@ -104,6 +105,8 @@ class SimSshHost:
         # Where a simulated (address, port) really listens: model servers bind ephemeral ports,
         # so worlds in different processes never collide on the same loopback address.
         self.real_port = real_port
+        # A host's other addresses (its data IP) lead to it: vLLM listens on all of them.
+        self._aliases = aliases
         self._run_as = run_as
         self._server: asyncssh.SSHAcceptor | None = None
         self._blackhole: asyncio.Server | None = None
@@ -116,7 +119,7 @@ class SimSshHost:
             return self.address
         if dest_host in self._other_addresses():
             return dest_host
-        return None
+        return self._aliases().get(dest_host)
 
     # -- listener states -----------------------------------------------------------------------
 

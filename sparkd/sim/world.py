@@ -332,6 +332,11 @@ class World:
             other_addresses=lambda: {h.address for h in self.hosts.values()},
             run_as=self.run_as,
             real_port=lambda address, port: self.listening.get((address, port)),
+            aliases=lambda: {
+                h.state.data_ip: h.address
+                for h in self.hosts.values()
+                if h.state.data_ip != h.address
+            },
         )
         return SimHost(
             state=state,

@@ -120,13 +120,13 @@ async def test_a_restarted_worker_is_waited_for_by_node_id_and_costs_one_launch(
         since = time.time()
         await world.fault("kill-container", "spark-b", "sparkd-sparks-ray-worker")
         launches_seen_on: list[set[str]] = []
-        settling = 0
         for _ in range(300):
             plan = await ctl.cycle()
             seen = ctl.view.snapshot
-            assert seen is not None
-            if "Ray settling" in plan.reason:
-                settling += 1
+            assert seen is not None and seen.ray is not None
+            if seen.ray.up and old & set(seen.ray.alive_node_ids):
+                # Ray still counts the killed node: whatever else, no launch on this view.
+                assert not any(a.kind.endswith("_model") for a in plan.actions), plan.reason
             if any(a.kind in ("start_model", "restart_model") for a in plan.actions):
                 assert seen.ray is not None
                 launches_seen_on.append(set(seen.ray.alive_node_ids))
@@ -138,7 +138,6 @@ async def test_a_restarted_worker_is_waited_for_by_node_id_and_costs_one_launch(
         assert not (launches_seen_on[0] & old), "launched on a view holding the dead node"
         launches = [r for r in mutations(world, "spark-a", since) if "vllm serve" in r.command]
         assert len(launches) == 1
-        assert settling >= 1, "Ray's lag never showed: the world is not realistic"
 
 
 async def test_a_stuck_load_with_a_chatty_log_is_restarted_after_load_stall(
@@ -155,3 +154,21 @@ async def test_a_stuck_load_with_a_chatty_log_is_restarted_after_load_stall(
         assert len(stalls) == 1, [p.reason for p in plans if p.actions]
         launches = [r for r in mutations(world, "spark-a", since) if "vllm serve" in r.command]
         assert len(launches) == 2
+
+
+async def test_each_node_gets_its_data_ip_as_vllm_host_ip_so_the_load_progresses(
+    tmp_path: Path, pool: SshPool
+) -> None:
+    """Hosts whose default route is the management network: without VLLM_HOST_IP per node, vLLM
+    would bind its placement group to an address Ray does not know and never load."""
+    async with World(
+        tmp_path / "world", scenario="seed-morning", timing=Timing.fast(), data_network=True
+    ) as world:
+        ctl = controller(world, pool, tmp_path / "state")
+        plans = await converge(ctl, cycles=300)
+        assert plans[-1].phase == "healthy"
+        runs = [r for r in mutations(world) if r.command.startswith("docker run")]
+        for host in ctl.cluster.hosts:
+            [run] = [r.command for r in runs if r.host == host.name]
+            assert f"VLLM_HOST_IP={host.data_ip}" in run
+            assert host.data_ip != host.address
