@@ -28,6 +28,7 @@ from sparkd.runtime import logs
 from sparkd.runtime.maintenance import Window, window_at
 from sparkd.runtime.state import StateDir
 from sparkd.settings import ClusterSpec
+from sparkd.shell.events import EventWatch
 from sparkd.shell.execute import Executor, ExecutorTiming
 from sparkd.shell.observe import observe
 from sparkd.shell.ssh import SshPool
@@ -90,6 +91,7 @@ class Controller:
         on_cycle: Callable[[Controller], None] = lambda c: None,
         on_action: Callable[[Controller, ActionOutcome], None] = lambda c, o: None,
         on_plan: Callable[[Controller], None] = lambda c: None,
+        watch_events: bool = True,
         on_record: Callable[[Controller, CycleRecord], None] = lambda c, r: None,
     ) -> None:
         self.cluster = cluster
@@ -101,6 +103,7 @@ class Controller:
         self.on_cycle = on_cycle
         self.on_action = on_action
         self.on_plan = on_plan
+        self.watch_events = watch_events
         self.on_record = on_record
         self.view = ClusterView()
         self.wake = asyncio.Event()
@@ -284,12 +287,32 @@ class Controller:
 
     # -- the loop -----------------------------------------------------------------------
 
+    def _woken(self, host: str, why: str) -> None:
+        """A host's event stream says something changed: look again now (coalesced: one wake
+        covers every event until the next cycle starts)."""
+        if not self.wake.is_set():
+            self.log.info("woken", host=host, why=why)
+        self.wake.set()
+
     async def run(self) -> None:
+        watch = EventWatch(self.cluster, self.pool, self._woken) if self.watch_events else None
+        if watch is not None:
+            watch.start()
+        try:
+            await self._loop()
+        finally:
+            if watch is not None:
+                await watch.stop()
+
+    async def _loop(self) -> None:
         while not self.stopping:
             self.wake.clear()
             started = self.monotonic()
             try:
-                await self.cycle()
+                plan = await self.cycle()
+                if plan.actions:
+                    # What the actions did is worth seeing now, not a recheck later.
+                    self.wake.set()
             except Exception as exc:  # a cycle must never kill the controller
                 self.view.last_error = f"{type(exc).__name__}: {exc}"
                 self.view.in_flight = None

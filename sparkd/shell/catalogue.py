@@ -28,6 +28,8 @@ from sparkd.core.spec import (
 from sparkd.settings import ClusterSpec, HostSpec
 
 KILL_GRACE = 2
+# A `docker events` stream is renewed this often, so no remote process outlives sparkd by more.
+EVENTS_SPAN = 3600.0
 UNIT_PROPERTIES = "Id,LoadState,ActiveState,SubState,UnitFileState"
 TOP_FORMAT = "pid,etimes,times,args"
 LOG_TAIL_BYTES = 65536
@@ -280,6 +282,19 @@ GPU_APPS = (
 )
 
 
+# What makes sparkd look again at once: a container (or the serve process, run under
+# `docker exec`) ending or starting.
+EVENT_ACTIONS = ("die", "stop", "kill", "oom", "start", "exec_die")
+
+
+def docker_events(seconds: float) -> Remote:
+    """The host's container events as JSON lines, for `seconds` (then watched anew)."""
+    argv = ["docker", "events", "--format", "{{json .}}", "--filter", "type=container"]
+    for action in EVENT_ACTIONS:
+        argv += ["--filter", f"event={action}"]
+    return Remote("docker_events", _line(argv, seconds), mutating=False)
+
+
 def gpu_apps(seconds: float) -> Remote:
     return Remote("gpu_apps", _line(GPU_APPS, seconds), mutating=False)
 
@@ -327,6 +342,7 @@ def catalogue(cluster: ClusterSpec, seconds: float) -> list[tuple[HostSpec, Remo
             entries.append((host, remove_container(pattern, seconds)))
         entries.append((host, start_ray(cluster, host, seconds)))
         entries.append((host, gpu_apps(seconds)))
+        entries.append((host, docker_events(EVENTS_SPAN)))
         entries.append((host, kill_process(cluster, 12345, "TERM", seconds)))
     api_key = "<from api_key_file>" if cluster.model.api_key_file is not None else None
     entries.append((head, start_model(cluster, seconds, api_key)))

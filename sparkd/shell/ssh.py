@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,6 +116,38 @@ class HostConnection:
             detail = f"`{name}` exited with status {completed.exit_status}"
             raise SshFailure(host_error("exit_nonzero", detail), result)
         return result
+
+    async def lines(self, command: str, *, max_line: int = 65536) -> AsyncIterator[str]:
+        """Run a long-lived command and yield its output line by line until it ends.
+
+        Holds one session for as long as the caller reads (not a slot of the channel cap: it is
+        meant to last). A line longer than `max_line` fails the stream as `exit_nonzero`.
+        """
+        name = _first_word(command)
+        conn: asyncssh.SSHClientConnection | None = None
+        try:
+            conn = await self._connection()
+            process = await conn.create_process(command, encoding="utf-8", errors="replace")
+        except _TRANSPORT_ERRORS as exc:
+            raise SshFailure(self._classify_on(conn, exc)) from exc
+        pending = ""
+        try:
+            while True:
+                try:
+                    chunk = await process.stdout.read(READ_CHUNK)
+                except _TRANSPORT_ERRORS as exc:
+                    raise SshFailure(self._classify_on(conn, exc)) from exc
+                if not chunk:
+                    return
+                pending += chunk
+                *complete, pending = pending.split("\n")
+                if len(pending) > max_line or any(len(line) > max_line for line in complete):
+                    detail = f"`{name}` printed a line longer than {max_line} characters"
+                    raise SshFailure(host_error("exit_nonzero", detail))
+                for line in complete:
+                    yield line
+        finally:
+            process.close()
 
     async def open_connection(
         self, host: str, port: int

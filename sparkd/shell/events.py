@@ -1,0 +1,108 @@
+"""Event-driven detection: one `docker events` stream per host over its persistent connection.
+
+A relevant event (one of sparkd's containers or a conflicting one dies or starts, the serve
+process ends) or a dropped stream (a host going down) wakes the cluster's controller at once;
+the interval cycle stays the safety net. Streams reconnect with backoff and are set up anew after
+a reboot (the connection drops, the next attempt reconnects).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.shell import catalogue
+from sparkd.shell.ssh import SshFailure, SshPool
+
+Wake = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class ContainerEvent:
+    action: str
+    name: str
+
+
+def parse_event(line: str) -> ContainerEvent | None:
+    """One line of `docker events --format '{{json .}}'`; None when it is not one."""
+    try:
+        row = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(row, dict):
+        return None
+    actor = row.get("Actor")
+    attributes = actor.get("Attributes") if isinstance(actor, dict) else None
+    name = attributes.get("name") if isinstance(attributes, dict) else None
+    action = row.get("Action") or row.get("status")
+    if not isinstance(name, str) or not isinstance(action, str):
+        return None
+    # `exec_die` may come as `exec_die` or with the exec's command after a colon.
+    return ContainerEvent(action=action.split(":", 1)[0].strip(), name=name)
+
+
+def relevant(cluster: ClusterSpec, event: ContainerEvent) -> bool:
+    if event.action not in catalogue.EVENT_ACTIONS:
+        return False
+    if event.name.startswith(f"sparkd-{cluster.name}-"):
+        return True
+    return any(fnmatch.fnmatchcase(event.name, p) for p in cluster.cleanup.container_patterns)
+
+
+class EventWatch:
+    """Watches every host of a cluster; `wake(host, why)` is called for what matters."""
+
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        pool: SshPool,
+        wake: Wake,
+        *,
+        retry_initial: float = 1.0,
+        retry_max: float = 30.0,
+    ) -> None:
+        self.cluster = cluster
+        self.pool = pool
+        self.wake = wake
+        self.retry_initial = retry_initial
+        self.retry_max = retry_max
+        self.events_seen = 0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        if not self._tasks:
+            self._tasks = [asyncio.create_task(self._watch(h)) for h in self.cluster.hosts]
+
+    async def stop(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _watch(self, host: HostSpec) -> None:
+        delay = self.retry_initial
+        command = catalogue.docker_events(catalogue.EVENTS_SPAN).command
+        while True:
+            streamed = False
+            try:
+                conn = self.pool.connection(host, self.cluster.ssh)
+                async for line in conn.lines(command):
+                    streamed = True
+                    delay = self.retry_initial
+                    event = parse_event(line)
+                    if event is not None and relevant(self.cluster, event):
+                        self.events_seen += 1
+                        self.wake(host.name, f"{event.name} {event.action}")
+            except SshFailure as failure:
+                if streamed:
+                    # The stream ran and broke: the host may be going down; look now.
+                    self.wake(host.name, f"event stream lost ({failure.kind})")
+            await asyncio.sleep(delay)
+            delay = min(self.retry_max, delay * 2)
