@@ -76,3 +76,29 @@ async def test_one_ssh_exec_per_host_per_cycle(healthy: Live, pool: SshPool) -> 
         tools = [r for r in during if r.host == host and r.source == "tool"]
         assert len(execs) == 1, execs
         assert len(tools) >= 5  # the one script really ran every tool
+
+
+async def test_one_ray_call_per_cycle_on_the_head(healthy: Live, pool: SshPool) -> None:
+    """Each real `ray` call costs the head 0.6-3 s of a core: the node list suffices."""
+    import time
+
+    world = healthy.world
+    since = time.time()
+    observed = await observe(healthy.cluster, pool)
+    assert observed.ray is not None and observed.ray.up and observed.ray.ips_known
+    calls = [
+        r.command
+        for r in world.commands("spark-a")
+        if r.at >= since and r.command.split()[:1] == ["ray"]
+    ]
+    assert calls == ["ray list nodes --format=json --filter state=ALIVE"], calls
+
+
+async def test_ray_status_only_when_the_node_list_fails(healthy: Live, pool: SshPool) -> None:
+    world = healthy.world
+    cluster = cluster_of(world, ssh={"command_timeout": 3.0})
+    await world.fault("hang-tool", "spark-a", "ray list")
+    observed = await observe(cluster, pool)
+    assert observed.ray is not None and observed.ray.up
+    assert not observed.ray.ips_known  # read from `ray status`, which names no IPs
+    assert observed.ray.gpus_total == 2.0
