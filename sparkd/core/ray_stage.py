@@ -203,39 +203,27 @@ def _membership(ctx: Context, verdict: RayVerdict, ray: RayState, unsettled_for:
         reachable = ctx.facts[host.name].reachable
         box = ctx.facts[host.name].container(name) if reachable else None
         started = _started(ctx, host.name, box)
+        settling: tuple[str, str] | None = None
         if len(on_ip) > 1:
-            verdict.waits.append(
-                f"Ray settling: {len(on_ip)} ALIVE nodes on {host.ip} (a dead one not yet dropped)"
+            settling = (
+                f"Ray settling: {len(on_ip)} ALIVE nodes on {host.ip} (a dead one not yet dropped)",
+                f"Ray still shows {len(on_ip)} nodes on {host.ip}",
             )
+        elif on_ip and started is not None and _first_seen(ctx, on_ip[0]) < started - SEEN_SLACK:
+            settling = (
+                f"Ray settling: node {on_ip[0].node_id[:8]} on {host.ip} registered before "
+                f"{host.name}'s Ray container started (waiting for a new node id)",
+                f"{host.name} not rejoined Ray with a new node id",
+            )
+        if settling is not None:
+            wait, overdue = settling
+            verdict.waits.append(wait)
             if unsettled_for > join and reachable:
-                repairs.append(
-                    act(
-                        "restart_ray",
-                        host.name,
-                        name,
-                        f"Ray still shows {len(on_ip)} nodes on {host.ip} "
-                        f"after {ago(unsettled_for)}",
-                    )
-                )
+                reason = f"{overdue} after {ago(unsettled_for)}"
+                repairs.append(act("restart_ray", host.name, name, reason))
             continue
         if len(on_ip) == 1:
             node = on_ip[0]
-            if started is not None and _first_seen(ctx, node) < started - SEEN_SLACK:
-                verdict.waits.append(
-                    f"Ray settling: node {node.node_id[:8]} on {host.ip} registered before "
-                    f"{host.name}'s Ray container started (waiting for a new node id)"
-                )
-                if unsettled_for > join and reachable:
-                    repairs.append(
-                        act(
-                            "restart_ray",
-                            host.name,
-                            name,
-                            f"{host.name} not rejoined Ray with a new node id "
-                            f"after {ago(unsettled_for)}",
-                        )
-                    )
-                continue
             if node.gpus < 1.0 and reachable:
                 repairs.append(
                     act(

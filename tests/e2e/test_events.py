@@ -4,7 +4,9 @@ connection wakes the controller, long before its interval would have."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from sparkd.model.plan import ActionOutcome
@@ -19,15 +21,28 @@ from tests.toy import reference_cluster
 INTERVAL = 600.0
 
 
-async def running(ctl: Controller, outcomes: list[ActionOutcome]) -> asyncio.Task[None]:
+@contextlib.asynccontextmanager
+async def converged_daemon(
+    world: World, pool: SshPool, state: Path
+) -> AsyncIterator[tuple[Controller, list[ActionOutcome]]]:
+    """The controller's own loop, run until converged and settled into its long wait."""
+    ctl = controller(world, pool, state, cluster={"interval": INTERVAL})
+    outcomes: list[ActionOutcome] = []
     ctl.on_action = lambda _, outcome: outcomes.append(outcome)
-    return asyncio.create_task(ctl.run())
+    task = asyncio.create_task(ctl.run())
+    try:
+        await until(lambda: ctl.view.plan is not None and ctl.view.plan.converged, 60)
+        await asyncio.sleep(0.5)
+        yield ctl, outcomes
+    finally:
+        ctl.stop()
+        await task
 
 
-async def until(check: object, within: float) -> float:
+async def until(check: Callable[[], bool], within: float) -> float:
     started = time.monotonic()
     while time.monotonic() - started < within:
-        if check():  # type: ignore[operator]
+        if check():
             return time.monotonic() - started
         await asyncio.sleep(0.02)
     raise AssertionError(f"not within {within}s")
@@ -36,30 +51,17 @@ async def until(check: object, within: float) -> float:
 async def test_a_crashed_serve_process_is_handled_on_its_event(
     seed_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    ctl = controller(seed_world, pool, tmp_path / "state", cluster={"interval": INTERVAL})
-    outcomes: list[ActionOutcome] = []
-    task = await running(ctl, outcomes)
-    try:
-        await until(lambda: ctl.view.plan is not None and ctl.view.plan.converged, 60)
-        await asyncio.sleep(0.5)  # settled into the long interval wait
+    async with converged_daemon(seed_world, pool, tmp_path / "state") as (_, outcomes):
         done = len(outcomes)
         await seed_world.fault("crash-model", "spark-a")
         took = await until(lambda: any(o.action.kind == "start_model" for o in outcomes[done:]), 20)
         assert took < INTERVAL / 10
-    finally:
-        ctl.stop()
-        await task
 
 
 async def test_a_killed_ray_container_and_a_rebooted_host_are_handled_on_events(
     seed_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    ctl = controller(seed_world, pool, tmp_path / "state", cluster={"interval": INTERVAL})
-    outcomes: list[ActionOutcome] = []
-    task = await running(ctl, outcomes)
-    try:
-        await until(lambda: ctl.view.plan is not None and ctl.view.plan.converged, 60)
-        await asyncio.sleep(0.5)
+    async with converged_daemon(seed_world, pool, tmp_path / "state") as (ctl, outcomes):
         done = len(outcomes)
         await seed_world.fault("kill-container", "spark-b", "sparkd-sparks-ray-worker")
         await until(lambda: any(o.action.kind == "start_ray_worker" for o in outcomes[done:]), 20)
@@ -70,9 +72,6 @@ async def test_a_killed_ray_container_and_a_rebooted_host_are_handled_on_events(
         # The stream drops with the host; the stream set up anew after the reboot sees the GLM
         # container start again, and sparkd acts without waiting for its interval.
         await until(lambda: any(o.action.host == "spark-b" for o in outcomes[done:]), 30)
-    finally:
-        ctl.stop()
-        await task
 
 
 def test_events_are_parsed_and_filtered_like_dockers_json() -> None:
