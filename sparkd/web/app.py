@@ -69,6 +69,7 @@ def cluster_json(controller: Controller) -> dict[str, Any]:
         "cycles": view.cycles,
         "last_cycle_at": view.last_cycle_at,
         "last_error": view.last_error,
+        "persist_error": controller.persist_error,
         "probes": {
             "reasoning_only_ratio": view.reasoning_only_ratio,
             "window": len(view.probe_window),
@@ -79,10 +80,8 @@ def cluster_json(controller: Controller) -> dict[str, Any]:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    ok, reason = request.app[DAEMON].healthy()
-    return web.json_response(
-        {"status": "ok" if ok else "unhealthy", "reason": reason}, status=200 if ok else 503
-    )
+    health = request.app[DAEMON].health()
+    return web.json_response(health, status=200 if health["status"] == "ok" else 503)
 
 
 async def status(request: web.Request) -> web.Response:
@@ -103,10 +102,9 @@ async def events(request: web.Request) -> web.Response:
         limit = min(MAX_EVENTS, max(1, int(request.query.get("limit", "100"))))
     except ValueError:
         raise web.HTTPBadRequest(text="limit must be a whole number") from None
-    found = daemon.state.read_events(MAX_EVENTS if cluster else limit)
-    if cluster:
-        found = [e for e in found if e.get("cluster") == cluster][:limit]
-    return web.json_response({"events": found})
+    found = daemon.state.read_events(limit, cluster)
+    # Lines of the events file that could not be read (torn, not UTF-8), skipped on the way.
+    return web.json_response({"events": found, "skipped_lines": daemon.state.events_skipped})
 
 
 def _authorize(request: web.Request) -> None:
@@ -161,16 +159,29 @@ async def pause(request: web.Request) -> web.Response:
         if not isinstance(duration, int | float) or not math.isfinite(duration) or duration <= 0:
             raise web.HTTPBadRequest(text="for_seconds must be a positive number")
         until = controller.wall_clock() + float(duration)
-    controller.pause(reason.strip(), str(by), until)
-    return web.json_response(cluster_json(controller))
+    saved = controller.pause(reason.strip(), str(by), until)
+    return web.json_response(_applied(controller, saved))
 
 
 async def resume(request: web.Request) -> web.Response:
     _authorize(request)
     controller = _controller(request)
     body = await _body(request)
-    controller.resume(str(body.get("by", "api")))
-    return web.json_response(cluster_json(controller))
+    saved = controller.resume(str(body.get("by", "api")))
+    return web.json_response(_applied(controller, saved))
+
+
+def _applied(controller: Controller, saved: bool) -> dict[str, Any]:
+    """The cluster after an operator's change, and whether the change is on disk: when it is
+    not, it holds only until the daemon restarts."""
+    body = cluster_json(controller)
+    body["persisted"] = saved
+    if not saved:
+        body["warning"] = (
+            f"applied, but not persisted ({controller.persist_error}); "
+            "it is lost if sparkd restarts before the state dir takes writes again"
+        )
+    return body
 
 
 async def reconcile(request: web.Request) -> web.Response:
