@@ -154,16 +154,17 @@ class Daemon:
         }
 
     async def start(self) -> None:
-        from sparkd.web.app import make_app  # the web layer sits above the runtime
+        # The web layer sits above the runtime.
+        from sparkd.web.app import GuardedSite, make_app, runner_options
 
         self.state.ensure()
         for cluster in self.settings.clusters:
             self.controllers[cluster.name] = self._controller(cluster.name)
         app = make_app(self)
-        self.runner = web.AppRunner(app, access_log=None)
+        self.runner = web.AppRunner(app, **runner_options())
         await self.runner.setup()
         daemon = self.settings.daemon
-        site = web.TCPSite(self.runner, daemon.listen_host, daemon.listen_port)
+        site = GuardedSite(self.runner, daemon.listen_host, daemon.listen_port, app)
         await site.start()
         self.maintenance.start()
         for name, controller in self.controllers.items():
