@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import getpass
 import json
 import sys
+import urllib.parse
 from typing import Any
 
 import aiohttp
@@ -79,13 +81,18 @@ async def _control(
             except ValueError as exc:
                 print(f"sparkd pause: {exc}", file=sys.stderr)
                 return 64
+    name = urllib.parse.quote(args.cluster, safe="")
     async with session.post(
-        f"{url}/clusters/{args.cluster}/{args.command}", json=body, headers=headers
+        f"{url}/clusters/{name}/{args.command}", json=body, headers=headers
     ) as response:
         text = await response.text()
         if response.status != 200:
             print(f"sparkd {args.command}: HTTP {response.status}: {text}", file=sys.stderr)
             return 1
+    with contextlib.suppress(ValueError):
+        answer = json.loads(text)
+        if isinstance(answer, dict) and answer.get("persisted") is False:
+            print(f"sparkd {args.command}: {answer.get('warning')}", file=sys.stderr)
     print(f"{args.cluster}: {args.command} done")
     return 0
 

@@ -3,6 +3,11 @@
 A cycle starts when the controller's event is set: by its own timer (the interval, or the
 recheck interval while work is in progress), by an operator (`reconcile`, `resume`), never
 back to back. Clusters are independent tasks; one cluster's slowness never delays another.
+
+Memory and events are persisted as each action finishes, not only at the end of the cycle: a
+crash mid-cycle loses nothing already done, and the budget is charged for it. When the state
+dir cannot be written (a full disk), memory stays in the process, events wait in a bounded
+queue, each failure is logged, and the gap is recorded as an event once writing works again.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from sparkd.core.policy import is_new_probe, rebooted
 from sparkd.core.remember import pause as pause_memory
 from sparkd.core.remember import remember
 from sparkd.core.remember import resume as resume_memory
-from sparkd.model.memory import Memory, Pause
+from sparkd.model.memory import MEMORY_VERSION, Memory, Pause
 from sparkd.model.observed import ModelEndpoint, Observed
 from sparkd.model.plan import Action, ActionOutcome, Plan
 from sparkd.model.probe import ProbeOutcome, ProbeResult
@@ -36,6 +41,9 @@ from sparkd.shell.ssh import SshPool
 WORK_IN_PROGRESS = frozenset({"cleaning", "starting_ray", "starting_model", "loading", "probing"})
 RECENT_ACTIONS = 50
 EVENTS_KEPT = 1000
+# Events held in the process while the state dir cannot be written; past this the oldest go
+# (counted, logged, and recorded once writing works again).
+UNSAVED_EVENTS_KEPT = 1000
 # The reasoning-only ratio is taken over this many of the latest healthy probes.
 PROBE_WINDOW = 20
 
@@ -61,6 +69,18 @@ class ClusterView:
         if not self.probe_window:
             return None
         return sum(o == "reasoning_only" for o in self.probe_window) / len(self.probe_window)
+
+
+@dataclass
+class _Cycle:
+    """The cycle in progress, so that each finished action can be learnt and persisted."""
+
+    before: Memory
+    observed: Observed
+    plan: Plan
+    events: list[dict[str, Any]]
+    outcomes: list[ActionOutcome] = field(default_factory=list)
+    blocked_noted: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,10 +137,22 @@ class Controller:
             on_start=self._action_started,
             on_finish=self._action_finished,
         )
-        memory, problem = state.load_memory(cluster.name)
-        if problem:
-            self.log.warning("memory_reset", problem=problem)
-        self.memory: Memory = memory
+        # Persisting: the latest error (None while writes succeed), since when, and the
+        # events not yet written.
+        self.persist_error: str | None = None
+        self.persist_failed_since: float | None = None
+        self._unsaved: list[dict[str, Any]] = []
+        self._unsaved_dropped = 0
+        self._cycle: _Cycle | None = None
+        read = state.read_memory(cluster.name, wall_clock())
+        if read.ignored or read.version > MEMORY_VERSION:
+            self.log.warning(
+                "memory_newer_version", version=read.version, ignored=list(read.ignored)
+            )
+        self.memory: Memory = read.memory
+        if read.problem is not None and read.memory.blocked is not None:
+            self.log.error("memory_unreadable", problem=read.problem)
+            self._persist([self._event("blocked", reason=read.memory.blocked.reason)])
         # Progress for the watchdog and /healthz: a cycle finished, or an action is running.
         self.progress_at = monotonic()
         self.action_deadline: float | None = None
@@ -164,32 +196,16 @@ class Controller:
         self.view.snapshot = observed
         self.view.plan = plan
         self.on_plan(self)
-        outcomes: list[ActionOutcome] = []
-        if plan.actions and not self.stopping:
-            outcomes = await self.executor.run(plan, should_stop=self._hold_actions)
-        events.extend(
-            self._event(
-                "remediation",
-                action=o.action.kind,
-                host=o.action.host,
-                target=o.action.target,
-                result=o.result,
-                reason=o.action.reason,
-                detail=o.detail,
-            )
-            for o in outcomes
-        )
-        self.memory = remember(before, observed, outcomes, self.wall_clock(), plan)
-        # A pause or resume that landed while the cycle ran applies on top of what it learnt.
-        for edit in self._operator_edits:
-            self.memory = edit(self.memory)
+        cycle = _Cycle(before=before, observed=observed, plan=plan, events=events)
+        self._cycle = cycle
+        try:
+            if plan.actions and not self.stopping:
+                await self.executor.run(plan, should_stop=self._hold_actions)
+        finally:
+            self._cycle = None
+        outcomes = cycle.outcomes
+        self._learn(cycle)
         self._operator_edits.clear()
-        if self.memory.blocked is not None and before.blocked is None:
-            events.append(self._event("blocked", reason=self.memory.blocked.reason))
-            self.log.error("blocked", reason=self.memory.blocked.reason)
-        if not self.dry_run:  # a dry run changes nothing, its own state included
-            self.state.save_memory(self.cluster.name, self.memory)
-            self.state.append_events(events, keep=EVENTS_KEPT)
         self.view.snapshot = observed
         self.view.plan = plan
         self.view.cycles += 1
@@ -216,6 +232,69 @@ class Controller:
             ),
         )
         return plan
+
+    def _learn(self, cycle: _Cycle) -> None:
+        """Memory as if the cycle ended now, persisted with the events so far."""
+        self.memory = remember(
+            cycle.before, cycle.observed, cycle.outcomes, self.wall_clock(), cycle.plan
+        )
+        # A pause or resume that landed while the cycle ran applies on top of what it learnt.
+        for edit in self._operator_edits:
+            self.memory = edit(self.memory)
+        blocked = self.memory.blocked
+        if blocked is not None and cycle.before.blocked is None and not cycle.blocked_noted:
+            cycle.blocked_noted = True
+            cycle.events.append(self._event("blocked", reason=blocked.reason))
+            self.log.error("blocked", reason=blocked.reason)
+        events, cycle.events = cycle.events, []
+        if not self.dry_run:  # a dry run changes nothing, its own state included
+            self._persist(events)
+
+    def _persist(self, events: list[dict[str, Any]]) -> bool:
+        """Write memory and events; on failure keep them in the process, log, and say so.
+        True when everything is on disk."""
+        self._unsaved.extend(events)
+        if len(self._unsaved) > UNSAVED_EVENTS_KEPT:
+            lost = self._unsaved[:-UNSAVED_EVENTS_KEPT]
+            self._unsaved = self._unsaved[-UNSAVED_EVENTS_KEPT:]
+            self._unsaved_dropped += len(lost)
+            self.log.error(
+                "events_dropped",
+                count=len(lost),
+                kinds=sorted({str(e.get("kind")) for e in lost}),
+                reason="state dir not writable",
+            )
+        gap = [self._persist_gap_event()] if self.persist_error is not None else []
+        try:
+            self.state.save_memory(self.cluster.name, self.memory)
+            self.state.append_events(gap + self._unsaved, keep=EVENTS_KEPT)
+        except OSError as exc:
+            error = f"{self.state.path}: {exc.strerror or exc}"
+            if self.persist_error is None:
+                self.persist_failed_since = self.wall_clock()
+            self.persist_error = error
+            self.log.error(
+                "persist_failed",
+                error=error,
+                unsaved_events=len(self._unsaved),
+                kinds=sorted({str(e.get("kind")) for e in events}),
+            )
+            return False
+        if self.persist_error is not None:
+            self.log.warning("persist_recovered", was=self.persist_error)
+        self._unsaved = []
+        self._unsaved_dropped = 0
+        self.persist_error = None
+        self.persist_failed_since = None
+        return True
+
+    def _persist_gap_event(self) -> dict[str, Any]:
+        return self._event(
+            "persist_gap",
+            since=self.persist_failed_since,
+            error=self.persist_error,
+            dropped_events=self._unsaved_dropped,
+        )
 
     def maintenance_at(self, now: float) -> Window | None:
         return window_at(self.cluster.maintenance, now)
@@ -255,6 +334,21 @@ class Controller:
         self.view.in_flight = None
         self.action_deadline = None
         self.progress_at = self.monotonic()
+        cycle = self._cycle
+        if cycle is not None:
+            cycle.outcomes.append(outcome)
+            cycle.events.append(
+                self._event(
+                    "remediation",
+                    action=outcome.action.kind,
+                    host=outcome.action.host,
+                    target=outcome.action.target,
+                    result=outcome.result,
+                    reason=outcome.action.reason,
+                    detail=outcome.detail,
+                )
+            )
+            self._learn(cycle)
         log = self.log.info if outcome.result == "ok" else self.log.warning
         log(
             "action",
@@ -317,6 +411,8 @@ class Controller:
                 self.view.last_error = f"{type(exc).__name__}: {exc}"
                 self.view.in_flight = None
                 self.action_deadline = None
+                # The loop goes on: for the watchdog that is progress; /healthz names it.
+                self.progress_at = self.monotonic()
                 self.log.exception("cycle_failed")
                 self.on_record(self, CycleRecord(ok=False, seconds=self.monotonic() - started))
             if self.stopping:
@@ -347,22 +443,22 @@ class Controller:
         self.memory = edit(self.memory)
         self._operator_edits.append(edit)
 
-    def pause(self, reason: str, by: str, until: float | None) -> None:
+    def pause(self, reason: str, by: str, until: float | None) -> bool:
+        """Applied at once; True when it is also on disk."""
         now = self.wall_clock()
         self._edit(lambda m: pause_memory(m, reason=reason, by=by, now=now, until=until))
-        self.state.save_memory(self.cluster.name, self.memory)
-        self.state.append_events(
-            [self._event("paused", by=by, reason=reason, until=until)], EVENTS_KEPT
-        )
         self.log.info("paused", by=by, reason=reason, until=until)
+        saved = self._persist([self._event("paused", by=by, reason=reason, until=until)])
         self.wake.set()
+        return saved
 
-    def resume(self, by: str) -> None:
+    def resume(self, by: str) -> bool:
+        """Applied at once; True when it is also on disk."""
         self._edit(resume_memory)
-        self.state.save_memory(self.cluster.name, self.memory)
-        self.state.append_events([self._event("resumed", by=by)], EVENTS_KEPT)
         self.log.info("resumed", by=by)
+        saved = self._persist([self._event("resumed", by=by)])
         self.wake.set()
+        return saved
 
     def reconcile(self, by: str) -> None:
         self.log.info("reconcile_requested", by=by)

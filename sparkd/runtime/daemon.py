@@ -9,6 +9,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -95,6 +96,8 @@ class Daemon:
         return f"http://{host}:{port}"
 
     def healthy(self) -> tuple[bool, str]:
+        """Liveness, for the watchdog: every controller's loop makes progress. A cycle that
+        failed is progress here (a restart would not mend it); /healthz reports it."""
         now = time.monotonic()
         problems = []
         for name, controller in self.controllers.items():
@@ -106,21 +109,66 @@ class Daemon:
                 problems.append(f"{name}: {why}")
         return (not problems, "; ".join(problems) or "ok")
 
+    def health(self) -> dict[str, Any]:
+        """/healthz: each cluster (progress, and its latest cycle not failing) and whether the
+        state dir takes writes; the reason names whatever is at fault."""
+        now = time.monotonic()
+        clusters: dict[str, dict[str, Any]] = {}
+        problems = []
+        for name, controller in self.controllers.items():
+            ok, why = controller.healthy(now)
+            task = self.tasks.get(name)
+            if task is not None and task.done():
+                ok, why = False, "controller task ended"
+            elif ok and controller.view.last_error is not None:
+                ok, why = False, f"cycle failed: {controller.view.last_error}"
+            clusters[name] = {"ok": ok, "reason": why}
+            if not ok:
+                problems.append(f"{name}: {why}")
+        state = self.state_dir_health()
+        if not state["ok"]:
+            problems.append(f"state dir {state['path']}: {state['error']}")
+        return {
+            "status": "unhealthy" if problems else "ok",
+            "reason": "; ".join(problems) or "ok",
+            "clusters": clusters,
+            "state_dir": state,
+        }
+
+    def state_dir_health(self) -> dict[str, Any]:
+        path = self.state.path
+        errors = sorted({c.persist_error for c in self.controllers.values() if c.persist_error})
+        free: int | None = None
+        try:
+            stat = os.statvfs(path)
+            free = stat.f_bavail * stat.f_frsize
+            if not os.access(path, os.W_OK | os.X_OK):
+                errors.append("not writable by sparkd")
+        except OSError as exc:
+            errors.append(exc.strerror or str(exc))
+        return {
+            "path": str(path),
+            "ok": not errors,
+            "error": "; ".join(errors) or None,
+            "free_bytes": free,
+        }
+
     async def start(self) -> None:
-        from sparkd.web.app import make_app  # the web layer sits above the runtime
+        # The web layer sits above the runtime.
+        from sparkd.web.app import GuardedSite, make_app, runner_options
 
         self.state.ensure()
         for cluster in self.settings.clusters:
             self.controllers[cluster.name] = self._controller(cluster.name)
         app = make_app(self)
-        self.runner = web.AppRunner(app, access_log=None)
+        self.runner = web.AppRunner(app, **runner_options())
         await self.runner.setup()
         daemon = self.settings.daemon
-        site = web.TCPSite(self.runner, daemon.listen_host, daemon.listen_port)
+        site = GuardedSite(self.runner, daemon.listen_host, daemon.listen_port, app)
         await site.start()
         self.maintenance.start()
         for name, controller in self.controllers.items():
-            self.tasks[name] = asyncio.create_task(controller.run(), name=f"controller:{name}")
+            self.tasks[name] = self._run(controller)
         self.log.info(
             "started",
             listen=daemon.listen,
@@ -129,6 +177,21 @@ class Daemon:
             pid=os.getpid(),
         )
         self.notifier.ready(f"watching {len(self.controllers)} cluster(s)")
+
+    def _run(self, controller: Controller) -> asyncio.Task[None]:
+        return asyncio.create_task(
+            self._supervise(controller), name=f"controller:{controller.cluster.name}"
+        )
+
+    async def _supervise(self, controller: Controller) -> None:
+        """A controller whose loop raises is restarted; the others never notice."""
+        while not controller.stopping:
+            try:
+                await controller.run()
+            except Exception as exc:
+                controller.view.last_error = f"{type(exc).__name__}: {exc}"
+                controller.log.exception("controller_failed")
+                await asyncio.sleep(controller.cluster.recheck_interval)
 
     async def watchdog(self) -> None:
         """Ping only while the loop runs and every controller makes progress."""
@@ -180,9 +243,7 @@ class Daemon:
             if cluster.name not in self.controllers:
                 controller = self._controller(cluster.name)
                 self.controllers[cluster.name] = controller
-                self.tasks[cluster.name] = asyncio.create_task(
-                    controller.run(), name=f"controller:{cluster.name}"
-                )
+                self.tasks[cluster.name] = self._run(controller)
         self.log.info("reloaded", clusters=list(wanted), restarted=changed)
         self.notifier.ready("reloaded")
 

@@ -1,7 +1,10 @@
 """Persisted planner memory and events in the state dir, and the single-controller lock.
 
 Writes are atomic (temp file, fsync, rename, fsync of the directory), files 0600 in a 0700
-directory. A file that cannot be read is moved aside, never silently overwritten.
+directory. A memory file that cannot be read is kept aside for the operator and replaced by a
+memory that holds the cluster `blocked` until `sparkd resume`: a lost pause or latch never turns
+into action. Fields a newer sparkd wrote are ignored. The events file is JSON lines; a torn or
+undecodable line is skipped and counted, and each cluster keeps its own newest events.
 """
 
 from __future__ import annotations
@@ -13,12 +16,14 @@ import os
 import re
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from sparkd.model.memory import MEMORY_VERSION, Memory
+from sparkd.model.memory import MEMORY_VERSION, Blocked, Memory
+from sparkd.runtime import logs
 
 EVENTS_FILE = "events.jsonl"
 LOCK_FILE = "sparkd.lock"
@@ -49,9 +54,55 @@ def atomic_write(path: Path, data: bytes) -> None:
         os.close(dir_fd)
 
 
+@dataclass(frozen=True)
+class MemoryRead:
+    memory: Memory
+    # Set when the file could not be read: the memory is then a `blocked` latch.
+    problem: str | None = None
+    # Fields (dotted paths) a newer sparkd wrote that this one does not know; ignored.
+    ignored: tuple[str, ...] = ()
+    version: int = MEMORY_VERSION
+
+
+def _validate_ignoring_unknown(document: dict[str, Any]) -> tuple[Memory, tuple[str, ...]]:
+    """Validate, dropping fields this version does not know (at any depth); any other
+    problem is an error."""
+    ignored: list[str] = []
+    for _ in range(64):
+        try:
+            return Memory.model_validate(document), tuple(ignored)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False)
+            if any(e["type"] != "extra_forbidden" for e in errors):
+                raise
+            for error in errors:
+                _drop(document, error["loc"])
+                ignored.append(".".join(str(part) for part in error["loc"]))
+    raise ValueError("too many unknown fields")
+
+
+def _drop(document: Any, loc: tuple[int | str, ...]) -> None:
+    for part in loc[:-1]:
+        document = document[part]
+    if isinstance(document, dict):
+        document.pop(loc[-1], None)
+
+
+def _event(line: bytes) -> dict[str, Any] | None:
+    try:
+        event = json.loads(line.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError both are
+        return None
+    return event if isinstance(event, dict) else None
+
+
 class StateDir:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.log = logs.get()
+        # Events per cluster in the file, counted once and then kept up to date by appends.
+        self._counts: dict[Any, int] | None = None
+        self.events_skipped = 0
 
     def ensure(self) -> None:
         self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -60,24 +111,55 @@ class StateDir:
     def memory_path(self, cluster: str) -> Path:
         return self.path / f"memory-{SAFE.sub('_', cluster)}.json"
 
-    def load_memory(self, cluster: str) -> tuple[Memory, str | None]:
-        """The remembered memory, or a fresh one; the second value says what went wrong."""
+    def load_memory(self, cluster: str, now: float | None = None) -> tuple[Memory, str | None]:
+        """The remembered memory; the second value says why it could not be read."""
+        read = self.read_memory(cluster, time.time() if now is None else now)
+        return read.memory, read.problem
+
+    def read_memory(self, cluster: str, now: float) -> MemoryRead:
+        """The remembered memory, a fresh one when there is none, or, when the file cannot be
+        read, a memory `blocked` with the reason (the file kept aside for the operator)."""
         path = self.memory_path(cluster)
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
-            return Memory(), None
+            return MemoryRead(Memory())
+        except OSError as exc:
+            return self._unreadable(path, f"{path} unreadable ({exc.strerror or exc})", now)
         try:
             document = json.loads(raw)
             if not isinstance(document, dict):
                 raise ValueError("not a JSON object")
-            if document.get("version") != MEMORY_VERSION:
-                raise ValueError(f"unsupported memory version {document.get('version')!r}")
-            return Memory.model_validate(document), None
+            version = document.get("version")
+            if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+                raise ValueError(f"unsupported memory version {version!r}")
+            memory, ignored = _validate_ignoring_unknown(document)
         except (ValueError, ValidationError) as exc:
-            aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
-            os.replace(path, aside)
-            return Memory(), f"{path} unreadable ({str(exc).splitlines()[0]}); moved to {aside}"
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return self._unreadable(path, f"{path} unreadable ({reason})", now)
+        return MemoryRead(memory, ignored=ignored, version=version)
+
+    def _unreadable(self, path: Path, problem: str, now: float) -> MemoryRead:
+        """Keep the file for the operator, then put a blocked memory in its place. Until that
+        write lands the unreadable file stays where it is, so a crash cannot lose the latch."""
+        aside = path.with_name(f"{path.name}.corrupt-{int(now)}")
+        kept = True
+        try:
+            os.link(path, aside)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            kept = False
+            problem += f"; left in place, no copy could be kept ({exc.strerror or exc})"
+        if kept:
+            problem += f"; kept as {aside}"
+        memory = Memory(
+            blocked=Blocked(reason=f"memory {problem}; not acting until resumed", since=now)
+        )
+        if kept:
+            with contextlib.suppress(OSError):
+                self.save_memory_at(path, memory)
+        return MemoryRead(memory, problem=problem)
 
     def peek_memory(self, cluster: str) -> Memory:
         """The remembered memory without touching the file (for commands that change nothing)."""
@@ -88,7 +170,11 @@ class StateDir:
 
     def save_memory(self, cluster: str, memory: Memory) -> None:
         self.ensure()
-        atomic_write(self.memory_path(cluster), memory.model_dump_json(indent=1).encode())
+        self.save_memory_at(self.memory_path(cluster), memory)
+
+    @staticmethod
+    def save_memory_at(path: Path, memory: Memory) -> None:
+        atomic_write(path, memory.model_dump_json(indent=1).encode())
 
     # -- events -------------------------------------------------------------------------
 
@@ -96,35 +182,104 @@ class StateDir:
         return self.path / EVENTS_FILE
 
     def append_events(self, events: list[dict[str, Any]], keep: int) -> None:
-        """Append, and rewrite to the newest `keep` once the file holds twice that."""
+        """Append; once a cluster has twice `keep` events, keep each cluster's newest `keep`.
+
+        A torn last line (a crash or a full disk mid-write) is closed off first, so it costs
+        only itself."""
         if not events:
             return
         self.ensure()
         path = self.events_path()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        with os.fdopen(fd, "a", encoding="utf-8") as handle:
-            for event in events:
-                handle.write(json.dumps(event, sort_keys=True) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        lines = path.read_text(encoding="utf-8").splitlines()
-        if len(lines) > 2 * keep:
-            atomic_write(path, ("\n".join(lines[-keep:]) + "\n").encode())
-
-    def read_events(self, limit: int) -> list[dict[str, Any]]:
-        """Newest first."""
+        counts = self._counts if self._counts is not None else self._count_events()
+        data = b"".join(json.dumps(e, sort_keys=True).encode() + b"\n" for e in events)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            lines = self.events_path().read_text(encoding="utf-8").splitlines()
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                data = b"\n" + data
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        for event in events:
+            cluster = event.get("cluster")
+            counts[cluster] = counts.get(cluster, 0) + 1
+        self._counts = counts
+        if max(counts.values()) > 2 * keep:
+            self._compact(keep)
+
+    def _count_events(self) -> dict[Any, int]:
+        counts: dict[Any, int] = {}
+        for event in self._scan()[0]:
+            cluster = event.get("cluster")
+            counts[cluster] = counts.get(cluster, 0) + 1
+        return counts
+
+    def _compact(self, keep: int) -> None:
+        events, skipped = self._scan()
+        kept: list[dict[str, Any]] = []
+        per_cluster: dict[Any, int] = {}
+        for event in reversed(events):
+            cluster = event.get("cluster")
+            if per_cluster.get(cluster, 0) < keep:
+                per_cluster[cluster] = per_cluster.get(cluster, 0) + 1
+                kept.append(event)
+        kept.reverse()
+        atomic_write(
+            self.events_path(),
+            b"".join(json.dumps(e, sort_keys=True).encode() + b"\n" for e in kept),
+        )
+        self._counts = per_cluster
+        if skipped:
+            self.log.warning(
+                "events_unreadable_dropped", path=str(self.events_path()), lines=skipped
+            )
+
+    def _scan(self) -> tuple[list[dict[str, Any]], int]:
+        """Every readable event, oldest first, and how many lines were not."""
+        try:
+            raw = self.events_path().read_bytes()
         except FileNotFoundError:
+            return [], 0
+        events: list[dict[str, Any]] = []
+        skipped = 0
+        for line in raw.split(b"\n"):
+            if not line.strip():
+                continue
+            event = _event(line)
+            if event is None:
+                skipped += 1
+            else:
+                events.append(event)
+        return events, skipped
+
+    def read_events(self, limit: int, cluster: str | None = None) -> list[dict[str, Any]]:
+        """Newest first, of one cluster or all. Lines that are torn, not UTF-8 or not a JSON
+        object are skipped; `events_skipped` says how many the latest read met."""
+        try:
+            raw = self.events_path().read_bytes()
+        except FileNotFoundError:
+            self.events_skipped = 0
             return []
         out: list[dict[str, Any]] = []
-        for line in reversed(lines):
-            with contextlib.suppress(ValueError):
-                event = json.loads(line)
-                if isinstance(event, dict):
-                    out.append(event)
+        skipped = 0
+        for line in reversed(raw.split(b"\n")):
             if len(out) >= limit:
                 break
+            if not line.strip():
+                continue
+            event = _event(line)
+            if event is None:
+                skipped += 1
+            elif cluster is None or event.get("cluster") == cluster:
+                out.append(event)
+        if skipped and skipped != self.events_skipped:
+            self.log.warning(
+                "events_unreadable_skipped", path=str(self.events_path()), lines=skipped
+            )
+        self.events_skipped = skipped
         return out
 
     # -- lock ---------------------------------------------------------------------------

@@ -4,15 +4,28 @@ POST /clusters/{name}/pause|resume|reconcile.
 The control endpoints need `Authorization: Bearer <token>`, checked in constant time against
 the file named by `daemon.control_token_file`, read per request so a rotated token applies at
 once. Without a configured token they answer 403 and say how to enable them.
+
+Abuse limits: at most MAX_CONNECTIONS connections (more are reset at once), a request's headers
+must arrive within HEADER_TIMEOUT of the connection opening (or of the previous response) and its
+body within BODY_TIMEOUT, bodies are at most MAX_BODY bytes of JSON nested at most MAX_JSON_DEPTH
+deep, and the Host header must name a loopback name, an IP address, this machine or the listen
+address (a browser tricked by DNS rebinding sends the attacker's name).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import ipaddress
+import json
 import math
+import socket
+import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from sparkd import __version__
@@ -26,6 +39,16 @@ if TYPE_CHECKING:
 
 DAEMON: web.AppKey[Daemon] = web.AppKey("daemon")
 MAX_EVENTS = 1000
+MAX_CONNECTIONS = 64
+HEADER_TIMEOUT = 5.0
+BODY_TIMEOUT = 5.0
+KEEPALIVE_TIMEOUT = 15.0
+MAX_BODY = 16 * 1024
+MAX_JSON_DEPTH = 8
+MAX_TEXT = 1000
+# A pause longer than this is an indefinite one: leave out for_seconds.
+MAX_PAUSE_SECONDS = 90 * 86400
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
 
 def outcome_json(outcome: ActionOutcome) -> dict[str, Any]:
@@ -69,6 +92,7 @@ def cluster_json(controller: Controller) -> dict[str, Any]:
         "cycles": view.cycles,
         "last_cycle_at": view.last_cycle_at,
         "last_error": view.last_error,
+        "persist_error": controller.persist_error,
         "probes": {
             "reasoning_only_ratio": view.reasoning_only_ratio,
             "window": len(view.probe_window),
@@ -79,10 +103,8 @@ def cluster_json(controller: Controller) -> dict[str, Any]:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    ok, reason = request.app[DAEMON].healthy()
-    return web.json_response(
-        {"status": "ok" if ok else "unhealthy", "reason": reason}, status=200 if ok else 503
-    )
+    health = request.app[DAEMON].health()
+    return web.json_response(health, status=200 if health["status"] == "ok" else 503)
 
 
 async def status(request: web.Request) -> web.Response:
@@ -103,10 +125,9 @@ async def events(request: web.Request) -> web.Response:
         limit = min(MAX_EVENTS, max(1, int(request.query.get("limit", "100"))))
     except ValueError:
         raise web.HTTPBadRequest(text="limit must be a whole number") from None
-    found = daemon.state.read_events(MAX_EVENTS if cluster else limit)
-    if cluster:
-        found = [e for e in found if e.get("cluster") == cluster][:limit]
-    return web.json_response({"events": found})
+    found = daemon.state.read_events(limit, cluster)
+    # Lines of the events file that could not be read (torn, not UTF-8), skipped on the way.
+    return web.json_response({"events": found, "skipped_lines": daemon.state.events_skipped})
 
 
 def _authorize(request: web.Request) -> None:
@@ -123,7 +144,11 @@ def _authorize(request: web.Request) -> None:
     given = request.headers.get("Authorization", "")
     scheme, _, value = given.partition(" ")
     expected = (token or "").encode()
-    if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), expected):
+    try:
+        presented = value.strip().encode("utf-8")
+    except UnicodeEncodeError:  # bytes that were not UTF-8 arrive as surrogates
+        raise web.HTTPBadRequest(text="Authorization header is not UTF-8") from None
+    if scheme.lower() != "bearer" or not hmac.compare_digest(presented, expected):
         raise web.HTTPUnauthorized(text="bad or missing bearer token")
 
 
@@ -135,55 +160,284 @@ def _controller(request: web.Request) -> Controller:
     return controller
 
 
+def json_depth(raw: str) -> int:
+    """How deeply arrays and objects nest, counted without parsing (strings skipped)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
 async def _body(request: web.Request) -> dict[str, Any]:
     if not request.can_read_body:
         return {}
     try:
-        body = await request.json()
-    except ValueError:
+        async with asyncio.timeout(BODY_TIMEOUT):
+            raw = await request.read()
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(text=f"body not received within {BODY_TIMEOUT:g}s") from None
+    try:
+        text = raw.decode("utf-8")
+        if json_depth(text) > MAX_JSON_DEPTH:
+            raise web.HTTPBadRequest(text=f"body nests deeper than {MAX_JSON_DEPTH} levels")
+        body = json.loads(text)
+    except ValueError:  # also not UTF-8, and integers too long to parse
         raise web.HTTPBadRequest(text="body must be JSON") from None
     if not isinstance(body, dict):
         raise web.HTTPBadRequest(text="body must be a JSON object")
     return body
 
 
+def _text(body: dict[str, Any], key: str, default: str) -> str:
+    value = body.get(key, default)
+    if not isinstance(value, str) or len(value) > MAX_TEXT:
+        raise web.HTTPBadRequest(text=f"{key} must be a string of at most {MAX_TEXT} characters")
+    return value
+
+
 async def pause(request: web.Request) -> web.Response:
     _authorize(request)
     controller = _controller(request)
     body = await _body(request)
-    reason = body.get("reason")
-    if not isinstance(reason, str) or not reason.strip():
+    reason = _text(body, "reason", "")
+    if not reason.strip():
         raise web.HTTPBadRequest(text="pause needs a reason")
-    by = body.get("by") if isinstance(body.get("by"), str) else "api"
+    by = _text(body, "by", "api")
     duration = body.get("for_seconds")
     until = None
     if duration is not None:
-        if not isinstance(duration, int | float) or not math.isfinite(duration) or duration <= 0:
-            raise web.HTTPBadRequest(text="for_seconds must be a positive number")
+        if (
+            not isinstance(duration, int | float)
+            or isinstance(duration, bool)
+            or (isinstance(duration, float) and not math.isfinite(duration))
+            or not 0 < duration <= MAX_PAUSE_SECONDS
+        ):
+            raise web.HTTPBadRequest(
+                text=f"for_seconds must be a number of seconds, more than 0 and at most "
+                f"{MAX_PAUSE_SECONDS} (leave it out for a pause without an end)"
+            )
         until = controller.wall_clock() + float(duration)
-    controller.pause(reason.strip(), str(by), until)
-    return web.json_response(cluster_json(controller))
+    saved = controller.pause(reason.strip(), by, until)
+    return web.json_response(_applied(controller, saved))
 
 
 async def resume(request: web.Request) -> web.Response:
     _authorize(request)
     controller = _controller(request)
     body = await _body(request)
-    controller.resume(str(body.get("by", "api")))
-    return web.json_response(cluster_json(controller))
+    saved = controller.resume(_text(body, "by", "api"))
+    return web.json_response(_applied(controller, saved))
+
+
+def _applied(controller: Controller, saved: bool) -> dict[str, Any]:
+    """The cluster after an operator's change, and whether the change is on disk: when it is
+    not, it holds only until the daemon restarts."""
+    body = cluster_json(controller)
+    body["persisted"] = saved
+    if not saved:
+        body["warning"] = (
+            f"applied, but not persisted ({controller.persist_error}); "
+            "it is lost if sparkd restarts before the state dir takes writes again"
+        )
+    return body
 
 
 async def reconcile(request: web.Request) -> web.Response:
     _authorize(request)
     controller = _controller(request)
     body = await _body(request)
-    controller.reconcile(str(body.get("by", "api")))
+    controller.reconcile(_text(body, "by", "api"))
     return web.json_response({"cluster": controller.cluster.name, "reconcile": "requested"})
 
 
+def allowed_hosts(listen_host: str) -> frozenset[str]:
+    names = {*LOOPBACK_NAMES, listen_host.lower()}
+    for name in (socket.gethostname(), socket.getfqdn()):
+        if name:
+            names.add(name.lower())
+    return frozenset(names)
+
+
+def host_allowed(header: str, allowed: frozenset[str]) -> bool:
+    """The Host header names an IP address or an allowed name (any port)."""
+    host = header.strip().lower()
+    if host.startswith("["):  # [v6]:port
+        literal, _, _ = host[1:].partition("]")
+        host = literal
+    elif host.count(":") == 1:
+        host = host.partition(":")[0]
+    host = host.rstrip(".")
+    if host in allowed:
+        return True
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _guard(allowed: frozenset[str]) -> Any:
+    @web.middleware
+    async def guard(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        deadlines = request.app[DEADLINES]
+        deadlines.begin(request.protocol)
+        try:
+            host = request.headers.get("Host")
+            if host is not None and not host_allowed(host, allowed):
+                raise web.HTTPMisdirectedRequest(
+                    text="Host header names neither this machine nor its listen address"
+                )
+            return await handler(request)
+        finally:
+            deadlines.end(request.protocol)
+
+    return guard
+
+
+class Deadlines:
+    """The header deadline of each connection: armed when it opens and after each response,
+    cleared while a request is handled; past it the connection is closed."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._timers: dict[RequestHandler, asyncio.TimerHandle] = {}
+        self.expired = 0
+
+    def arm(self, handler: RequestHandler) -> None:
+        old = self._timers.pop(handler, None)
+        if old is not None:
+            old.cancel()
+        loop = asyncio.get_running_loop()
+        self._timers[handler] = loop.call_later(self.timeout, self._expire, handler)
+
+    def begin(self, handler: RequestHandler | None) -> None:
+        timer = self._timers.pop(handler, None) if handler is not None else None
+        if timer is not None:
+            timer.cancel()
+
+    def end(self, handler: RequestHandler | None) -> None:
+        if handler is not None and handler.transport is not None:
+            self.arm(handler)
+
+    def _expire(self, handler: RequestHandler) -> None:
+        self._timers.pop(handler, None)
+        if handler.transport is not None:
+            self.expired += 1
+            handler.force_close()
+
+
+DEADLINES: web.AppKey[Deadlines] = web.AppKey("deadlines")
+
+
+class _Capped(asyncio.Protocol):
+    """Admits the connection to aiohttp's handler only while under the cap, counted when the
+    connection is made (many are accepted before any of them is)."""
+
+    def __init__(self, site: GuardedSite, handler: RequestHandler) -> None:
+        self.site = site
+        self.handler = handler
+        self.admitted = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        server = self.site.runner_server()
+        if len(server.connections) >= MAX_CONNECTIONS:
+            assert isinstance(transport, asyncio.Transport)
+            transport.abort()
+            self.site.note_refused()
+            return
+        self.admitted = True
+        self.handler.connection_made(transport)
+        self.site.deadlines.arm(self.handler)
+
+    def data_received(self, data: bytes) -> None:
+        if self.admitted:
+            self.handler.data_received(data)
+
+    def eof_received(self) -> None:
+        if self.admitted:
+            self.handler.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.admitted:
+            self.handler.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self.admitted:
+            self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.admitted:
+            self.handler.resume_writing()
+
+
+class GuardedSite(web.TCPSite):
+    """A TCP site with a connection cap and a header deadline per connection."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, app: web.Application) -> None:
+        super().__init__(runner, host, port)
+        self._app = app
+        self.deadlines = app[DEADLINES]
+        self.refused = 0
+        self._refused_logged_at = 0.0
+
+    def runner_server(self) -> web.Server:
+        server = self._runner.server
+        assert server is not None
+        return server
+
+    def note_refused(self) -> None:
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._refused_logged_at > 10:
+            self._refused_logged_at = now
+            self._app[DAEMON].log.warning(
+                "api_connections_refused", cap=MAX_CONNECTIONS, refused_total=self.refused
+            )
+
+    def _protocol(self) -> asyncio.Protocol:
+        return _Capped(self, self.runner_server()())
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._protocol, self._host, self._port, backlog=self._backlog
+        )
+        if self._server.sockets:
+            self._bound_port = self._server.sockets[0].getsockname()[1]
+
+
+def runner_options() -> dict[str, Any]:
+    """For web.AppRunner: header sizes and the idle keep-alive limit."""
+    return {
+        "access_log": None,
+        "keepalive_timeout": KEEPALIVE_TIMEOUT,
+        "max_line_size": 8190,
+        "max_field_size": 8190,
+    }
+
+
 def make_app(daemon: Daemon) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024)
+    allowed = allowed_hosts(daemon.settings.daemon.listen_host)
+    app = web.Application(client_max_size=MAX_BODY, middlewares=[_guard(allowed)])
     app[DAEMON] = daemon
+    app[DEADLINES] = Deadlines(HEADER_TIMEOUT)
     app.router.add_get("/metrics", make_aiohttp_handler(daemon.metrics.registry))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/status", status)

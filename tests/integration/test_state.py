@@ -28,16 +28,23 @@ def test_missing_memory_is_fresh(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "content", [b"{not json", b'{"version": 99}', b'{"version": 1, "attempts": 5}']
+    "content",
+    [b"{not json", b'{"version": 0}', b'{"version": 1, "attempts": 5}', b"\xff\xfe{}", b"[]"],
 )
-def test_corrupt_memory_is_moved_aside(tmp_path: Path, content: bytes) -> None:
+def test_unreadable_memory_is_kept_aside_and_blocks(tmp_path: Path, content: bytes) -> None:
     state = StateDir(tmp_path)
     state.memory_path("sparks").write_bytes(content)
-    memory, problem = state.load_memory("sparks")
-    assert memory == Memory()
-    assert problem is not None and "moved to" in problem
+    memory, problem = state.load_memory("sparks", now=100.0)
+    assert problem is not None and "unreadable" in problem
+    assert memory.blocked is not None and memory.blocked.since == 100.0
+    assert "not acting until resumed" in memory.blocked.reason
     [aside] = list(tmp_path.glob("memory-sparks.json.corrupt-*"))
     assert aside.read_bytes() == content
+    assert str(aside) in problem
+    # The latch is on disk in the file's place: a restart stays hands-off.
+    again, problem_again = state.load_memory("sparks")
+    assert problem_again is None
+    assert again.blocked == memory.blocked
 
 
 def test_events_newest_first_with_retention(tmp_path: Path) -> None:
