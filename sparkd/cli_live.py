@@ -20,7 +20,7 @@ from sparkd.runtime.controller import Controller
 from sparkd.runtime.daemon import Daemon
 from sparkd.runtime.state import LockHeld, StateDir
 from sparkd.settings import ClusterSpec, Settings
-from sparkd.shell import catalogue
+from sparkd.shell import catalogue, secrets
 from sparkd.shell.observe import observe, probe_once
 from sparkd.shell.ssh import SshPool
 from sparkd.web.app import outcome_json
@@ -30,6 +30,9 @@ EX_TEMPFAIL = 75
 
 def main(args: argparse.Namespace, settings: Settings, config: Path) -> int:
     command: str = args.command
+    secrets.prime(
+        [c.model.api_key_file for c in settings.clusters] + [settings.daemon.control_token_file]
+    )
     if command == "plan":
         return asyncio.run(
             live_plan(settings, args.json, args.dry_run, args.save_snapshot, probe=args.probe)

@@ -19,6 +19,7 @@ from sparkd.core.spec import (
     LABEL_ROLE,
     LABEL_SPEC,
     container_name,
+    key_fingerprint,
     model_spec_hash,
     ray_spec_hash,
     serve_log_path,
@@ -258,7 +259,8 @@ def start_model(cluster: ClusterSpec, seconds: float, api_key: str | None = None
     log_dir = str(cluster.model.log_dir)
     spec = serve_spec_path(cluster)
     head = container_name(cluster, cluster.head)
-    spec_hash = shlex.quote(model_spec_hash(cluster))
+    key = key_fingerprint(api_key) if api_key is not None else None
+    spec_hash = shlex.quote(model_spec_hash(cluster, key))
     log = shlex.quote(serve_log_path(cluster))
     steps = [
         _line(["mkdir", "-p", "--", log_dir], seconds),

@@ -18,7 +18,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from sparkd import __version__
 from sparkd.model.plan import ActionOutcome
 from sparkd.model.snapshot import SnapshotDocument
-from sparkd.shell.secrets import SecretFileError, read_secret
+from sparkd.shell.secrets import SecretFileError, read_secret, redact, redact_json
 
 if TYPE_CHECKING:
     from sparkd.runtime.controller import Controller
@@ -88,11 +88,13 @@ async def healthz(request: web.Request) -> web.Response:
 async def status(request: web.Request) -> web.Response:
     daemon = request.app[DAEMON]
     return web.json_response(
-        {
-            "version": __version__,
-            "started_at": daemon.started_at,
-            "clusters": [cluster_json(c) for c in daemon.controllers.values()],
-        }
+        redact_json(
+            {
+                "version": __version__,
+                "started_at": daemon.started_at,
+                "clusters": [cluster_json(c) for c in daemon.controllers.values()],
+            }
+        )
     )
 
 
@@ -106,7 +108,7 @@ async def events(request: web.Request) -> web.Response:
     found = daemon.state.read_events(MAX_EVENTS if cluster else limit)
     if cluster:
         found = [e for e in found if e.get("cluster") == cluster][:limit]
-    return web.json_response({"events": found})
+    return web.json_response(redact_json({"events": found}))
 
 
 def _authorize(request: web.Request) -> None:
@@ -161,7 +163,7 @@ async def pause(request: web.Request) -> web.Response:
         if not isinstance(duration, int | float) or not math.isfinite(duration) or duration <= 0:
             raise web.HTTPBadRequest(text="for_seconds must be a positive number")
         until = controller.wall_clock() + float(duration)
-    controller.pause(reason.strip(), str(by), until)
+    controller.pause(redact(reason.strip()), redact(str(by)), until)
     return web.json_response(cluster_json(controller))
 
 
