@@ -20,7 +20,7 @@ from sparkd.runtime.controller import Controller
 from sparkd.runtime.daemon import Daemon
 from sparkd.runtime.state import LockHeld, StateDir
 from sparkd.settings import ClusterSpec, Settings
-from sparkd.shell import catalogue
+from sparkd.shell import catalogue, secrets
 from sparkd.shell.observe import observe, probe_once
 from sparkd.shell.ssh import SshPool
 from sparkd.web.app import outcome_json
@@ -30,6 +30,9 @@ EX_TEMPFAIL = 75
 
 def main(args: argparse.Namespace, settings: Settings, config: Path) -> int:
     command: str = args.command
+    secrets.prime(
+        [c.model.api_key_file for c in settings.clusters] + [settings.daemon.control_token_file]
+    )
     if command == "plan":
         return asyncio.run(
             live_plan(settings, args.json, args.dry_run, args.save_snapshot, probe=args.probe)
@@ -175,12 +178,12 @@ def print_commands(settings: Settings, sudoers: str | None) -> int:
             print(f"## {remote.name} on {host.name} ({kind})")
             print(remote.command.rstrip("\n"))
             print()
-        for unit in cluster.cleanup.units:
-            privileged.add(f"/usr/bin/systemctl stop -- {unit}")
-            privileged.add(f"/usr/bin/systemctl disable -- {unit}")
-        privileged.add("/usr/bin/kill -TERM *")
-        privileged.add("/usr/bin/kill -KILL *")
+        rules, refused = catalogue.sudoers_rules(cluster)
+        privileged.update(rules)
+        for unit in refused:
+            print(f"# {unit}: sudoers cannot match this name exactly; not allowed, stop it by hand")
     if sudoers is not None:
-        print("# sudoers snippet (visudo -f /etc/sudoers.d/sparkd); set ssh.sudo = true")
+        print("# sudoers snippet (visudo -f /etc/sudoers.d/sparkd; sudo 1.9.10 or later for the")
+        print("# ^...$ argument pattern); set ssh.sudo = true. See docs/security.md.")
         print(f"{sudoers} ALL=(root) NOPASSWD: " + ", \\\n    ".join(sorted(privileged)))
     return 0

@@ -87,6 +87,19 @@ def _parser() -> argparse.ArgumentParser:
     _config_flag(commands)
     commands.add_argument("--sudoers", metavar="USER", help="print a sudoers snippet for USER")
 
+    known = sub.add_parser("known-hosts", help="the hosts' SSH keys, checked out of band")
+    known_sub = known.add_subparsers(dest="known_hosts_command", required=True, metavar="ACTION")
+    scan = known_sub.add_parser(
+        "scan",
+        help="print each host key's SHA256 fingerprint; write known_hosts_file with --accept",
+    )
+    _config_flag(scan)
+    scan.add_argument(
+        "--accept",
+        action="store_true",
+        help="write the scanned keys to known_hosts_file (only after checking the fingerprints)",
+    )
+
     sim = sub.add_parser("sim", help="run the simulated Spark cluster", add_help=False)
     sim.add_argument("sim_args", nargs=argparse.REMAINDER)
 
@@ -126,6 +139,8 @@ def dispatch(argv: Sequence[str]) -> int:
         from sparkd.demo import main as demo_main
 
         return demo_main(args)
+    if args.command == "known-hosts":
+        return known_hosts_scan(args.config, args.accept)
     if args.command in ("status", "pause", "resume", "reconcile"):
         from sparkd import cli_api
 
@@ -146,6 +161,17 @@ def _settings(explicit: str | None) -> Settings | int:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         return EX_CONFIG
+
+
+def known_hosts_scan(explicit: str | None, accept: bool) -> int:
+    settings = _settings(explicit)
+    if isinstance(settings, int):
+        return settings
+    import asyncio
+
+    from sparkd.shell import known_hosts
+
+    return asyncio.run(known_hosts.scan(settings, accept, sys.stdout, sys.stderr))
 
 
 def check_config(explicit: str | None) -> int:

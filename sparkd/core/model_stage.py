@@ -51,8 +51,16 @@ def judge_model(ctx: Context, ray: RayVerdict, load: Load, serving: bool) -> Mod
         if ctx.memory.launched_at is not None:
             return start("start_model", f"vllm serve exited{last}")
         return start("start_model", "vllm serve is not running")
-    want = model_spec_hash(desired)
-    if serve.spec_hash is not None and serve.spec_hash not in model_spec_hashes(desired):
+    key = ctx.observed.api_key_fingerprint
+    want = model_spec_hash(desired, key)
+    # A configured key that could not be read says nothing about drift (the endpoint reports
+    # the unreadable file); judged without it, every keyed model would look drifted.
+    key_unknown = desired.model.api_key_file is not None and key is None
+    if (
+        not key_unknown
+        and serve.spec_hash is not None
+        and serve.spec_hash not in model_spec_hashes(desired, key)
+    ):
         return start("restart_model", f"spec drift: serving {serve.spec_hash}, desired {want}")
     nodes = ctx.observed.ray.alive_node_ids if ctx.observed.ray is not None else ()
     launch_nodes = ctx.memory.launch_nodes

@@ -150,7 +150,9 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
     ctx = Context.of(desired, observed, memory, now)
     endpoint = observed.endpoint
     serving = ctx.head_reachable and endpoint is not None and endpoint.serves(ctx.model_name)
-    load = assess(ctx, serving)
+    # A server that answers HTTP but refuses sparkd's key has finished loading.
+    answering = endpoint is not None and endpoint.status == "http_error"
+    load = assess(ctx, serving or answering)
     reach = judge_reachability(ctx)
     cleanup = judge_cleanup(ctx)
     images = judge_images(ctx)

@@ -19,15 +19,21 @@ def judge_probe(ctx: Context, load: Load, serving: bool, link_down: list[str]) -
     memory = ctx.memory
     # Between probes (probe_interval > interval) the last probe of this launch still speaks.
     probe = ctx.observed.probe or memory.last_probe
+    endpoint = ctx.observed.endpoint
+    refused = endpoint is not None and endpoint.status == "http_error"
     state = "serving" if serving else "not answering (it was ready)"
+    if refused and endpoint is not None:
+        state = f"answering but refusing sparkd (http_error: {endpoint.detail})"
     launch = load.launch
     fresh = probe is not None and (launch is None or probe.at >= launch - 1.0)
     if probe is None or not fresh:
         if serving:
             verdict.phase = "probing"
             verdict.notes.append(f"model is {state}; waiting for a probe")
+        elif refused:
+            verdict.phase = "degraded"
+            verdict.notes.append(f"model is {state}")
         else:
-            endpoint = ctx.observed.endpoint
             detail = (
                 (endpoint.detail or endpoint.status) if endpoint is not None else "not observed"
             )

@@ -74,19 +74,33 @@ def _ray_hash(cluster: ClusterSpec, host: HostSpec, image: str) -> str:
     )
 
 
-def model_spec_hash(cluster: ClusterSpec) -> str:
-    return _model_hash(cluster, ray_spec_hash(cluster, cluster.head))
+def key_fingerprint(secret: str) -> str:
+    """A short hash of the API key, never the key: part of the model's spec, so a rotated key
+    file is drift and rolls out as a model restart."""
+    return hashlib.sha256(b"sparkd api key\0" + secret.encode()).hexdigest()[:16]
 
 
-def model_spec_hashes(cluster: ClusterSpec) -> frozenset[str]:
+def model_spec_hash(cluster: ClusterSpec, key: str | None = None) -> str:
+    """`key` is the API key's fingerprint as read now (`key_fingerprint`); None when no key file
+    is configured."""
+    return _model_hash(cluster, ray_spec_hash(cluster, cluster.head), key)
+
+
+def model_spec_hashes(cluster: ClusterSpec, key: str | None = None) -> frozenset[str]:
     head = cluster.head
     return frozenset(
-        _model_hash(cluster, _ray_hash(cluster, head, image)) for image in _image_spellings(cluster)
+        _model_hash(cluster, _ray_hash(cluster, head, image), key)
+        for image in _image_spellings(cluster)
     )
 
 
-def _model_hash(cluster: ClusterSpec, ray_hash: str) -> str:
+def _model_hash(cluster: ClusterSpec, ray_hash: str, key: str | None) -> str:
     model = cluster.model
+    # Without a key file the hash is what it always was; with one, the key's fingerprint (a
+    # caller that does not know the key gets the older `true`).
+    api_key: str | bool = model.api_key_file is not None
+    if api_key and key is not None:
+        api_key = key
     return _digest(
         {
             "id": model.id,
@@ -94,7 +108,7 @@ def _model_hash(cluster: ClusterSpec, ray_hash: str) -> str:
             "tp": model.tensor_parallel_size,
             "pp": model.pipeline_parallel_size,
             "extra_args": list(model.extra_args),
-            "api_key": model.api_key_file is not None,
+            "api_key": api_key,
             "ray": ray_hash,
         }
     )

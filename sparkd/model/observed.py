@@ -182,7 +182,8 @@ class ServeState(Value):
     cpu_seconds: float | None = None
 
 
-EndpointStatus = Literal["up", "refused", "timeout", "error", "not_run"]
+# `http_error`: the server answers, but refuses sparkd (a 401 from /v1/models: a wrong key).
+EndpointStatus = Literal["up", "http_error", "refused", "timeout", "error", "not_run"]
 
 
 class ModelEndpoint(Value):
@@ -206,6 +207,9 @@ class Observed(Value):
     serve: ServeState | None = None
     endpoint: ModelEndpoint | None = None
     probe: ProbeResult | None = None
+    # The API key file's fingerprint as read this cycle (core.spec.key_fingerprint), never the
+    # key; None when no key file is configured or it could not be read.
+    api_key_fingerprint: str | None = None
 
     def host(self, name: str) -> HostFacts | None:
         return next((h for h in self.hosts if h.name == name), None)

@@ -1,6 +1,7 @@
 """structlog: JSON lines for journald when stdout is not a terminal, a console view when it is.
 
-Each JSON line starts with a `<N>` syslog priority so `journalctl -p err` works.
+Each JSON line starts with a `<N>` syslog priority so `journalctl -p err` works. Every line
+passes the process-wide redactor (sparkd.shell.secrets) last, after tracebacks are rendered.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import sys
 from typing import Any, Literal, TextIO
 
 import structlog
+
+from sparkd.shell.secrets import REDACTOR
 
 PRIORITY = {"critical": 2, "error": 3, "warning": 4, "info": 6, "debug": 7}
 
@@ -60,7 +63,8 @@ def configure(
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             tracebacks,
-            renderer,
+            _redact_event,
+            _redacted(renderer),
         ],
     )
     handler = logging.StreamHandler(out)
@@ -71,6 +75,33 @@ def configure(
     logging.getLogger("asyncssh").setLevel(logging.WARNING)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
+
+
+def _redact_event(_logger: Any, _name: str, event: Any) -> Any:
+    """Every value, before rendering (JSON escaping could otherwise split a secret)."""
+    return {
+        key: value if key == "exc_info" else _redact_value(value) for key, value in event.items()
+    }
+
+
+def _redact_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return REDACTOR.redact(value)
+    if isinstance(value, dict | list | tuple):
+        return REDACTOR.redact_json(value)
+    if isinstance(value, int | float | bool) or value is None:
+        return value
+    return REDACTOR.redact(str(value))
+
+
+def _redacted(renderer: Any) -> Any:
+    """The rendered line, once more: the console renderer formats exceptions itself."""
+
+    def render(logger: Any, name: str, event: Any) -> Any:
+        line = renderer(logger, name, event)
+        return REDACTOR.redact(line) if isinstance(line, str) else line
+
+    return render
 
 
 def _identity(_logger: Any, _name: str, event: Any) -> Any:

@@ -9,6 +9,7 @@ but leaves the remote process running).
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from sparkd.core.spec import (
     LABEL_ROLE,
     LABEL_SPEC,
     container_name,
+    key_fingerprint,
     model_spec_hash,
     ray_spec_hash,
     serve_log_path,
@@ -266,7 +268,8 @@ def start_model(cluster: ClusterSpec, seconds: float, api_key: str | None = None
     log_dir = str(cluster.model.log_dir)
     spec = serve_spec_path(cluster)
     head = container_name(cluster, cluster.head)
-    spec_hash = shlex.quote(model_spec_hash(cluster))
+    key = key_fingerprint(api_key) if api_key is not None else None
+    spec_hash = shlex.quote(model_spec_hash(cluster, key))
     log = shlex.quote(serve_log_path(cluster))
     steps = [
         _line(["mkdir", "-p", "--", log_dir], seconds),
@@ -334,6 +337,30 @@ def read_serve_spec(cluster: ClusterSpec, seconds: float) -> Remote:
 def ray_gpus(cluster: ClusterSpec, seconds: float) -> Remote:
     head = container_name(cluster, cluster.head)
     return Remote("ray_status", _line(["docker", "exec", head, "ray", "status"], seconds), False)
+
+
+# Where sudo finds the tools `sudo -n` runs (Ubuntu's merged /usr, DGX OS included).
+SUDO_PATHS = {"systemctl": "/usr/bin/systemctl", "kill": "/usr/bin/kill"}
+# sudoers (1.9.10 and later) matches arguments by a regular expression between ^ and $: a
+# signal sparkd sends, and one PID that is neither 0, 1 nor negative. Which PIDs are GPU
+# compute processes sudo cannot know: sparkd checks that against `nvidia-smi` itself.
+SUDOERS_KILL = "^-(TERM|KILL) ([2-9]|[1-9][0-9]+)$"
+
+
+def sudoers_rules(cluster: ClusterSpec) -> tuple[list[str], list[str]]:
+    """The sudoers commands for exactly the `sudo -n` shapes above, and the units sudoers
+    cannot express exactly (a backslash, from systemd's escaping, is not matched literally)."""
+    rules: list[str] = []
+    refused: list[str] = []
+    systemctl = SUDO_PATHS["systemctl"]
+    for unit in cluster.cleanup.units:
+        if "\\" in unit:
+            refused.append(unit)
+            continue
+        escaped = re.sub(r"([,:=!()\s])", r"\\\1", unit)
+        rules += [f"{systemctl} stop -- {escaped}", f"{systemctl} disable -- {escaped}"]
+    rules.append(f"{SUDO_PATHS['kill']} {SUDOERS_KILL}")
+    return rules, refused
 
 
 def catalogue(cluster: ClusterSpec, seconds: float) -> list[tuple[HostSpec, Remote]]:

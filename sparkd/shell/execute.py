@@ -12,11 +12,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from sparkd.core import facts
-from sparkd.core.spec import container_name, model_spec_hashes, ray_spec_hashes
+from sparkd.core.spec import container_name, key_fingerprint, model_spec_hashes, ray_spec_hashes
 from sparkd.model.plan import Action, ActionOutcome, ActionResult, Plan
 from sparkd.settings import ClusterSpec, HostSpec
 from sparkd.shell import catalogue
-from sparkd.shell.secrets import read_secret
+from sparkd.shell.secrets import read_secret, redact
 from sparkd.shell.ssh import HostConnection, SshFailure, SshPool
 
 POLL = 0.5
@@ -95,7 +95,7 @@ class Executor:
             result=result,
             started_at=started,
             finished_at=self.wall_clock(),
-            detail=detail,
+            detail=redact(detail),
         )
 
     # -- actions ------------------------------------------------------------------------
@@ -240,7 +240,7 @@ class Executor:
     async def _start_model(self, host: HostSpec, action: Action) -> str:
         # Before anything is stopped: without its key there must be no half-done restart.
         api_key = read_secret(self.cluster.model.api_key_file)
-        want = model_spec_hashes(self.cluster)
+        want = model_spec_hashes(self.cluster, key_fingerprint(api_key) if api_key else None)
         serve = facts.find_serve(await self._serve_rows())
         if serve is not None:
             if action.kind == "start_model" and await self._spec_on_host() in want:

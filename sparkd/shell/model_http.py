@@ -193,6 +193,15 @@ def parse_vllm_metrics(text: str) -> EngineLoad:
     )
 
 
+def describe(exc: BaseException) -> str:
+    """An exception as a detail: its type and, for OS errors, the system's reason. Never its
+    text: an HTTP library's message can quote the request's headers (the API key)."""
+    name = type(exc).__name__
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{name}: {exc.strerror}"
+    return name
+
+
 def _auth(api_key: str | None) -> list[tuple[str, str]]:
     return [("Authorization", f"Bearer {api_key}")] if api_key else []
 
@@ -213,7 +222,15 @@ async def observe_endpoint(
     except TimeoutError:
         return ModelEndpoint(status="timeout", detail=f"no answer within {limit:g}s")
     except Exception as exc:  # the edge: a dropped SSH connection, a broken peer, ...
-        return ModelEndpoint(status="error", detail=f"{type(exc).__name__}: {exc}"[:200])
+        return ModelEndpoint(status="error", detail=describe(exc))
+    if listed.status in (401, 403):
+        # The server is up and refuses sparkd's key: not a load in progress.
+        return ModelEndpoint(
+            status="http_error",
+            health_status=health.status,
+            detail=f"/v1/models answered HTTP {listed.status}: the API key was refused "
+            "(api_key_file does not match the key vllm serve was started with)",
+        )
     models: tuple[str, ...] = ()
     try:
         document = json.loads(listed.body)
@@ -312,7 +329,7 @@ async def probe(
         verdict = classify_response(200, f"<connection broke: {type(exc).__name__}>")
         return ProbeResult(at=at, verdict=verdict, latency_seconds=monotonic() - start)
     except Exception as exc:  # e.g. the SSH connection dropped: nothing learnt about the model
-        verdict = classify_failure("not_run", f"{type(exc).__name__}: {exc}"[:200])
+        verdict = classify_failure("not_run", describe(exc))
         return ProbeResult(at=at, verdict=verdict, latency_seconds=monotonic() - start)
     return ProbeResult(
         at=at,

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 from sparkd.core import facts
 from sparkd.core.assemble import HeadExtras, head_extras, host_facts, unreadable
+from sparkd.core.spec import key_fingerprint
 from sparkd.model.observed import HostFacts, ModelEndpoint, Observed
 from sparkd.model.probe import ProbeResult
 from sparkd.settings import ClusterSpec, HostSpec
 from sparkd.shell import catalogue, model_http
-from sparkd.shell.secrets import SecretFileError, read_secret
+from sparkd.shell.secrets import REDACTOR, SecretFileError, read_secret
 from sparkd.shell.ssh import HostConnection, SshFailure, SshPool
 
 
@@ -83,7 +84,8 @@ async def observe(
         # Without its key every request would fail as 401 and count against the model:
         # nothing is sent instead (`not_run` never counts), and the reason is in the snapshot.
         api_key, key_problem = None, f"API key unreadable: {exc}"
-    secrets = (api_key,) if api_key else ()
+    # Every secret the process knows (the current and the previous key, the control token).
+    secrets = REDACTOR.secrets()
     conns = {h.name: pool.connection(h, cluster.ssh) for h in cluster.hosts}
     readings = await asyncio.gather(
         *(read_host(cluster, h, conns[h.name], observed_at, secrets) for h in cluster.hosts)
@@ -102,7 +104,7 @@ async def observe(
         )
         if probe_due(endpoint):
             probe = await model_http.probe(open_channel, cluster, api_key, wall_clock=wall_clock)
-    return Observed(
+    observed = Observed(
         cluster=cluster.name,
         observed_at=observed_at,
         hosts=tuple(r.facts for r in readings),
@@ -110,7 +112,19 @@ async def observe(
         serve=extras.serve if extras is not None else None,
         endpoint=endpoint,
         probe=probe,
+        api_key_fingerprint=key_fingerprint(api_key) if api_key else None,
     )
+    return redacted(observed)
+
+
+def redacted(observed: Observed) -> Observed:
+    """The observation with every secret the process knows removed from every string: plan
+    reasons, snapshots, `/status` and the memory are made from it."""
+    if not REDACTOR.secrets():
+        return observed
+    document = observed.model_dump(mode="json")
+    clean = REDACTOR.redact_json(document)
+    return observed if clean == document else Observed.model_validate(clean)
 
 
 async def probe_once(cluster: ClusterSpec, pool: SshPool) -> ProbeResult:

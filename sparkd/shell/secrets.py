@@ -1,14 +1,80 @@
-"""Secrets come from files only (systemd LoadCredential= fits), read when needed, never logged."""
+"""Secrets come from files only (systemd LoadCredential= fits), read when needed, never logged.
+
+Every secret read here is remembered by the process-wide redactor (`REDACTOR`), which keeps the
+current and the previous value of each secret file: a rotated API key is still scrubbed from a
+log tail written before the rotation. Everything that leaves the process (log lines, `/status`,
+`/events`, snapshots, plan reasons, action details) passes `redact` or `redact_json`.
+"""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
+
+from sparkd.core.facts import redact as redact_patterns
+
+MASK = "***"
 
 
 class SecretFileError(Exception):
     def __init__(self, path: Path, reason: str) -> None:
         super().__init__(f"{path}: {reason}")
         self.path = path
+
+
+class Redactor:
+    """The secrets this process has read (current and previous per file), and their removal."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_path: dict[str, tuple[str, ...]] = {}
+        self._secrets: tuple[str, ...] = ()
+
+    def note(self, path: Path, secret: str) -> None:
+        key = str(path)
+        with self._lock:
+            held = self._by_path.get(key, ())
+            if held and held[0] == secret:
+                return
+            self._by_path[key] = (secret, *held[:1])
+            found = {s for values in self._by_path.values() for s in values if s}
+            # Longest first, so a secret that contains another is masked whole.
+            self._secrets = tuple(sorted(found, key=lambda s: (-len(s), s)))
+
+    def secrets(self) -> tuple[str, ...]:
+        return self._secrets
+
+    def redact(self, text: str) -> str:
+        return redact_patterns(text, self._secrets)
+
+    def redact_json(self, value: Any) -> Any:
+        """The same JSON-like value (dicts, lists, strings, numbers) with every string redacted,
+        keys included."""
+        if isinstance(value, str):
+            return self.redact(value)
+        if isinstance(value, dict):
+            return {self.redact_json(k): self.redact_json(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.redact_json(v) for v in value]
+        return value
+
+    def forget(self) -> None:
+        with self._lock:
+            self._by_path.clear()
+            self._secrets = ()
+
+
+REDACTOR = Redactor()
+
+
+def redact(text: str) -> str:
+    return REDACTOR.redact(text)
+
+
+def redact_json(value: Any) -> Any:
+    return REDACTOR.redact_json(value)
 
 
 def read_secret(path: Path | None) -> str | None:
@@ -26,4 +92,15 @@ def read_secret(path: Path | None) -> str | None:
         raise SecretFileError(path, "holds more than one line")
     if not secret.isprintable() or not secret.isascii():
         raise SecretFileError(path, "holds non-printable or non-ASCII characters")
+    REDACTOR.note(path, secret)
     return secret
+
+
+def prime(paths: Iterable[Path | None]) -> None:
+    """Read each configured secret file once at start, so the redactor knows them before any
+    line is written. An unusable file is left for the code that needs it to report."""
+    for path in paths:
+        try:
+            read_secret(path)
+        except SecretFileError:
+            continue

@@ -31,7 +31,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from sparkd import __version__
 from sparkd.model.plan import ActionOutcome
 from sparkd.model.snapshot import SnapshotDocument
-from sparkd.shell.secrets import SecretFileError, read_secret
+from sparkd.shell.secrets import SecretFileError, read_secret, redact, redact_json
 
 if TYPE_CHECKING:
     from sparkd.runtime.controller import Controller
@@ -110,11 +110,13 @@ async def healthz(request: web.Request) -> web.Response:
 async def status(request: web.Request) -> web.Response:
     daemon = request.app[DAEMON]
     return web.json_response(
-        {
-            "version": __version__,
-            "started_at": daemon.started_at,
-            "clusters": [cluster_json(c) for c in daemon.controllers.values()],
-        }
+        redact_json(
+            {
+                "version": __version__,
+                "started_at": daemon.started_at,
+                "clusters": [cluster_json(c) for c in daemon.controllers.values()],
+            }
+        )
     )
 
 
@@ -127,7 +129,9 @@ async def events(request: web.Request) -> web.Response:
         raise web.HTTPBadRequest(text="limit must be a whole number") from None
     found = daemon.state.read_events(limit, cluster)
     # Lines of the events file that could not be read (torn, not UTF-8), skipped on the way.
-    return web.json_response({"events": found, "skipped_lines": daemon.state.events_skipped})
+    return web.json_response(
+        redact_json({"events": found, "skipped_lines": daemon.state.events_skipped})
+    )
 
 
 def _authorize(request: web.Request) -> None:
@@ -231,7 +235,7 @@ async def pause(request: web.Request) -> web.Response:
                 f"{MAX_PAUSE_SECONDS} (leave it out for a pause without an end)"
             )
         until = controller.wall_clock() + float(duration)
-    saved = controller.pause(reason.strip(), by, until)
+    saved = controller.pause(redact(reason.strip()), redact(str(by)), until)
     return web.json_response(_applied(controller, saved))
 
 
@@ -253,7 +257,8 @@ def _applied(controller: Controller, saved: bool) -> dict[str, Any]:
             f"applied, but not persisted ({controller.persist_error}); "
             "it is lost if sparkd restarts before the state dir takes writes again"
         )
-    return body
+    redacted: dict[str, Any] = redact_json(body)
+    return redacted
 
 
 async def reconcile(request: web.Request) -> web.Response:

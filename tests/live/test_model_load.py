@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.core.spec import model_spec_hash, serve_log_path
+from sparkd.core.spec import key_fingerprint, model_spec_hash, serve_log_path
 from sparkd.model.memory import Memory
 from sparkd.model.observed import Observed
 from sparkd.model.snapshot import dump_snapshot
@@ -78,7 +78,9 @@ async def test_loading_is_observed_until_the_model_serves(
     for observed in [*loading, served]:
         serve = observed.serve
         assert serve is not None and serve.running
-        assert serve.spec_hash == model_spec_hash(cluster)
+        # Launched with the current key: the planner sees no drift.
+        assert observed.api_key_fingerprint == key_fingerprint(API_KEY)
+        assert serve.spec_hash == model_spec_hash(cluster, key_fingerprint(API_KEY))
         assert serve.elapsed_seconds is not None
         ages.append(serve.elapsed_seconds)
         if observed is served:

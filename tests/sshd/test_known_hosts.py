@@ -1,0 +1,110 @@
+"""`sparkd known-hosts scan` against a real OpenSSH sshd: the fingerprint ssh-keygen shows, nothing
+written without --accept, a file sparkd then connects with after it."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import asyncssh
+import pytest
+
+from sparkd.settings import load_settings
+from sparkd.shell.ssh import HostConnection
+from tests.sshd.conftest import RealSshd
+from tests.toy import EXAMPLE_CONFIG
+
+pytestmark = pytest.mark.sshd
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def config_for(sshd: RealSshd, tmp_path: Path, known_hosts: Path) -> Path:
+    text = EXAMPLE_CONFIG.read_text()
+    text = text.replace(
+        'address = "10.1.230.180"\n  port = 22', f'address = "127.0.0.1"\n  port = {sshd.port}'
+    )
+    text = text.replace(
+        'address = "10.1.230.181"\n  port = 22', f'address = "127.0.0.1"\n  port = {closed_port()}'
+    )
+    text = text.replace('"/etc/sparkd/known_hosts"', f'"{known_hosts}"')
+    text = text.replace('"/etc/sparkd/id_ed25519"', f'"{sshd.key_file}"')
+    text = re.sub(r'user = "aurora"', f'user = "{sshd.user}"', text)
+    path = tmp_path / "sparkd.toml"
+    path.write_text(text)
+    return path
+
+
+def sparkd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sparkd.cli", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def keygen_fingerprint(known_hosts: Path) -> str:
+    keygen = shutil.which("ssh-keygen")
+    if keygen is None:
+        pytest.skip("ssh-keygen is missing")
+    out = subprocess.run([keygen, "-lf", str(known_hosts)], capture_output=True, text=True)
+    return out.stdout.split()[1]
+
+
+def keygen_lookup(pattern: str, known_hosts: Path) -> str:
+    found = subprocess.run(
+        ["ssh-keygen", "-l", "-F", pattern, "-f", str(known_hosts)], capture_output=True, text=True
+    )
+    return found.stdout
+
+
+async def test_scan_prints_fingerprints_and_writes_only_with_accept(
+    sshd: RealSshd, tmp_path: Path
+) -> None:
+    known_hosts = tmp_path / "scanned" / "known_hosts"
+    known_hosts.parent.mkdir()
+    config = config_for(sshd, tmp_path, known_hosts)
+    expected = keygen_fingerprint(sshd.known_hosts)
+    pattern = f"[127.0.0.1]:{sshd.port}"
+
+    scanned = sparkd("known-hosts", "scan", "--config", str(config))
+    assert scanned.returncode == 69, scanned.stderr  # the worker's port is closed
+    assert f"{pattern} ssh-ed25519 {expected} (not in known_hosts)" in scanned.stdout
+    assert "unreachable" in scanned.stderr and "spark-b" in scanned.stderr
+    assert "--accept" in scanned.stdout
+    assert not known_hosts.exists()
+
+    # A stale key for the host (it was re-keyed) and an unrelated entry that must stay.
+    other_blob = asyncssh.generate_private_key("ssh-ed25519").export_public_key().split()[1]
+    other = f"192.0.2.7 ssh-ed25519 {other_blob.decode()}"
+    stale = asyncssh.read_private_key(sshd.other_key_file).export_public_key()
+    stale_blob = stale.decode().split()[1]
+    known_hosts.write_text(f"{other}\n{pattern} ssh-ed25519 {stale_blob}\n")
+    differs = sparkd("known-hosts", "scan", "--config", str(config))
+    assert "(DIFFERS from known_hosts)" in differs.stdout
+    assert stale_blob in known_hosts.read_text()
+
+    accepted = sparkd("known-hosts", "scan", "--config", str(config), "--accept")
+    assert f"replaced {pattern} {expected}" in accepted.stdout
+    lines = known_hosts.read_text().splitlines()
+    assert other in lines and not any(stale_blob in line for line in lines)
+    assert expected in keygen_lookup(pattern, known_hosts)
+
+    again = sparkd("known-hosts", "scan", "--config", str(config))
+    assert "(matches known_hosts)" in again.stdout
+
+    settings = load_settings(config)
+    cluster = settings.clusters[0]
+    conn = HostConnection(cluster.head, cluster.ssh)
+    try:
+        result = await conn.run("echo trusted", timeout=10)
+    finally:
+        await conn.close()
+    assert result.stdout == "trusted\n"
