@@ -87,10 +87,15 @@ def model_spec_hash(cluster: ClusterSpec, key: str | None = None) -> str:
 
 
 def model_spec_hashes(cluster: ClusterSpec, key: str | None = None) -> frozenset[str]:
+    """Every hash that means "as desired". A model launched before key fingerprints were part
+    of the spec (its hash holds `true`) still matches: upgrading sparkd restarts nothing; such a
+    launch notices a rotated key at its next launch."""
     head = cluster.head
+    keys = {key, None}
     return frozenset(
-        _model_hash(cluster, _ray_hash(cluster, head, image), key)
+        _model_hash(cluster, _ray_hash(cluster, head, image), k)
         for image in _image_spellings(cluster)
+        for k in keys
     )
 
 
