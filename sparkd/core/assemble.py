@@ -6,6 +6,7 @@ Host times (log mtime, process ages) are converted to the daemon's clock through
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -40,7 +41,9 @@ def _host_clock(sections: dict[str, facts.Section], observed_at: float) -> float
     now = sections.get("now")
     if now is not None and now.ok:
         try:
-            return float(now.body.strip())
+            clock = float(now.body.strip())
+            if math.isfinite(clock):
+                return clock
         except ValueError:
             pass
     return observed_at

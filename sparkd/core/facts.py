@@ -7,6 +7,7 @@ a section that cannot be read yields None ("not observed"), never a guess.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -37,6 +38,9 @@ class Section:
         return self.rc == 0
 
 
+_RC = re.compile(r"^-?[0-9]{1,5}$")
+
+
 def parse_sections(text: str) -> dict[str, Section]:
     """Split the fact script's output: `@@sparkd NAME` ... `@@sparkd-end NAME RC`."""
     sections: dict[str, Section] = {}
@@ -47,7 +51,7 @@ def parse_sections(text: str) -> dict[str, Section]:
             name, lines = line[len(SECTION_START) :].strip(), []
         elif line.startswith(SECTION_END) and name is not None:
             _, _, rc_text = line[len(SECTION_END) :].strip().rpartition(" ")
-            rc = int(rc_text) if rc_text.lstrip("-").isdigit() else None
+            rc = int(rc_text) if _RC.match(rc_text) else None
             sections[name] = Section("\n".join(lines), rc)
             name = None
         elif name is not None:
@@ -197,7 +201,8 @@ def parse_stat_time(text: str) -> float | None:
     epoch number; None when it is neither."""
     text = text.strip()
     try:
-        return float(text)
+        number = float(text)
+        return number if math.isfinite(number) else None
     except ValueError:
         pass
     match = re.match(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.(\d+))? ([+-]\d{4})$", text)
@@ -226,7 +231,7 @@ def _days_from_civil(year: int, month: int, day: int) -> int:
 def parse_df_avail(text: str) -> int | None:
     """`df -B1 --output=avail PATH`: a header line, then bytes available."""
     for line in text.splitlines()[1:]:
-        if line.strip().isdigit():
+        if _is_count(line.strip()):
             return int(line.strip())
     return None
 
@@ -275,7 +280,10 @@ def parse_ray_nodes(text: str) -> RayState | None:
 def _gpus(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return 0.0
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        return 0.0
     return number if 0.0 <= number < 1e6 else 0.0
 
 
@@ -325,7 +333,7 @@ def parse_ray_status(text: str) -> RayState | None:
     return RayState(nodes=nodes, gpus_total=total or 0.0, ips_known=False)
 
 
-_SHARDS = re.compile(r"Loading safetensors checkpoint shards:\s+(\d+)% Completed")
+_SHARDS = re.compile(r"Loading safetensors checkpoint shards:\s+(\d{1,3})% Completed")
 _CAPTURE = re.compile(r"Capturing CUDA graph|Graph capturing|CUDA graph capture", re.I)
 _READY = re.compile(r"Application startup complete|Starting vLLM API server|Uvicorn running on")
 # Only a signature that the engine is gone fails a load whose process still runs: warnings

@@ -231,15 +231,11 @@ async def observe_endpoint(
             detail=f"/v1/models answered HTTP {listed.status}: the API key was refused "
             "(api_key_file does not match the key vllm serve was started with)",
         )
-    models: tuple[str, ...] = ()
-    try:
-        document = json.loads(listed.body)
-        models = tuple(str(m["id"]) for m in document.get("data", []) if isinstance(m, dict))
-    except (ValueError, KeyError, AttributeError):
-        pass
+    models = listed_models(listed.body)
     load = EngineLoad()
     if metrics.status == 200:
-        with suppress(ValueError):
+        # Whatever the server prints, it is at worst no figures at all.
+        with suppress(ValueError, TypeError, KeyError, IndexError):
             load = parse_vllm_metrics(metrics.body.decode("utf-8", "replace"))
     return ModelEndpoint(
         status="up",
@@ -248,6 +244,20 @@ async def observe_endpoint(
         requests_running=load.running,
         generation_tokens_total=load.generation_tokens,
         detail=f"/health {health.status}, /v1/models {listed.status}",
+    )
+
+
+def listed_models(body: bytes) -> tuple[str, ...]:
+    """The model ids of a `/v1/models` answer; nothing when it is not that shape."""
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError):
+        return ()
+    data = document.get("data") if isinstance(document, dict) else None
+    if not isinstance(data, list):
+        return ()
+    return tuple(
+        m["id"][:512] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)
     )
 
 

@@ -224,3 +224,47 @@ async def test_the_simulated_servers_metrics_parse(server: Any) -> None:
     assert load.running is not None and load.running > 0
     assert load.waiting == 0
     assert load.generation_tokens is not None
+
+
+async def hostile_server(models: bytes, metrics: bytes) -> tuple[web.AppRunner, int]:
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def listed(_: web.Request) -> web.Response:
+        return web.Response(body=models, content_type="application/json")
+
+    async def exported(_: web.Request) -> web.Response:
+        return web.Response(body=metrics, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", listed)
+    app.router.add_get("/metrics", exported)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, port
+
+
+@pytest.mark.parametrize(
+    ("models", "metrics"),
+    [
+        (b'{"data": 5}', b"vllm:num_requests_running NaN\n"),
+        (b"[1, 2, 3]", b"\xff\xfe not metrics at all {{{"),
+        (b'{"data": [{"id": 5}, "x", {"id": "m"}]}', b"vllm:generation_tokens_total 1e999\n"),
+        (b"[" * 5000, b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{\n"),
+        (b'{"data": [{"id": "' + b"\xc2\xb2" * 1000 + b'"}]}', b""),
+    ],
+)
+async def test_a_hostile_model_server_reads_as_values(models: bytes, metrics: bytes) -> None:
+    runner, port = await hostile_server(models, metrics)
+    try:
+        endpoint = await model_http.observe_endpoint(opener_for(port), cluster(), None, 5)
+    finally:
+        await runner.cleanup()
+    assert endpoint.status == "up"
+    assert all(isinstance(m, str) and len(m) <= 512 for m in endpoint.models)
+    assert not endpoint.serves(MODEL)

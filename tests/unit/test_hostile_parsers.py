@@ -98,3 +98,15 @@ def test_any_json_in_ray_and_docker_readers(value: object) -> None:
     facts.parse_ray_nodes(text)
     facts.parse_docker_ps(text)
     facts.parse_ip_addr(text)
+
+
+def test_numbers_past_pythons_digit_limit_are_unknowns() -> None:
+    huge = "9" * 5000
+    sections = facts.parse_sections(f"@@sparkd disk\nAvail\n{huge}\n@@sparkd-end disk {huge}\n")
+    assert sections["disk"].rc is None
+    assert facts.parse_df_avail(sections["disk"].body) is None
+    assert (
+        facts.parse_ray_nodes('[{"node_id": "a", "resources_total": {"GPU": 1' + "0" * 400 + "}}]")
+        is not None
+    )
+    assert facts.parse_stat_time("inf") is None
