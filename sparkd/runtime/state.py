@@ -103,6 +103,9 @@ class StateDir:
         # Events per cluster in the file, counted once and then kept up to date by appends.
         self._counts: dict[Any, int] | None = None
         self.events_skipped = 0
+        # What each memory file holds as last written by this process: an unchanged memory
+        # (a steady cluster between probes) is not rewritten and fsynced every cycle.
+        self._written: dict[Path, bytes] = {}
 
     def ensure(self) -> None:
         self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -169,8 +172,13 @@ class StateDir:
             return Memory()
 
     def save_memory(self, cluster: str, memory: Memory) -> None:
+        path = self.memory_path(cluster)
+        data = memory.model_dump_json(indent=1).encode()
+        if self._written.get(path) == data and path.exists():
+            return
         self.ensure()
-        self.save_memory_at(self.memory_path(cluster), memory)
+        atomic_write(path, data)
+        self._written[path] = data
 
     @staticmethod
     def save_memory_at(path: Path, memory: Memory) -> None:

@@ -76,3 +76,17 @@ def test_lock_is_exclusive_across_processes(tmp_path: Path) -> None:
         proc.wait()
     with state.lock():
         pass
+
+
+def test_an_unchanged_memory_is_not_rewritten(tmp_path: Path) -> None:
+    state = StateDir(tmp_path / "state")
+    memory = Memory(launched_at=1.0)
+    state.save_memory("sparks", memory)
+    path = state.memory_path("sparks")
+    first = path.stat().st_ino
+    for _ in range(5):
+        state.save_memory("sparks", memory)
+    assert path.stat().st_ino == first  # an atomic rewrite would have replaced the file
+    state.save_memory("sparks", memory.model_copy(update={"launched_at": 2.0}))
+    assert path.stat().st_ino != first
+    assert state.load_memory("sparks")[0].launched_at == 2.0
