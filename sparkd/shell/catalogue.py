@@ -334,11 +334,6 @@ def read_serve_spec(cluster: ClusterSpec, seconds: float) -> Remote:
     return Remote("read_serve_spec", _line(["cat", serve_spec_path(cluster)], seconds), False)
 
 
-def ray_gpus(cluster: ClusterSpec, seconds: float) -> Remote:
-    head = container_name(cluster, cluster.head)
-    return Remote("ray_status", _line(["docker", "exec", head, "ray", "status"], seconds), False)
-
-
 # Where sudo finds the tools `sudo -n` runs (Ubuntu's merged /usr, DGX OS included).
 SUDO_PATHS = {"systemctl": "/usr/bin/systemctl", "kill": "/usr/bin/kill"}
 # sudoers (1.9.10 and later) matches arguments by a regular expression between ^ and $: a
@@ -382,7 +377,6 @@ def catalogue(cluster: ClusterSpec, seconds: float) -> list[tuple[HostSpec, Remo
     entries.append((head, serve_processes(cluster, seconds)))
     entries.append((head, signal_serve(cluster, "TERM", seconds)))
     entries.append((head, read_serve_spec(cluster, seconds)))
-    entries.append((head, ray_gpus(cluster, seconds)))
     for host in cluster.hosts:
         entries.append((host, inspect_container(container_name(cluster, host), seconds)))
     return entries

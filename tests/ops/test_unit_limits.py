@@ -38,7 +38,6 @@ def test_timeout_stop_outlasts_the_longest_action_of_the_reference_config() -> N
         executor.action_timeout(Action(kind=kind, host="h", target="t", reason="r"))
         for kind in ACTION_KINDS
     )
-    assert longest >= 180  # a Ray start with the shipped timeouts
     assert seconds(setting("TimeoutStopSec")) >= longest + 30
 
 
