@@ -6,9 +6,16 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["--version"]:
+        # Asked by scripts and package checks: no need to load the rest of sparkd for it.
+        from sparkd import __version__
+
+        print(f"sparkd {__version__}")
+        return 0
     from sparkd.commands import dispatch
 
-    return dispatch(sys.argv[1:] if argv is None else argv)
+    return dispatch(args)
 
 
 if __name__ == "__main__":

@@ -54,3 +54,17 @@ def test_sim_options_reach_the_simulator() -> None:
     )
     assert result.returncode != 0
     assert "nope" in result.stderr and "unrecognized arguments" not in result.stderr
+
+
+def test_version_loads_nothing_else() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from sparkd.cli import main; main(['--version']); "
+        "print(sorted(m for m in sys.modules if m.startswith(('sparkd.', 'pydantic', 'asyncssh'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    version, loaded = out.stdout.splitlines()
+    assert version.startswith("sparkd ")
+    assert loaded == "['sparkd.cli']"
