@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import time
@@ -20,9 +21,56 @@ from sparkd.runtime.maintenance import MaintenanceScheduler
 from sparkd.runtime.metrics import Metrics
 from sparkd.runtime.notify import Notifier
 from sparkd.runtime.state import StateDir
-from sparkd.settings import ConfigError, Settings, load_settings
+from sparkd.settings import (
+    EX_CANTCREAT,
+    EX_CONFIG,
+    ConfigError,
+    Settings,
+    load_settings,
+)
 from sparkd.shell.execute import ExecutorTiming
 from sparkd.shell.ssh import SshPool
+
+
+class StartupError(Exception):
+    """The daemon cannot start because of its config (a busy port, an unusable state dir):
+    one line naming the setting, and the exit status (sysexits) to leave with."""
+
+    def __init__(self, code: int, line: str) -> None:
+        super().__init__(line)
+        self.code = code
+        self.line = line
+
+
+def open_state_dir(path: Path) -> None:
+    """Create the state dir (0700) or check the one there; raise StartupError (73) saying why
+    it cannot be used."""
+    where = f"daemon.state_dir: {path}"
+    if path.exists() and not path.is_dir():
+        raise StartupError(EX_CANTCREAT, f"{where} is not a directory")
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StartupError(EX_CANTCREAT, f"{where} cannot be created: {_reason(exc)}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise StartupError(EX_CANTCREAT, f"{where} is not writable by this user")
+
+
+def state_dir_error(path: Path, exc: OSError) -> StartupError:
+    return StartupError(EX_CANTCREAT, f"daemon.state_dir: {path}: {_reason(exc)}")
+
+
+def listen_error(listen: str, exc: OSError) -> StartupError:
+    busy = exc.errno == errno.EADDRINUSE
+    reason = "is in use" if busy else f"cannot be bound: {_reason(exc)}"
+    return StartupError(EX_CONFIG, f"daemon.listen: {listen} {reason}")
+
+
+def _reason(exc: OSError) -> str:
+    # asyncio rewrites a bind error's strerror into a sentence; the errno says it plainly.
+    if exc.errno:
+        return os.strerror(exc.errno)
+    return exc.strerror or str(exc) or type(exc).__name__
 
 
 class Daemon:
@@ -165,7 +213,13 @@ class Daemon:
         await self.runner.setup()
         daemon = self.settings.daemon
         site = GuardedSite(self.runner, daemon.listen_host, daemon.listen_port, app)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await self.runner.cleanup()
+            self.runner = None
+            await self.pool.close()
+            raise listen_error(daemon.listen, exc) from None
         self.maintenance.start()
         for name, controller in self.controllers.items():
             self.tasks[name] = self._run(controller)
