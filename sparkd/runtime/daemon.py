@@ -25,11 +25,15 @@ from sparkd.settings import (
     EX_CANTCREAT,
     EX_CONFIG,
     ConfigError,
+    DaemonSettings,
     Settings,
     load_settings,
 )
 from sparkd.shell.execute import ExecutorTiming
 from sparkd.shell.ssh import SshPool
+
+# Daemon settings that take effect only at start: a reload reports a change and keeps the old.
+RESTART_ONLY = ("listen", "state_dir")
 
 
 class StartupError(Exception):
@@ -73,6 +77,15 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc) or type(exc).__name__
 
 
+def restart_only_changes(old: DaemonSettings, new: DaemonSettings) -> list[str]:
+    """`daemon.X: OLD -> NEW` for each setting that a reload cannot apply."""
+    return [
+        f"daemon.{name}: {getattr(old, name)} -> {getattr(new, name)}"
+        for name in RESTART_ONLY
+        if getattr(old, name) != getattr(new, name)
+    ]
+
+
 class Daemon:
     def __init__(
         self,
@@ -106,6 +119,7 @@ class Daemon:
         self.started_at = time.time()
         self._reloads: set[asyncio.Task[None]] = set()
         self._reload_lock = asyncio.Lock()
+        self._stopping = False
 
     def _controller(self, cluster_name: str) -> Controller:
         cluster = self.settings.cluster(cluster_name)
@@ -262,6 +276,9 @@ class Daemon:
 
     def reload(self) -> None:
         """SIGHUP: load the config again; an invalid one is rejected and the old one kept."""
+        if self._stopping:
+            self.log.info("reload_ignored", reason="stopping")
+            return
         task = asyncio.get_running_loop().create_task(self._reload())
         self._reloads.add(task)
         task.add_done_callback(self._reloads.discard)
@@ -271,13 +288,31 @@ class Daemon:
             await self._reload_locked()
 
     async def _reload_locked(self) -> None:
+        """RELOADING=1 is always followed by READY=1 (systemd waits for it), whatever happens;
+        its STATUS says what the reload did."""
         self.notifier.reloading()
+        status = "reload failed: kept the running config"
+        try:
+            status = await self._apply_reload()
+        except Exception:
+            self.log.exception("reload_failed")
+        finally:
+            self.notifier.ready(status)
+
+    async def _apply_reload(self) -> str:
         try:
             new = load_settings(self.config_path)
         except ConfigError as exc:
             self.log.error("reload_rejected", problems=exc.problems)
-            self.notifier.ready("reload rejected: kept the old config")
-            return
+            first = exc.problems[0] if exc.problems else "invalid config"
+            more = f" (and {len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
+            return f"reload rejected: kept the old config: {first}{more}"
+        old = self.settings.daemon
+        pending = restart_only_changes(old, new.daemon)
+        if pending:
+            # The API stays where it is bound and the state where it is locked.
+            kept = {name: getattr(old, name) for name in RESTART_ONLY}
+            new = new.model_copy(update={"daemon": new.daemon.model_copy(update=kept)})
         self.settings = new
         wanted = {c.name: c for c in new.clusters}
         changed = [
@@ -298,11 +333,20 @@ class Daemon:
                 controller = self._controller(cluster.name)
                 self.controllers[cluster.name] = controller
                 self.tasks[cluster.name] = self._run(controller)
+        if pending:
+            self.log.warning(
+                "reloaded_except", needs_restart=pending, clusters=list(wanted), restarted=changed
+            )
+            return "reloaded except (needs a restart, old value kept): " + "; ".join(pending)
         self.log.info("reloaded", clusters=list(wanted), restarted=changed)
-        self.notifier.ready("reloaded")
+        return "reloaded"
 
     async def stop(self) -> None:
         """No new actions; the action in flight finishes or times out."""
+        self._stopping = True
+        # A reload in progress ends first, so its READY=1 comes before STOPPING=1.
+        if self._reloads:
+            await asyncio.gather(*self._reloads, return_exceptions=True)
         self.notifier.stopping()
         self.log.info("stopping")
         for controller in self.controllers.values():

@@ -1,5 +1,5 @@
 """Config that only fails when used: `sparkd run` with a busy port or an unusable state dir exits
-with one line (78 or 73)."""
+with one line (78 or 73), and SIGHUP reports what it cannot apply, always ending in READY=1."""
 
 from __future__ import annotations
 
@@ -7,15 +7,21 @@ import asyncio
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 
+from sparkd.runtime.daemon import Daemon
+from sparkd.runtime.notify import Notifier
 from sparkd.settings import load_settings
-from tests.e2e.conftest import free_port
+from sparkd.sim.world import World
+from tests.e2e.conftest import eventually, free_port, write_fast_config
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "etc" / "sparkd" / "sparkd.toml"
@@ -172,3 +178,117 @@ def test_state_dir_that_is_not_writable_exits_73(tmp_path: Path) -> None:
     assert result.returncode == 73, result.stderr
     assert one_line(result) == f"sparkd run: daemon.state_dir: {state} is not writable by this user"
     assert list(state.iterdir()) == []
+
+
+async def post(port: int, path: str, token: str | None = None) -> int:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    url = f"http://127.0.0.1:{port}{path}"
+    async with aiohttp.ClientSession() as s, s.post(url, headers=headers) as r:
+        return r.status
+
+
+async def listening(port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    writer.close()
+    await writer.wait_closed()
+    return True
+
+
+async def test_sighup_always_ends_in_ready_and_reports_what_needs_a_restart(
+    healthy_world: World, tmp_path: Path
+) -> None:
+    port = free_port()
+    state = tmp_path / "state"
+    config = write_fast_config(healthy_world, tmp_path / "sparkd.toml", state, port)
+    good = config.read_text()
+    notify = NotifySocket(tmp_path / "notify.sock")
+    notify.watch()
+    log_path = tmp_path / "daemon.log"
+    log = log_path.open("wb")
+    proc = await asyncio.create_subprocess_exec(
+        *SPARKD, "run", "--config", str(config), stdout=log, stderr=log,
+        env={**os.environ, "NOTIFY_SOCKET": str(notify.path), "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+
+    async def reload() -> tuple[str, str]:
+        """SIGHUP; the RELOADING=1 message and the READY=1 message that follows it."""
+        start = len(notify.received)
+        before = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        assert proc.pid is not None
+        os.kill(proc.pid, signal.SIGHUP)
+        await eventually(lambda: notify.after(start, "RELOADING=1") is not None, within=10)
+        reloading = notify.after(start, "RELOADING=1")
+        assert reloading is not None
+        await eventually(lambda: notify.after(reloading, "READY=1") is not None, within=30)
+        ready = notify.after(reloading, "READY=1")
+        assert ready is not None
+        message = notify.received[reloading]
+        usec = int(message.split("MONOTONIC_USEC=")[1].split("\n")[0])
+        assert before <= usec <= time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        return message, notify.received[ready]
+
+    try:
+        await eventually(lambda: notify.after(0, "READY=1") is not None, within=20)
+
+        _, ready = await reload()
+        assert ready == "READY=1\nSTATUS=reloaded"
+
+        config.write_text(good.replace('role = "worker"', 'role = "head"'))
+        _, ready = await reload()
+        assert ready.startswith("READY=1\nSTATUS=reload rejected: kept the old config: "), ready
+        assert "clusters.0" in ready, ready
+        assert await post(port, "/clusters/sparks/reconcile") == 403  # still running, unchanged
+
+        # A new port and a control token: the token is applied, the port waits for a restart.
+        new_port = free_port()
+        token_file = tmp_path / "token"
+        token_file.write_text("s3cret-token-for-reload\n")
+        token_file.chmod(0o600)
+        changed = good.replace(f'listen = "127.0.0.1:{port}"', f'listen = "127.0.0.1:{new_port}"')
+        changed = changed.replace("[daemon]\n", f'[daemon]\ncontrol_token_file = "{token_file}"\n')
+        config.write_text(changed)
+        _, ready = await reload()
+        pending = f"daemon.listen: 127.0.0.1:{port} -> 127.0.0.1:{new_port}"
+        assert ready == (
+            f"READY=1\nSTATUS=reloaded except (needs a restart, old value kept): {pending}"
+        )
+        assert await post(port, "/clusters/sparks/reconcile") == 401
+        assert await post(port, "/clusters/sparks/reconcile", "s3cret-token-for-reload") == 200
+        assert not await listening(new_port)
+        text = log_path.read_text()
+        assert '"event": "reloaded_except"' in text
+        assert pending in text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(proc.wait(), 30)
+        await asyncio.sleep(0.1)
+        notify.drain()
+        notify.close()
+    assert code == 0
+    stopping = notify.received.index("STOPPING=1")
+    assert notify.after(stopping, "READY=1") is None
+
+
+async def test_a_reload_that_fails_unexpectedly_still_sends_ready(
+    healthy_world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write_fast_config(
+        healthy_world, tmp_path / "sparkd.toml", tmp_path / "state", free_port()
+    )
+    notify = NotifySocket(tmp_path / "notify.sock")
+    monkeypatch.setenv("NOTIFY_SOCKET", str(notify.path))
+    daemon = Daemon(load_settings(config), config, notifier=Notifier())
+
+    def broken(path: Path) -> None:
+        raise RuntimeError("disk gone")
+
+    monkeypatch.setattr("sparkd.runtime.daemon.load_settings", broken)
+    daemon.reload()
+    await asyncio.sleep(0.2)
+    messages = notify.drain()
+    notify.sock.close()
+    assert [m.split("\n")[0] for m in messages] == ["RELOADING=1", "READY=1"]
+    assert messages[1] == "READY=1\nSTATUS=reload failed: kept the running config"
