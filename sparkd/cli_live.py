@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -17,7 +18,8 @@ from sparkd.model.probe import ProbeResult
 from sparkd.model.snapshot import dump_snapshot
 from sparkd.runtime import logs
 from sparkd.runtime.controller import Controller
-from sparkd.runtime.daemon import Daemon
+from sparkd.runtime.daemon import Daemon, StartupError, open_state_dir, state_dir_error
+from sparkd.runtime.notify import Notifier
 from sparkd.runtime.state import LockHeld, StateDir
 from sparkd.settings import ClusterSpec, Settings
 from sparkd.shell import catalogue, secrets
@@ -159,13 +161,26 @@ async def once(settings: Settings, dry_run: bool, as_json: bool) -> int:
 
 
 def run(settings: Settings, config: Path, dry_run: bool) -> int:
+    """A config that fails only when used (a busy port, an unusable state dir) ends the run
+    with one line and EX_CONFIG or EX_CANTCREAT, also sent to systemd as STATUS."""
+    notifier = Notifier()
     state = StateDir(settings.daemon.state_dir)
     try:
-        with state.lock():
-            asyncio.run(Daemon(settings, config, dry_run=dry_run).serve_forever())
+        open_state_dir(state.path)
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(state.lock())
+            except OSError as exc:
+                raise state_dir_error(state.path, exc) from None
+            daemon = Daemon(settings, config, dry_run=dry_run, notifier=notifier)
+            asyncio.run(daemon.serve_forever())
     except LockHeld as exc:
         print(f"sparkd run: {exc}", file=sys.stderr)
         return EX_TEMPFAIL
+    except StartupError as exc:
+        print(f"sparkd run: {exc.line}", file=sys.stderr)
+        notifier.status(exc.line)
+        return exc.code
     return 0
 
 

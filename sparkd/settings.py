@@ -33,6 +33,7 @@ from pydantic_settings import (
 
 DEFAULT_CONFIG_PATH = Path("/etc/sparkd/sparkd.toml")
 EX_CONFIG = 78
+EX_CANTCREAT = 73
 
 # Every duration is finite and at most a week: a longer one is a typo that would make sparkd
 # wait forever (an `inf` timeout, a load grace of a year).

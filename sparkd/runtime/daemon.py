@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import time
@@ -20,9 +21,69 @@ from sparkd.runtime.maintenance import MaintenanceScheduler
 from sparkd.runtime.metrics import Metrics
 from sparkd.runtime.notify import Notifier
 from sparkd.runtime.state import StateDir
-from sparkd.settings import ConfigError, Settings, load_settings
+from sparkd.settings import (
+    EX_CANTCREAT,
+    EX_CONFIG,
+    ConfigError,
+    DaemonSettings,
+    Settings,
+    load_settings,
+)
 from sparkd.shell.execute import ExecutorTiming
 from sparkd.shell.ssh import SshPool
+
+# Daemon settings that take effect only at start: a reload reports a change and keeps the old.
+RESTART_ONLY = ("listen", "state_dir")
+
+
+class StartupError(Exception):
+    """The daemon cannot start because of its config (a busy port, an unusable state dir):
+    one line naming the setting, and the exit status (sysexits) to leave with."""
+
+    def __init__(self, code: int, line: str) -> None:
+        super().__init__(line)
+        self.code = code
+        self.line = line
+
+
+def open_state_dir(path: Path) -> None:
+    """Create the state dir (0700) or check the one there; raise StartupError (73) saying why
+    it cannot be used."""
+    where = f"daemon.state_dir: {path}"
+    if path.exists() and not path.is_dir():
+        raise StartupError(EX_CANTCREAT, f"{where} is not a directory")
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StartupError(EX_CANTCREAT, f"{where} cannot be created: {_reason(exc)}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise StartupError(EX_CANTCREAT, f"{where} is not writable by this user")
+
+
+def state_dir_error(path: Path, exc: OSError) -> StartupError:
+    return StartupError(EX_CANTCREAT, f"daemon.state_dir: {path}: {_reason(exc)}")
+
+
+def listen_error(listen: str, exc: OSError) -> StartupError:
+    busy = exc.errno == errno.EADDRINUSE
+    reason = "is in use" if busy else f"cannot be bound: {_reason(exc)}"
+    return StartupError(EX_CONFIG, f"daemon.listen: {listen} {reason}")
+
+
+def _reason(exc: OSError) -> str:
+    # asyncio rewrites a bind error's strerror into a sentence; the errno says it plainly.
+    if exc.errno:
+        return os.strerror(exc.errno)
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def restart_only_changes(old: DaemonSettings, new: DaemonSettings) -> list[str]:
+    """`daemon.X: OLD -> NEW` for each setting that a reload cannot apply."""
+    return [
+        f"daemon.{name}: {getattr(old, name)} -> {getattr(new, name)}"
+        for name in RESTART_ONLY
+        if getattr(old, name) != getattr(new, name)
+    ]
 
 
 class Daemon:
@@ -58,6 +119,7 @@ class Daemon:
         self.started_at = time.time()
         self._reloads: set[asyncio.Task[None]] = set()
         self._reload_lock = asyncio.Lock()
+        self._stopping = False
 
     def _controller(self, cluster_name: str) -> Controller:
         cluster = self.settings.cluster(cluster_name)
@@ -165,7 +227,13 @@ class Daemon:
         await self.runner.setup()
         daemon = self.settings.daemon
         site = GuardedSite(self.runner, daemon.listen_host, daemon.listen_port, app)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await self.runner.cleanup()
+            self.runner = None
+            await self.pool.close()
+            raise listen_error(daemon.listen, exc) from None
         self.maintenance.start()
         for name, controller in self.controllers.items():
             self.tasks[name] = self._run(controller)
@@ -208,6 +276,9 @@ class Daemon:
 
     def reload(self) -> None:
         """SIGHUP: load the config again; an invalid one is rejected and the old one kept."""
+        if self._stopping:
+            self.log.info("reload_ignored", reason="stopping")
+            return
         task = asyncio.get_running_loop().create_task(self._reload())
         self._reloads.add(task)
         task.add_done_callback(self._reloads.discard)
@@ -217,13 +288,31 @@ class Daemon:
             await self._reload_locked()
 
     async def _reload_locked(self) -> None:
+        """RELOADING=1 is always followed by READY=1 (systemd waits for it), whatever happens;
+        its STATUS says what the reload did."""
         self.notifier.reloading()
+        status = "reload failed: kept the running config"
+        try:
+            status = await self._apply_reload()
+        except Exception:
+            self.log.exception("reload_failed")
+        finally:
+            self.notifier.ready(status)
+
+    async def _apply_reload(self) -> str:
         try:
             new = load_settings(self.config_path)
         except ConfigError as exc:
             self.log.error("reload_rejected", problems=exc.problems)
-            self.notifier.ready("reload rejected: kept the old config")
-            return
+            first = exc.problems[0] if exc.problems else "invalid config"
+            more = f" (and {len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
+            return f"reload rejected: kept the old config: {first}{more}"
+        old = self.settings.daemon
+        pending = restart_only_changes(old, new.daemon)
+        if pending:
+            # The API stays where it is bound and the state where it is locked.
+            kept = {name: getattr(old, name) for name in RESTART_ONLY}
+            new = new.model_copy(update={"daemon": new.daemon.model_copy(update=kept)})
         self.settings = new
         wanted = {c.name: c for c in new.clusters}
         changed = [
@@ -244,11 +333,20 @@ class Daemon:
                 controller = self._controller(cluster.name)
                 self.controllers[cluster.name] = controller
                 self.tasks[cluster.name] = self._run(controller)
+        if pending:
+            self.log.warning(
+                "reloaded_except", needs_restart=pending, clusters=list(wanted), restarted=changed
+            )
+            return "reloaded except (needs a restart, old value kept): " + "; ".join(pending)
         self.log.info("reloaded", clusters=list(wanted), restarted=changed)
-        self.notifier.ready("reloaded")
+        return "reloaded"
 
     async def stop(self) -> None:
         """No new actions; the action in flight finishes or times out."""
+        self._stopping = True
+        # A reload in progress ends first, so its READY=1 comes before STOPPING=1.
+        if self._reloads:
+            await asyncio.gather(*self._reloads, return_exceptions=True)
         self.notifier.stopping()
         self.log.info("stopping")
         for controller in self.controllers.values():
