@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sparkd.commands import render_plan
+from sparkd.commands import EX_USAGE, render_plan
 from sparkd.core.planner import plan as make_plan
 from sparkd.model.observed import ModelEndpoint
 from sparkd.model.plan import Plan
@@ -22,7 +22,7 @@ from sparkd.runtime.daemon import Daemon, StartupError, open_state_dir, state_di
 from sparkd.runtime.notify import Notifier
 from sparkd.runtime.state import LockHeld, StateDir
 from sparkd.settings import ClusterSpec, Settings
-from sparkd.shell import catalogue, secrets
+from sparkd.shell import catalogue, forced, secrets
 from sparkd.shell.observe import observe, probe_once
 from sparkd.shell.ssh import SshPool
 from sparkd.web.app import outcome_json
@@ -47,7 +47,12 @@ def main(args: argparse.Namespace, settings: Settings, config: Path) -> int:
     if command == "run":
         logs.configure(settings.daemon.log_format)
         return run(settings, config, args.dry_run)
+    if command == "commands" and args.forced_command:
+        return print_forced_commands(settings, args.host)
     if command == "commands":
+        if args.host is not None:
+            print("sparkd commands: --host goes with --forced-command", file=sys.stderr)
+            return EX_USAGE
         return print_commands(settings, args.sudoers)
     raise AssertionError(command)
 
@@ -201,4 +206,21 @@ def print_commands(settings: Settings, sudoers: str | None) -> int:
         print("# sudoers snippet (visudo -f /etc/sudoers.d/sparkd; sudo 1.9.10 or later for the")
         print("# ^...$ argument pattern); set ssh.sudo = true. See docs/security.md.")
         print(f"{sudoers} ALL=(root) NOPASSWD: " + ", \\\n    ".join(sorted(privileged)))
+    return 0
+
+
+def print_forced_commands(settings: Settings, only: str | None) -> int:
+    """Each host's wrapper program, its header holding the authorized_keys line; with `only`,
+    exactly one program, ready to be saved as the wrapper."""
+    hosts = [(c, h) for c in settings.clusters for h in c.hosts if only in (None, h.name)]
+    if not hosts:
+        known = ", ".join(h.name for c in settings.clusters for h in c.hosts)
+        print(f"sparkd commands: no host {only!r} in the config ({known})", file=sys.stderr)
+        return EX_USAGE
+    for number, (cluster, host) in enumerate(hosts):
+        if only is None:
+            if number:
+                print()
+            print(f"# ===== {cluster.name}/{host.name}: the wrapper for this host follows")
+        print(forced.wrapper(cluster, host, forced.public_key(cluster.ssh)), end="")
     return 0

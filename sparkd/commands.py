@@ -86,6 +86,15 @@ def _parser() -> argparse.ArgumentParser:
     commands = sub.add_parser("commands", help="every remote command sparkd may run")
     _config_flag(commands)
     commands.add_argument("--sudoers", metavar="USER", help="print a sudoers snippet for USER")
+    commands.add_argument(
+        "--forced-command",
+        action="store_true",
+        help="print each host's authorized_keys forced-command wrapper and the line installing "
+        "it (regenerate whenever the config changes)",
+    )
+    commands.add_argument(
+        "--host", metavar="NAME", help="with --forced-command: only this host's wrapper"
+    )
 
     known = sub.add_parser("known-hosts", help="the hosts' SSH keys, checked out of band")
     known_sub = known.add_subparsers(dest="known_hosts_command", required=True, metavar="ACTION")

@@ -55,6 +55,12 @@ def timed(argv: Sequence[str], seconds: float) -> list[str]:
     return ["timeout", "-k", str(KILL_GRACE), str(max(1, math.ceil(seconds))), *argv]
 
 
+def tool_timeout(cluster: ClusterSpec) -> float:
+    """Each tool in the fact script gets a share of the command timeout, so one hung tool is
+    killed on the host (timeout -k) while the script still reports the others."""
+    return max(1.0, cluster.ssh.command_timeout / 3)
+
+
 def _sudo(cluster: ClusterSpec, argv: list[str]) -> list[str]:
     return ["sudo", "-n", *argv] if cluster.ssh.sudo else argv
 
@@ -359,11 +365,12 @@ def sudoers_rules(cluster: ClusterSpec) -> tuple[list[str], list[str]]:
 
 
 def catalogue(cluster: ClusterSpec, seconds: float) -> list[tuple[HostSpec, Remote]]:
-    """Every command sparkd may run against this cluster, for `sparkd commands`."""
+    """Every command sparkd may run against this cluster, for `sparkd commands`: the actions'
+    commands with `seconds`, the fact script as observing runs it (`tool_timeout`)."""
     entries: list[tuple[HostSpec, Remote]] = []
     head = cluster.head
     for host in cluster.hosts:
-        entries.append((host, fact_script(cluster, host, seconds)))
+        entries.append((host, fact_script(cluster, host, tool_timeout(cluster))))
         for unit in cluster.cleanup.units:
             entries.append((host, stop_unit(cluster, unit, seconds)))
         for pattern in cluster.cleanup.container_patterns:

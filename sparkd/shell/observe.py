@@ -29,9 +29,7 @@ class HostReading:
 
 
 def tool_timeout(cluster: ClusterSpec) -> float:
-    """Each tool in the fact script gets a share of the command timeout, so one hung tool is
-    killed on the host (timeout -k) while the script still reports the others."""
-    return max(1.0, cluster.ssh.command_timeout / 3)
+    return catalogue.tool_timeout(cluster)
 
 
 def opener(conn: HostConnection, cluster: ClusterSpec) -> model_http.Opener:

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,14 @@ def _free_port(address: str) -> int:
 
 @pytest.fixture
 def sshd(tmp_path: Path) -> Iterator[RealSshd]:
+    with running_sshd(tmp_path) as server:
+        yield server
+
+
+@contextmanager
+def running_sshd(tmp_path: Path, extra_config: str = "") -> Iterator[RealSshd]:
+    """sshd on a free loopback port, its authorized_keys at tmp_path/authorized_keys (read at
+    each login, so a test may rewrite it); `extra_config` is appended to sshd_config."""
     if SSHD is None:
         if os.environ.get("CI") == "true":
             pytest.fail("sshd is missing: .ci/run must install openssh-server")
@@ -76,7 +85,7 @@ def sshd(tmp_path: Path) -> Iterator[RealSshd]:
         f"AuthorizedKeysFile {authorized}\n"
         "PidFile none\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
         "PermitRootLogin prohibit-password\nStrictModes no\nUseDNS no\n"
-        "MaxSessions 30\nMaxStartups 30\nAllowTcpForwarding yes\nLogLevel ERROR\n"
+        "MaxSessions 30\nMaxStartups 30\nAllowTcpForwarding yes\nLogLevel ERROR\n" + extra_config
     )
     proc = subprocess.Popen([SSHD, "-f", str(config), "-D", "-e"], stderr=subprocess.PIPE)
     deadline = time.monotonic() + 10

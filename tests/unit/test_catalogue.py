@@ -236,3 +236,13 @@ def test_ray_nodes_are_read_alive_only_so_the_row_limit_cannot_drop_them() -> No
     cluster = reference_cluster()
     script = fact_script(cluster, cluster.head, 10).command
     assert "ray list nodes --format=json --filter state=ALIVE" in script
+
+
+def test_the_catalogue_lists_the_fact_script_as_observing_runs_it() -> None:
+    from sparkd.shell.observe import tool_timeout
+
+    cluster = reference_cluster()
+    listed = [(h, r) for h, r in catalogue.catalogue(cluster, 30) if r.name == "facts"]
+    assert [h.name for h, _ in listed] == [h.name for h in cluster.hosts]
+    for host, remote in listed:
+        assert remote.command == catalogue.fact_script(cluster, host, tool_timeout(cluster)).command

@@ -1,0 +1,218 @@
+"""The authorized_keys forced-command wrapper, installed with the line `sparkd commands
+--forced-command` prints, in front of a real OpenSSH sshd: sparkd's commands for the host go
+through, anything else exits 126, and the model channel opens to the permitted port only.
+
+docker, systemctl and kill are stand-ins on the PATH sshd gives the session (they record their
+arguments), so nothing on this machine is touched.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncssh
+import pytest
+
+from sparkd.core import facts
+from sparkd.settings import ClusterSpec, HostSpec, SshSpec
+from sparkd.shell import catalogue, forced, model_http
+from sparkd.shell.observe import opener
+from sparkd.shell.ssh import HostConnection, SshFailure
+from sparkd.sim.vllm_server import ModelBehaviour, SimVllmServer
+from tests.sshd.conftest import RealSshd, running_sshd
+from tests.toy import reference_cluster
+
+pytestmark = pytest.mark.sshd
+
+API_KEY = "sk-forced-test-3f9a"
+STAND_INS = ("docker", "systemctl", "kill", "nvidia-smi")
+
+
+@dataclass(frozen=True)
+class Forced:
+    sshd: RealSshd
+    cluster: ClusterSpec
+    host: HostSpec
+    calls: Path
+    other_port: int
+
+
+def stand_ins(directory: Path, calls: Path) -> None:
+    directory.mkdir()
+    for tool in STAND_INS:
+        stub = directory / tool
+        stub.write_text(f'#!/bin/sh\nprintf "%s\\n" "{tool} $*" >> {calls}\n')
+        stub.chmod(0o755)
+
+
+@pytest.fixture
+async def model() -> AsyncIterator[int]:
+    sim = SimVllmServer("/models/Qwen3.5-122B-A10B-FP8", ModelBehaviour())
+    port = await sim.start()
+    try:
+        yield port
+    finally:
+        await sim.stop()
+
+
+@pytest.fixture
+def other_listener() -> Iterator[int]:
+    """A port that is open on loopback, so only the key's options can refuse a channel to it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+@pytest.fixture
+def world(tmp_path: Path, model: int, other_listener: int) -> Iterator[Forced]:
+    tools = tmp_path / "bin"
+    calls = tmp_path / "calls"
+    stand_ins(tools, calls)
+    path = f"PATH={tools}:/usr/local/bin:/usr/bin:/bin"
+    # What the header asks of the head's sshd_config: no remote forwarding for the account.
+    match = f"Match User {getpass.getuser()}\n    AllowTcpForwarding local\n"
+    with running_sshd(tmp_path, f"SetEnv {path}\n{match}") as sshd:
+        key_file = tmp_path / "api_key_source"
+        key_file.write_text(API_KEY + "\n")
+        reference = reference_cluster()
+        host = reference.head.model_copy(update={"address": sshd.address, "port": sshd.port})
+        cluster = reference.model_copy(
+            update={
+                "hosts": (host, *reference.workers),
+                "ssh": SshSpec(
+                    user=sshd.user,
+                    key_file=sshd.key_file,
+                    known_hosts_file=sshd.known_hosts,
+                    connect_timeout=5.0,
+                    command_timeout=10.0,
+                ),
+                "model": reference.model.model_copy(
+                    update={
+                        "port": model,
+                        "tunnel_host": "127.0.0.1",
+                        "log_dir": tmp_path / "serve",
+                        "api_key_file": key_file,
+                    }
+                ),
+            }
+        )
+        program = tmp_path / "sparkd-forced-command"
+        text = forced.wrapper(cluster, host, forced.public_key(cluster.ssh), str(program))
+        program.write_text(text)
+        program.chmod(0o755)
+        line = next(line[2:] for line in text.splitlines() if line.startswith('# command="'))
+        (tmp_path / "authorized_keys").write_text(line + "\n")
+        yield Forced(sshd, cluster, host, calls, other_listener)
+
+
+async def run(conn: HostConnection, command: str, stdin: str | None = None) -> tuple[int, str]:
+    try:
+        result = await conn.run(command, timeout=30, input=stdin)
+    except SshFailure as failure:
+        assert failure.kind == "exit_nonzero", failure
+        assert failure.result is not None
+        result = failure.result
+    return result.exit_status or 0, result.stdout + result.stderr
+
+
+def lets_through(exit_status: int, output: str) -> bool:
+    return exit_status != forced.REFUSED_EXIT and "sparkd forced command" not in output
+
+
+async def test_the_catalogues_commands_pass_and_the_tools_run(world: Forced) -> None:
+    cluster, host = world.cluster, world.host
+    conn = HostConnection(host, cluster.ssh)
+    seconds = cluster.ssh.command_timeout
+    try:
+        status, output = await run(
+            conn, catalogue.fact_script(cluster, host, catalogue.tool_timeout(cluster)).command
+        )
+        assert lets_through(status, output), output
+        sections = facts.parse_sections(output)
+        assert sections["boot_id"].ok and sections["now"].ok
+        assert {"containers", "gpu_apps", "running", "serve_spec"} <= set(sections)
+
+        # The catalogue lists removal by pattern ('glm-*'); sparkd sends a matching name.
+        sent = [
+            r
+            for h, r in catalogue.catalogue(cluster, seconds)
+            if h.name == host.name and r.name not in ("remove_container", "start_model")
+        ]
+        sent += [
+            catalogue.kill_process(cluster, 4242, "TERM", seconds),
+            catalogue.kill_process(cluster, 2, "KILL", seconds),
+            catalogue.signal_serve(cluster, "KILL", seconds),
+            catalogue.remove_container("glm-old", seconds),
+            catalogue.start_model(cluster, seconds, API_KEY),
+        ]
+        for remote in sent:
+            status, output = await run(conn, remote.command, remote.stdin)
+            assert lets_through(status, output), (remote.name, status, output)
+    finally:
+        await conn.close()
+    calls = world.calls.read_text().splitlines()
+    assert "kill -TERM 4242" in calls and "kill -KILL 2" in calls
+    assert "systemctl stop -- vllm-cluster.service" in calls
+    assert "docker rm -f -- glm-old" in calls
+    assert any(c.startswith("docker events --format") for c in calls)
+    assert any(c.startswith("docker exec -d sparkd-sparks-ray-head sh -c") for c in calls)
+    # The key went through stdin to its 0600 file, never on a command line.
+    assert (cluster.model.log_dir / catalogue.API_KEY_FILE).read_text() == API_KEY
+    assert not any(API_KEY in c for c in calls)
+
+
+async def test_anything_else_is_refused_naming_only_its_first_word(world: Forced) -> None:
+    cluster, host = world.cluster, world.host
+    seconds = cluster.ssh.command_timeout
+    script = catalogue.fact_script(cluster, host, catalogue.tool_timeout(cluster)).command
+    refused = {
+        "id": "id",
+        "sh -c id": "sh",
+        script + "x": "s??",  # the word, its punctuation masked
+        script.replace("boot_id", "boot_idx", 1): "s??",
+        catalogue.kill_process(cluster, 1, "TERM", seconds).command: "timeout",
+        catalogue.kill_process(cluster, 4242, "HUP", seconds).command: "timeout",
+        catalogue.kill_process(cluster, 4242, "TERM", seconds).command + "; id": "timeout",
+        catalogue.remove_container("postgres", seconds).command: "timeout",
+        f"echo {API_KEY} | id": "echo",
+    }
+    conn = HostConnection(host, cluster.ssh)
+    try:
+        for command, first in refused.items():
+            status, output = await run(conn, command)
+            assert status == forced.REFUSED_EXIT, (command, output)
+            assert output == f"sparkd forced command: refused {first}\n", (command, output)
+    finally:
+        await conn.close()
+    assert not world.calls.exists()  # no stand-in ever ran
+
+
+async def test_the_model_channel_reaches_only_the_permitted_port(world: Forced) -> None:
+    cluster, host = world.cluster, world.host
+    conn = HostConnection(host, cluster.ssh)
+    try:
+        result = await model_http.probe(opener(conn, cluster), cluster, API_KEY)
+        assert result.verdict.outcome == "reasoning_only"
+        with pytest.raises(SshFailure) as info:
+            await conn.open_connection("127.0.0.1", world.other_port)
+        # Administratively prohibited: not taken for the model refusing (ssh_errors).
+        assert info.value.kind == "conn_lost"
+        assert f"code {asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED}" in info.value.error.detail
+        with socket.create_connection(("127.0.0.1", world.other_port), timeout=5):
+            pass  # the port itself is open: only the key's permitopen refused it
+    finally:
+        await conn.close()
+    async with asyncssh.connect(
+        world.sshd.address,
+        world.sshd.port,
+        username=world.sshd.user,
+        client_keys=[str(world.sshd.key_file)],
+        known_hosts=str(world.sshd.known_hosts),
+    ) as raw:
+        with pytest.raises(asyncssh.ChannelListenError):
+            await raw.forward_remote_port("127.0.0.1", 0, "127.0.0.1", 9)

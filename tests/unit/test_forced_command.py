@@ -1,0 +1,204 @@
+"""The forced-command wrapper's decisions, in process and as the program sshd would run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.shell import catalogue, forced
+from tests.toy import EXAMPLE_CONFIG, reference_cluster
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample sparkd"
+
+
+def decide(cluster: ClusterSpec, host: HostSpec) -> Callable[[str], bool]:
+    namespace: dict[str, Any] = {"__name__": "sparkd_forced_wrapper"}
+    exec(compile(forced.wrapper(cluster, host, KEY), "wrapper", "exec"), namespace)
+    allowed: Callable[[str], bool] = namespace["allowed"]
+    return allowed
+
+
+def with_key_file(cluster: ClusterSpec) -> ClusterSpec:
+    model = cluster.model.model_copy(update={"api_key_file": Path("/etc/sparkd/api_key")})
+    return cluster.model_copy(update={"model": model})
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_every_command_sparkd_sends_a_host_passes_its_wrapper(keyed: bool) -> None:
+    cluster = reference_cluster()
+    cluster = with_key_file(cluster) if keyed else cluster
+    seconds = cluster.ssh.command_timeout
+    for host in cluster.hosts:
+        allowed = decide(cluster, host)
+        sent = [
+            r.command
+            for h, r in catalogue.catalogue(cluster, seconds)
+            if h.name == host.name and r.name not in ("remove_container", "start_model")
+        ]
+        for pid in (2, 9, 4100, 4194304):
+            for signal in forced.SIGNALS:
+                sent.append(catalogue.kill_process(cluster, pid, signal, seconds).command)
+        sent += [catalogue.remove_container(n, seconds).command for n in ("glm-4", "vllm-old")]
+        if host.role == "head":
+            sent += [catalogue.signal_serve(cluster, s, seconds).command for s in forced.SIGNALS]
+            for key in ("sk-one", "sk-two"):  # a rotated key changes the spec hash
+                sent.append(catalogue.start_model(cluster, seconds, key if keyed else None).command)
+        for command in sent:
+            assert allowed(command), command
+
+
+def test_the_actual_observation_and_events_commands_pass() -> None:
+    from sparkd.shell.observe import tool_timeout
+
+    cluster = reference_cluster()
+    for host in cluster.hosts:
+        allowed = decide(cluster, host)
+        assert allowed(catalogue.fact_script(cluster, host, tool_timeout(cluster)).command)
+        assert allowed(catalogue.docker_events(catalogue.EVENTS_SPAN).command)
+
+
+def test_shapes_outside_the_catalogue_are_refused() -> None:
+    cluster = reference_cluster()
+    head, worker = cluster.head, cluster.workers[0]
+    allowed = decide(cluster, head)
+    seconds = cluster.ssh.command_timeout
+    kill = catalogue.kill_process(cluster, 4100, "TERM", seconds).command
+    refused = [
+        "",
+        "id",
+        "sh -c id",
+        kill.replace("4100", "1"),
+        kill.replace("4100", "0"),
+        kill.replace("4100", "-1"),
+        kill.replace("4100", "04100"),
+        kill.replace("4100", "4100 4101"),
+        kill.replace("-TERM", "-HUP"),
+        kill + "\n",
+        kill + "; id",
+        catalogue.remove_container("postgres", seconds).command,
+        catalogue.remove_container("glm-x; id", seconds).command,
+        catalogue.remove_container("glm-*", seconds).command,
+        catalogue.fact_script(cluster, worker, catalogue.tool_timeout(cluster)).command,
+        catalogue.start_ray(cluster, worker, seconds).command,
+        catalogue.fact_script(cluster, head, seconds + 1).command,
+        catalogue.start_model(cluster, seconds, None).command.replace("vllm serve", "vllm  serve"),
+    ]
+    for command in refused:
+        assert not allowed(command), command
+    # The spec hash is free only where a key file makes it vary; both places must agree.
+    keyed = with_key_file(cluster)
+    text = catalogue.start_model(keyed, seconds, "sk-one").command
+    spec = text.split("printf '%s\\n' ", 1)[1].split(" ", 1)[0]
+    assert decide(keyed, head)(text)
+    assert not decide(keyed, head)(text.replace(spec, "0" * 12, 1))
+    assert not allowed(text)
+
+
+ALLOWED_HEAD = decide(reference_cluster(), reference_cluster().head)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_one_character_more_or_less_in_the_fact_script_is_refused(data: st.DataObject) -> None:
+    cluster = reference_cluster()
+    head = cluster.head
+    script = catalogue.fact_script(cluster, head, catalogue.tool_timeout(cluster)).command
+    at = data.draw(st.integers(0, len(script)))
+    extra = data.draw(st.characters(codec="utf-8"))
+    assert not ALLOWED_HEAD(script[:at] + extra + script[at:])
+    if at < len(script):
+        assert not ALLOWED_HEAD(script[:at] + script[at + 1 :])
+
+
+def run_wrapper(program: Path, command: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "SSH_ORIGINAL_COMMAND"}
+    if command is not None:
+        env["SSH_ORIGINAL_COMMAND"] = command
+    return subprocess.run(
+        [sys.executable, str(program), *args], env=env, capture_output=True, text=True, timeout=30
+    )
+
+
+def test_the_program_refuses_with_126_naming_only_the_first_word(tmp_path: Path) -> None:
+    cluster = reference_cluster()
+    program = tmp_path / "wrapper"
+    program.write_text(forced.wrapper(cluster, cluster.head, KEY))
+    secret = "curl -H 'Authorization: Bearer sk-secret' http://x"
+    refused = run_wrapper(program, secret)
+    assert refused.returncode == forced.REFUSED_EXIT
+    assert refused.stderr == "sparkd forced command: refused curl\n"
+    assert refused.stdout == ""
+    login = run_wrapper(program, None)  # an interactive login: no command at all
+    assert login.returncode == forced.REFUSED_EXIT
+    assert login.stderr == "sparkd forced command: refused (no command)\n"
+    odd = run_wrapper(program, "$(rm\x1b[2J -rf /) x")
+    assert odd.stderr == "sparkd forced command: refused ??rm??2J\n"
+    seconds = cluster.ssh.command_timeout
+    fine = catalogue.kill_process(cluster, 4100, "TERM", seconds).command
+    assert run_wrapper(program, fine, "--check").returncode == 0
+    assert run_wrapper(program, "id", "--check").returncode == forced.REFUSED_EXIT
+
+
+def test_the_program_runs_an_allowed_command_in_sh(tmp_path: Path) -> None:
+    """Let through, the command runs as `sh -c` would run it, stdin included."""
+    cluster = reference_cluster()
+    program = tmp_path / "wrapper"
+    program.write_text(forced.wrapper(cluster, cluster.head, KEY))
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "kill").write_text('#!/bin/sh\necho "kill $*"; cat\n')
+    (tools / "kill").chmod(0o755)
+    command = catalogue.kill_process(cluster, 4100, "KILL", cluster.ssh.command_timeout).command
+    env = dict(os.environ, SSH_ORIGINAL_COMMAND=command, PATH=f"{tools}:{os.environ['PATH']}")
+    done = subprocess.run(
+        [sys.executable, str(program)], env=env, input="from stdin\n", capture_output=True,
+        text=True, timeout=30,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (0, "kill -KILL 4100\nfrom stdin\n")
+
+
+def test_the_authorized_keys_lines() -> None:
+    cluster = reference_cluster()
+    head, worker = cluster.head, cluster.workers[0]
+    assert forced.authorized_keys_line(cluster, worker, KEY) == (
+        f'command="{forced.WRAPPER_PATH}",restrict {KEY}'
+    )
+    assert forced.authorized_keys_line(cluster, head, KEY) == (
+        f'command="{forced.WRAPPER_PATH}",restrict,port-forwarding,'
+        f'permitopen="{cluster.model_host}:{cluster.model.port}" {KEY}'
+    )
+    ipv6 = cluster.model.model_copy(update={"tunnel_host": "::1"})
+    line = forced.authorized_keys_line(cluster.model_copy(update={"model": ipv6}), head, KEY)
+    assert f'permitopen="[::1]:{cluster.model.port}"' in line
+
+
+def test_sparkd_commands_forced_command_prints_the_wrapper_and_its_line(tmp_path: Path) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sparkd.cli", "commands", "--config", str(EXAMPLE_CONFIG),
+             *args],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    cluster = reference_cluster()
+    one = cli("--forced-command", "--host", cluster.workers[0].name)
+    assert one.returncode == 0, one.stderr
+    assert one.stdout == forced.wrapper(cluster, cluster.workers[0], forced.public_key(cluster.ssh))
+    assert one.stdout.startswith("#!/usr/bin/python3\n")
+    assert "REGENERATE AND REINSTALL IT WHENEVER THE CONFIG" in one.stdout
+    assert f'# command="{forced.WRAPPER_PATH}",restrict ' in one.stdout
+    every = cli("--forced-command")
+    assert every.returncode == 0
+    assert every.stdout.count("#!/usr/bin/python3\n") == len(cluster.hosts)
+    assert "permitopen=" in every.stdout and "AllowTcpForwarding local" in every.stdout
+    assert cli("--forced-command", "--host", "nope").returncode == 64
+    assert cli("--host", cluster.head.name).returncode == 64
