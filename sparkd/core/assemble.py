@@ -195,6 +195,10 @@ def head_extras(
     nodes = sections.get("ray_nodes")
     if nodes is not None and nodes.ok:
         ray = facts.parse_ray_nodes(nodes.body)
+        beside = sections.get("ray_status")
+        counted = facts.parse_ray_status(beside.body) if beside is not None and beside.ok else None
+        if ray is not None and counted is not None:
+            ray = ray.model_copy(update={"gpus_usable": counted.gpus_total})
     if ray is None:
         status = sections.get("ray_status")
         if status is not None and status.ok:

@@ -281,6 +281,10 @@ def _membership(ctx: Context, verdict: RayVerdict, ray: RayState, unsettled_for:
     total = sum(n.gpus for n in alive)
     if total < expected or ray.gpus_total < expected:
         _short(ctx, verdict, ray, unsettled_for, "")
+    elif ray.gpus_usable is not None and ray.gpus_usable < expected:
+        verdict.waits.append(
+            f"Ray settling: every node listed, {ray.gpus_usable:g} of {expected} GPUs usable yet"
+        )
 
 
 def _membership_by_count(

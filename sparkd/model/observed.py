@@ -143,6 +143,9 @@ class RayState(Value):
     error: str | None = None
     # `ray status` names nodes but not their IPs; `ray list nodes` gives both.
     ips_known: bool = True
+    # The GPUs `ray status` counts, when it was read beside the node list: a node is listed
+    # ALIVE a few seconds before its GPU can be placed on.
+    gpus_usable: float | None = None
 
     @property
     def up(self) -> bool:

@@ -172,8 +172,15 @@ class Controller:
 
     async def cycle(self) -> Plan:
         started = self.monotonic()
+        # A converged cluster needs one `ray` call a cycle; one that is getting there also
+        # reads `ray status`, which says when a listed node's GPU can be placed on.
+        settled = self.view.plan is not None and self.view.plan.converged
         observed = await observe(
-            self.cluster, self.pool, probe_due=self._probe_due, wall_clock=self.wall_clock
+            self.cluster,
+            self.pool,
+            probe_due=self._probe_due,
+            wall_clock=self.wall_clock,
+            ray_status=not settled,
         )
         self.progress_at = self.monotonic()  # a slow but bounded observation is progress
         self._operator_edits.clear()

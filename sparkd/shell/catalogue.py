@@ -78,8 +78,14 @@ _SECTION_FUNCTION = (
 )
 
 
-def fact_script(cluster: ClusterSpec, host: HostSpec, tool_timeout: float) -> Remote:
-    """One batched script per host per cycle: every fact in sections (core.facts.parse_sections)."""
+def fact_script(
+    cluster: ClusterSpec, host: HostSpec, tool_timeout: float, ray_status: bool = False
+) -> Remote:
+    """One batched script per host per cycle: every fact in sections (core.facts.parse_sections).
+
+    On the head, `ray status` runs only when the node list fails, or with `ray_status` (while
+    Ray settles: a node listed ALIVE is usable for placement only once `ray status` counts its
+    GPU, a few seconds later)."""
     t = tool_timeout
 
     def section(name: str, argv: Sequence[str]) -> str:
@@ -156,7 +162,7 @@ def fact_script(cluster: ClusterSpec, host: HostSpec, tool_timeout: float) -> Re
         # Each `ray` call costs the head 0.6-3 s of a core: `ray status` only when the node
         # list could not be had (no dashboard, or it failed).
         status = section("ray_status", ["docker", "exec", head, "ray", "status"])
-        if cluster.ray.dashboard:
+        if cluster.ray.dashboard and not ray_status:
             lines.append(f'if [ "$rc" != 0 ]; then {status}; fi')
         else:
             lines.append(status)
@@ -371,6 +377,8 @@ def catalogue(cluster: ClusterSpec, seconds: float) -> list[tuple[HostSpec, Remo
     head = cluster.head
     for host in cluster.hosts:
         entries.append((host, fact_script(cluster, host, tool_timeout(cluster))))
+        if host.role == "head" and cluster.ray.dashboard:
+            entries.append((host, fact_script(cluster, host, tool_timeout(cluster), True)))
         for unit in cluster.cleanup.units:
             entries.append((host, stop_unit(cluster, unit, seconds)))
         for pattern in cluster.cleanup.container_patterns:

@@ -50,8 +50,9 @@ async def read_host(
     conn: HostConnection,
     observed_at: float,
     secrets: tuple[str, ...],
+    ray_status: bool = False,
 ) -> HostReading:
-    script = catalogue.fact_script(cluster, host, tool_timeout(cluster))
+    script = catalogue.fact_script(cluster, host, tool_timeout(cluster), ray_status)
     try:
         result = await conn.run(script.command, timeout=cluster.ssh.command_timeout)
         output = result.stdout
@@ -73,7 +74,10 @@ async def observe(
     *,
     probe_due: Callable[[ModelEndpoint], bool] = lambda endpoint: endpoint.status == "up",
     wall_clock: Callable[[], float] = time.time,
+    ray_status: bool = True,
 ) -> Observed:
+    """`ray_status`: read `ray status` beside the node list (a converged cluster can do
+    without: one `ray` call a cycle)."""
     observed_at = wall_clock()
     key_problem: str | None = None
     try:
@@ -86,7 +90,10 @@ async def observe(
     secrets = REDACTOR.secrets()
     conns = {h.name: pool.connection(h, cluster.ssh) for h in cluster.hosts}
     readings = await asyncio.gather(
-        *(read_host(cluster, h, conns[h.name], observed_at, secrets) for h in cluster.hosts)
+        *(
+            read_host(cluster, h, conns[h.name], observed_at, secrets, ray_status)
+            for h in cluster.hosts
+        )
     )
     head = cluster.head
     head_reading = next(r for r, h in zip(readings, cluster.hosts, strict=True) if h is head)

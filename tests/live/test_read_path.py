@@ -84,7 +84,7 @@ async def test_one_ray_call_per_cycle_on_the_head(healthy: Live, pool: SshPool) 
 
     world = healthy.world
     since = time.time()
-    observed = await observe(healthy.cluster, pool)
+    observed = await observe(healthy.cluster, pool, ray_status=False)
     assert observed.ray is not None and observed.ray.up and observed.ray.ips_known
     calls = [
         r.command
@@ -92,6 +92,9 @@ async def test_one_ray_call_per_cycle_on_the_head(healthy: Live, pool: SshPool) 
         if r.at >= since and r.command.split()[:1] == ["ray"]
     ]
     assert calls == ["ray list nodes --format=json --filter state=ALIVE"], calls
+    # While Ray settles, `ray status` is read too: when a listed node's GPU is usable.
+    observed = await observe(healthy.cluster, pool, ray_status=True)
+    assert observed.ray is not None and observed.ray.gpus_usable == 2.0
 
 
 async def test_ray_status_only_when_the_node_list_fails(healthy: Live, pool: SshPool) -> None:

@@ -242,7 +242,10 @@ def test_the_catalogue_lists_the_fact_script_as_observing_runs_it() -> None:
     from sparkd.shell.observe import tool_timeout
 
     cluster = reference_cluster()
-    listed = [(h, r) for h, r in catalogue.catalogue(cluster, 30) if r.name == "facts"]
-    assert [h.name for h, _ in listed] == [h.name for h in cluster.hosts]
-    for host, remote in listed:
-        assert remote.command == catalogue.fact_script(cluster, host, tool_timeout(cluster)).command
+    listed = [(h, r.command) for h, r in catalogue.catalogue(cluster, 30) if r.name == "facts"]
+    expected = [
+        (h, catalogue.fact_script(cluster, h, tool_timeout(cluster), status).command)
+        for h in cluster.hosts
+        for status in ((False, True) if h.role == "head" else (False,))
+    ]
+    assert listed == expected  # the head's, also as read while Ray settles (with `ray status`)

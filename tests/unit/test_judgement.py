@@ -586,3 +586,19 @@ def test_served_model_name_is_what_the_server_must_list() -> None:
     memory = memory.model_copy(update={"last_probe": None})
     result = decide(toy, memory, seen)
     assert result.phase != "healthy" and "not answering" in result.reason
+
+
+def test_a_listed_node_whose_gpu_ray_status_does_not_count_yet_holds_the_model_start() -> None:
+    """Real Ray lists a new node ALIVE seconds before its GPU can be placed on; vLLM would fail
+    with "Required: 2, available: 1"."""
+    toy, memory = healthy()
+    toy.serve_running = False
+    toy.ready = False
+    seen = toy.observe()
+    assert seen.ray is not None
+    seen = seen.model_copy(update={"ray": seen.ray.model_copy(update={"gpus_usable": 1.0})})
+    result = decide(toy, memory, seen)
+    assert result.actions == ()
+    assert "1 of 2 GPUs usable yet" in result.reason
+    seen = seen.model_copy(update={"ray": seen.ray.model_copy(update={"gpus_usable": 2.0})})
+    assert [a.kind for a in decide(toy, memory, seen).actions] == ["start_model"]
