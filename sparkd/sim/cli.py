@@ -1,8 +1,11 @@
 """`sparkd sim`: run a simulated world in the foreground, or inject a fault into a running one.
 
 sparkd sim --scenario seed-morning [--hosts N] [--clusters N] [--dir PATH] [--realistic]
-           [--scale F]
+           [--scale F] [--first-address IP]
 sparkd sim fault NAME HOST [ARG] [--dir PATH]
+
+With `--scenario healthy` what the world starts carries sparkd's own spec hashes for the config
+it prints, so a daemon pointed at that config finds nothing to change.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 import signal
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from sparkd.sim.control import send_fault
@@ -42,6 +46,11 @@ def _run_parser() -> argparse.ArgumentParser:
         "--realistic", action="store_true", help="measured Ray/vLLM timing (default: fast)"
     )
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every duration")
+    parser.add_argument(
+        "--first-address",
+        default="127.0.0.2",
+        help="the first host's loopback address (worlds running at once need ranges of their own)",
+    )
     parser.add_argument(
         "--noisy-logs",
         action=argparse.BooleanOptionalAction,
@@ -92,18 +101,40 @@ def _fault(args: argparse.Namespace) -> int:
     return 0 if answer.get("ok") else 1
 
 
-async def _run(args: argparse.Namespace) -> int:
+def sparkd_spec_labels(config: Path) -> Mapping[str, str]:
+    """sparkd's own spec hashes for the world's generated config (what the `healthy` scenario
+    stamps on what it starts). Imported here, not in the world model, which knows no sparkd."""
+    from sparkd.core.spec import model_spec_hash, ray_spec_hash
+    from sparkd.settings import load_settings
+
+    labels: dict[str, str] = {}
+    for cluster in load_settings(config).clusters:
+        labels[f"{cluster.name}/head"] = ray_spec_hash(cluster, cluster.head)
+        for worker in cluster.workers:
+            labels[f"{cluster.name}/worker"] = ray_spec_hash(cluster, worker)
+        labels[f"{cluster.name}/model"] = model_spec_hash(cluster)
+    return labels
+
+
+def world_from(args: argparse.Namespace) -> World:
+    """The world `sparkd sim ARGS` runs."""
     timing = Timing.realistic() if args.realistic else Timing.fast()
     if args.scale != 1.0:
         timing = timing.scaled(args.scale)
-    world = World(
+    return World(
         args.dir or default_dir(),
         hosts=args.hosts,
         clusters=args.clusters,
         scenario=args.scenario,
         timing=timing,
         noisy_load_logs=args.noisy_logs,
+        first_address=args.first_address,
+        spec_labels=sparkd_spec_labels,
     )
+
+
+async def _run(args: argparse.Namespace) -> int:
+    world = world_from(args)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
