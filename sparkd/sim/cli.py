@@ -4,8 +4,9 @@ sparkd sim --scenario seed-morning [--hosts N] [--clusters N] [--dir PATH] [--re
            [--scale F] [--first-address IP]
 sparkd sim fault NAME HOST [ARG] [--dir PATH]
 
-With `--scenario healthy` what the world starts carries sparkd's own spec hashes for the config
-it prints, so a daemon pointed at that config finds nothing to change.
+With `--scenario healthy` the world is printed once its models are launched; with `spec_labels`
+(see `main`) what it starts carries sparkd's own spec hashes for the config it prints, so a
+daemon pointed at that config finds nothing to change.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from sparkd.sim.control import send_fault
@@ -71,8 +72,11 @@ def _fault_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str]) -> int:
-    """Entry point for `sparkd sim ARGS` (`argv` with or without the leading "sim")."""
+def main(argv: list[str], *, spec_labels: SpecLabels | None = None) -> int:
+    """Entry point for `sparkd sim ARGS` (`argv` with or without the leading "sim").
+    `spec_labels` computes, from the config the world writes, the `sparkd.spec` values the
+    `healthy` scenario stamps (the simulator knows no sparkd: its caller passes sparkd's own
+    hashes, and then a daemon pointed at the printed config finds no drift)."""
     if argv[:1] == ["sim"]:
         argv = argv[1:]
     try:
@@ -82,7 +86,7 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:  # argparse's --help and usage errors
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        return asyncio.run(_run(run_args))
+        return asyncio.run(_run(run_args, spec_labels))
     except ValueError as exc:
         print(f"sparkd sim: {exc}", file=sys.stderr)
         return 2
@@ -101,22 +105,10 @@ def _fault(args: argparse.Namespace) -> int:
     return 0 if answer.get("ok") else 1
 
 
-def sparkd_spec_labels(config: Path) -> Mapping[str, str]:
-    """sparkd's own spec hashes for the world's generated config (what the `healthy` scenario
-    stamps on what it starts). Imported here, not in the world model, which knows no sparkd."""
-    from sparkd.core.spec import model_spec_hash, ray_spec_hash
-    from sparkd.settings import load_settings
-
-    labels: dict[str, str] = {}
-    for cluster in load_settings(config).clusters:
-        labels[f"{cluster.name}/head"] = ray_spec_hash(cluster, cluster.head)
-        for worker in cluster.workers:
-            labels[f"{cluster.name}/worker"] = ray_spec_hash(cluster, worker)
-        labels[f"{cluster.name}/model"] = model_spec_hash(cluster)
-    return labels
+SpecLabels = Callable[[Path], Mapping[str, str]]
 
 
-def world_from(args: argparse.Namespace) -> World:
+def world_from(args: argparse.Namespace, spec_labels: SpecLabels | None = None) -> World:
     """The world `sparkd sim ARGS` runs."""
     timing = Timing.realistic() if args.realistic else Timing.fast()
     if args.scale != 1.0:
@@ -129,17 +121,18 @@ def world_from(args: argparse.Namespace) -> World:
         timing=timing,
         noisy_load_logs=args.noisy_logs,
         first_address=args.first_address,
-        spec_labels=sparkd_spec_labels,
+        spec_labels=spec_labels,
     )
 
 
-async def _run(args: argparse.Namespace) -> int:
-    world = world_from(args)
+async def _run(args: argparse.Namespace, spec_labels: SpecLabels | None) -> int:
+    world = world_from(args, spec_labels)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with world:
+        await world.brought_up()
         print(f"simulated world '{args.scenario}' in {world.directory}")
         for host in world.hosts.values():
             print(

@@ -1,4 +1,5 @@
-"""`sparkd sim` as its own process: what it prints is a config a daemon can run as it is."""
+"""`sparkd sim` as its own process: what it prints is a config a daemon can run as it is (given
+sparkd's spec hashes by its caller: the simulator imports nothing of sparkd's)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,12 @@ from sparkd.runtime.state import StateDir
 from sparkd.settings import load_settings
 from sparkd.shell.ssh import SshPool
 
-SIM = "import sys; from sparkd.sim.cli import main; raise SystemExit(main(sys.argv[1:]))"
+SIM = (
+    "import sys; from sparkd.sim.cli import main; "
+    "from tests.live.helpers import sparkd_spec_labels; "
+    "raise SystemExit(main(sys.argv[1:], spec_labels=sparkd_spec_labels))"
+)
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -24,7 +30,7 @@ async def healthy_sim(tmp_path: Path) -> AsyncIterator[Path]:
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-c", SIM, "--scenario", "healthy", "--dir", str(directory),
         "--first-address", "127.66.0.2", "--no-noisy-logs",
-        stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL, cwd=REPO,
     )  # fmt: skip
     assert process.stdout is not None
     try:
