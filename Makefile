@@ -1,10 +1,13 @@
-# Both targets set up what they need: a virtualenv in .venv with sparkd and its dev tools.
+# Every target sets up what it needs: a virtualenv in .venv with sparkd and its dev tools;
+# `bench` also a second one, .venv-bench, with ansible-core only (what `observe` compares with).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+BENCH_VENV := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
 
-.PHONY: test demo lint typecheck unit clean
+.PHONY: test demo lint typecheck unit clean bench
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -12,18 +15,27 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+$(BENCH_STAMP): Makefile
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet 'ansible-core>=2.16,<3'
+	touch $(BENCH_STAMP)
+
 lint: $(STAMP)
-	$(BIN)/ruff check sparkd tests
-	$(BIN)/ruff format --check sparkd tests
+	$(BIN)/ruff check sparkd tests bench
+	$(BIN)/ruff format --check sparkd tests bench
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict sparkd
+	$(BIN)/mypy --strict sparkd bench
 
 test: lint typecheck
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# Not part of `test`: minutes of measuring, results in bench/results/ (BENCH_ARGS: names, --quick).
+bench: $(STAMP) $(BENCH_STAMP)
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/sparkd demo $(DEMO_ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(BENCH_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -206,45 +206,71 @@ def _auth(api_key: str | None) -> list[tuple[str, str]]:
     return [("Authorization", f"Bearer {api_key}")] if api_key else []
 
 
-async def observe_endpoint(
+async def _together(*requests: Awaitable[HttpResponse]) -> list[HttpResponse]:
+    """The requests at once, each on its own channel; the first failure is raised and the others
+    are cancelled (never left running behind the caller)."""
+    tasks = [asyncio.ensure_future(r) for r in requests]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def read_endpoint(
     opener: Opener, cluster: ClusterSpec, api_key: str | None, limit: float
-) -> ModelEndpoint:
+) -> tuple[ModelEndpoint, EngineLoad | None]:
+    """/health, /v1/models and /metrics at once: the endpoint, and the engine's load as /metrics
+    said (None when it could not be read), for a probe that follows to start from."""
     authority = f"{cluster.model_host}:{cluster.model.port}"
     try:
         async with asyncio.timeout(limit):
-            health = await request(opener, "GET", authority, "/health")
-            listed = await request(opener, "GET", authority, "/v1/models", headers=_auth(api_key))
-            metrics = await request(opener, "GET", authority, "/metrics")
+            health, listed, metrics = await _together(
+                request(opener, "GET", authority, "/health"),
+                request(opener, "GET", authority, "/v1/models", headers=_auth(api_key)),
+                request(opener, "GET", authority, "/metrics"),
+            )
     except ChannelRefused:
-        return ModelEndpoint(status="refused", detail="connection refused")
+        return ModelEndpoint(status="refused", detail="connection refused"), None
     except ChannelUnavailable as exc:
-        return ModelEndpoint(status="not_run", detail=str(exc))
+        return ModelEndpoint(status="not_run", detail=str(exc)), None
     except TimeoutError:
-        return ModelEndpoint(status="timeout", detail=f"no answer within {limit:g}s")
+        return ModelEndpoint(status="timeout", detail=f"no answer within {limit:g}s"), None
     except Exception as exc:  # the edge: a dropped SSH connection, a broken peer, ...
-        return ModelEndpoint(status="error", detail=describe(exc))
+        return ModelEndpoint(status="error", detail=describe(exc)), None
     if listed.status in (401, 403):
         # The server is up and refuses sparkd's key: not a load in progress.
-        return ModelEndpoint(
+        endpoint = ModelEndpoint(
             status="http_error",
             health_status=health.status,
             detail=f"/v1/models answered HTTP {listed.status}: the API key was refused "
             "(api_key_file does not match the key vllm serve was started with)",
         )
+        return endpoint, None
     models = listed_models(listed.body)
-    load = EngineLoad()
+    load: EngineLoad | None = None
     if metrics.status == 200:
         # Whatever the server prints, it is at worst no figures at all.
         with suppress(ValueError, TypeError, KeyError, IndexError):
             load = parse_vllm_metrics(metrics.body.decode("utf-8", "replace"))
-    return ModelEndpoint(
+    known = load or EngineLoad()
+    endpoint = ModelEndpoint(
         status="up",
         health_status=health.status,
         models=models,
-        requests_running=load.running,
-        generation_tokens_total=load.generation_tokens,
+        requests_running=known.running,
+        generation_tokens_total=known.generation_tokens,
         detail=f"/health {health.status}, /v1/models {listed.status}",
     )
+    return endpoint, load
+
+
+async def observe_endpoint(
+    opener: Opener, cluster: ClusterSpec, api_key: str | None, limit: float
+) -> ModelEndpoint:
+    endpoint, _ = await read_endpoint(opener, cluster, api_key, limit)
+    return endpoint
 
 
 def listed_models(body: bytes) -> tuple[str, ...]:
@@ -279,8 +305,11 @@ async def probe(
     *,
     wall_clock: Callable[[], float] = time.time,
     monotonic: Callable[[], float] = time.monotonic,
+    load_before: EngineLoad | None = None,
 ) -> ProbeResult:
-    """One sanity completion, classified; never runs past the probe timeout."""
+    """One sanity completion, classified; never runs past the probe timeout. `load_before` is
+    the engine's load as this cycle's /metrics read said, if it was read: then it is not read
+    again. The latency is the completion's alone."""
     spec = cluster.probe
     authority = f"{cluster.model_host}:{cluster.model.port}"
     payload: dict[str, object] = {
@@ -293,12 +322,13 @@ async def probe(
         payload["stream"] = True
         payload["stream_options"] = {"include_usage": True}
     body = json.dumps(payload).encode()
+    # /metrics is read once before (unless the caller just did) and, only if the probe times
+    # out, once after: enough to tell a busy engine from a hung one, without adding load.
+    if load_before is None:
+        load_before = await _engine_load(opener, authority)
     at = wall_clock()
     start = monotonic()
     first: list[float] = []
-    # /metrics is read once before and, only if the probe times out, once after: enough to
-    # tell a busy engine from a hung one, without adding load.
-    load_before = await _engine_load(opener, authority)
     try:
         async with asyncio.timeout(spec.timeout):
             if spec.stream:

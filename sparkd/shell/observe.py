@@ -104,11 +104,14 @@ async def observe(
         endpoint = ModelEndpoint(status="not_run", detail=key_problem)
     elif head_reading.facts.reachable and extras is not None:
         open_channel = opener(conns[head.name], cluster)
-        endpoint = await model_http.observe_endpoint(
+        endpoint, load = await model_http.read_endpoint(
             open_channel, cluster, api_key, cluster.ssh.command_timeout
         )
         if probe_due(endpoint):
-            probe = await model_http.probe(open_channel, cluster, api_key, wall_clock=wall_clock)
+            # The load /metrics just gave is the probe's "before": read once per cycle.
+            probe = await model_http.probe(
+                open_channel, cluster, api_key, wall_clock=wall_clock, load_before=load
+            )
     observed = Observed(
         cluster=cluster.name,
         observed_at=observed_at,

@@ -1,8 +1,12 @@
 """`sparkd sim`: run a simulated world in the foreground, or inject a fault into a running one.
 
 sparkd sim --scenario seed-morning [--hosts N] [--clusters N] [--dir PATH] [--realistic]
-           [--scale F]
+           [--scale F] [--first-address IP]
 sparkd sim fault NAME HOST [ARG] [--dir PATH]
+
+With `--scenario healthy` the world is printed once its models are launched; with `spec_labels`
+(see `main`) what it starts carries sparkd's own spec hashes for the config it prints, so a
+daemon pointed at that config finds nothing to change.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 import signal
 import sys
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from sparkd.sim.control import send_fault
@@ -43,6 +48,11 @@ def _run_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every duration")
     parser.add_argument(
+        "--first-address",
+        default="127.0.0.2",
+        help="the first host's loopback address (worlds running at once need ranges of their own)",
+    )
+    parser.add_argument(
         "--noisy-logs",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -62,8 +72,11 @@ def _fault_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str]) -> int:
-    """Entry point for `sparkd sim ARGS` (`argv` with or without the leading "sim")."""
+def main(argv: list[str], *, spec_labels: SpecLabels | None = None) -> int:
+    """Entry point for `sparkd sim ARGS` (`argv` with or without the leading "sim").
+    `spec_labels` computes, from the config the world writes, the `sparkd.spec` values the
+    `healthy` scenario stamps (the simulator knows no sparkd: its caller passes sparkd's own
+    hashes, and then a daemon pointed at the printed config finds no drift)."""
     if argv[:1] == ["sim"]:
         argv = argv[1:]
     try:
@@ -73,7 +86,7 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:  # argparse's --help and usage errors
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        return asyncio.run(_run(run_args))
+        return asyncio.run(_run(run_args, spec_labels))
     except ValueError as exc:
         print(f"sparkd sim: {exc}", file=sys.stderr)
         return 2
@@ -92,23 +105,34 @@ def _fault(args: argparse.Namespace) -> int:
     return 0 if answer.get("ok") else 1
 
 
-async def _run(args: argparse.Namespace) -> int:
+SpecLabels = Callable[[Path], Mapping[str, str]]
+
+
+def world_from(args: argparse.Namespace, spec_labels: SpecLabels | None = None) -> World:
+    """The world `sparkd sim ARGS` runs."""
     timing = Timing.realistic() if args.realistic else Timing.fast()
     if args.scale != 1.0:
         timing = timing.scaled(args.scale)
-    world = World(
+    return World(
         args.dir or default_dir(),
         hosts=args.hosts,
         clusters=args.clusters,
         scenario=args.scenario,
         timing=timing,
         noisy_load_logs=args.noisy_logs,
+        first_address=args.first_address,
+        spec_labels=spec_labels,
     )
+
+
+async def _run(args: argparse.Namespace, spec_labels: SpecLabels | None) -> int:
+    world = world_from(args, spec_labels)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with world:
+        await world.brought_up()
         print(f"simulated world '{args.scenario}' in {world.directory}")
         for host in world.hosts.values():
             print(

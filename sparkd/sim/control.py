@@ -1,6 +1,7 @@
 """Control socket of a running world: one JSON request per line, one JSON answer per line.
 
 {"fault": "reboot", "host": "spark-b", "arg": null}  ->  {"ok": true, "message": "..."}
+{"query": "requests", "host": "spark-a"}             ->  {"ok": true, "answer": [...]}
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ class ControlServer:
     async def _answer(self, line: bytes) -> dict[str, Any]:
         try:
             request = json.loads(line)
+            if "query" in request:
+                answer = self._world.query(str(request["query"]), str(request["host"]))
+                return {"ok": True, "answer": answer}
             message = await self._world.fault(
                 str(request["fault"]), str(request["host"]), request.get("arg")
             )
@@ -67,3 +71,18 @@ async def send_fault(path: Path, fault: str, host: str, arg: str | None) -> dict
         return answer
     finally:
         writer.close()
+
+
+async def send_query(path: Path, query: str, host: str) -> list[dict[str, Any]]:
+    """Ask a running world (`World.query`); raises ValueError with the world's reason."""
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    try:
+        writer.write(json.dumps({"query": query, "host": host}).encode() + b"\n")
+        await writer.drain()
+        answer: dict[str, Any] = json.loads(await reader.readline())
+    finally:
+        writer.close()
+    if not answer.get("ok"):
+        raise ValueError(str(answer.get("message", "query failed")))
+    result: list[dict[str, Any]] = answer["answer"]
+    return result

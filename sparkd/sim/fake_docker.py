@@ -440,7 +440,8 @@ class FakeDocker:
 
         def started(pid: int) -> None:
             c.real_pids.add(pid)
-            self.engine.emit("exec_start", c, execID=exec_id)
+            # As Docker does: the command rides in the action (`exec_start: ray status`).
+            self.engine.emit("exec_start: " + " ".join(argv), c, execID=exec_id)
 
         def exited(rc: int) -> None:
             self.engine.emit("exec_die", c, execID=exec_id, exitCode=str(rc))
@@ -571,7 +572,7 @@ class FakeDocker:
         def wanted(event: dict[str, Any]) -> bool:
             attrs = event["Actor"]["Attributes"]
             for key, values in filters.items():
-                if key == "event" and event["Action"] not in values:
+                if key == "event" and not any(_event_matches(v, event["Action"]) for v in values):
                     return False
                 if key == "type" and event["Type"] not in values:
                     return False
@@ -787,3 +788,13 @@ def _ps_table(processes: list[SimProcess], ps_args: list[str]) -> Done:
         }
         rows.append([values[c.split("=")[0]] for c in columns])
     return Done(stdout=tabwriter(rows))
+
+
+# Docker matches these by prefix: `--filter event=exec_start` takes `exec_start: ray status`.
+_FUZZY_EVENTS = ("exec_create", "exec_start", "health_status")
+
+
+def _event_matches(wanted: str, action: str) -> bool:
+    if wanted in _FUZZY_EVENTS:
+        return action == wanted or action.startswith(wanted + ":")
+    return action == wanted

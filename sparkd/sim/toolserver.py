@@ -150,8 +150,7 @@ class ToolServer:
         pid_line = await reader.readline()
         if pid_line.strip().isdigit() and reply.on_started is not None:
             reply.on_started(int(pid_line))
-        if reply.detach:
-            return
+        # Detached or not, the exit status follows when the process ends (exec_die).
         rc_line = await reader.readline()
         if reply.on_exit is not None:
             reply.on_exit(int(rc_line) if rc_line.strip().isdigit() else 255)

@@ -18,6 +18,7 @@ import hmac
 import itertools
 import math
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -87,6 +88,22 @@ class _EngineDied(Exception):
     """The engine died while a request was being generated."""
 
 
+# How many of its latest requests a server remembers (`SimVllmServer.served`).
+SERVED_KEPT = 1000
+
+
+@dataclass(frozen=True)
+class Served:
+    """One request as the server saw it: from its arrival to the end of its response body
+    (a streamed one included), for comparing with what a client measured."""
+
+    method: str
+    path: str
+    status: int
+    at: float  # wall clock at arrival
+    seconds: float
+
+
 class SimVllmServer:
     """One simulated `vllm serve` process: single use, `start()` then `stop()`."""
 
@@ -99,8 +116,11 @@ class SimVllmServer:
         port: int = 0,
         api_key: str | None = None,
         max_model_len: int = 262144,
+        served: deque[Served] | None = None,
     ) -> None:
         self._model_id = model_id
+        # Every request's own time, newest last (shared by the caller, if given).
+        self.served: deque[Served] = served if served is not None else deque(maxlen=SERVED_KEPT)
         self._behaviour = behaviour
         self._host = host
         self._requested_port = port
@@ -225,6 +245,22 @@ class SimVllmServer:
     # --- HTTP -----------------------------------------------------------------------------------
 
     async def _middleware(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        at, started = time.time(), time.monotonic()
+        status = 500
+        try:
+            response = await self._dispatch(request, handler)
+            status = response.status
+            return response
+        finally:
+            self.served.append(
+                Served(request.method, request.path, status, at, time.monotonic() - started)
+            )
+
+    async def _dispatch(
         self,
         request: web.Request,
         handler: Callable[[web.Request], Awaitable[web.StreamResponse]],

@@ -19,6 +19,7 @@ import shlex
 import shutil
 import tempfile
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +51,7 @@ from sparkd.sim.state import (
 from sparkd.sim.timing import Timing
 from sparkd.sim.toolserver import ToolServer
 from sparkd.sim.vllm_logs import crash_loop_log
-from sparkd.sim.vllm_server import FieldNaming, ModelBehaviour, SimVllmServer
+from sparkd.sim.vllm_server import SERVED_KEPT, FieldNaming, ModelBehaviour, Served, SimVllmServer
 
 TOOLS = ("docker", "systemctl", "nvidia-smi", "ray", "vllm", "ip", "df", "kill", "cat", "sudo")
 SCENARIOS = ("seed-morning", "seed-crashloop", "healthy", "empty")
@@ -191,11 +192,14 @@ class World:
         self.serves: list[ServeProcess] = []
         self.command_log: list[CommandRecord] = []
         self.hung_calls: list[HungCall] = []
+        # Per host, the latest requests its model servers answered, with their own times.
+        self.served: dict[str, deque[Served]] = {}
         # (host address, simulated port) -> the real port its model server listens on.
         self.listening: dict[tuple[str, int], int] = {}
         self._tool_server = ToolServer(self.handle)
         self._client_key = asyncssh.generate_private_key("ssh-ed25519")
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Future[None]] = set()
+        self._launches: list[asyncio.Future[None]] = []
         self._control = ControlServer(self)
         # Head hosts whose model engine hangs because a Ray node it uses is frozen.
         self._engines_hung_by_ray: set[str] = set()
@@ -449,7 +453,15 @@ class World:
                     {**env, "VLLM_HOST_IP": worker.state.data_ip},
                     [*worker_start, f"--node-ip-address={worker.state.data_ip}"],
                 )
-            self._spawn(self._launch_model(head, cluster, len(members)))
+            launch = asyncio.ensure_future(self._launch_model(head, cluster, len(members)))
+            self._launches.append(launch)
+            self._background.add(launch)
+            launch.add_done_callback(self._background.discard)
+
+    async def brought_up(self) -> None:
+        """Returns once the `healthy` scenario has launched every cluster's model (it then
+        loads): from here on a daemon finds nothing to start."""
+        await asyncio.gather(*self._launches)
 
     def _spec(self, cluster: str, role: str) -> str:
         return self.spec_labels.get(f"{cluster}/{role}", "sim-healthy")
@@ -620,8 +632,15 @@ class World:
         def make_server(
             model: str, address: str, port: int, key: str | None, max_len: int
         ) -> ModelServer:
+            served = self.served.setdefault(host.name, deque(maxlen=SERVED_KEPT))
             server = SimVllmServer(
-                model, host.behaviour, host=address, port=0, api_key=key, max_model_len=max_len
+                model,
+                host.behaviour,
+                host=address,
+                port=0,
+                api_key=key,
+                max_model_len=max_len,
+                served=served,
             )
             return _MappedServer(server, address, port, self.listening)
 
@@ -710,6 +729,24 @@ class World:
         if arg is not None:
             raise ValueError(f"fault {name!r} takes no argument")
         return await plain[name](target.name)
+
+    def query(self, name: str, host: str) -> list[dict[str, Any]]:
+        """What the control socket's queries answer: `requests` (the host's model servers'
+        latest requests, oldest first, each with the server's own time for it) or `commands`
+        (every SSH command and fake-tool call on the host)."""
+        target = self.host(host)
+        if name == "requests":
+            return [
+                {"method": r.method, "path": r.path, "status": r.status, "at": r.at,
+                 "seconds": r.seconds}
+                for r in self.served.get(target.name, ())
+            ]  # fmt: skip
+        if name == "commands":
+            return [
+                {"at": r.at, "source": r.source, "command": r.command, "container": r.container}
+                for r in self.commands(target.name)
+            ]
+        raise ValueError(f"unknown query {name!r}; known: commands, requests")
 
     async def reboot(self, host: str) -> str:
         """Everything on the host dies; it comes back after `reboot_downtime` with a new boot id,

@@ -127,6 +127,48 @@ async def test_metrics_read_once_before_and_at_most_once_after(style: str, reads
     assert srv.reads == reads
 
 
+async def test_a_cycle_reads_metrics_once_and_asks_its_questions_at_once() -> None:
+    # /health, /v1/models and /metrics go together; the probe starts from that /metrics read.
+    srv = MetricsCounting(MODEL, ModelBehaviour())
+    await srv.start()
+    open_ = opener_for(srv.port)
+    opened: list[float] = []
+
+    async def counting() -> model_http.Streams:
+        opened.append(asyncio.get_running_loop().time())
+        return await open_()
+
+    try:
+        endpoint, load = await model_http.read_endpoint(counting, cluster(), None, 2)
+        assert endpoint.status == "up" and load is not None
+        assert len(opened) == 3 and srv.reads == 1
+        assert max(opened) - min(opened) < 0.05  # not one after another
+        result = await model_http.probe(counting, cluster(), None, load_before=load)
+    finally:
+        await srv.stop()
+    assert result.verdict.outcome == "reasoning_only"
+    assert srv.reads == 1 and len(opened) == 4
+    posts = [r for r in srv.served if r.method == "POST"]
+    assert len(posts) == 1 and result.latency_seconds is not None
+    assert result.latency_seconds >= posts[0].seconds
+
+
+async def test_a_failing_request_cancels_the_others() -> None:
+    started: list[str] = []
+
+    async def refused_after_the_first() -> model_http.Streams:
+        started.append("open")
+        if len(started) > 1:
+            raise model_http.ChannelRefused("connection refused")
+        await asyncio.sleep(30)
+        raise AssertionError("not cancelled")
+
+    endpoint, load = await asyncio.wait_for(
+        model_http.read_endpoint(refused_after_the_first, cluster(), None, 10), 5
+    )
+    assert (endpoint.status, load) == ("refused", None)
+
+
 async def test_refused_when_nothing_listens() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -11,7 +11,7 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from sparkd.sim.control import send_fault
+from sparkd.sim.control import send_fault, send_query
 from sparkd.sim.reference import MODEL_ID
 from sparkd.sim.timing import Timing
 from sparkd.sim.world import World
@@ -203,6 +203,39 @@ async def test_kill_container_emits_die_and_restart_policy_applies(world: World)
         await eventually(restarted)  # restart=always brings it back
 
 
+async def test_exec_events_carry_the_command_as_docker_does(healthy: World) -> None:
+    # `exec_start: CMD` (a filter on `exec_start` matches it, as in Docker), then `exec_die`
+    # with the same execID: a watcher can tell its own `docker exec` from the serve process.
+    head_name = "sparkd-sparks-ray-head"
+    async with await connect(healthy, "spark-a") as head:
+        events = await head.create_process(
+            "timeout 5 docker events --format '{{json .}}' "
+            "--filter event=exec_start --filter event=exec_die"
+        )
+        await asyncio.sleep(0.1)  # let the subscription reach the world
+        await run(head, f"docker exec {head_name} ray status")
+        start = json.loads(await asyncio.wait_for(events.stdout.readline(), 5))
+        die = json.loads(await asyncio.wait_for(events.stdout.readline(), 5))
+        events.terminate()
+    assert start["Action"] == start["status"] == "exec_start: ray status"
+    assert die["Action"] == "exec_die"
+    assert start["Actor"]["Attributes"]["execID"] == die["Actor"]["Attributes"]["execID"]
+    assert die["Actor"]["Attributes"]["exitCode"] == "0"
+
+
+async def test_a_detached_exec_ends_with_exec_die(world: World) -> None:
+    async with await connect(world, "spark-a") as head:
+        events = await head.create_process(
+            "timeout 5 docker events --format '{{json .}}' --filter event=exec_die"
+        )
+        await asyncio.sleep(0.1)  # let the subscription reach the world
+        assert (await run(head, "docker exec -d glm-flash sh -c 'exit 3'")).exit_status == 0
+        die = json.loads(await asyncio.wait_for(events.stdout.readline(), 5))
+        events.terminate()
+    assert die["Actor"]["Attributes"]["name"] == "glm-flash"
+    assert die["Actor"]["Attributes"]["exitCode"] == "3"
+
+
 async def test_kill_worker_container_in_a_serving_cluster(healthy: World) -> None:
     await healthy.fault("kill-container", "spark-b", WORKER)
     async with await connect(healthy, "spark-b") as worker:
@@ -272,6 +305,27 @@ async def test_model_id_in_models_listing(healthy: World) -> None:
             head, healthy.hosts["spark-a"].address, 30000, "GET", "/v1/models"
         )
         assert status == 200 and json.loads(body)["data"][0]["id"] == MODEL_ID
+
+
+async def test_served_requests_are_queried_through_the_control_socket(healthy: World) -> None:
+    address = healthy.hosts["spark-a"].address
+    async with await connect(healthy, "spark-a") as head:
+        await http(head, address, 30000, "GET", "/health")
+        status, _ = await http(head, address, 30000, "POST", "/v1/chat/completions", PROBE)
+    served = await send_query(healthy.control_path, "requests", "spark-a")
+    last = served[-1]
+    assert (last["method"], last["path"], last["status"]) == (
+        "POST",
+        "/v1/chat/completions",
+        status,
+    )
+    assert served[-2]["path"] == "/health"
+    assert 0 < last["seconds"] < 5
+    assert await send_query(healthy.control_path, "requests", "spark-b") == []
+    commands = await send_query(healthy.control_path, "commands", "spark-a")
+    assert any(c["source"] == "tool" and c["command"].startswith("vllm serve") for c in commands)
+    with pytest.raises(ValueError, match="unknown query"):
+        await send_query(healthy.control_path, "nothing", "spark-a")
 
 
 async def test_older_vllm_naming_is_a_world_setting(tmp_path: Path) -> None:

@@ -1,0 +1,142 @@
+"""`detect`: kill the serve process, kill the worker's Ray container, reboot the worker; the time
+from the fault to the controller's first plan that remediates it, with the docker events streams
+(as today), with the streams telling sparkd's own `docker exec` reads from the serve process (the
+change proposed for sparkd/shell/events.py, patched in: `own_execs_told_apart`; today each
+cycle's own `ray` reads wake the next, so the controller is cycling anyway when a fault lands),
+and with the interval cycle only (`watch_events=False`, interval 30 s). The fault lands at a
+random point of the interval, as a real one does."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    SimWorld,
+    median,
+    own_execs_told_apart,
+    sim_world,
+    table,
+    until,
+    wait_healthy,
+    write_result,
+)
+from sparkd.runtime.controller import Controller
+from sparkd.runtime.state import StateDir
+from sparkd.settings import ClusterSpec
+from sparkd.shell.ssh import SshPool
+
+FAULTS = {
+    "serve process killed": ("crash-model", "spark-a", None),
+    "worker container killed": ("kill-container", "spark-b", "sparkd-sparks-ray-worker"),
+    "worker host rebooted": ("reboot", "spark-b", None),
+}
+
+
+def bench_cluster(cluster: ClusterSpec) -> ClusterSpec:
+    """The printed config's interval (30 s); a short recheck and no remediation budget or
+    backoff, so that the runs one after another never block the cluster."""
+    return cluster.model_copy(
+        update={
+            "recheck_interval": 1.0,
+            "policy": cluster.policy.model_copy(
+                update={"budget": 1000, "backoff_initial": 0.1, "backoff_max": 0.5}
+            ),
+        }
+    )
+
+
+MODES = ("events", "events, own execs apart", "interval")
+
+
+async def one_run(
+    world: SimWorld, pool: SshPool, fault: tuple[str, str, str | None], mode: str
+) -> dict[str, Any]:
+    told_apart = own_execs_told_apart() if mode == "events, own execs apart" else nullcontext()
+    with told_apart:
+        return await _one_run(world, pool, fault, events=mode != "interval")
+
+
+async def _one_run(
+    world: SimWorld, pool: SshPool, fault: tuple[str, str, str | None], events: bool
+) -> dict[str, Any]:
+    cluster = bench_cluster(world.settings.clusters[0])
+    noticed: list[float] = []
+    remediated: list[float] = []
+    faulted_at: list[float] = []
+
+    def on_plan(controller: Controller) -> None:
+        plan = controller.view.plan
+        if not faulted_at or plan is None:
+            return
+        now = time.monotonic()
+        if plan.phase != "healthy" and not noticed:
+            noticed.append(now)
+        if plan.actions and not remediated:
+            remediated.append(now)
+
+    with tempfile.TemporaryDirectory() as state:
+        controller = Controller(
+            cluster, pool, StateDir(Path(state)), watch_events=events, on_plan=on_plan
+        )
+        task = asyncio.create_task(controller.run())
+        try:
+            async with asyncio.timeout(120):
+                await until(lambda: controller.view.plan and controller.view.plan.converged, 0.1)
+                # Anywhere in the interval for the interval-only mode (what it waits depends on
+                # it); a fault a moment after a cycle for the event modes.
+                spread = cluster.interval if not events else 3.0
+                await asyncio.sleep(random.uniform(0.5, spread))
+                faulted_at.append(time.monotonic())
+                await world.fault(*fault)
+                await until(lambda: remediated)
+                # Back to healthy before the next run.
+                await until(lambda: controller.view.plan and controller.view.plan.converged, 0.1)
+        finally:
+            controller.stop()
+            await asyncio.wait_for(task, 60)
+    return {
+        "noticed_s": noticed[0] - faulted_at[0] if noticed else None,
+        "remediation_s": remediated[0] - faulted_at[0],
+        "cycles": controller.view.cycles,
+    }
+
+
+async def main(quick: bool = False) -> None:
+    runs = 1 if quick else 3
+    results: dict[str, Any] = {}
+    async with sim_world("healthy") as world:
+        await wait_healthy(world)
+        pool = SshPool()
+        try:
+            for name, fault in FAULTS.items():
+                results[name] = {mode: [] for mode in MODES}
+                for _ in range(runs):
+                    for mode in MODES:
+                        results[name][mode].append(await one_run(world, pool, fault, mode))
+        finally:
+            await pool.close()
+    rows = []
+    summaries = {}
+    for name, modes in results.items():
+        ev = median([r["remediation_s"] for r in modes["events"]])
+        apart = median([r["remediation_s"] for r in modes["events, own execs apart"]])
+        iv = median([r["remediation_s"] for r in modes["interval"]])
+        summaries[name] = {"events_s": ev, "apart_s": apart, "interval_s": iv}
+        rows.append([name, ev, apart, iv, iv / ev, iv / apart])
+    text = table(
+        "detect: fault -> first remediating plan (s), median; interval 30 s",
+        ["fault", "events", "events, own execs apart", "interval only", "ratio", "ratio apart"],
+        rows,
+    )
+    text += "\n(a rebooted host's remediation waits for it to answer SSH again)"
+    write_result(
+        "detect",
+        {"runs": runs, "interval": 30.0, "faults": results, "summary": summaries},
+        text,
+    )
