@@ -38,7 +38,11 @@ from sparkd.shell.execute import Executor, ExecutorTiming
 from sparkd.shell.observe import observe
 from sparkd.shell.ssh import SshPool
 
-WORK_IN_PROGRESS = frozenset({"cleaning", "starting_ray", "starting_model", "loading", "probing"})
+# "unreachable": a host coming back is seen within a recheck (its event stream, lost with it,
+# has nothing to say until it is set up again).
+WORK_IN_PROGRESS = frozenset(
+    {"unreachable", "cleaning", "starting_ray", "starting_model", "loading", "probing"}
+)
 RECENT_ACTIONS = 50
 EVENTS_KEPT = 1000
 # Events held in the process while the state dir cannot be written; past this the oldest go

@@ -305,7 +305,7 @@ GPU_APPS = (
 
 # What makes sparkd look again at once: a container (or the serve process, run under
 # `docker exec`) ending or starting.
-EVENT_ACTIONS = ("die", "stop", "kill", "oom", "start", "exec_die")
+EVENT_ACTIONS = ("die", "stop", "kill", "oom", "start", "exec_start", "exec_die")
 
 
 def docker_events(seconds: float) -> Remote:

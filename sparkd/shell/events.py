@@ -20,12 +20,16 @@ from sparkd.shell import catalogue
 from sparkd.shell.ssh import SshFailure, SshPool
 
 Wake = Callable[[str, str], None]
+SERVE = "vllm serve"
 
 
 @dataclass(frozen=True)
 class ContainerEvent:
     action: str
     name: str
+    # For `exec_start`/`exec_die`: the exec's id, and (on `exec_start`) its command.
+    exec_id: str = ""
+    command: str = ""
 
 
 def parse_event(line: str) -> ContainerEvent | None:
@@ -42,8 +46,15 @@ def parse_event(line: str) -> ContainerEvent | None:
     action = row.get("Action") or row.get("status")
     if not isinstance(name, str) or not isinstance(action, str):
         return None
-    # `exec_die` may come as `exec_die` or with the exec's command after a colon.
-    return ContainerEvent(action=action.split(":", 1)[0].strip(), name=name)
+    # Docker puts an exec's command in its action: `exec_start: ray status`.
+    kind, _, command = action.partition(":")
+    exec_id = attributes.get("execID") if isinstance(attributes, dict) else None
+    return ContainerEvent(
+        action=kind.strip(),
+        name=name,
+        exec_id=exec_id[:128] if isinstance(exec_id, str) else "",
+        command=command.strip()[:512],
+    )
 
 
 def relevant(cluster: ClusterSpec, event: ContainerEvent) -> bool:
@@ -52,6 +63,29 @@ def relevant(cluster: ClusterSpec, event: ContainerEvent) -> bool:
     if event.name.startswith(f"sparkd-{cluster.name}-"):
         return True
     return any(fnmatch.fnmatchcase(event.name, p) for p in cluster.cleanup.container_patterns)
+
+
+class ExecFilter:
+    """Tells the serve process's end from the end of sparkd's own `docker exec` reads (every
+    cycle's `ray list nodes` ends in an `exec_die` too: waking on those would observe without
+    end). An exec seen starting with another command is sparkd's or a human's read; an exec
+    never seen starting (the serve launched before the stream) still wakes."""
+
+    def __init__(self, keep: int = 512) -> None:
+        self.keep = keep
+        self._reads: dict[str, None] = {}
+
+    def wakes(self, event: ContainerEvent) -> bool:
+        if event.action == "exec_start":
+            if event.exec_id and SERVE not in event.command:
+                self._reads[event.exec_id] = None
+                while len(self._reads) > self.keep:
+                    del self._reads[next(iter(self._reads))]
+            return False
+        if event.action == "exec_die" and event.exec_id in self._reads:
+            del self._reads[event.exec_id]
+            return False
+        return True
 
 
 class EventWatch:
@@ -91,13 +125,14 @@ class EventWatch:
         command = catalogue.docker_events(catalogue.EVENTS_SPAN).command
         while True:
             streamed = False
+            execs = ExecFilter()
             try:
                 conn = self.pool.connection(host, self.cluster.ssh)
                 async for line in conn.lines(command):
                     streamed = True
                     delay = self.retry_initial
                     event = parse_event(line)
-                    if event is not None and relevant(self.cluster, event):
+                    if event is not None and relevant(self.cluster, event) and execs.wakes(event):
                         self.events_seen += 1
                         self.wake(host.name, f"{event.name} {event.action}")
             except SshFailure as failure:

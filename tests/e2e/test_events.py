@@ -88,3 +88,30 @@ def test_events_are_parsed_and_filtered_like_dockers_json() -> None:
     assert not relevant(cluster, ContainerEvent(action="attach", name="sparkd-sparks-ray-head"))
     for garbage in ("", "not json", "[]", '{"Actor": 5}', '{"Action": "die", "Actor": {}}'):
         assert parse_event(garbage) is None
+
+
+async def test_sparkds_own_execs_do_not_wake_it(
+    seed_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    """Every cycle's `docker exec HEAD ray list nodes` ends in an `exec_die` event: a converged
+    cluster must still wait out its interval, not observe itself without end."""
+    async with converged_daemon(seed_world, pool, tmp_path / "state") as (ctl, _):
+        cycles = ctl.view.cycles
+        await asyncio.sleep(3.0)
+        assert ctl.view.cycles - cycles <= 1
+
+
+def test_exec_events_wake_for_the_serve_process_only() -> None:
+    from sparkd.shell.events import ExecFilter
+
+    execs = ExecFilter()
+    head = "sparkd-sparks-ray-head"
+    read = ContainerEvent("exec_start", head, "e1", "ray list nodes --format=json")
+    assert not execs.wakes(read)
+    assert not execs.wakes(ContainerEvent("exec_die", head, "e1"))
+    serve = ContainerEvent("exec_start", head, "e2", "sh -c echo $$ > /x; exec vllm serve /m")
+    assert not execs.wakes(serve)
+    assert execs.wakes(ContainerEvent("exec_die", head, "e2"))
+    # An exec that started before the stream (the serve of an earlier launch) wakes when it ends.
+    assert execs.wakes(ContainerEvent("exec_die", head, "e0"))
+    assert execs.wakes(ContainerEvent("die", head))
