@@ -17,15 +17,11 @@ from sparkd.model.plan import Plan
 from sparkd.model.probe import ProbeResult
 from sparkd.model.snapshot import dump_snapshot
 from sparkd.runtime import logs
-from sparkd.runtime.controller import Controller
-from sparkd.runtime.daemon import Daemon, StartupError, open_state_dir, state_dir_error
-from sparkd.runtime.notify import Notifier
 from sparkd.runtime.state import LockHeld, StateDir
 from sparkd.settings import ClusterSpec, Settings
 from sparkd.shell import catalogue, forced, secrets
 from sparkd.shell.observe import observe, probe_once
 from sparkd.shell.ssh import SshPool
-from sparkd.web.app import outcome_json
 
 EX_TEMPFAIL = 75
 
@@ -135,6 +131,11 @@ async def probe(settings: Settings, name: str | None, as_json: bool) -> int:
 
 
 async def once(settings: Settings, dry_run: bool, as_json: bool) -> int:
+    # The controller and the daemon's pieces only here and in `run`: `plan` and `probe` start
+    # without the web stack, the scheduler and the metrics.
+    from sparkd.runtime.controller import Controller
+    from sparkd.web.app import outcome_json
+
     state = StateDir(settings.daemon.state_dir)
     try:
         with state.lock():
@@ -166,6 +167,9 @@ async def once(settings: Settings, dry_run: bool, as_json: bool) -> int:
 
 
 def run(settings: Settings, config: Path, dry_run: bool) -> int:
+    from sparkd.runtime.daemon import Daemon, StartupError, open_state_dir, state_dir_error
+    from sparkd.runtime.notify import Notifier
+
     """A config that fails only when used (a busy port, an unusable state dir) ends the run
     with one line and EX_CONFIG or EX_CANTCREAT, also sent to systemd as STATUS."""
     notifier = Notifier()

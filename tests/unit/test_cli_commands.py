@@ -68,3 +68,16 @@ def test_version_loads_nothing_else() -> None:
     version, loaded = out.stdout.splitlines()
     assert version.startswith("sparkd ")
     assert loaded == "['sparkd.cli']"
+
+
+def test_plan_and_probe_start_without_the_daemon_or_the_web_stack() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import sparkd.cli_live; "
+        "print(sorted(m for m in ('aiohttp', 'sparkd.runtime.daemon', 'sparkd.web.app', "
+        "'sparkd.runtime.controller') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
