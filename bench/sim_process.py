@@ -7,19 +7,13 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from sparkd.core.spec import model_spec_hash, ray_spec_hash
+from sparkd.core.spec import spec_labels
 from sparkd.settings import load_settings
 from sparkd.sim.cli import main
 
 
 def sparkd_spec_labels(config: Path) -> Mapping[str, str]:
-    labels: dict[str, str] = {}
-    for cluster in load_settings(config).clusters:
-        labels[f"{cluster.name}/head"] = ray_spec_hash(cluster, cluster.head)
-        for worker in cluster.workers:
-            labels[f"{cluster.name}/worker"] = ray_spec_hash(cluster, worker)
-        labels[f"{cluster.name}/model"] = model_spec_hash(cluster)
-    return labels
+    return spec_labels(load_settings(config).clusters)
 
 
 if __name__ == "__main__":

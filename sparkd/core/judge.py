@@ -80,12 +80,7 @@ class Context:
     @property
     def model_name(self) -> str:
         """The name the server lists in /v1/models and answers to."""
-        return served_name(self.desired)
-
-
-def served_name(desired: ClusterSpec) -> str:
-    """`--served-model-name` in the model's extra args, else the model id."""
-    return desired.model.served_name
+        return self.desired.model.served_name
 
 
 def _facts(observed: Observed, host: HostSpec) -> HostFacts:

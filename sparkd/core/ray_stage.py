@@ -28,9 +28,9 @@ from sparkd.model.observed import Container, RayNode, RayState
 from sparkd.model.plan import Action
 from sparkd.settings import HostSpec
 
-# A node is new when first seen at or after its container started (sparkd records the start
-# of its own restarts exactly; a new node needs seconds to register, so no slack is needed).
-SEEN_SLACK = 0.0
+# Docker's figure for a container's start comes from whole seconds of process age. (A node is new
+# when first seen at or after its container started: sparkd records the start of its own
+# restarts exactly, and a new node needs seconds to register, so no slack is needed there.)
 ETIME_RESOLUTION = 1.0
 
 
@@ -209,7 +209,7 @@ def _membership(ctx: Context, verdict: RayVerdict, ray: RayState, unsettled_for:
                 f"Ray settling: {len(on_ip)} ALIVE nodes on {host.ip} (a dead one not yet dropped)",
                 f"Ray still shows {len(on_ip)} nodes on {host.ip}",
             )
-        elif on_ip and started is not None and _first_seen(ctx, on_ip[0]) < started - SEEN_SLACK:
+        elif on_ip and started is not None and _first_seen(ctx, on_ip[0]) < started:
             settling = (
                 f"Ray settling: node {on_ip[0].node_id[:8]} on {host.ip} registered before "
                 f"{host.name}'s Ray container started (waiting for a new node id)",
@@ -308,7 +308,7 @@ def _membership_by_count(
     seen = sorted((_first_seen(ctx, n) for n in alive), reverse=True)
     # Nested sets: the k latest-started containers need k nodes first seen after the k-th.
     for k, start in enumerate(starts, 1):
-        if sum(1 for s in seen if s >= start - SEEN_SLACK) < k:
+        if sum(1 for s in seen if s >= start) < k:
             verdict.waits.append("Ray settling: waiting for restarted nodes to register anew")
             return
     if len(alive) < hosts or ray.gpus_total < expected:

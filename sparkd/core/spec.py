@@ -119,6 +119,18 @@ def _model_hash(cluster: ClusterSpec, ray_hash: str, key: str | None) -> str:
     )
 
 
+def spec_labels(clusters: tuple[ClusterSpec, ...]) -> dict[str, str]:
+    """sparkd's spec hashes by `CLUSTER/role` (and `CLUSTER/model`): what the simulator's
+    `healthy` world stamps on its containers so that a daemon finds it drift-free."""
+    labels: dict[str, str] = {}
+    for cluster in clusters:
+        labels[f"{cluster.name}/head"] = ray_spec_hash(cluster, cluster.head)
+        for worker in cluster.workers:
+            labels[f"{cluster.name}/worker"] = ray_spec_hash(cluster, worker)
+        labels[f"{cluster.name}/model"] = model_spec_hash(cluster)
+    return labels
+
+
 def normalize_image(image: str) -> str:
     """`repo` means `repo:latest`; a registry port (`host:5000/repo`) is not a tag."""
     last = image.rsplit("/", 1)[-1]

@@ -105,7 +105,6 @@ class EventWatch:
         self.wake = wake
         self.retry_initial = retry_initial
         self.retry_max = retry_max
-        self.events_seen = 0
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -133,7 +132,6 @@ class EventWatch:
                     delay = self.retry_initial
                     event = parse_event(line)
                     if event is not None and relevant(self.cluster, event) and execs.wakes(event):
-                        self.events_seen += 1
                         self.wake(host.name, f"{event.name} {event.action}")
             except SshFailure as failure:
                 if streamed:
