@@ -89,8 +89,10 @@ async def test_loading_is_observed_until_the_model_serves(
         percents.append(serve.progress.percent)
         assert observed.endpoint is not None and observed.endpoint.status == "refused"
         assert observed.probe is not None and observed.probe.outcome == "refused"
-    # Weights percent rising over at least three readings, the process ageing throughout.
-    assert len(set(percents)) >= 3 and percents == sorted(percents) and percents[-1] < 100
+    # Weights percent rising over at least three readings, the process ageing throughout. A
+    # reading may catch "100% Completed" before the silent stages that follow it (as real vLLM
+    # prints it): still loading, refused, never ready.
+    assert len(set(percents)) >= 3 and percents == sorted(percents) and percents[-1] <= 100
     assert ages == sorted(ages) and ages[-1] >= 1
     assert served.serve is not None
     assert served.serve.progress is not None and served.serve.progress.stage == "ready"
