@@ -3,14 +3,11 @@ cannot host hundreds of simulated clusters next to the daemon (2 cores, each sim
 tools are real bash processes), so: one daemon runs every cluster of a 32-cluster world
 (`Controller.run`, events on, dry run so nothing is changed) for a window, and its own CPU per
 cluster-cycle gives clusters per core = interval / CPU per cluster-cycle; no cycle may have been
-late (a cycle is late when it starts more than a second after the interval it was due at).
-Two modes in the same run: the event watch as it is, and with `exec_die` not waking (see
-`run_mode`)."""
+late (a cycle is late when it starts more than a second after the interval it was due at)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import tempfile
 import time
@@ -22,7 +19,6 @@ from bench.common import (
     SimWorld,
     median,
     own_cpu,
-    own_execs_told_apart,
     sim_world,
     table,
     wait_healthy,
@@ -35,10 +31,8 @@ from sparkd.shell.ssh import SshPool
 INTERVAL = 30.0
 
 
-async def run_mode(world: SimWorld, window: float, own_execs_wake: bool) -> dict[str, Any]:
-    """Every cluster's controller for `window` seconds; with `own_execs_wake` False the event
-    watch tells sparkd's own `docker exec ... ray` reads from the serve process
-    (`own_execs_told_apart`, the change proposed for sparkd/shell/events.py)."""
+async def run_mode(world: SimWorld, window: float) -> dict[str, Any]:
+    """Every cluster's controller, events on, for `window` seconds."""
     pool = SshPool()
     starts: dict[str, list[float]] = {}
     durations: list[float] = []
@@ -47,15 +41,12 @@ async def run_mode(world: SimWorld, window: float, own_execs_wake: bool) -> dict
         starts.setdefault(controller.cluster.name, []).append(time.monotonic() - record.seconds)
         durations.append(record.seconds)
 
-    told_apart = own_execs_told_apart() if not own_execs_wake else contextlib.nullcontext()
-    with told_apart:
-        return await _run_mode(world, window, own_execs_wake, pool, starts, durations, on_record)
+    return await _run_mode(world, window, pool, starts, durations, on_record)
 
 
 async def _run_mode(
     world: SimWorld,
     window: float,
-    own_execs_wake: bool,
     pool: SshPool,
     starts: dict[str, list[float]],
     durations: list[float],
@@ -93,7 +84,6 @@ async def _run_mode(
     per_cycle = cpu / max(1, cluster_cycles)
     clusters = len(world.settings.clusters)
     return {
-        "own_execs_wake": own_execs_wake,
         "window_s": elapsed,
         "cluster_cycles": cluster_cycles,
         "cycles_per_cluster_per_interval": cluster_cycles / clusters / (elapsed / INTERVAL),
@@ -106,7 +96,7 @@ async def _run_mode(
         "late_cycles": late,
         # At one cycle per cluster per interval: what one core of daemon CPU keeps.
         "clusters_per_core": INTERVAL / per_cycle,
-        # At the pace actually seen (own execs waking the controller): what one core keeps.
+        # At the pace actually seen (wake-ups, probes due): what one core keeps.
         "clusters_per_core_at_seen_pace": clusters / (cpu / elapsed) if cpu else float("inf"),
     }
 
@@ -116,7 +106,7 @@ async def main(quick: bool = False) -> None:
     window = 70.0 if quick else 100.0
     async with sim_world("healthy", hosts=2 * clusters_n, clusters=clusters_n) as world:
         await wait_healthy(world, within=900)
-        modes = [await run_mode(world, window, wake) for wake in (True, False)]
+        modes = [await run_mode(world, window)]
     rows: list[list[object]] = []
     labels = {
         "cycles per cluster per 30 s": "cycles_per_cluster_per_interval",
@@ -135,7 +125,7 @@ async def main(quick: bool = False) -> None:
     text = table(
         f"scale: {clusters_n} two-host clusters, one daemon (dry run), {INTERVAL:.0f} s interval, "
         f"{window:.0f} s window per mode",
-        ["measure", "events as today", "own execs told apart"],
+        ["measure", "value"],
         rows,
     )
     write_result("scale", {"clusters": clusters_n, "interval": INTERVAL, "modes": modes}, text)

@@ -14,7 +14,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -243,55 +243,3 @@ async def until(predicate: Callable[[], object], poll: float = 0.02) -> None:
     """Poll `predicate` until it holds (a benchmark watches state it does not own)."""
     while not predicate():  # noqa: ASYNC110
         await asyncio.sleep(poll)
-
-
-@dataclass(frozen=True)
-class _ExecEvent:
-    action: str
-    name: str
-    exec_id: str | None
-    command: str
-
-
-@contextlib.contextmanager
-def own_execs_told_apart() -> Iterator[None]:
-    """The event watch as proposed for sparkd/shell/events.py, patched in for a measurement: it
-    also follows `exec_start: CMD` and wakes on an `exec_die` only when that exec was not one of
-    sparkd's own reads (a `vllm serve` launch, or an exec it never saw start). Today every
-    `docker exec ... ray` of the fact script ends in an `exec_die` that wakes the controller."""
-    from sparkd.shell import catalogue, events
-
-    started: set[str] = set()
-    serving: set[str] = set()
-    saved = (catalogue.EVENT_ACTIONS, events.parse_event, events.relevant)
-    original_parse, original_relevant = events.parse_event, events.relevant
-
-    def parse(line: str) -> Any:
-        event = original_parse(line)
-        if event is None:
-            return None
-        row = json.loads(line)
-        attributes = row.get("Actor", {}).get("Attributes", {})
-        action = str(row.get("Action") or row.get("status") or "")
-        _, _, command = action.partition(":")
-        return _ExecEvent(event.action, event.name, attributes.get("execID"), command.strip())
-
-    def relevant(cluster: Any, event: Any) -> bool:
-        exec_id = getattr(event, "exec_id", None)
-        if event.action == "exec_start" and exec_id:
-            started.add(exec_id)
-            if "vllm serve" in event.command:
-                serving.add(exec_id)
-            return False
-        if event.action == "exec_die" and exec_id in started and exec_id not in serving:
-            return False
-        return bool(original_relevant(cluster, event))
-
-    setattr(catalogue, "EVENT_ACTIONS", (*saved[0], "exec_start"))  # noqa: B010
-    events.parse_event = parse
-    events.relevant = relevant
-    try:
-        yield
-    finally:
-        setattr(catalogue, "EVENT_ACTIONS", saved[0])  # noqa: B010
-        events.parse_event, events.relevant = saved[1], saved[2]

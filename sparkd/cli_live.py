@@ -11,11 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from sparkd.commands import EX_USAGE, render_plan
-from sparkd.core.planner import plan as make_plan
 from sparkd.model.observed import ModelEndpoint
 from sparkd.model.plan import Plan
 from sparkd.model.probe import ProbeResult
-from sparkd.model.snapshot import dump_snapshot
 from sparkd.runtime import logs
 from sparkd.runtime.state import LockHeld, StateDir
 from sparkd.settings import ClusterSpec, Settings
@@ -58,6 +56,10 @@ async def live_plan(
 ) -> int:
     """Observe and plan, acting on nothing. Reading /health, /v1/models and /metrics puts no load
     on the model; a completion does, so one is sent only when asked for (`--probe`)."""
+    # The planner only here: `probe` starts without it.
+    from sparkd.core.planner import plan as make_plan
+    from sparkd.model.snapshot import dump_snapshot
+
     state = StateDir(settings.daemon.state_dir)
     pool = SshPool()
 

@@ -12,9 +12,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from sparkd import __version__
-from sparkd.core.planner import plan
 from sparkd.model.plan import Plan
-from sparkd.model.snapshot import load_snapshot
 from sparkd.settings import EX_CONFIG, ConfigError, Settings, config_path, load_settings
 
 EX_USAGE = 64
@@ -216,6 +214,10 @@ def check_config(explicit: str | None) -> int:
 
 
 def plan_from_snapshot(explicit: str | None, snapshot: Path, as_json: bool, dry_run: bool) -> int:
+    # The planner only here: `probe` and `check-config` start without it.
+    from sparkd.core.planner import plan
+    from sparkd.model.snapshot import load_snapshot
+
     settings = _settings(explicit)
     if isinstance(settings, int):
         return settings

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from sparkd.core import policy
 from sparkd.core.cleanup import judge_cleanup, judge_reachability
+from sparkd.core.horizon import horizon
 from sparkd.core.images import judge_images
 from sparkd.core.judge import Context, Hold, Verdict, ago
 from sparkd.core.load import assess
@@ -51,6 +52,7 @@ class _Draft:
     load_mark: LoadMark | None = None
     probe_failures: int | None = None
     busy_streak: int | None = None
+    recheck_at: float | None = None
 
     def carry(self) -> dict[str, object]:
         """What remember() learns from the judgement, whatever becomes of the actions."""
@@ -61,7 +63,21 @@ class _Draft:
             "load_mark": self.load_mark,
             "probe_failures": self.probe_failures,
             "busy_streak": self.busy_streak,
+            "recheck_at": self.recheck_at,
         }
+
+    def waits_on(
+        self, desired: ClusterSpec, memory: Memory, now: float, backoffs: list[float]
+    ) -> None:
+        self.recheck_at = horizon(
+            desired,
+            memory,
+            now,
+            backoffs=backoffs,
+            ray_unsettled=self.ray_unsettled,
+            load_mark=self.load_mark,
+            model_ready=self.model_ready,
+        )
 
 
 def plan(
@@ -75,6 +91,7 @@ def plan(
     name = desired.name
     if memory.paused is not None and memory.paused.active(now):
         draft = _draft(desired, observed, memory, now)
+        draft.waits_on(desired, memory, now, [])
         pause = memory.paused
         until = f" until {ago(pause.until - now)} from now" if pause.until is not None else ""
         return Plan.model_validate(
@@ -100,6 +117,7 @@ def plan(
     )
     allowed: list[Action] = []
     withheld: list[Action] = []
+    backoffs: list[float] = []
     reason = draft.reason
     for action in draft.actions:
         if withheld:
@@ -125,12 +143,14 @@ def plan(
         wait_until = policy.backoff_until(memory, action.key, desired.policy, now)
         if now < wait_until:
             withheld.append(action)
+            backoffs.append(wait_until)
             reason = (
                 f"{draft.reason}; backing off {action.kind} {action.target} on {action.host} "
                 f"for {ago(wait_until - now)}"
             )
             continue
         allowed.append(action)
+    draft.waits_on(desired, memory, now, backoffs)
     if dry_run:
         allowed, withheld, reason = [], allowed + withheld, f"dry-run: {reason}"
     return Plan.model_validate(

@@ -95,6 +95,9 @@ class Plan(Value):
     # How the planner counted this cycle's new probe (consecutive failures, busy streak).
     probe_failures: int | None = None
     busy_streak: int | None = None
+    # The earliest wall time this decision can change with nothing observed changing (a backoff
+    # or pause ending, a join or load deadline, a probe due): a recheck goes no later.
+    recheck_at: float | None = None
 
     @property
     def converged(self) -> bool:

@@ -383,12 +383,27 @@ class Controller:
         return events
 
     def next_delay(self) -> float:
+        """How long until the next look with no event: the interval when converged, the recheck
+        interval while work is in progress, or sooner when the plan's horizon (a backoff, a
+        deadline, a probe due, a maintenance window's end) comes first."""
         plan = self.view.plan
         if plan is None or self.view.last_error is not None:
             return self.cluster.recheck_interval
         if plan.actions or plan.phase in WORK_IN_PROGRESS:
-            return self.cluster.recheck_interval
-        return self.cluster.interval
+            delay = self.cluster.recheck_interval
+        else:
+            delay = self.cluster.interval
+        now = self.wall_clock()
+        ahead = [t for t in (plan.recheck_at, self._window_end(now)) if t is not None and t > now]
+        if ahead:
+            # Just past the deadline: the planner's limits are strict (`> load_stall`).
+            margin = 0.01 * self.cluster.recheck_interval
+            delay = min(delay, min(ahead) - now + margin)
+        return delay
+
+    def _window_end(self, now: float) -> float | None:
+        window = self.maintenance_at(now)
+        return window.end if window is not None else None
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -413,11 +428,10 @@ class Controller:
         while not self.stopping:
             self.wake.clear()
             started = self.monotonic()
+            acted = False
             try:
                 plan = await self.cycle()
-                if plan.actions:
-                    # What the actions did is worth seeing now, not a recheck later.
-                    self.wake.set()
+                acted = bool(plan.actions)
             except Exception as exc:  # a cycle must never kill the controller
                 self.view.last_error = f"{type(exc).__name__}: {exc}"
                 self.view.in_flight = None
@@ -428,10 +442,19 @@ class Controller:
                 self.on_record(self, CycleRecord(ok=False, seconds=self.monotonic() - started))
             if self.stopping:
                 break
-            # Never back to back: even a wake-up waits a little after the last cycle.
-            await asyncio.sleep(min(0.1 * self.cluster.recheck_interval, 1.0))
+            if acted:
+                # What the actions did is worth seeing now, not a recheck later; budget and
+                # backoff bound how often that can happen.
+                continue
+            ended = self.monotonic()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=self.next_delay())
+            # Never back to back on wake-ups: a burst of events waits a little after the last
+            # cycle, and is then seen by one look.
+            floor = min(0.1 * self.cluster.recheck_interval, 1.0)
+            rest = floor - (self.monotonic() - ended)
+            if rest > 0 and not self.stopping:
+                await asyncio.sleep(rest)
 
     def stop(self) -> None:
         self.stopping = True

@@ -20,6 +20,8 @@ from sparkd.shell.secrets import read_secret, redact
 from sparkd.shell.ssh import HostConnection, SshFailure, SshPool
 
 POLL = 0.5
+# The first recheck of a process just launched or signalled.
+FIRST_LOOK = 0.05
 SERVE_APPEAR = 30.0
 STOP_GRACE = 20.0
 
@@ -208,13 +210,17 @@ class Executor:
     ) -> tuple[bool, facts.TopRow | None]:
         """Watch the serve process (`docker top`) until `done` holds of it, at most `within`."""
         deadline = asyncio.get_running_loop().time() + within
+        # A launched or signalled process usually shows within a few milliseconds: look soon,
+        # then back off to the poll period for the slow cases.
+        pause = min(FIRST_LOOK, self.timing.poll)
         while True:
             serve = facts.find_serve(await self._serve_rows())
             if done(serve):
                 return True, serve
             if asyncio.get_running_loop().time() >= deadline:
                 return False, serve
-            await asyncio.sleep(self.timing.poll)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, self.timing.poll)
 
     async def _gone(self, pid: int, within: float) -> bool:
         gone, _ = await self._serve_until(lambda s: s is None or s.pid != pid, within)

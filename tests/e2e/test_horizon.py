@@ -1,0 +1,70 @@
+"""The controller's own loop looks again when what it waits for is due, not an interval later;
+and a cycle whose actions ran is followed by a look at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from sparkd.model.plan import ActionOutcome
+from sparkd.shell.ssh import SshPool
+from sparkd.sim.world import World
+from tests.e2e.conftest import controller, mutations
+from tests.e2e.test_events import until
+
+# Far longer than any test here runs: with no event stream, only the horizon can bring the
+# next cycle sooner.
+LONG = 600.0
+
+
+async def test_a_pause_ending_is_acted_on_at_its_end(
+    seed_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    ctl = controller(
+        seed_world,
+        pool,
+        tmp_path / "state",
+        cluster={"interval": LONG},
+        watch_events=False,
+    )
+    pause_for = 1.0
+    ends = time.time() + pause_for
+    ctl.pause("swapping a cable", "ops", until=ends)
+    outcomes: list[ActionOutcome] = []
+    ctl.on_action = lambda _, outcome: outcomes.append(outcome)
+    task = asyncio.create_task(ctl.run())
+    try:
+        await until(lambda: bool(outcomes), 30)
+        first = min(m.at for m in mutations(seed_world))
+        # Nothing while paused; then remediation within a recheck of the end, not an interval.
+        assert first >= ends
+        assert first - ends < 5.0
+    finally:
+        ctl.stop()
+        await task
+
+
+async def test_a_recovery_looks_again_as_soon_as_its_actions_finish(
+    seed_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    # A recheck interval far longer than the test: every look after the first has to come
+    # from actions finishing (or from the horizon), never from the recheck timer.
+    ctl = controller(
+        seed_world,
+        pool,
+        tmp_path / "state",
+        cluster={"interval": LONG, "recheck_interval": LONG},
+        watch_events=False,
+    )
+    phases: list[str] = []
+    ctl.on_plan = lambda c: phases.append(c.view.plan.phase if c.view.plan else "")
+    task = asyncio.create_task(ctl.run())
+    try:
+        await until(lambda: "starting_ray" in phases, 20)
+        # Cleaning, then Ray: each stage's actions are followed by the next look at once.
+        assert "cleaning" in phases
+        assert "starting_ray" in phases
+    finally:
+        ctl.stop()
+        await task
