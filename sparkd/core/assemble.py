@@ -189,10 +189,11 @@ def head_extras(
     sections: dict[str, facts.Section],
     observed_at: float,
     secrets: tuple[str, ...] = (),
+    known_ray: RayState | None = None,
 ) -> HeadExtras:
     skew = observed_at - _host_clock(sections, observed_at)
-    ray: RayState | None = None
-    nodes = sections.get("ray_nodes")
+    ray = known_ray.model_copy(update={"reused": True}) if known_ray is not None else None
+    nodes = None if ray is not None else sections.get("ray_nodes")
     if nodes is not None and nodes.ok:
         ray = facts.parse_ray_nodes(nodes.body)
         beside = sections.get("ray_status")

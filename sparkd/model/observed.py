@@ -146,6 +146,9 @@ class RayState(Value):
     # The GPUs `ray status` counts, when it was read beside the node list: a node is listed
     # ALIVE a few seconds before its GPU can be placed on.
     gpus_usable: float | None = None
+    # The previous cycle's reading, not read again: the cluster was converged and nothing since
+    # (no event, no probe due) said Ray changed, so the head was spared a `ray` call.
+    reused: bool = False
 
     @property
     def up(self) -> bool:

@@ -79,13 +79,18 @@ _SECTION_FUNCTION = (
 
 
 def fact_script(
-    cluster: ClusterSpec, host: HostSpec, tool_timeout: float, ray_status: bool = False
+    cluster: ClusterSpec,
+    host: HostSpec,
+    tool_timeout: float,
+    ray_status: bool = False,
+    read_ray: bool = True,
 ) -> Remote:
     """One batched script per host per cycle: every fact in sections (core.facts.parse_sections).
 
     On the head, `ray status` runs only when the node list fails, or with `ray_status` (while
     Ray settles: a node listed ALIVE is usable for placement only once `ray status` counts its
-    GPU, a few seconds later)."""
+    GPU, a few seconds later). Without `read_ray`, no `ray` call at all (Ray's last reading is
+    reused)."""
     t = tool_timeout
 
     def section(name: str, argv: Sequence[str]) -> str:
@@ -137,8 +142,8 @@ def fact_script(
     )
     lines.append(section("iface", ["ip", "-j", "addr", "show", "dev", host.interface]))
     lines.append(section("disk", ["df", "-B1", "--output=avail", str(cluster.model.log_dir)]))
-    if host.role == "head":
-        head = container_name(cluster, host)
+    head = container_name(cluster, host)
+    if host.role == "head" and read_ray:
         if cluster.ray.dashboard:
             lines.append(
                 # The filter applies before Ray's default limit of 100 rows (ALIVE and DEAD
@@ -166,6 +171,7 @@ def fact_script(
             lines.append(f'if [ "$rc" != 0 ]; then {status}; fi')
         else:
             lines.append(status)
+    if host.role == "head":
         lines.append(section("serve_spec", ["cat", serve_spec_path(cluster)]))
         lines.append(
             section("serve_log", ["tail", "-c", str(LOG_TAIL_BYTES), serve_log_path(cluster)])

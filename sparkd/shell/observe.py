@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sparkd.core import facts
 from sparkd.core.assemble import HeadExtras, head_extras, host_facts, unreadable
 from sparkd.core.spec import key_fingerprint
-from sparkd.model.observed import HostFacts, ModelEndpoint, Observed
+from sparkd.model.observed import HostFacts, ModelEndpoint, Observed, RayState
 from sparkd.model.probe import ProbeResult
 from sparkd.settings import ClusterSpec, HostSpec
 from sparkd.shell import catalogue, model_http
@@ -51,8 +51,11 @@ async def read_host(
     observed_at: float,
     secrets: tuple[str, ...],
     ray_status: bool = False,
+    known_ray: RayState | None = None,
 ) -> HostReading:
-    script = catalogue.fact_script(cluster, host, tool_timeout(cluster), ray_status)
+    script = catalogue.fact_script(
+        cluster, host, tool_timeout(cluster), ray_status, read_ray=known_ray is None
+    )
     try:
         result = await conn.run(script.command, timeout=cluster.ssh.command_timeout)
         output = result.stdout
@@ -64,7 +67,11 @@ async def read_host(
     error = unreadable(sections)
     if error is not None:
         return HostReading(HostFacts(name=host.name, error=error), None)
-    extras = head_extras(cluster, sections, observed_at, secrets) if host.role == "head" else None
+    extras = (
+        head_extras(cluster, sections, observed_at, secrets, known_ray)
+        if host.role == "head"
+        else None
+    )
     return HostReading(host_facts(cluster, host, sections, observed_at), extras)
 
 
@@ -75,9 +82,11 @@ async def observe(
     probe_due: Callable[[ModelEndpoint], bool] = lambda endpoint: endpoint.status == "up",
     wall_clock: Callable[[], float] = time.time,
     ray_status: bool = True,
+    known_ray: RayState | None = None,
 ) -> Observed:
     """`ray_status`: read `ray status` beside the node list (a converged cluster can do
-    without: one `ray` call a cycle)."""
+    without: one `ray` call a cycle). `known_ray`: Ray's last reading, reused instead of a `ray`
+    call (none at all this cycle)."""
     observed_at = wall_clock()
     key_problem: str | None = None
     try:
@@ -91,7 +100,7 @@ async def observe(
     conns = {h.name: pool.connection(h, cluster.ssh) for h in cluster.hosts}
     readings = await asyncio.gather(
         *(
-            read_host(cluster, h, conns[h.name], observed_at, secrets, ray_status)
+            read_host(cluster, h, conns[h.name], observed_at, secrets, ray_status, known_ray)
             for h in cluster.hosts
         )
     )

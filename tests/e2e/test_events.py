@@ -118,3 +118,38 @@ def test_exec_events_wake_for_the_serve_process_only() -> None:
     # An exec that started before the stream (the serve of an earlier launch) wakes when it ends.
     assert execs.wakes(ContainerEvent("exec_die", head, "e0"))
     assert execs.wakes(ContainerEvent("die", head))
+
+
+async def test_a_quiet_converged_cluster_reads_ray_with_each_probe_not_each_cycle(
+    healthy_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    """A `ray` call costs the head 0.6-3 s of a core. Converged and quiet, Ray's last reading
+    stands in until the next probe falls due; an event sends the next cycle back to Ray."""
+    ctl = controller(
+        healthy_world,
+        pool,
+        tmp_path / "state",
+        cluster={"interval": 0.2, "probe_interval": 2.0},
+    )
+    task = asyncio.create_task(ctl.run())
+    try:
+        await until(lambda: ctl.view.plan is not None and ctl.view.plan.converged, 30)
+        since, cycles = time.time(), ctl.view.cycles
+        await asyncio.sleep(3.0)
+        cycles = ctl.view.cycles - cycles
+        ray_calls = [
+            r
+            for r in healthy_world.commands("spark-a")
+            if r.at >= since and r.command.split()[:1] == ["ray"]
+        ]
+        assert cycles >= 6
+        # One read per probe interval (2 s) over 3 s, give or take the one in flight.
+        assert 1 <= len(ray_calls) <= 3 < cycles, (len(ray_calls), cycles)
+        assert ctl.view.plan is not None and ctl.view.plan.converged
+        # A killed worker container: the event brings a cycle that reads Ray again and acts.
+        await healthy_world.fault("kill-container", "spark-b", "sparkd-sparks-ray-worker")
+        await until(lambda: ctl.view.plan is not None and not ctl.view.plan.converged, 10)
+        await until(lambda: ctl.view.plan is not None and ctl.view.plan.converged, 60)
+    finally:
+        ctl.stop()
+        await task

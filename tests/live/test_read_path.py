@@ -97,6 +97,24 @@ async def test_one_ray_call_per_cycle_on_the_head(healthy: Live, pool: SshPool) 
     assert observed.ray is not None and observed.ray.gpus_usable == 2.0
 
 
+async def test_a_known_ray_reading_spares_the_head_every_ray_call(
+    healthy: Live, pool: SshPool
+) -> None:
+    import time
+
+    world = healthy.world
+    first = await observe(healthy.cluster, pool, ray_status=False)
+    assert first.ray is not None and first.ray.up and not first.ray.reused
+    since = time.time()
+    again = await observe(healthy.cluster, pool, known_ray=first.ray)
+    assert again.ray is not None and again.ray.reused
+    assert again.ray.alive_node_ids == first.ray.alive_node_ids
+    # Everything else is read as always; only `ray` is not called.
+    assert again.serve is not None and again.serve.running
+    called = [r.command for r in world.commands("spark-a") if r.at >= since]
+    assert called and not [c for c in called if c.split()[:1] == ["ray"]], called
+
+
 async def test_ray_status_only_when_the_node_list_fails(healthy: Live, pool: SshPool) -> None:
     world = healthy.world
     cluster = cluster_of(world, ssh={"command_timeout": 3.0})
