@@ -98,6 +98,16 @@ def _read_from(path: Path, offset: int) -> str:
     return path.read_bytes()[offset:].decode(errors="replace")
 
 
+def _alive(pid: int) -> bool:
+    """Running or stopped; a zombie has closed everything it had open."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] not in (b"Z", b"X")
+
+
 def _signal(pids: list[int], sig: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -198,9 +208,16 @@ class OpenSshHost(SimSshHost):
         # Stopped first, so that no new connection forks while the tree is read; SIGKILL ends
         # stopped processes too.
         _signal([proc.pid], signal.SIGSTOP)
-        _signal(descendants(proc.pid), signal.SIGKILL)
+        tree = descendants(proc.pid)
+        _signal(tree, signal.SIGKILL)
         _signal([proc.pid], signal.SIGKILL)
         await proc.wait()
+        # A kill lands when its target next runs: until then its connection is still open.
+        deadline = time.monotonic() + _START_TIMEOUT
+        while any(_alive(p) for p in tree):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"sshd processes {tree} of {self.address} outlived SIGKILL")
+            await asyncio.sleep(0.005)
 
     def _tagged(self) -> list[int]:
         env = self._session_env()

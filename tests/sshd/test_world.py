@@ -7,8 +7,15 @@ OpenSSH alone can show is written here.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
+from sparkd.shell.observe import observe
+from sparkd.shell.ssh import SshPool
+from sparkd.sim.openssh import OpenSshHost, descendants
+from tests.e2e.conftest import eventually
 from tests.e2e.test_judgement import (
     test_a_changed_host_key_is_reported_and_nothing_is_sent_to_that_host,
     test_a_hung_remote_tool_is_ended_on_the_host_and_the_daemon_reads_on,
@@ -19,16 +26,80 @@ from tests.e2e.test_recovery import (
     test_model_crash_recovers,
     test_worker_reboot_recovers,
 )
+from tests.live.conftest import cluster_of
+from tests.live.test_host_errors import (
+    kinds,
+    test_a_blackholed_host_times_out_without_delaying_the_head,
+    test_an_established_connection_gone_silent_times_out,
+    test_an_unreachable_host_is_refused,
+)
 from tests.live.test_probe_outcomes import test_each_answer_style_is_classified
+from tests.sshd.conftest import openssh_world
 
 pytestmark = pytest.mark.sshd
 
 __all__ = [
+    "test_a_blackholed_host_times_out_without_delaying_the_head",
     "test_a_changed_host_key_is_reported_and_nothing_is_sent_to_that_host",
     "test_a_hung_remote_tool_is_ended_on_the_host_and_the_daemon_reads_on",
+    "test_an_established_connection_gone_silent_times_out",
+    "test_an_unreachable_host_is_refused",
     "test_cold_start_from_seed_morning",
     "test_each_answer_style_is_classified",
     "test_head_reboot_recovers",
     "test_model_crash_recovers",
     "test_worker_reboot_recovers",
 ]
+
+
+def exe(pid: int) -> str:
+    return os.readlink(f"/proc/{pid}/exe")
+
+
+def state_of(pid: int) -> str | None:
+    """A process's state letter (`T` when stopped), or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            stat = handle.read()
+    except FileNotFoundError:
+        return None
+    state = stat[stat.rindex(")") + 2]
+    return None if state == "Z" else state
+
+
+async def test_faults_act_on_sshds_own_processes_and_stopping_leaves_none(
+    tmp_path: Path, pool: SshPool
+) -> None:
+    async with openssh_world(tmp_path / "world", "seed-morning") as world:
+        cluster = cluster_of(world)
+        assert kinds(await observe(cluster, pool)) == {"spark-a": None, "spark-b": None}
+        worker = world.hosts["spark-b"].ssh
+        assert isinstance(worker, OpenSshHost) and worker.pid is not None
+        listener = worker.pid
+        # sparkd's connection: sshd's per-connection processes under the listener.
+        connection = [p for p in descendants(listener) if exe(p) == exe(listener)]
+        assert connection
+        seen = {listener, *connection}
+
+        await world.fault("blackhole", "spark-b")
+        # A signal is delivered on the target's next trip through the kernel: soon, not now.
+        await eventually(lambda: {state_of(p) for p in [listener, *connection]} == {"T"}, 2)
+        await world.fault("heal", "spark-b")
+        assert worker.pid == listener and state_of(listener) not in ("T", None)
+        # The connection that went silent answers again: no new login was needed.
+        assert kinds(await observe(cluster, pool)) == {"spark-a": None, "spark-b": None}
+        assert set(connection) <= set(descendants(listener))
+
+        await world.fault("unreachable", "spark-b")
+        assert [state_of(p) for p in [listener, *connection]] == [None] * (1 + len(connection))
+        assert kinds(await observe(cluster, pool)) == {"spark-a": None, "spark-b": "refused"}
+        await world.fault("heal", "spark-b")
+        assert worker.pid not in (None, listener)
+        assert kinds(await observe(cluster, pool)) == {"spark-a": None, "spark-b": None}
+
+        for host in world.hosts.values():
+            assert isinstance(host.ssh, OpenSshHost) and host.ssh.pid is not None
+            seen |= {host.ssh.pid, *descendants(host.ssh.pid)}
+        await world.fault("blackhole", "spark-a")
+    # Stopped ones included, every sshd of the world and what ran under it is gone.
+    assert {p: state_of(p) for p in seen if state_of(p) is not None} == {}
