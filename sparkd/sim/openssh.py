@@ -198,7 +198,7 @@ class OpenSshHost(SimSshHost):
         await self.close()
         # Anything a session left behind (a command `timeout` or `setsid` took out of sshd's
         # tree) still carries this host's session environment.
-        _signal(self._tagged(), signal.SIGKILL)
+        _signal(self.session_processes(), signal.SIGKILL)
 
     async def _stop_sshd(self) -> None:
         proc, self._proc = self._proc, None
@@ -219,7 +219,8 @@ class OpenSshHost(SimSshHost):
                 raise RuntimeError(f"sshd processes {tree} of {self.address} outlived SIGKILL")
             await asyncio.sleep(0.005)
 
-    def _tagged(self) -> list[int]:
+    def session_processes(self) -> list[int]:
+        """Every process started in a session of this host (by its session environment)."""
         env = self._session_env()
         marks = [
             f"SPARKD_SIM_HOST={env['SPARKD_SIM_HOST']}".encode(),

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from sparkd.shell import catalogue
 from sparkd.shell.observe import observe
-from sparkd.shell.ssh import SshPool
+from sparkd.shell.ssh import SshFailure, SshPool
 from sparkd.sim.openssh import OpenSshHost, descendants
 from tests.e2e.conftest import eventually
 from tests.e2e.test_judgement import (
@@ -103,3 +104,44 @@ async def test_faults_act_on_sshds_own_processes_and_stopping_leaves_none(
         await world.fault("blackhole", "spark-a")
     # Stopped ones included, every sshd of the world and what ran under it is gone.
     assert {p: state_of(p) for p in seen if state_of(p) is not None} == {}
+
+
+def command_lines(host: OpenSshHost) -> list[str]:
+    lines = []
+    for pid in host.session_processes():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                lines.append(handle.read().replace(b"\0", b" ").decode().strip())
+        except FileNotFoundError:
+            continue
+    return lines
+
+
+async def test_a_command_outlives_its_channel_and_only_timeout_ends_it(
+    tmp_path: Path, pool: SshPool
+) -> None:
+    """The asyncssh simulator ends a command with its channel; OpenSSH sends a command without a
+    terminal no signal at all. What ends a hung tool on a real host is the `timeout -k` sparkd
+    wraps around it."""
+    async with openssh_world(tmp_path / "world", "empty") as world:
+        cluster = cluster_of(world)
+        ssh = world.hosts["spark-b"].ssh
+        assert isinstance(ssh, OpenSshHost)
+        conn = pool.connection(cluster.host("spark-b"), cluster.ssh)
+        timed = " ".join(catalogue.timed(["sleep", "30"], 1))
+        for command in ("sleep 31", timed):
+            with pytest.raises(SshFailure) as info:
+                await conn.run(command, timeout=0.3)
+            assert info.value.kind == "timeout"
+        running = command_lines(ssh)
+        assert "sleep 31" in running and "sleep 30" in running, running
+        await eventually(lambda: "sleep 30" not in command_lines(ssh), within=3)
+        assert "sleep 31" in command_lines(ssh)
+        # The connection sparkd gave up the channels on serves the next command.
+        assert (await conn.run("echo ok", timeout=3)).stdout == "ok\n"
+        assert [r.command for r in world.commands("spark-b") if r.source == "ssh"] == [
+            "sleep 31",
+            timed,
+            "echo ok",
+        ]
+    assert command_lines(ssh) == []
