@@ -21,6 +21,7 @@ from tests.e2e.test_judgement import (
     test_a_changed_host_key_is_reported_and_nothing_is_sent_to_that_host,
     test_a_hung_remote_tool_is_ended_on_the_host_and_the_daemon_reads_on,
 )
+from tests.e2e.test_process import test_live_plan_probe_status
 from tests.e2e.test_recovery import (
     test_cold_start_from_seed_morning,
     test_head_reboot_recovers,
@@ -48,6 +49,7 @@ __all__ = [
     "test_cold_start_from_seed_morning",
     "test_each_answer_style_is_classified",
     "test_head_reboot_recovers",
+    "test_live_plan_probe_status",
     "test_model_crash_recovers",
     "test_worker_reboot_recovers",
 ]
