@@ -93,6 +93,16 @@ async def test_faults_act_on_sshds_own_processes_and_stopping_leaves_none(
         assert kinds(await observe(cluster, pool)) == {"spark-a": None, "spark-b": None}
         assert set(connection) <= set(descendants(listener))
 
+        # A session's command, left running by its client, ends with kill_sessions; the
+        # connection stays.
+        conn = pool.connection(cluster.host("spark-b"), cluster.ssh)
+        with pytest.raises(SshFailure):
+            await conn.run("sleep 33", timeout=0.2)
+        assert "sleep 33" in command_lines(worker)
+        worker.kill_sessions()
+        await eventually(lambda: "sleep 33" not in command_lines(worker), 2)
+        assert (await conn.run("echo ok", timeout=3)).stdout == "ok\n"
+
         await world.fault("unreachable", "spark-b")
         assert [state_of(p) for p in [listener, *connection]] == [None] * (1 + len(connection))
         assert kinds(await observe(cluster, pool)) == {"spark-a": None, "spark-b": "refused"}
