@@ -182,6 +182,10 @@ class SimSshHost:
                 with contextlib.suppress(Exception):
                     transport.resume_reading()
 
+    async def shutdown(self) -> None:
+        """The world is stopping: nothing of this host may go on running."""
+        await self.close()
+
     def kill_sessions(self) -> None:
         for proc in list(self._sessions):
             with contextlib.suppress(ProcessLookupError):

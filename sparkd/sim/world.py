@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import ipaddress
 import os
 import pwd
@@ -32,6 +33,7 @@ from sparkd.sim.config import render_config
 from sparkd.sim.control import ControlServer
 from sparkd.sim.engine import HostEngine, graphics_processes, normalize_image
 from sparkd.sim.fake_docker import FakeDocker, image_id
+from sparkd.sim.openssh import OpenSshHost, find_sshd
 from sparkd.sim.protocol import Done, Reply, Stream, ToolCall, fail
 from sparkd.sim.ray_runtime import RayWorld, StatusLayout
 from sparkd.sim.reference import GLM_IMAGE, INTERFACE, MODEL_ID, QWEN_IMAGE, STALE_UNITS
@@ -65,6 +67,8 @@ WRONG_IP_OFFSET = 100 * 256
 DATA_IP_OFFSET = 50 * 256
 
 Reachability = Literal["ok", "unreachable", "blackhole", "down"]
+# Which SSH server each host runs: asyncssh's, in this process, or a real OpenSSH sshd each.
+SshServer = Literal["asyncssh", "openssh"]
 Scenario = Literal["seed-morning", "seed-crashloop", "healthy", "empty"]
 
 
@@ -146,6 +150,7 @@ class World:
         first_address: str = "127.0.0.2",
         noisy_load_logs: bool = True,
         data_network: bool = False,
+        ssh_server: SshServer = "asyncssh",
     ) -> None:
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
@@ -180,6 +185,12 @@ class World:
         self.data_network = data_network
         # Sessions never run as root: a fake-tool PATH mistake must not reach the real system.
         self.run_as = run_as if run_as is not None else ("nobody" if os.geteuid() == 0 else None)
+        self.ssh_server: SshServer = ssh_server
+        self._sshd: str | None = None
+        if ssh_server == "openssh":
+            self._sshd = self._check_openssh(data_network)
+            # sshd logs sessions in as `user` itself; the world's files must be theirs.
+            self.run_as = user
         # The `sparkd.spec` values the `healthy` scenario stamps on what it starts: the caller
         # computes them from the generated config (keys "CLUSTER/head", "CLUSTER/worker",
         # "CLUSTER/model"), so a healthy world shows no drift without the simulator computing the
@@ -239,7 +250,12 @@ class World:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def __aenter__(self) -> World:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            # Hosts that did start (a real sshd each, in openssh mode) must not outlive this.
+            await self.stop()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -275,7 +291,7 @@ class World:
         await asyncio.gather(*(s.wait_stopped() for s in serves), return_exceptions=True)
         for host in self.hosts.values():
             host.engine.shutdown()
-            await host.ssh.close()
+            await host.ssh.shutdown()
         for task in list(self._background):
             task.cancel()
         await self._tool_server.stop()
@@ -325,7 +341,10 @@ class World:
             home=str(home),
         )
         engine = HostEngine(state, self._run_main, self._container_exited, self.timing)
-        ssh = SimSshHost(
+        ssh_class: Callable[..., SimSshHost] = SimSshHost
+        if self._sshd is not None:
+            ssh_class = functools.partial(OpenSshHost, sshd=self._sshd, directory=host_dir / "sshd")
+        ssh = ssh_class(
             address=address,
             host_key=asyncssh.generate_private_key("ssh-ed25519"),
             client_key=self._client_key,
@@ -350,6 +369,29 @@ class World:
             behaviour=ModelBehaviour(naming=self.answer_naming),
             faults=ServeFaults(noisy_log=self.noisy_load_logs),
         )
+
+    def _check_openssh(self, data_network: bool) -> str:
+        sshd = find_sshd()
+        if sshd is None:
+            raise RuntimeError("no sshd on this machine (apt-get install openssh-server)")
+        if os.geteuid() != 0:
+            raise RuntimeError("a real sshd needs root (privilege separation)")
+        try:
+            entry = pwd.getpwnam(self.user)
+        except KeyError:
+            raise RuntimeError(
+                f"no account {self.user!r} for sshd to log sessions in as "
+                "(sparkd.sim.openssh.ensure_login_user creates one)"
+            ) from None
+        if entry.pw_uid == 0:
+            raise RuntimeError("sessions must not run as root: the fake tools would not be alone")
+        if data_network:
+            # sshd dials the model channel's address itself; the model listens on the host's
+            # management address only.
+            raise ValueError("data_network is not supported with ssh_server='openssh'")
+        # Debian's sshd refuses to start without its privilege-separation directory.
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        return sshd
 
     def _cluster_label(self, index: int) -> str:
         return self.cluster_name if index == 0 else f"{self.cluster_name}-{index + 1}"
@@ -572,6 +614,10 @@ class World:
         host = self.hosts.get(call.host)
         if host is None:
             return fail(f"{call.tool}: unknown simulated host {call.host!r}", 125)
+        if call.tool == "@ssh":
+            # From the ForceCommand wrapper of a host behind a real sshd.
+            self._record(host.name, "ssh", call.args[0] if call.args else "")
+            return Done()
         container = host.state.containers.get(call.container) if call.container else None
         self._record(host.name, "tool", " ".join(call.argv), container.name if container else None)
         state = host.state
@@ -637,7 +683,9 @@ class World:
                 model,
                 host.behaviour,
                 host=address,
-                port=0,
+                # A real sshd dials the model port it is asked for, so there the model listens
+                # on it; elsewhere on an ephemeral one, so worlds never collide.
+                port=port if self.ssh_server == "openssh" else 0,
                 api_key=key,
                 max_model_len=max_len,
                 served=served,

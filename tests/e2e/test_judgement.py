@@ -8,12 +8,14 @@ import dataclasses
 import time
 from pathlib import Path
 
+import asyncssh
+
 from sparkd.model.plan import Action, Plan
 from sparkd.runtime.controller import Controller
 from sparkd.shell.ssh import SshPool
 from sparkd.sim.timing import Timing
 from sparkd.sim.world import World
-from tests.e2e.conftest import controller, converge, mutations
+from tests.e2e.conftest import controller, converge, eventually, mutations
 
 
 async def cycle_until(ctl: Controller, done: str, cycles: int = 200) -> list[Plan]:
@@ -172,3 +174,69 @@ async def test_each_node_gets_its_data_ip_as_vllm_host_ip_so_the_load_progresses
             [run] = [r.command for r in runs if r.host == host.name]
             assert f"VLLM_HOST_IP={host.data_ip}" in run
             assert host.data_ip != host.address
+
+
+def with_impostor_key(world: World, host: str, path: Path) -> Path:
+    """The world's known_hosts, with `host`'s line naming a key the host does not have."""
+    impostor = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
+    target = world.hosts[host]
+    prefix = f"[{target.address}]:{target.port} "
+    lines = world.known_hosts_path.read_text().splitlines()
+    swapped = [prefix + impostor if line.startswith(prefix) else line for line in lines]
+    assert swapped != lines
+    path.write_text("\n".join(swapped) + "\n")
+    return path
+
+
+async def test_a_changed_host_key_is_reported_and_nothing_is_sent_to_that_host(
+    seed_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    known_hosts = with_impostor_key(seed_world, "spark-b", tmp_path / "known_hosts")
+    state = tmp_path / "state"
+    ctl = controller(seed_world, pool, state, cluster={"ssh": {"known_hosts_file": known_hosts}})
+    for _ in range(3):
+        plan = await ctl.cycle()
+        snapshot = ctl.view.snapshot
+        assert snapshot is not None
+        worker = snapshot.host("spark-b")
+        assert worker is not None and worker.error is not None
+        assert worker.error.kind == "host_key", worker.error
+        assert plan.phase == "unreachable", plan.reason
+        assert "spark-b" in plan.reason
+    # Not one command reached the host whose key changed: no login, no tool call.
+    assert seed_world.commands("spark-b") == []
+    assert seed_world.commands("spark-a"), "the head was read all along"
+    # The head's own work goes on; what the operator must fix is in the event log.
+    [phase] = [e for e in ctl.state.read_events(50, "sparks") if e["kind"] == "phase"]
+    assert phase["phase"] == "unreachable"
+    assert "spark-b (worker) unreachable (host_key: " in phase["reason"]
+
+
+async def test_a_hung_remote_tool_is_ended_on_the_host_and_the_daemon_reads_on(
+    healthy_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    """A wedged `nvidia-smi`: `timeout` ends it on the host each cycle, the rest of the fact
+    script arrives, the connection goes on serving, and nothing is restarted for it."""
+    world = healthy_world
+    ctl = controller(world, pool, tmp_path / "state")
+    # The world launches its own model just after it starts; only sparkd's commands count.
+    await eventually(lambda: bool(mutations(world)), within=10)
+    await converge(ctl)
+    since = time.time()
+    await world.fault("hang-tool", "spark-a", "nvidia-smi")
+    for _ in range(2):
+        plan = await ctl.cycle()
+        assert plan.actions == (), plan.reason
+        snapshot = ctl.view.snapshot
+        assert snapshot is not None
+        head = snapshot.host("spark-a")
+        assert head is not None and head.reachable, head
+        assert {c.name for c in head.containers} == {"sparkd-sparks-ray-head"}
+    assert len(world.hung_calls) >= 2
+    await eventually(lambda: all(call.released for call in world.hung_calls), within=3)
+    await world.fault("heal", "spark-a")
+    final = await converge(ctl)
+    assert final[-1].phase == "healthy"
+    sent = [r for r in world.commands("spark-a") if r.source == "ssh" and r.at >= since]
+    assert len(sent) >= 3  # a fact script a cycle, over the same host all along
+    assert mutations(world, since=since) == []

@@ -12,13 +12,21 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncssh
 import pytest
+
+from sparkd.shell.ssh import SshPool
+from sparkd.sim.openssh import LOGIN_USER, ensure_login_user
+from sparkd.sim.timing import Timing
+from sparkd.sim.world import Scenario, World
+from tests.live.conftest import Live, cluster_of, observe_until, serving
+from tests.live.helpers import sparkd_spec_labels
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
 
@@ -40,6 +48,17 @@ def _free_port(address: str) -> int:
         return port
 
 
+def require_sshd() -> None:
+    if SSHD is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("sshd is missing: .ci/run must install openssh-server")
+        pytest.skip("no sshd on this machine (apt-get install openssh-server)")
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("the OpenSSH tier needs root in CI (sshd's privilege separation)")
+        pytest.skip("a real sshd needs root here (privilege separation)")
+
+
 @pytest.fixture
 def sshd(tmp_path: Path) -> Iterator[RealSshd]:
     with running_sshd(tmp_path) as server:
@@ -50,12 +69,7 @@ def sshd(tmp_path: Path) -> Iterator[RealSshd]:
 def running_sshd(tmp_path: Path, extra_config: str = "") -> Iterator[RealSshd]:
     """sshd on a free loopback port, its authorized_keys at tmp_path/authorized_keys (read at
     each login, so a test may rewrite it); `extra_config` is appended to sshd_config."""
-    if SSHD is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("sshd is missing: .ci/run must install openssh-server")
-        pytest.skip("no sshd on this machine (apt-get install openssh-server)")
-    if os.geteuid() != 0:
-        pytest.skip("a real sshd needs root here (privilege separation)")
+    require_sshd()
     # Debian's sshd refuses to start without its privilege-separation directory.
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     user = pwd.getpwuid(os.geteuid()).pw_name
@@ -108,3 +122,55 @@ def running_sshd(tmp_path: Path, extra_config: str = "") -> Iterator[RealSshd]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+# -- the simulated world with a real sshd per host ---------------------------------------------
+
+# Address blocks of this run's own (127.N.128.2 up): in this tier the model really listens on port
+# 30000 of its head's address, so two runs on one machine must not share a head address. Apart
+# from tests/live's 127.N.0.x blocks.
+FIRST_ADDRESS = f"127.{20 + os.getpid() % 200}.128.2"
+
+
+def openssh_world(directory: Path, scenario: Scenario, **options: Any) -> World:
+    """A world whose hosts each run a real OpenSSH sshd (skipped where there is none)."""
+    require_sshd()
+    ensure_login_user()
+    options.setdefault("timing", Timing.fast())
+    return World(
+        directory,
+        scenario=scenario,
+        first_address=FIRST_ADDRESS,
+        user=LOGIN_USER,
+        ssh_server="openssh",
+        **options,
+    )
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[SshPool]:
+    p = SshPool(reconnect_initial=0.05, reconnect_max=0.2)
+    yield p
+    await p.close()
+
+
+# The fixtures below carry the names the shared scenario bodies (tests/e2e, tests/live) take.
+
+
+@pytest.fixture
+async def seed_world(tmp_path: Path) -> AsyncIterator[World]:
+    async with openssh_world(tmp_path / "world", "seed-morning") as world:
+        yield world
+
+
+@pytest.fixture
+async def healthy_world(tmp_path: Path) -> AsyncIterator[World]:
+    async with openssh_world(tmp_path / "world", "healthy", spec_labels=sparkd_spec_labels) as w:
+        yield w
+
+
+@pytest.fixture
+async def healthy(healthy_world: World, pool: SshPool) -> Live:
+    cluster = cluster_of(healthy_world)
+    await observe_until(cluster, pool, serving(cluster), probe_due=lambda _: False)
+    return Live(healthy_world, cluster)
