@@ -31,6 +31,17 @@ from sparkd.shell.ssh_streams import open_stream
 __all__ = ["CommandResult", "HostConnection", "SshFailure", "SshPool", "classify"]
 
 KEEPALIVE_COUNT_MAX = 3
+# AES-GCM first: one AEAD call per packet (AES instructions on x86 and Arm servers), where
+# asyncssh's chacha20-poly1305 sets up two cipher contexts per packet; measured here, about 1 ms
+# less of sparkd's CPU per host-observation. All of them are in OpenSSH's own default list.
+ENCRYPTION_ALGS = (
+    "aes128-gcm@openssh.com",
+    "aes256-gcm@openssh.com",
+    "chacha20-poly1305@openssh.com",
+    "aes256-ctr",
+    "aes192-ctr",
+    "aes128-ctr",
+)
 # Failures that can come out of asyncssh or the socket layer while connecting or running.
 _TRANSPORT_ERRORS = (OSError, asyncssh.Error, KeyFileError, KnownHostsFileError)
 
@@ -222,6 +233,7 @@ class HostConnection:
                 login_timeout=self.ssh.connect_timeout,
                 keepalive_interval=self._keepalive_interval,
                 keepalive_count_max=KEEPALIVE_COUNT_MAX,
+                encryption_algs=ENCRYPTION_ALGS,
             )
         except (*_TRANSPORT_ERRORS, TimeoutError) as exc:
             error = classify(exc)

@@ -27,9 +27,7 @@ async def converged_daemon(
 ) -> AsyncIterator[tuple[Controller, list[ActionOutcome]]]:
     """The controller's own loop, run until converged and settled into its long wait."""
     # The probe too: a probe falling due is a reason to look (the plan's horizon).
-    ctl = controller(
-        world, pool, state, cluster={"interval": INTERVAL, "probe_interval": INTERVAL}
-    )
+    ctl = controller(world, pool, state, cluster={"interval": INTERVAL, "probe_interval": INTERVAL})
     outcomes: list[ActionOutcome] = []
     ctl.on_action = lambda _, outcome: outcomes.append(outcome)
     task = asyncio.create_task(ctl.run())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,7 @@ from sparkd.shell import catalogue, model_http
 from sparkd.shell.observe import opener, read_host
 from sparkd.shell.ssh import HostConnection, SshFailure
 from sparkd.sim.vllm_server import ModelBehaviour, SimVllmServer
-from tests.sshd.conftest import RealSshd
+from tests.sshd.conftest import RealSshd, running_sshd
 from tests.toy import reference_cluster
 
 pytestmark = pytest.mark.sshd
@@ -144,3 +145,27 @@ async def test_fact_script_on_a_host_without_docker_is_an_error(sshd: RealSshd) 
     assert not sections["containers"].ok
     assert reading.facts.error is not None and reading.facts.error.kind == "exit_nonzero"
     assert "containers" in reading.facts.error.detail or "running" in reading.facts.error.detail
+
+
+async def test_aes_gcm_is_negotiated_and_an_sshd_without_it_still_serves(
+    sshd: RealSshd, tmp_path: Path
+) -> None:
+    cluster, host = specs(sshd)
+    conn = HostConnection(host, cluster.ssh)
+    try:
+        assert (await conn.run("echo ok", timeout=10)).stdout == "ok\n"
+        raw = conn._conn
+        assert raw is not None and raw.get_extra_info("send_cipher") == "aes128-gcm@openssh.com"
+    finally:
+        await conn.close()
+    (tmp_path / "chacha").mkdir()
+    with running_sshd(tmp_path / "chacha", "Ciphers chacha20-poly1305@openssh.com\n") as only:
+        cluster, host = specs(only)
+        conn = HostConnection(host, cluster.ssh)
+        try:
+            assert (await conn.run("echo ok", timeout=10)).stdout == "ok\n"
+            raw = conn._conn
+            assert raw is not None
+            assert raw.get_extra_info("send_cipher") == "chacha20-poly1305@openssh.com"
+        finally:
+            await conn.close()
