@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -126,13 +126,22 @@ def _config_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def sparkd_spec_labels(config: Path) -> Mapping[str, str]:
+    """sparkd's spec hashes for a config, by `CLUSTER/role`: what a `healthy` world stamps."""
+    from sparkd.core.spec import spec_labels
+
+    return spec_labels(load_settings(config).clusters)
+
+
 def dispatch(argv: Sequence[str]) -> int:
     argv = list(argv)
     if argv[:1] == ["sim"]:
         # The simulator parses its own options (argparse's REMAINDER would take none of them).
         from sparkd.sim.cli import main as sim_main
 
-        return sim_main(argv[1:])
+        # The simulator knows no sparkd: sparkd hands it its own spec hashes, so the `healthy`
+        # world is drift-free for the config it prints.
+        return sim_main(argv[1:], spec_labels=sparkd_spec_labels)
     args = _parser().parse_args(argv)
     if args.command == "check-config":
         return check_config(args.config)

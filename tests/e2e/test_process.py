@@ -188,3 +188,41 @@ async def test_live_plan_probe_status(healthy_world: World, tmp_path: Path) -> N
     finally:
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), 20)
+
+
+async def test_sparkd_sim_healthy_is_drift_free_for_the_config_it_prints(tmp_path: Path) -> None:
+    """`sparkd sim --scenario healthy`, then `sparkd plan` on the config it printed: nothing to
+    change (no Ray or model restart for a spec the simulator spelled differently)."""
+    from tests.live.conftest import FIRST_ADDRESS
+
+    directory = tmp_path / "world"
+    # Its own address block: another world of this run may hold FIRST_ADDRESS's.
+    first = FIRST_ADDRESS.rsplit(".", 2)[0] + ".64.2"
+    world = await asyncio.create_subprocess_exec(
+        *SPARKD, "sim", "--scenario", "healthy", "--dir", str(directory),
+        "--first-address", first, "--no-noisy-logs",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert world.stdout is not None
+        while True:
+            line = await asyncio.wait_for(world.stdout.readline(), 60)
+            assert line, "the world exited"
+            if line.startswith(b"Ctrl-C"):
+                break
+        plans: list[dict] = []  # type: ignore[type-arg]
+
+        async def converged() -> bool:  # the world's model may still be finishing its load
+            code, out, err = await sparkd(
+                "plan", "--config", str(directory / "sparkd.toml"), "--json", "--probe"
+            )
+            assert code == 0, err
+            plans.extend(json.loads(out))
+            return bool(plans[-1]["converged"])
+
+        await eventually(converged, within=30, poll=0.3)
+        assert all(p["actions"] == [] and p["withheld"] == [] for p in plans), plans
+        assert plans[-1]["phase"] == "healthy"
+    finally:
+        world.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(world.wait(), 30)

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
+# sparkd's own spec hashes for the world's generated config, for the `healthy` scenario: the
+# same function `sparkd sim` hands the simulator.
+from sparkd.commands import sparkd_spec_labels
 
-from sparkd.core.spec import spec_labels
-from sparkd.settings import load_settings
-
-
-def sparkd_spec_labels(config: Path) -> Mapping[str, str]:
-    """sparkd's own spec hashes for the world's generated config, for the `healthy` scenario."""
-    return spec_labels(load_settings(config).clusters)
+__all__ = ["sparkd_spec_labels"]
