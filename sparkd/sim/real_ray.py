@@ -143,8 +143,10 @@ class RealRay:
     # (host address or override) -> (engine, container) of the Ray container registered there.
     locate: Callable[[str], tuple[HostEngine, Container] | None]
     gcs_port: int = field(default_factory=free_port)
-    # Every port given to a node, so a test can check that nothing listens there any more.
+    # Every port given to a node and every PID namespace made (as /proc/PID/ns/pid names it),
+    # so a test can check that nothing listens or runs there any more.
     ports: set[int] = field(default_factory=set)
+    pid_namespaces: set[str] = field(default_factory=set)
     namespaces: dict[str, Namespace] = field(default_factory=dict)
     # Every `unshare` until it has exited: it exits only once its namespace is gone (the
     # kernel reaps every process of a PID namespace before its PID 1 becomes a zombie).
@@ -213,6 +215,9 @@ class RealRay:
         try:
             init = await self._init_of(process)
             namespace = Namespace(container.id, process, init, os.pidfd_open(init))
+            made = _namespace_of(init)
+            if made is not None:
+                self.pid_namespaces.add(made)
             self.namespaces[container.id] = namespace
             assert process.stdout is not None
             async for raw in process.stdout:

@@ -4,6 +4,8 @@ talk to this one in-process model.
     async with World(directory, scenario="seed-morning", timing=Timing.fast()) as world:
         world.config_path, world.client_key_path, world.known_hosts_path
         await world.fault("reboot", "spark-b")
+
+With `ray="real"` each Ray container runs Ray 2.60 itself (see real_ray.py).
 """
 
 from __future__ import annotations
@@ -454,10 +456,10 @@ class World:
                 f"sparkd-{cluster}-ray-head",
                 {**labels, "sparkd.role": "head", "sparkd.spec": self._spec(cluster, "head")},
                 {**env, "VLLM_HOST_IP": head_ip},
-                [*head_start, f"--port={self.ray_port}", "--dashboard-host=0.0.0.0"],
+                [*head_start, "--port=6379", "--dashboard-host=0.0.0.0"],
             )
             for worker in members[1:]:
-                worker_start = ["ray", "start", "--block", f"--address={head_ip}:{self.ray_port}"]
+                worker_start = ["ray", "start", "--block", f"--address={head_ip}:6379"]
                 self._create(
                     worker,
                     f"sparkd-{cluster}-ray-worker",
