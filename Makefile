@@ -1,4 +1,5 @@
-# Every target sets up what it needs: a virtualenv in .venv with sparkd and its dev tools;
+# Every target sets up what it needs: a virtualenv in .venv with sparkd, its dev tools and Ray
+# (the real-Ray test tier; pip's cache keeps its ~106 MB wheel between venvs);
 # `bench` also a second one, .venv-bench, with ansible-core only (what `observe` compares with).
 PYTHON ?= python3
 VENV := .venv
@@ -12,7 +13,7 @@ BENCH_STAMP := $(BENCH_VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,realray]'
 	touch $(STAMP)
 
 $(BENCH_STAMP): Makefile

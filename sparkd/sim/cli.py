@@ -28,7 +28,7 @@ from sparkd.sim.world import SCENARIOS, World
 FAULTS = (
     "reboot", "unreachable", "blackhole", "heal", "crash-model", "hang-engine", "oom-capture",
     "wrong-ip", "stray-gpu", "kill-container", "slow-load", "stall-load", "answer-style",
-    "hang-tool", "crash-loop", "chatty-stall", "noisy-load", "repull-image",
+    "hang-tool", "crash-loop", "chatty-stall", "noisy-load", "repull-image", "hang-container",
 )  # fmt: skip
 
 

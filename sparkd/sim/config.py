@@ -61,7 +61,7 @@ def render_config(world: World) -> str:
             "",
             "  [clusters.ray]",
             f"  image = {_q(QWEN_IMAGE)}",
-            "  port = 6379",
+            f"  port = {world.ray_port}",
             f"  expected_gpus = {len(members)}",
             '  shm_size = "16g"',
             "  dashboard = true",

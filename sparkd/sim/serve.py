@@ -38,6 +38,26 @@ class ModelServer(Protocol):
 ServerFactory = Callable[[str, str, int, str | None, int], ModelServer]
 """(model id, listen address, port, api key, max model len) -> server."""
 
+
+@dataclass
+class Held:
+    """GPUs a placement group holds: the Ray containers its bundles landed in, and what ends
+    the hold (a node holding a bundle died: vLLM's engine dies with it)."""
+
+    nodes: list[tuple[HostEngine, Container]]
+    lost: asyncio.Future[str]
+
+
+class Placement(Protocol):
+    """The GPUs of a real Ray cluster (`World(ray="real")`) instead of `RayCluster`'s count."""
+
+    async def acquire(self, gpus: int) -> Held | list[str]:
+        """The hold, or the lines vLLM prints before it exits for want of it."""
+        ...
+
+    def release(self) -> None: ...
+
+
 _VALUE_FLAGS = {
     "--port",
     "--host",
@@ -170,8 +190,10 @@ class ServeProcess:
         timing: Timing,
         faults: ServeFaults,
         server_factory: ServerFactory,
+        placement: Placement | None = None,
     ) -> None:
         self.engine = engine
+        self.placement = placement
         self.container = container
         self.args = args
         self.cluster = cluster
@@ -263,6 +285,8 @@ class ServeProcess:
         if self.workers and self.cluster is not None:
             self.cluster.gpus_in_use = max(0.0, self.cluster.gpus_in_use - self.args.gpus)
         self.workers = []
+        if self.placement is not None:
+            self.placement.release()
         server, self.server = self.server, None
         if server is not None:
             self._stopping = asyncio.ensure_future(server.stop())
@@ -295,12 +319,21 @@ class ServeProcess:
         self._info("model.py:547", "Resolved architecture: Qwen3_5MoeForConditionalGeneration")
         self._info("model.py:1510", f"Using max model len {a.max_model_len}")
         await asyncio.sleep(self.timing.model_init)
+        if self.placement is not None:
+            held = await self.placement.acquire(a.gpus)
+            if isinstance(held, list):
+                for line in held:
+                    self._emit(line)
+                return 1
+            self._hold(held)
+        else:
+            held = None
         available = (
             self.cluster.total_gpus(time.monotonic(), self.timing) - self.cluster.gpus_in_use
             if self.cluster is not None
             else 0.0
         )
-        if self.cluster is None or available < a.gpus:
+        if held is None and (self.cluster is None or available < a.gpus):
             self._emit("Traceback (most recent call last):")
             self._emit(
                 '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/executor/'
@@ -315,14 +348,15 @@ class ServeProcess:
             # Printed while the placement group waits for the nodes' GPUs; harmless.
             for line in autoscaler_notice(max(1, int(self.timing.model_init)), a.gpus):
                 self._emit(line)
-        driver_ip = self.container.env.get("VLLM_HOST_IP") or self.engine.state.address
-        if not any(
-            n.ip == driver_ip for n in self.cluster.counted_nodes(time.monotonic(), self.timing)
-        ):
-            # vLLM pins its first bundle to `node:<its own IP>`; no Ray node has that IP (the
-            # host's default route is the management network): the group is never placed.
-            return await self._wait_for_placement(driver_ip)
-        self._place_workers()
+        if self.cluster is not None:
+            driver_ip = self.container.env.get("VLLM_HOST_IP") or self.engine.state.address
+            if not any(
+                n.ip == driver_ip for n in self.cluster.counted_nodes(time.monotonic(), self.timing)
+            ):
+                # vLLM pins its first bundle to `node:<its own IP>`; no Ray node has that IP
+                # (the host's default route is the management network): never placed.
+                return await self._wait_for_placement(driver_ip)
+            self._place_workers()
         self._info("ray_distributed_executor.py:176", "use_ray_spmd_worker: True")
         self._busy(api=0.3, core=1.5, workers=1.0)
         await self._load()
@@ -355,6 +389,18 @@ class ServeProcess:
         self._emit("INFO:     Application startup complete.")
         await asyncio.Event().wait()
         return 0
+
+    def _hold(self, held: Held) -> None:
+        """Ray workers where the real placement group put its bundles; the engine dies when
+        Ray loses one of their nodes."""
+        for engine, container in held.nodes:
+            proc = engine.add_process(container, "ray::RayWorkerWrapper", cores=1.0)
+            gpu = GpuProcess(
+                pid=proc.pid, name="ray::RayWorkerWrapper", used_mib=1052, container_id=container.id
+            )
+            engine.state.gpu_processes.append(gpu)
+            self.workers.append((engine, container, proc, gpu))
+        held.lost.add_done_callback(lambda lost: self.crash(lost.result()))
 
     def _place_workers(self) -> None:
         assert self.cluster is not None

@@ -4,6 +4,8 @@ talk to this one in-process model.
     async with World(directory, scenario="seed-morning", timing=Timing.fast()) as world:
         world.config_path, world.client_key_path, world.known_hosts_path
         await world.fault("reboot", "spark-b")
+
+With `ray="real"` each Ray container runs Ray 2.60 itself (see real_ray.py).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from sparkd.sim.fake_docker import FakeDocker, image_id
 from sparkd.sim.openssh import OpenSshHost, find_sshd
 from sparkd.sim.protocol import Done, Reply, Stream, ToolCall, fail
 from sparkd.sim.ray_runtime import RayWorld, StatusLayout
+from sparkd.sim.real_ray import RealRay
 from sparkd.sim.reference import GLM_IMAGE, INTERFACE, MODEL_ID, QWEN_IMAGE, STALE_UNITS
 from sparkd.sim.serve import ModelServer, ServeFaults, ServeProcess, parse_serve
 from sparkd.sim.sshd import SimSshHost
@@ -70,6 +73,8 @@ Reachability = Literal["ok", "unreachable", "blackhole", "down"]
 # Which SSH server each host runs: asyncssh's, in this process, or a real OpenSSH sshd each.
 SshServer = Literal["asyncssh", "openssh"]
 Scenario = Literal["seed-morning", "seed-crashloop", "healthy", "empty"]
+# "sim": `RayWorld`'s model of Ray; "real": Ray 2.60 itself in each Ray container (real_ray.py).
+RayMode = Literal["sim", "real"]
 
 
 @dataclass(frozen=True)
@@ -151,6 +156,7 @@ class World:
         noisy_load_logs: bool = True,
         data_network: bool = False,
         ssh_server: SshServer = "asyncssh",
+        ray: RayMode = "sim",
     ) -> None:
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
@@ -158,6 +164,9 @@ class World:
             raise ValueError("need at least one host per cluster")
         if hosts > 250:
             raise ValueError("at most 250 hosts (one loopback address each)")
+        if ray == "real" and scenario == "healthy":
+            # Its model launch waits on `RayWorld`'s cluster, which real Ray never fills.
+            raise ValueError("the healthy scenario needs the simulated Ray")
         # Worlds that run at the same time (two test runs on one machine) need address blocks of
         # their own: every world's model listens on port 30000 of its head's address.
         first = ipaddress.IPv4Address(first_address)
@@ -200,6 +209,7 @@ class World:
         self.hosts: dict[str, SimHost] = {}
         self.ray = RayWorld(self.timing, self._node_lost)
         self.ray.layout = ray_status_layout
+        self.real_ray = RealRay(self._ray_container_at) if ray == "real" else None
         self.serves: list[ServeProcess] = []
         self.command_log: list[CommandRecord] = []
         self.hung_calls: list[HungCall] = []
@@ -237,6 +247,12 @@ class World:
     @property
     def control_path(self) -> Path:
         return self.directory / "control.sock"
+
+    @property
+    def ray_port(self) -> int:
+        """The GCS port the config gives sparkd: free on this machine when Ray is real (real
+        GCS servers listen on every address)."""
+        return self.real_ray.gcs_port if self.real_ray is not None else 6379
 
     def host(self, name: str) -> SimHost:
         try:
@@ -292,6 +308,8 @@ class World:
         for host in self.hosts.values():
             host.engine.shutdown()
             await host.ssh.shutdown()
+        if self.real_ray is not None:
+            await self.real_ray.close()
         for task in list(self._background):
             task.cancel()
         await self._tool_server.stop()
@@ -565,6 +583,13 @@ class World:
                 container.log(line)
             return 1
         if container.command[:2] == ["ray", "start"]:
+            if self.real_ray is not None:
+                return await self.real_ray.run(
+                    container,
+                    container.command[2:],
+                    engine.state.ray_ip_override,
+                    dict(container.env),
+                )
             return await self.ray.run_start(engine, container, container.command[2:])
         # Any other image command idles until stopped (the stale GLM server, a shell...).
         await asyncio.Event().wait()
@@ -574,6 +599,18 @@ class World:
         for serve in list(self.serves):
             if serve.container is container:
                 serve.kill_hard()
+        if self.real_ray is not None:
+            self.real_ray.kill(container.id)
+
+    def _ray_container_at(self, ip: str) -> tuple[HostEngine, Container] | None:
+        """The running Ray container whose node registered with `ip`."""
+        for host in self.hosts.values():
+            if ip not in (host.state.data_ip, host.state.ray_ip_override):
+                continue
+            for container in host.state.containers.values():
+                if container.running and container.command[:2] == ["ray", "start"]:
+                    return host.engine, container
+        return None
 
     def _node_lost(self, cluster: RayCluster, node: RayNode) -> None:
         for serve in list(self.serves):
@@ -586,8 +623,13 @@ class World:
     def _freeze(self, container: Container) -> None:
         """The container's processes stop (SIGSTOP, a host that stops answering): its Ray nodes
         hang, and a model using them hangs with them until Ray declares them dead."""
-        frozen = self.ray.freeze(container.id)
-        ids = {n.container_id for n in frozen}
+        if self.real_ray is not None:
+            # Real Ray finds out on its own; the model hangs until its driver sees the node die.
+            self.real_ray.freeze(container.id)
+            frozen = [container.id] if self.real_ray.frozen(container.id) else []
+        else:
+            frozen = [n.container_id for n in self.ray.freeze(container.id)]
+        ids = set(frozen)
         for serve in self.serves:
             if any(c.id in ids for _, c, _, _ in serve.workers):
                 host = next(h for h in self.hosts.values() if h.engine is serve.engine)
@@ -596,10 +638,17 @@ class World:
                     self._engines_hung_by_ray.add(host.name)
 
     def _thaw(self, container: Container) -> None:
+        if self.real_ray is not None:
+            self.real_ray.thaw(container.id)
         self.ray.thaw(container.id)
         for serve in self.serves:
-            if not any(self.ray.frozen(c.id) for _, c, _, _ in serve.workers):
+            if not any(self._frozen(c.id) for _, c, _, _ in serve.workers):
                 self._unhang_engine(serve)
+
+    def _frozen(self, container_id: str) -> bool:
+        if self.real_ray is not None:
+            return self.real_ray.frozen(container_id)
+        return self.ray.frozen(container_id)
 
     def _unhang_engine(self, serve: ServeProcess) -> None:
         for host in self.hosts.values():
@@ -624,7 +673,7 @@ class World:
         tool = call.tool
         if any(tuple(call.argv[: len(prefix)]) == prefix for prefix in host.hung_tools):
             return self._hang(host, call)
-        if tool == "ray" and container is not None and self.ray.frozen(container.id):
+        if tool == "ray" and container is not None and self._frozen(container.id):
             # Its processes are stopped: the CLI waits on them for ever.
             return self._hang(host, call)
         if tool == "docker":
@@ -632,6 +681,8 @@ class World:
                 return fail("bash: docker: command not found", 127)
             return await FakeDocker(host.engine, lambda c: self.session_env(host.name, c))(call)
         if tool == "ray":
+            if self.real_ray is not None and container is not None:
+                return await self.real_ray.cli(container, call.args)
             return self.ray.cli(container, call.args)
         if tool == "vllm":
             return self._vllm(host, container, call)
@@ -701,9 +752,13 @@ class World:
             self.timing,
             host.faults,
             make_server,
+            self.real_ray.placement(container) if self.real_ray is not None else None,
         )
         self.serves.append(serve)
         serve.stream.exit_code.add_done_callback(lambda _: self._forget(serve))
+        if self.real_ray is not None:
+            # No `_node_lost` from real Ray: the engine a frozen node hung ends with its serve.
+            serve.stream.exit_code.add_done_callback(lambda _: self._unhang_engine(serve))
         return serve.stream
 
     def _forget(self, serve: ServeProcess) -> None:
@@ -764,6 +819,7 @@ class World:
         with_arg: dict[str, Callable[[str, str | None], Awaitable[str]]] = {
             "stray-gpu": self.stray_gpu,
             "kill-container": self.kill_container,
+            "hang-container": self.hang_container,
             "crash-loop": self.crash_loop,
             "repull-image": self.repull_image,
             "answer-style": self.answer_style,
@@ -904,6 +960,16 @@ class World:
             raise ValueError(f"no running container {arg!r} on {host}")
         h.engine.stop_container(container, 137, by_user=False)
         return f"container {container.name} on {host} killed (exit 137)"
+
+    async def hang_container(self, host: str, arg: str | None = None) -> str:
+        """Every process of container `arg` stops (SIGSTOP), as on a wedged node while its host
+        still answers SSH; `heal` continues them."""
+        h = self.host(host)
+        container = h.state.container(arg) if arg is not None else None
+        if container is None or not container.running:
+            raise ValueError(f"hang-container needs a running container on {host}, got {arg!r}")
+        self._freeze(container)
+        return f"container {container.name} on {host} hung (its processes stopped)"
 
     async def crash_loop(self, host: str, arg: str | None = None) -> str:
         """Container `arg`'s process dies at start-up from now on: under a restart policy docker

@@ -355,3 +355,14 @@ async def test_kill_the_serve_pid(healthy: World) -> None:
         assert (await run(head, f"kill {pid}")).exit_status == 1
         apps = await run(head, "nvidia-smi --query-compute-apps=pid --format=csv,noheader")
         assert apps.stdout == ""  # its Ray workers released the GPU
+
+
+async def test_hang_container_stops_its_ray_until_heal(healthy: World) -> None:
+    worker = healthy.hosts["spark-b"].state.container(WORKER)
+    assert worker is not None and not healthy.ray.frozen(worker.id)
+    await healthy.fault("hang-container", "spark-b", WORKER)
+    assert healthy.ray.frozen(worker.id)
+    await healthy.fault("heal", "spark-b")
+    assert not healthy.ray.frozen(worker.id)
+    with pytest.raises(ValueError, match="hang-container needs a running container"):
+        await healthy.fault("hang-container", "spark-b", "no-such-container")
