@@ -1,10 +1,11 @@
-# Every target sets up what it needs: a virtualenv in .venv with sparkd, its dev tools and Ray
-# (the real-Ray test tier; pip's cache keeps its ~106 MB wheel between venvs);
+# Every target sets up what it needs: a virtualenv in .venv with sparkd and its dev tools, plus
+# Ray for `test` only (the real-Ray tier; pip's cache keeps its ~106 MB wheel between venvs);
 # `bench` also a second one, .venv-bench, with ansible-core only (what `observe` compares with).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+RAY_STAMP := $(VENV)/.installed-realray
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 
@@ -13,8 +14,12 @@ BENCH_STAMP := $(BENCH_VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,realray]'
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+$(RAY_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,realray]'
+	touch $(RAY_STAMP)
 
 $(BENCH_STAMP): Makefile
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
@@ -28,7 +33,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict sparkd bench
 
-test: lint typecheck
+test: lint typecheck $(RAY_STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # Not part of `test`: minutes of measuring, results in bench/results/ (BENCH_ARGS: names, --quick).
