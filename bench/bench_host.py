@@ -3,7 +3,9 @@ bash process talking to the world), measured as the world process's CPU over rep
 of one host at a time; the head's script as sparkd sends it today (`ray list nodes` AND `ray
 status`) and with one `ray` call (the `ray_status` section dropped), and the worker's. The
 simulated `ray` answers from a model: a real `ray` CLI call costs 0.6-3 s of a core on the head
-(shared/samples/ray-real), which the projection adds per call."""
+(shared/samples/ray-real), which the projection adds per call. Where real Ray can run (root,
+unshare, the `realray` extra), the head's script is also measured against Ray 2.60 itself, with
+Ray read and with Ray's last reading reused (`host_real_ray`)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import re
 import time
 from typing import Any
 
+from bench import host_real_ray
 from bench.common import median, sim_world, table, wait_healthy, write_result
 from sparkd.shell import catalogue
 from sparkd.shell.observe import tool_timeout
@@ -92,4 +95,26 @@ async def main(quick: bool = False) -> None:
         ["script", "sim CPU ms", "wall ms", "ray calls", "real CPU s/cycle", "% core @30s"],
         rows,
     )
-    write_result("host", {"runs": runs, "interval": INTERVAL, "scripts": results}, text)
+    real = await host_real_ray.measure(3 if quick else 7)
+    measured: dict[str, Any] = {}
+    if real is not None:
+        for name, samples in real.items():
+            measured[name] = {
+                "cpu_s": median([cpu for cpu, _ in samples]),
+                "wall_s": median([wall for _, wall in samples]),
+                "samples": samples,
+            }
+        text += "\n\n" + table(
+            "host, real Ray 2.60: the head's fact script, host CPU (script, `ray` CLI, Ray's "
+            "daemons answering it), median",
+            ["script", "CPU s", "wall s", "% core @30s"],
+            [
+                [name, m["cpu_s"], m["wall_s"], f"{100 * m['cpu_s'] / INTERVAL:.1f}"]
+                for name, m in measured.items()
+            ],
+        )
+    write_result(
+        "host",
+        {"runs": runs, "interval": INTERVAL, "scripts": results, "real_ray": measured},
+        text,
+    )

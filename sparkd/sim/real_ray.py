@@ -2,11 +2,11 @@
 against what Ray 2.60 itself prints and does rather than against `RayWorld`'s model of it.
 
 A Ray container's main command runs as PID 1 of a PID and mount namespace of its own (as in a
-container), with a private /tmp (so /tmp/ray) and /dev/shm: nothing it writes outlives it, and
-killing that PID 1 ends everything in it. `docker exec HEAD ray ...` runs the real CLI in the
-head's namespaces. Every node shares the machine's network, so every port a node listens on is
-chosen free here (the GCS port by the world, in its config), never Ray's fixed defaults: two
-worlds on one machine must not collide.
+container), with a private /tmp/ray (Ray's session, where its CLI finds the cluster) and /dev/shm:
+nothing it writes there outlives it, and killing that PID 1 ends everything in it. `docker exec
+HEAD ray ...` runs the real CLI in the head's namespaces. Every node shares the machine's
+network, so every port a node listens on is chosen free here (the GCS port by the world, in its
+config), never Ray's fixed defaults: two worlds on one machine must not collide.
 
 Needs root (namespaces, nsenter), util-linux's `unshare`/`nsenter`, and `ray` importable by the
 interpreter running the world (the `realray` extra). Nothing here imports ray.
@@ -42,12 +42,13 @@ SHM_SIZE = "256m"
 # from holding the tier up, and sparkd judges a launch by its outcome, not by this delay.
 PLACEMENT_TIMEOUT = 30.0
 HELPER = Path(__file__).with_name("bin") / "ray-placement"
-# Each namespace mounts its own tmpfs here, so nothing in it is shared or left behind.
-PRIVATE_TMP = "/tmp"  # noqa: S108
+# Each namespace mounts its own tmpfs here, so nothing in it is shared or left behind. Only Ray's
+# own directory: the checkout and its venv may well live under /tmp (CI clones there).
+PRIVATE_TMP = "/tmp/ray"  # noqa: S108
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # Inside the namespace: private mounts first, then the container's command becomes PID 1.
 _NAMESPACE_INIT = (
-    "mount -t tmpfs -o size=$SPARKD_RAY_TMP tmpfs /tmp && "
+    "mkdir -p /tmp/ray && mount -t tmpfs -o size=$SPARKD_RAY_TMP tmpfs /tmp/ray && "
     "mount -t tmpfs -o size=$SPARKD_RAY_SHM tmpfs /dev/shm && "
     'cd / && exec "$@"'
 )
@@ -63,7 +64,7 @@ def unavailable() -> str | None:
         if shutil.which(tool) is None:
             return f"{tool} (util-linux) is not installed"
     if _under_tmp(Path(sys.executable)) or _under_tmp(HELPER):
-        return "the Ray interpreter must not live under /tmp: each node gets a private /tmp"
+        return "the Ray interpreter must not live under /tmp/ray: each node gets a private one"
     return None
 
 
