@@ -1,11 +1,11 @@
 """`host`: CPU seconds one cycle costs each simulated host (the fact script: every fake tool is a
 bash process talking to the world), measured as the world process's CPU over repeated fact scripts
-of one host at a time; the head's script as sparkd sends it today (`ray list nodes` AND `ray
-status`) and with one `ray` call (the `ray_status` section dropped), and the worker's. The
-simulated `ray` answers from a model: a real `ray` CLI call costs 0.6-3 s of a core on the head
-(shared/samples/ray-real), which the projection adds per call. Where real Ray can run (root,
-unshare, the `realray` extra), the head's script is also measured against Ray 2.60 itself, with
-Ray read and with Ray's last reading reused (`host_real_ray`)."""
+of one host at a time: the head's script with `ray list nodes` (the steady state), with `ray
+status` beside it (while Ray settles), with no `ray` call (Ray's last reading reused between
+probes), and the worker's. The simulated `ray` answers from a model: a real `ray` CLI call costs
+0.6-3 s of a core on the head (shared/samples/ray-real), which the projection adds per call.
+Where real Ray can run (root, unshare, the `realray` extra), the head's script is also measured
+against Ray 2.60 itself, with Ray read and with Ray's last reading reused (`host_real_ray`)."""
 
 from __future__ import annotations
 
@@ -24,10 +24,6 @@ REAL_RAY_CALL_CPU = (0.6, 3.0)  # seconds of a core per real `ray` CLI call (sam
 INTERVAL = 30.0
 
 
-def ray_calls(script: str) -> int:
-    return len(re.findall(r"\bray (?:status|list)\b", script))
-
-
 def tool_calls(script: str) -> int:
     """Sections the script runs (one tool call each) plus one `docker top` per running
     container (2 here: the Ray container; the head also serves from it)."""
@@ -40,22 +36,28 @@ async def main(quick: bool = False) -> None:
         await wait_healthy(world)
         cluster = world.settings.clusters[0]
         head, worker = cluster.head, cluster.workers[0]
-        full = catalogue.fact_script(cluster, head, tool_timeout(cluster)).command
-        one_ray = "\n".join(
-            line for line in full.splitlines() if not line.startswith("s ray_status ")
-        )
+        t = tool_timeout(cluster)
+        # (script, `ray` calls it makes on a healthy head): `ray status` only runs when the node
+        # list fails, or while Ray settles.
         variants = {
-            "head (today: list nodes + status)": (head, full),
-            "head (one ray call)": (head, one_ray),
-            "worker": (
-                worker,
-                catalogue.fact_script(cluster, worker, tool_timeout(cluster)).command,
+            "head, Ray read (list nodes)": (head, catalogue.fact_script(cluster, head, t), 1),
+            "head, Ray settling (list nodes + status)": (
+                head,
+                catalogue.fact_script(cluster, head, t, ray_status=True),
+                2,
             ),
+            "head, Ray reused (no call)": (
+                head,
+                catalogue.fact_script(cluster, head, t, read_ray=False),
+                0,
+            ),
+            "worker": (worker, catalogue.fact_script(cluster, worker, t), 0),
         }
         pool = SshPool()
         results: dict[str, Any] = {}
         try:
-            for name, (host, script) in variants.items():
+            for name, (host, remote, rays) in variants.items():
+                script = remote.command
                 conn = pool.connection(host, cluster.ssh)
                 await conn.run(script, timeout=30)
                 cpu, wall = [], []
@@ -65,7 +67,6 @@ async def main(quick: bool = False) -> None:
                     wall.append(time.perf_counter() - started)
                     cpu.append(world.cpu() - before)
                     await asyncio.sleep(0.05)
-                rays = ray_calls(script)
                 # The mean: /proc counts CPU in 10 ms ticks, coarse for one script.
                 sim_cpu = sum(cpu) / len(cpu)
                 results[name] = {
