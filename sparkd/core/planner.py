@@ -52,7 +52,6 @@ class _Draft:
     load_mark: LoadMark | None = None
     probe_failures: int | None = None
     busy_streak: int | None = None
-    recheck_at: float | None = None
 
     def carry(self) -> dict[str, object]:
         """What remember() learns from the judgement, whatever becomes of the actions."""
@@ -63,13 +62,13 @@ class _Draft:
             "load_mark": self.load_mark,
             "probe_failures": self.probe_failures,
             "busy_streak": self.busy_streak,
-            "recheck_at": self.recheck_at,
         }
 
-    def waits_on(
+    def horizon(
         self, desired: ClusterSpec, memory: Memory, now: float, backoffs: list[float]
-    ) -> None:
-        self.recheck_at = horizon(
+    ) -> float | None:
+        """When this judgement can next change with nothing observed changing."""
+        return horizon(
             desired,
             memory,
             now,
@@ -91,7 +90,6 @@ def plan(
     name = desired.name
     if memory.paused is not None and memory.paused.active(now):
         draft = _draft(desired, observed, memory, now)
-        draft.waits_on(desired, memory, now, [])
         pause = memory.paused
         until = f" until {ago(pause.until - now)} from now" if pause.until is not None else ""
         return Plan.model_validate(
@@ -100,6 +98,7 @@ def plan(
                 "phase": "paused",
                 "reason": f"paused by {pause.by}{until}: {pause.reason}",
                 "withheld": tuple(draft.actions),
+                "recheck_at": draft.horizon(desired, memory, now, []),
                 **draft.carry(),
             }
         )
@@ -150,7 +149,6 @@ def plan(
             )
             continue
         allowed.append(action)
-    draft.waits_on(desired, memory, now, backoffs)
     if dry_run:
         allowed, withheld, reason = [], allowed + withheld, f"dry-run: {reason}"
     return Plan.model_validate(
@@ -161,6 +159,7 @@ def plan(
             "actions": tuple(allowed),
             "withheld": tuple(withheld),
             "reset_backoff": reset,
+            "recheck_at": draft.horizon(desired, memory, now, backoffs),
             **draft.carry(),
         }
     )

@@ -194,8 +194,9 @@ class Controller:
 
     async def cycle(self) -> Plan:
         started = self.monotonic()
-        # A converged cluster needs one `ray` call a cycle; one that is getting there also
-        # reads `ray status`, which says when a listed node's GPU can be placed on.
+        # A converged cluster needs one `ray` call a cycle at most (none while its last reading
+        # stands); one that is getting there also reads `ray status`, which says when a listed
+        # node's GPU can be placed on.
         settled = self.view.plan is not None and self.view.plan.converged
         known_ray = self._reusable_ray()
         self._stirred = False

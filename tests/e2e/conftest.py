@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -94,6 +95,17 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {within}s")
         await asyncio.sleep(poll)
+
+
+@contextlib.asynccontextmanager
+async def running(ctl: Controller) -> AsyncIterator[Controller]:
+    """The controller's own loop in the background, stopped and awaited on the way out."""
+    task = asyncio.create_task(ctl.run())
+    try:
+        yield ctl
+    finally:
+        ctl.stop()
+        await task
 
 
 async def converge(controller: Controller, cycles: int = 60, pause: float = 0.1) -> list[Any]:

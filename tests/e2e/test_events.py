@@ -14,7 +14,7 @@ from sparkd.runtime.controller import Controller
 from sparkd.shell.events import ContainerEvent, parse_event, relevant
 from sparkd.shell.ssh import SshPool
 from sparkd.sim.world import World
-from tests.e2e.conftest import controller
+from tests.e2e.conftest import controller, running
 from tests.toy import reference_cluster
 
 # Far longer than any test here runs: only an event can bring the next cycle.
@@ -30,14 +30,10 @@ async def converged_daemon(
     ctl = controller(world, pool, state, cluster={"interval": INTERVAL, "probe_interval": INTERVAL})
     outcomes: list[ActionOutcome] = []
     ctl.on_action = lambda _, outcome: outcomes.append(outcome)
-    task = asyncio.create_task(ctl.run())
-    try:
+    async with running(ctl):
         await until(lambda: ctl.view.plan is not None and ctl.view.plan.converged, 60)
         await asyncio.sleep(0.5)
         yield ctl, outcomes
-    finally:
-        ctl.stop()
-        await task
 
 
 async def until(check: Callable[[], bool], within: float) -> float:
@@ -129,8 +125,7 @@ async def test_a_quiet_converged_cluster_reads_ray_with_each_probe_not_each_cycl
         tmp_path / "state",
         cluster={"interval": 0.2, "probe_interval": 2.0},
     )
-    task = asyncio.create_task(ctl.run())
-    try:
+    async with running(ctl):
         await until(lambda: ctl.view.plan is not None and ctl.view.plan.converged, 30)
         since, first = time.time(), ctl.view.cycles
         await until(lambda: ctl.view.cycles - first >= 15, 45)
@@ -148,6 +143,3 @@ async def test_a_quiet_converged_cluster_reads_ray_with_each_probe_not_each_cycl
         await healthy_world.fault("kill-container", "spark-b", "sparkd-sparks-ray-worker")
         await until(lambda: ctl.view.plan is not None and not ctl.view.plan.converged, 10)
         await until(lambda: ctl.view.plan is not None and ctl.view.plan.converged, 60)
-    finally:
-        ctl.stop()
-        await task

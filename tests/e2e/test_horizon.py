@@ -3,14 +3,13 @@ and a cycle whose actions ran is followed by a look at once."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
 from sparkd.model.plan import ActionOutcome
 from sparkd.shell.ssh import SshPool
 from sparkd.sim.world import World
-from tests.e2e.conftest import controller, mutations
+from tests.e2e.conftest import controller, mutations, running
 from tests.e2e.test_events import until
 
 # Far longer than any test here runs: with no event stream, only the horizon can bring the
@@ -33,16 +32,12 @@ async def test_a_pause_ending_is_acted_on_at_its_end(
     ctl.pause("swapping a cable", "ops", until=ends)
     outcomes: list[ActionOutcome] = []
     ctl.on_action = lambda _, outcome: outcomes.append(outcome)
-    task = asyncio.create_task(ctl.run())
-    try:
+    async with running(ctl):
         await until(lambda: bool(outcomes), 30)
         first = min(m.at for m in mutations(seed_world))
         # Nothing while paused; then remediation within a recheck of the end, not an interval.
         assert first >= ends
         assert first - ends < 5.0
-    finally:
-        ctl.stop()
-        await task
 
 
 async def test_a_recovery_looks_again_as_soon_as_its_actions_finish(
@@ -59,12 +54,7 @@ async def test_a_recovery_looks_again_as_soon_as_its_actions_finish(
     )
     phases: list[str] = []
     ctl.on_plan = lambda c: phases.append(c.view.plan.phase if c.view.plan else "")
-    task = asyncio.create_task(ctl.run())
-    try:
+    async with running(ctl):
         await until(lambda: "starting_ray" in phases, 20)
         # Cleaning, then Ray: each stage's actions are followed by the next look at once.
         assert "cleaning" in phases
-        assert "starting_ray" in phases
-    finally:
-        ctl.stop()
-        await task

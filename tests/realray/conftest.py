@@ -110,7 +110,7 @@ async def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterato
     require_real_ray()
     base = tmp_path_factory.mktemp("realray")
     shm_before = set(os.listdir("/dev/shm"))
-    # A block of addresses no other tier uses, so a second run on this machine cannot meet it.
+    # A block of addresses of its own, away from the other tiers' worlds.
     world = World(
         base / "world",
         scenario="seed-morning",

@@ -17,6 +17,7 @@ import pytest
 from sparkd.model.plan import Plan
 from sparkd.runtime.controller import Controller
 from sparkd.sim.world import World
+from tests.e2e.conftest import converge as converge_every
 from tests.e2e.conftest import mutations
 from tests.realray.conftest import RealCluster
 
@@ -33,14 +34,7 @@ def kinds(plans: list[Plan]) -> list[str]:
 
 async def converge(ctl: Controller, cycles: int = 150) -> list[Plan]:
     """Cycle at the recheck interval until converged; every plan on the way."""
-    plans = []
-    for _ in range(cycles):
-        plan = await ctl.cycle()
-        plans.append(plan)
-        if plan.converged:
-            return plans
-        await asyncio.sleep(ctl.cluster.recheck_interval)
-    raise AssertionError(f"not converged after {cycles} cycles: {plans[-1].reason}")
+    return await converge_every(ctl, cycles, ctl.cluster.recheck_interval)
 
 
 async def settled(ctl: Controller, cycles: int = 60) -> None:
