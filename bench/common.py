@@ -100,7 +100,7 @@ async def sim_world(
     with tempfile.TemporaryDirectory(prefix="sparkd-bench-") as tmp:
         directory = Path(tmp) / "world"
         argv = [
-            sys.executable, "-m", "bench.sim_process",
+            sys.executable, "-m", "sparkd.cli", "sim",
             "--scenario", scenario, "--hosts", str(hosts), "--clusters", str(clusters),
             "--dir", str(directory), "--first-address", first_address, "--no-noisy-logs",
         ]  # fmt: skip

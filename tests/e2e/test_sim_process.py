@@ -16,11 +16,8 @@ from sparkd.runtime.state import StateDir
 from sparkd.settings import load_settings
 from sparkd.shell.ssh import SshPool
 
-SIM = (
-    "import sys; from sparkd.sim.cli import main; "
-    "from tests.live.helpers import sparkd_spec_labels; "
-    "raise SystemExit(main(sys.argv[1:], spec_labels=sparkd_spec_labels))"
-)
+# `sparkd sim` hands the simulator sparkd's own spec hashes: its healthy world has no drift.
+SIM = ("-m", "sparkd.cli", "sim")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -28,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 async def healthy_sim(tmp_path: Path) -> AsyncIterator[Path]:
     directory = tmp_path / "world"
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", SIM, "--scenario", "healthy", "--dir", str(directory),
+        sys.executable, *SIM, "--scenario", "healthy", "--dir", str(directory),
         "--first-address", "127.66.0.2", "--no-noisy-logs",
         stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL, cwd=REPO,
     )  # fmt: skip

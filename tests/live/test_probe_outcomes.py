@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkd.commands import sparkd_spec_labels
 from sparkd.model.probe import ProbeOutcome, ProbeResult
 from sparkd.settings import ClusterSpec
 from sparkd.shell.observe import observe, probe_once
@@ -15,7 +16,6 @@ from sparkd.shell.ssh import SshPool
 from sparkd.sim.vllm_schema import FieldNaming
 from sparkd.sim.world import World
 from tests.live.conftest import Live, cluster_of, live_world, observe_until, serving
-from tests.live.helpers import sparkd_spec_labels
 
 # Long enough for a healthy answer here (tens of milliseconds), far shorter than a busy one.
 PROBE_TIMEOUT = 0.5
