@@ -36,7 +36,10 @@ async def loading_world(tmp_path: Path) -> AsyncIterator[World]:
 
 
 def ray_ready(observed: Observed) -> bool:
-    return observed.ray is not None and observed.ray.gpus_total == 2
+    # Listed ALIVE is not enough: `ray status` counts a node's GPU a few seconds later, and a
+    # launch before that fails like vLLM ("Required: 2, available: 1"), as sparkd's planner knows.
+    ray = observed.ray
+    return ray is not None and ray.gpus_total == 2 and ray.gpus_usable == 2
 
 
 async def launch(cluster: ClusterSpec, pool: SshPool) -> None:
