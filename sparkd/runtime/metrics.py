@@ -170,6 +170,10 @@ class StateCollector(Collector):
     def __init__(self, controllers: Callable[[], Iterable[Controller]]) -> None:
         self.controllers = controllers
 
+    def describe(self) -> Iterator[Metric]:
+        """The families this collector yields, so the registry refuses a clashing name."""
+        yield from _Families().all()
+
     def collect(self) -> Iterator[Metric]:
         families = _Families()
         for controller in self.controllers():
@@ -218,7 +222,11 @@ class _Families:
         self.last_cycle = gauge(
             "sparkd_last_reconcile_timestamp_seconds", "When the last cycle finished"
         )
-        self.tokens = gauge("sparkd_probe_completion_tokens", "Completion tokens of the last probe")
+        # Not `sparkd_probe_completion_tokens`: that is the counter's family, and OpenMetrics
+        # refuses two families of one name.
+        self.tokens = gauge(
+            "sparkd_probe_last_completion_tokens", "Completion tokens of the last probe"
+        )
         self.ratio = gauge(
             "sparkd_probe_reasoning_only_ratio",
             "reasoning_only / (answer + reasoning_only) over the last 20 such probes",
@@ -282,7 +290,8 @@ class _Families:
         self.ray_nodes.add_metric([name], len(alive))
         self.ray_gpus.add_metric([name], ray.gpus_total if ray is not None and ray.up else 0.0)
         endpoint = observed.endpoint
-        ready = endpoint is not None and endpoint.serves(cluster.model.id)
+        # The served name, as the planner and the probe use it: `--served-model-name` renames it.
+        ready = endpoint is not None and endpoint.serves(cluster.model.served_name)
         self.model_ready.add_metric([name], 1.0 if ready else 0.0)
         serve = observed.serve
         progress = serve.progress if serve is not None else None

@@ -9,6 +9,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from sparkd import __version__
@@ -19,6 +22,7 @@ from sparkd.model.probe import PROBE_OUTCOMES
 from sparkd.runtime.daemon import Daemon
 from sparkd.sim.world import World
 from tests.e2e.conftest import FAST_EXECUTOR, eventually, world_settings
+from tests.ops.tools import tool
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
@@ -128,7 +132,7 @@ async def test_metrics_agree_with_status_through_recovery(seed_daemon: Daemon) -
         last["latency_seconds"]
     )
     assert (
-        value(samples, "sparkd_probe_completion_tokens", cluster="sparks")
+        value(samples, "sparkd_probe_last_completion_tokens", cluster="sparks")
         == (last["verdict"]["completion_tokens"])
     )
     assert (
@@ -347,3 +351,58 @@ async def test_dashboard_and_rules_name_only_exported_or_recorded_metrics(
     for expr in expressions() + [r["expr"] for r in rules]:
         unknown = metric_names(expr) - exported - recorded
         assert not unknown, (expr, unknown)
+
+
+async def test_a_renamed_model_that_serves_is_ready(seed_world: World, tmp_path: Path) -> None:
+    # `--served-model-name` renames what /v1/models lists; the model is still the one configured.
+    settings = world_settings(
+        seed_world,
+        tmp_path / "state",
+        model={"extra_args": ("--served-model-name", "qwen-reasoner")},
+    )
+    daemon = Daemon(settings, seed_world.config_path, executor_timing=FAST_EXECUTOR)
+    await daemon.start()
+    try:
+        url = daemon.url
+
+        async def healthy() -> bool:
+            status, _ = await consistent(url)
+            return status["phase"] == "healthy" and status["probes"]["window"] >= 1
+
+        await eventually(healthy, within=40)
+        status, samples = await consistent(url)
+        listed = status["snapshot"]["endpoint"]["models"]
+        assert listed == ["qwen-reasoner"]
+        assert value(samples, "sparkd_model_ready", cluster="sparks") == 1
+        assert value(samples, "sparkd_model_load_progress_ratio", cluster="sparks") == 1
+    finally:
+        await daemon.stop()
+
+
+async def test_both_exposition_formats_parse_and_pass_promtool(healthy_daemon: Daemon) -> None:
+    url = f"{healthy_daemon.url}/metrics"
+
+    async def probed() -> bool:
+        _, text = await fetch(url)
+        return value(parse(text), "sparkd_probe_last_completion_tokens", cluster="sparks") == 50
+
+    await eventually(probed, within=20)
+    _, om = await fetch(url, OPENMETRICS)
+    # prometheus_client's own OpenMetrics parser refuses clashing names and bad exposition.
+    families = list(openmetrics_families(om))
+    names = [f.name for f in families]
+    assert len(names) == len(set(names))
+    assert {"sparkd_probe_completion_tokens", "sparkd_probe_last_completion_tokens"} <= set(names)
+    # promtool reads the Prometheus text format only (it calls OpenMetrics' `info` unknown).
+    _, plain = await fetch(url)
+    checked = await asyncio.create_subprocess_exec(
+        tool("promtool"),
+        "check",
+        "metrics",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await checked.communicate(plain.encode())
+    # Lint findings (exit 3) are problems too: the scrape must be clean, not merely valid.
+    assert checked.returncode == 0, out.decode()

@@ -156,7 +156,7 @@ async def test_prometheus_scrapes_records_and_runs_every_dashboard_query(
                 "gpus": await prom.scalar('sparkd_ray_gpus{job="sparkd"}'),
                 "desired": await prom.scalar('sparkd_ray_gpus_desired{job="sparkd"}'),
                 "latency": await prom.scalar('sparkd_probe_last_duration_seconds{job="sparkd"}'),
-                "tokens": await prom.scalar('sparkd_probe_completion_tokens{job="sparkd"}'),
+                "tokens": await prom.scalar('sparkd_probe_last_completion_tokens{job="sparkd"}'),
             }
             after = (await status(port))["clusters"][0]
             if after["cycles"] != body["cycles"] or len(values["phase"]) != 1:

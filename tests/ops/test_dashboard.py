@@ -64,7 +64,7 @@ def test_the_dashboard_covers_what_operators_watch() -> None:
         "sparkd_probe_ttft_seconds_bucket",
         "sparkd_probes_total",
         "sparkd_probe_reasoning_only_ratio",
-        "sparkd_probe_completion_tokens",
+        "sparkd_probe_last_completion_tokens",
         "sparkd_ray_gpus",
         "sparkd_ray_gpus_desired",
         "sparkd_model_load_progress_ratio",
