@@ -98,3 +98,23 @@ def test_scaled_rules_change_only_the_for_durations(tmp_path: Path) -> None:
             assert rule == fast_rule
     (tmp_path / "fast.yml").write_text(scaled)
     assert promtool("check", "rules", "fast.yml", cwd=tmp_path).returncode == 0
+
+
+def test_a_rule_reading_a_recorded_series_comes_after_it_in_the_same_group() -> None:
+    # Groups are evaluated independently (promtool test rules too, in random order): a rule in
+    # another group reads the recorded value of this step or of the last by chance.
+    document = yaml.safe_load(RULES.read_text())
+    home: dict[str, tuple[int, int]] = {}
+    for g, group in enumerate(document["groups"]):
+        for i, rule in enumerate(group["rules"]):
+            if "record" in rule:
+                home[rule["record"]] = (g, i)
+    readers = 0
+    for g, group in enumerate(document["groups"]):
+        for i, rule in enumerate(group["rules"]):
+            for name, (record_group, record_index) in home.items():
+                if re.search(rf"(?<![\w:]){re.escape(name)}(?![\w:])", rule["expr"]):
+                    readers += 1
+                    where = rule.get("alert") or rule.get("record")
+                    assert (g, i) > (record_group, record_index) and g == record_group, where
+    assert readers >= 2
