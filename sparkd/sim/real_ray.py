@@ -24,6 +24,7 @@ import shutil
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,6 +108,25 @@ def _namespace_of(pid: int) -> str | None:
         return os.readlink(f"/proc/{pid}/ns/pid")
     except OSError:
         return None
+
+
+def _members_of(spaces: set[str]) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _namespace_of(int(entry)) in spaces:
+            found.append(int(entry))
+    return found
+
+
+async def _emptied(spaces: set[str], within: float = 10.0) -> None:
+    """Until no process is left in `spaces`. The kernel kills every member with the
+    namespace's PID 1, but a process that `nsenter` forked in is the child of one outside: it
+    stays listed until that parent (or, once it is gone, the host's init) has reaped it."""
+    deadline = time.monotonic() + within
+    while members := _members_of(spaces):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes {members} outlived their Ray namespace")
+        await asyncio.sleep(0.01)
 
 
 @dataclass
@@ -322,6 +342,7 @@ class RealRay:
                 for child in _children(process.pid):
                     _kill_tree(child)
         await asyncio.gather(*(p.wait() for p in entered + unshares), return_exceptions=True)
+        await _emptied(self.pid_namespaces)
         self.namespaces.clear()
         self._processes.clear()
         self._unshares.clear()

@@ -80,7 +80,6 @@ class RealCluster:
 
     world: World
     controller: Controller
-    shm_before: set[str]
 
 
 def real_settings(world: World, state: Path) -> Settings:
@@ -109,7 +108,6 @@ def real_settings(world: World, state: Path) -> Settings:
 async def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RealCluster]:
     require_real_ray()
     base = tmp_path_factory.mktemp("realray")
-    shm_before = set(os.listdir("/dev/shm"))
     # A block of addresses of its own, away from the other tiers' worlds.
     world = World(
         base / "world",
@@ -125,7 +123,7 @@ async def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterato
         ctl = Controller(
             settings.clusters[0], pool, StateDir(base / "state"), executor_timing=REAL_EXECUTOR
         )
-        yield RealCluster(world, ctl, shm_before)
+        yield RealCluster(world, ctl)
     finally:
         await pool.close()
         if world.started:

@@ -147,8 +147,12 @@ async def test_noisy_load_prints_harmless_error_like_lines_and_still_loads(
     await world.fault("noisy-load", "spark-a")
     await launch(world, head)
 
+    # The serve's output reaches serve.log through the shell's redirection after the process
+    # itself runs: wait for its last start-up line in the file, then read what came before it.
     async def serving() -> bool:
-        return await stage(world) == "running"
+        return await stage(world) == "running" and "Application startup complete." in load_log(
+            world
+        )
 
     await eventually(serving)
     log = load_log(world)
