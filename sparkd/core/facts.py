@@ -150,6 +150,15 @@ def parse_docker_top(text: str) -> tuple[TopRow, ...]:
     return tuple(rows)
 
 
+# The kernel's PIDs stay below pid_max, which is at most 2^22 (PID_MAX_LIMIT on 64-bit).
+PID_LIMIT = 4_194_304
+
+
+def is_pid(value: int) -> bool:
+    """A process sparkd may name: never 0 (its own group), 1 (init) or past the kernel's limit."""
+    return 2 <= value < PID_LIMIT
+
+
 def _is_count(text: str) -> bool:
     """ASCII digits only (`str.isdigit` also takes `²`), and of a sane length."""
     return 0 < len(text) <= 18 and text.isascii() and text.isdigit()
@@ -165,7 +174,7 @@ def parse_compute_apps(
     processes: list[GpuProcess] = []
     for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 2 or not _is_count(parts[0]):
+        if len(parts) < 2 or not _is_count(parts[0]) or not is_pid(int(parts[0])):
             continue
         memory = parts[2] if len(parts) > 2 else ""
         used = int(memory) if _is_count(memory) else None

@@ -14,6 +14,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sparkd.core import facts
 from sparkd.core.assemble import LAUNCH_MARKER
 from sparkd.core.spec import (
     LABEL_CLUSTER,
@@ -327,6 +328,8 @@ def gpu_apps(seconds: float) -> Remote:
 
 
 def kill_process(cluster: ClusterSpec, pid: int, signal: str, seconds: float) -> Remote:
+    if not facts.is_pid(pid):
+        raise ValueError(f"not a PID sparkd signals: {pid}")
     # Through sudo or env, the kill program runs (real, or the simulator's), never the builtin.
     if cluster.ssh.sudo:
         argv = ["sudo", "-n", "kill", f"-{signal}", str(pid)]
@@ -354,10 +357,15 @@ def read_serve_spec(cluster: ClusterSpec, seconds: float) -> Remote:
 
 # Where sudo finds the tools `sudo -n` runs (Ubuntu's merged /usr, DGX OS included).
 SUDO_PATHS = {"systemctl": "/usr/bin/systemctl", "kill": "/usr/bin/kill"}
+# A PID sparkd may signal, as a POSIX extended and a Python regular expression: decimal with no
+# leading zero, never 0 or 1, at most 7 digits. procps `kill` reads a longer number modulo 2^32
+# (4294967295 is -1, every process; 4294967297 is PID 1); 7 digits hold every PID the kernel
+# gives (below pid_max, at most 2^22) and none of those.
+PID_DIGITS = "[2-9]|[1-9][0-9]{1,6}"
 # sudoers (1.9.10 and later) matches arguments by a regular expression between ^ and $: a
-# signal sparkd sends, and one PID that is neither 0, 1 nor negative. Which PIDs are GPU
-# compute processes sudo cannot know: sparkd checks that against `nvidia-smi` itself.
-SUDOERS_KILL = "^-(TERM|KILL) ([2-9]|[1-9][0-9]+)$"
+# signal sparkd sends, and one PID as above. Which PIDs are GPU compute processes sudo cannot
+# know: sparkd checks that against `nvidia-smi` itself.
+SUDOERS_KILL = f"^-(TERM|KILL) ({PID_DIGITS})$"
 
 
 def sudoers_rules(cluster: ClusterSpec) -> tuple[list[str], list[str]]:
@@ -376,15 +384,25 @@ def sudoers_rules(cluster: ClusterSpec) -> tuple[list[str], list[str]]:
     return rules, refused
 
 
+def fact_scripts(cluster: ClusterSpec, host: HostSpec) -> list[Remote]:
+    """Every variant of the fact script observing may send `host`: with and without `ray
+    status`, and with Ray's last reading reused (no `ray` call). One text each."""
+    t = tool_timeout(cluster)
+    scripts = (
+        fact_script(cluster, host, t, ray_status, read_ray)
+        for read_ray in (True, False)
+        for ray_status in (False, True)
+    )
+    return list({script.command: script for script in scripts}.values())
+
+
 def catalogue(cluster: ClusterSpec, seconds: float) -> list[tuple[HostSpec, Remote]]:
     """Every command sparkd may run against this cluster, for `sparkd commands`: the actions'
     commands with `seconds`, the fact script as observing runs it (`tool_timeout`)."""
     entries: list[tuple[HostSpec, Remote]] = []
     head = cluster.head
     for host in cluster.hosts:
-        entries.append((host, fact_script(cluster, host, tool_timeout(cluster))))
-        if host.role == "head" and cluster.ray.dashboard:
-            entries.append((host, fact_script(cluster, host, tool_timeout(cluster), True)))
+        entries += [(host, script) for script in fact_scripts(cluster, host)]
         for unit in cluster.cleanup.units:
             entries.append((host, stop_unit(cluster, unit, seconds)))
         for pattern in cluster.cleanup.container_patterns:

@@ -25,13 +25,14 @@ from sparkd.shell import catalogue
 WRAPPER_PATH = "/usr/local/sbin/sparkd-forced-command"
 REFUSED_EXIT = 126
 SIGNALS = ("TERM", "KILL")
-# A PID sparkd may signal: decimal, no leading zero, never 0 or 1 (negative ones never match).
-PID_PATTERN = r"(?:[2-9]|[1-9][0-9]{1,9})"
+# A PID sparkd may signal (catalogue.PID_DIGITS); the wrapper also refuses one not below the
+# host's own pid_max.
+PID_PATTERN = f"(?P<pid>{catalogue.PID_DIGITS})"
 # Docker's own rule for container names; the wrapper also checks cleanup.container_patterns.
 CONTAINER_PATTERN = r"(?P<container>[A-Za-z0-9][A-Za-z0-9_.-]{0,254})"
 SPEC_PATTERN = r"(?P<spec>[0-9a-f]{12})"
 # Stand-ins put where the variable parts go, then replaced by the patterns above.
-_PID = 987654321
+_PID = 4_194_303
 _CONTAINER = "sparkd-forced-container-stand-in"
 _API_KEY = "sparkd-forced-api-key-stand-in"
 
@@ -181,8 +182,19 @@ def allowed(command):
             fnmatch.fnmatchcase(name, p) for p in CONTAINER_PATTERNS
         ):
             continue
+        pid = match.groupdict().get("pid")
+        if pid is not None and int(pid) >= pid_max():
+            continue
         return True
     return False
+
+
+def pid_max():
+    try:
+        with open("/proc/sys/kernel/pid_max") as handle:
+            return int(handle.read())
+    except (OSError, ValueError):
+        return 4194304
 
 
 def first_word(command):

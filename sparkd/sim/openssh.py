@@ -284,6 +284,17 @@ class OpenSshHost(SimSshHost):
         )
         return config
 
+    @property
+    def forced_command_path(self) -> Path:
+        return self._dir / "forced-command"
+
+    def install_forced_command(self, program: str) -> None:
+        """Put `program` (sparkd's forced-command wrapper, say) in front of every command, run
+        with `--check` and SSH_ORIGINAL_COMMAND as sshd's `command=` key option would run it."""
+        path = self.forced_command_path
+        path.write_text(program)
+        path.chmod(0o755)
+
     def _wrapper(self) -> str:
         env = self._session_env()
         world = f"/dev/tcp/127.0.0.1/{env['SPARKD_SIM_PORT']}"
@@ -297,6 +308,10 @@ class OpenSshHost(SimSshHost):
             '    echo "This simulated host accepts commands only, no shell." >&2\n'
             "    exit 1\n"
             "fi\n"
+            # An operator's authorized_keys `command=` program (install_forced_command) decides
+            # first, as sshd would run it: what it refuses never reaches the host.
+            f"gate={shlex.quote(str(self.forced_command_path))}\n"
+            'if [[ -x $gate ]]; then "$gate" --check || exit $?; fi\n'
             f"exec 3<>{world} || exit 255\n"
             f'printf \'%s\\0\' {host} "" "$$" @ssh "" 1 "$SSH_ORIGINAL_COMMAND" >&3\n'
             # The answer means the record is in: the command's tool calls come after it.

@@ -797,6 +797,13 @@ class World:
                 return True
         return False
 
+    def install_forced_command(self, host: str, program: str) -> None:
+        """A forced-command program in front of `host`'s sshd (the OpenSSH server only)."""
+        ssh = self.host(host).ssh
+        if not isinstance(ssh, OpenSshHost):
+            raise ValueError("a forced command needs ssh_server='openssh'")
+        ssh.install_forced_command(program)
+
     # -- faults ----------------------------------------------------------------------------------
 
     async def fault(self, name: str, host: str, arg: str | None = None) -> str:

@@ -58,9 +58,23 @@ def allowed(sudoers: Path, argvs: list[list[str]]) -> list[bool]:
     return [line == "0" for line in proc.stdout.split()]
 
 
-@pytest.mark.skipif(None in (SUDO, VISUDO, UNSHARE), reason="needs sudo, visudo and unshare")
-@pytest.mark.skipif(os.geteuid() != 0, reason="a private mount namespace needs root")
+def require() -> None:
+    """sudo, visudo and unshare, as root; a missing one skips here and fails in CI (.ci/run
+    installs sudo and util-linux)."""
+    why = None
+    if None in (SUDO, VISUDO, UNSHARE):
+        why = "needs sudo, visudo and unshare"
+    elif os.geteuid() != 0:
+        why = "a private mount or PID namespace needs root"
+    if why is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{why}: .ci/run must provide them")
+    pytest.skip(why)
+
+
 def test_sudoers_allows_exactly_the_catalogues_shapes(tmp_path: Path) -> None:
+    require()
     sudoers = tmp_path / "sudoers"
     sudoers.write_text(snippet("root"))
     sudoers.chmod(0o440)
@@ -78,6 +92,12 @@ def test_sudoers_allows_exactly_the_catalogues_shapes(tmp_path: Path) -> None:
         ["/usr/bin/kill", "-TERM", "-1"],
         ["/usr/bin/kill", "-TERM", "--", "-1"],
         ["/usr/bin/kill", "-TERM", "4100", "4101"],
+        # procps `kill` reads these modulo 2^32: -1 (every process), 0 (its group), 1 (init).
+        ["/usr/bin/kill", "-KILL", "4294967295"],
+        ["/usr/bin/kill", "-KILL", "4294967296"],
+        ["/usr/bin/kill", "-KILL", "4294967297"],
+        ["/usr/bin/kill", "-KILL", "10000000"],
+        ["/usr/bin/kill", "-KILL", "02"],
         ["/usr/bin/kill", "-HUP", "4100"],
         ["/usr/bin/kill", "-9", "4100"],
         ["/usr/bin/systemctl", "stop", "--", "ssh.service"],
@@ -90,4 +110,39 @@ def test_sudoers_allows_exactly_the_catalogues_shapes(tmp_path: Path) -> None:
     assert not any(allowed(sudoers, refused)), list(
         zip(refused, allowed(sudoers, refused), strict=True)
     )
-    assert allowed(sudoers, [["/usr/bin/kill", "-KILL", "2"], ["/usr/bin/kill", "-TERM", "41000"]])
+    assert all(
+        allowed(
+            sudoers,
+            [
+                ["/usr/bin/kill", "-KILL", "2"],
+                ["/usr/bin/kill", "-TERM", "41000"],
+                ["/usr/bin/kill", "-TERM", "9999999"],
+            ],
+        )
+    )
+
+
+def survivors(kill_argv: list[str]) -> str:
+    """Run `kill_argv` in a PID namespace of the test's own beside two sleeping processes;
+    which of them are still alive afterwards."""
+    script = (
+        "sleep 60 & a=$!; sleep 60 & b=$!; "
+        f"{shlex.join(kill_argv)} >/dev/null 2>&1; sleep 0.2; "
+        'for p in $a $b; do kill -0 "$p" 2>/dev/null && printf "%s " alive; done; '
+        'kill -KILL "$a" "$b" 2>/dev/null; true'
+    )
+    proc = subprocess.run(
+        [str(UNSHARE), "--pid", "--fork", "--mount-proc", "sh", "-c", script],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_the_largest_pid_the_rule_allows_harms_nothing_and_the_wrapping_ones_would() -> None:
+    require()
+    kill = shutil.which("kill", path="/usr/bin:/bin") or "/usr/bin/kill"
+    # What the rule allows at its edge names no process: everything else lives on.
+    assert survivors([kill, "-KILL", "9999999"]) == "alive alive"
+    # What it refuses, and why: procps kill reads 4294967295 as -1 and kills every process.
+    assert survivors([kill, "-KILL", "4294967295"]) == ""

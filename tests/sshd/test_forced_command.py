@@ -30,6 +30,7 @@ pytestmark = pytest.mark.sshd
 
 API_KEY = "sk-forced-test-3f9a"
 STAND_INS = ("docker", "systemctl", "kill", "nvidia-smi")
+PID_MAX = int(Path("/proc/sys/kernel/pid_max").read_text())
 
 
 @dataclass(frozen=True)
@@ -170,12 +171,16 @@ async def test_anything_else_is_refused_naming_only_its_first_word(world: Forced
     cluster, host = world.cluster, world.host
     seconds = cluster.ssh.command_timeout
     script = catalogue.fact_script(cluster, host, catalogue.tool_timeout(cluster)).command
+    kill = catalogue.kill_process(cluster, 4242, "KILL", seconds).command
     refused = {
         "id": "id",
         "sh -c id": "sh",
         script + "x": "s??",  # the word, its punctuation masked
         script.replace("boot_id", "boot_idx", 1): "s??",
-        catalogue.kill_process(cluster, 1, "TERM", seconds).command: "timeout",
+        # Shapes sparkd itself never builds: PID 1, and 2^32 - 1, which procps reads as -1.
+        kill.replace("4242", "1"): "timeout",
+        kill.replace("4242", "4294967295"): "timeout",
+        kill.replace("4242", str(PID_MAX)): "timeout",
         catalogue.kill_process(cluster, 4242, "HUP", seconds).command: "timeout",
         catalogue.kill_process(cluster, 4242, "TERM", seconds).command + "; id": "timeout",
         catalogue.remove_container("postgres", seconds).command: "timeout",

@@ -244,8 +244,12 @@ def test_the_catalogue_lists_the_fact_script_as_observing_runs_it() -> None:
     cluster = reference_cluster()
     listed = [(h, r.command) for h, r in catalogue.catalogue(cluster, 30) if r.name == "facts"]
     expected = [
-        (h, catalogue.fact_script(cluster, h, tool_timeout(cluster), status).command)
+        (h, catalogue.fact_script(cluster, h, tool_timeout(cluster), status, read).command)
         for h in cluster.hosts
-        for status in ((False, True) if h.role == "head" else (False,))
+        for status, read in (
+            ((False, True), (True, True), (False, False)) if h.role == "head" else ((False, True),)
+        )
     ]
-    assert listed == expected  # the head's, also as read while Ray settles (with `ray status`)
+    # The head's also as read while Ray settles (with `ray status`), and with Ray's last
+    # reading reused (no `ray` call); a worker's has no Ray part.
+    assert listed == expected

@@ -18,6 +18,7 @@ from sparkd.shell import catalogue, forced
 from tests.toy import EXAMPLE_CONFIG, reference_cluster
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample sparkd"
+PID_MAX = int(Path("/proc/sys/kernel/pid_max").read_text())
 
 
 def decide(cluster: ClusterSpec, host: HostSpec) -> Callable[[str], bool]:
@@ -44,7 +45,7 @@ def test_every_command_sparkd_sends_a_host_passes_its_wrapper(keyed: bool) -> No
             for h, r in catalogue.catalogue(cluster, seconds)
             if h.name == host.name and r.name not in ("remove_container", "start_model")
         ]
-        for pid in (2, 9, 4100, 4194304):
+        for pid in (2, 9, 4100, PID_MAX - 1):
             for signal in forced.SIGNALS:
                 sent.append(catalogue.kill_process(cluster, pid, signal, seconds).command)
         sent += [catalogue.remove_container(n, seconds).command for n in ("glm-4", "vllm-old")]
@@ -62,7 +63,12 @@ def test_the_actual_observation_and_events_commands_pass() -> None:
     cluster = reference_cluster()
     for host in cluster.hosts:
         allowed = decide(cluster, host)
-        assert allowed(catalogue.fact_script(cluster, host, tool_timeout(cluster)).command)
+        for read_ray in (True, False):  # without: Ray's last reading is reused
+            for ray_status in (False, True):
+                script = catalogue.fact_script(
+                    cluster, host, tool_timeout(cluster), ray_status, read_ray
+                )
+                assert allowed(script.command), (host.name, ray_status, read_ray)
         assert allowed(catalogue.docker_events(catalogue.EVENTS_SPAN).command)
 
 
@@ -81,6 +87,13 @@ def test_shapes_outside_the_catalogue_are_refused() -> None:
         kill.replace("4100", "-1"),
         kill.replace("4100", "04100"),
         kill.replace("4100", "4100 4101"),
+        # procps `kill` reads these modulo 2^32: -1 (every process), 0 (its group), 1 (init).
+        kill.replace("4100", "4294967295"),
+        kill.replace("4100", "4294967296"),
+        kill.replace("4100", "4294967297"),
+        kill.replace("4100", "10000000"),
+        # Not a PID on this host: at or above its own pid_max.
+        kill.replace("4100", str(PID_MAX)),
         kill.replace("-TERM", "-HUP"),
         kill + "\n",
         kill + "; id",
