@@ -32,7 +32,10 @@ Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 Opener = Callable[[], Awaitable[Streams]]
 
 MAX_BODY = 1 << 20
+# A streamed answer is capped in total like a plain body, and line by line: vLLM's chunks are
+# a few hundred bytes each, 50 of them for the default probe.
 MAX_STREAM_LINES = 10_000
+MAX_STREAM_LINE = 64 << 10
 READ_CHUNK = 65536
 
 
@@ -134,22 +137,30 @@ async def stream_lines(
         status = 0
         lines: list[str] = []
         pending = b""
+        size = 0
         seen_token = False
         while True:
             event = await _next_event(conn, reader)
             if isinstance(event, h11.Response):
                 status = event.status_code
             elif isinstance(event, h11.Data):
+                size += len(event.data)
+                if size > MAX_BODY:
+                    raise BodyTooLarge(f"stream over {MAX_BODY} bytes")
                 pending += bytes(event.data)
                 *complete, pending = pending.split(b"\n")
                 for raw in complete:
+                    if len(raw) > MAX_STREAM_LINE:
+                        raise BodyTooLarge(f"stream line over {MAX_STREAM_LINE} bytes")
                     line = raw.decode("utf-8", "replace")
                     if not seen_token and _carries_token(line):
                         seen_token = True
                         on_first_data()
                     lines.append(line)
-                if len(lines) > MAX_STREAM_LINES or len(pending) > MAX_BODY:
-                    raise BodyTooLarge("stream too long")
+                if len(lines) > MAX_STREAM_LINES:
+                    raise BodyTooLarge(f"stream over {MAX_STREAM_LINES} lines")
+                if len(pending) > MAX_STREAM_LINE:
+                    raise BodyTooLarge(f"stream line over {MAX_STREAM_LINE} bytes")
             elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
                 if pending:
                     lines.append(pending.decode("utf-8", "replace"))

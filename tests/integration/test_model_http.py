@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import tracemalloc
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -310,3 +311,51 @@ async def test_a_hostile_model_server_reads_as_values(models: bytes, metrics: by
     assert endpoint.status == "up"
     assert all(isinstance(m, str) and len(m) <= 512 for m in endpoint.models)
     assert not endpoint.serves(MODEL)
+
+
+async def endless_stream(line: bytes, total: int) -> tuple[asyncio.Server, int, list[int]]:
+    """An SSE endpoint that sends `line` again and again, up to `total` bytes; `sent` says how
+    many it got out before the client hung up."""
+    sent = [0]
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+        try:
+            while sent[0] < total:
+                writer.write(line)
+                await writer.drain()
+                sent[0] += len(line)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], sent
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"data: " + b"x" * (512 << 10) + b"\n",  # long lines, each under the old 1 MiB cap
+        b"data: " + b"y" * (64 << 10),  # one line without end
+    ],
+    ids=["long-lines", "endless-line"],
+)
+async def test_a_streamed_probe_is_bounded_in_total(line: bytes) -> None:
+    total = 48 << 20
+    server, port, sent = await endless_stream(line, total)
+    tracemalloc.start()
+    try:
+        result = await model_http.probe(opener_for(port), cluster(stream=True, timeout=30.0), None)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        server.close()
+        await server.wait_closed()
+    assert not result.verdict.healthy
+    assert "stream" in result.verdict.detail
+    # Cut off near the 1 MiB cap (plus what the socket buffers held), far below what was offered.
+    assert sent[0] < 16 << 20, sent[0]
+    assert peak < 16 << 20, peak
