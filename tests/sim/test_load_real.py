@@ -13,6 +13,7 @@ from pathlib import Path
 import asyncssh
 import pytest
 
+from sparkd.core import facts
 from sparkd.sim.timing import Timing
 from sparkd.sim.world import World
 from tests.sim.conftest import connect, eventually, run
@@ -25,6 +26,7 @@ from tests.sim.steps import (
     serve_command,
     start_ray,
 )
+from tests.sim.test_vllm_matches_real import REAL_LINES
 
 TOP = f"docker top {HEAD} -eo pid,etimes,times,time,args"
 
@@ -217,3 +219,19 @@ async def test_vllm_host_ip_decides_placement_on_a_separate_data_network(
         waits = [line for line in log.splitlines() if "Waiting for creating a placement" in line]
         assert 1 <= len(waits) <= 2
         assert f"node:{head_state.address}" in waits[0] and "VLLM_HOST_IP" in waits[0]
+
+
+async def test_the_simulated_load_prints_the_real_servers_lines(
+    world: World, head: asyncssh.SSHClientConnection
+) -> None:
+    await launch(world, head)
+
+    async def serving() -> bool:
+        return await stage(world) == "running" and "Application startup complete." in load_log(
+            world
+        )
+
+    await eventually(serving)
+    lines = facts.log_lines(load_log(world))
+    for pattern in REAL_LINES:
+        assert any(re.search(pattern, line) for line in lines), pattern
