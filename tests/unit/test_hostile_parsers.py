@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from sparkd.core import facts
 from sparkd.core.assemble import head_extras, host_facts, unreadable
-from tests.toy import reference_cluster
+from tests.toy import ROOT, reference_cluster
 
 SECTIONS = (
     "now",
@@ -107,6 +107,19 @@ def test_numbers_past_pythons_digit_limit_are_unknowns() -> None:
     assert facts.parse_df_avail(sections["disk"].body) is None
     assert (
         facts.parse_ray_nodes('[{"node_id": "a", "resources_total": {"GPU": 1' + "0" * 400 + "}}]")
-        is not None
+        is None
     )
     assert facts.parse_stat_time("inf") is None
+
+
+def test_a_garbage_gpu_count_makes_ray_unknown_not_zero_gpus() -> None:
+    cluster = reference_cluster()
+    listed = (ROOT / "tests/fixtures/samples/ray-list-nodes.json").read_text()
+    for garbage in ("NaN", "Infinity", "-Infinity", "-1.0", '"1"', "1e999"):
+        text = listed.replace('"GPU": 1.0', f'"GPU": {garbage}', 1)
+        assert text != listed
+        assert facts.parse_ray_nodes(text) is None
+        extras = head_extras(cluster, {"ray_nodes": facts.Section(text, 0)}, 1000.0)
+        assert not extras.ray.up
+        assert extras.ray.error
+    assert facts.parse_ray_nodes(listed) is not None
