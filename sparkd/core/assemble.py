@@ -81,6 +81,11 @@ def unreadable(sections: dict[str, facts.Section]) -> HostError | None:
             return HostError(kind="exit_nonzero", detail=f"fact script printed no {name} section")
         if not section.ok:
             return _failed(name, section)
+    garbled = facts.unreadable_container_line(sections["containers"].body)
+    if garbled is not None:
+        return HostError(
+            kind="exit_nonzero", detail=f"containers: a `docker ps` line does not read: {garbled}"
+        )
     return None
 
 

@@ -113,6 +113,19 @@ def parse_docker_ps(text: str, started: Mapping[str, float] | None = None) -> tu
     return tuple(containers)
 
 
+def unreadable_container_line(text: str) -> str | None:
+    """The first line of `docker ps` output that is meant as a container (JSON, or naming
+    `Names`) but is not one, cut short; None when every such line reads. Skipped, that line's
+    container would read as missing, and a missing head container reads as "start Ray"."""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not (stripped.startswith("{") or '"Names"' in stripped):
+            continue
+        if not parse_docker_ps(stripped):
+            return stripped[:120]
+    return None
+
+
 def _text(value: object, limit: int = 4096) -> str:
     """A JSON field as text: strings as they are (bounded), anything else as nothing."""
     return value[:limit] if isinstance(value, str) else ""

@@ -123,3 +123,30 @@ def test_a_garbage_gpu_count_makes_ray_unknown_not_zero_gpus() -> None:
         assert not extras.ray.up
         assert extras.ray.error
     assert facts.parse_ray_nodes(listed) is not None
+
+
+def test_an_unreadable_docker_ps_line_makes_the_host_unknown_not_its_container_missing() -> None:
+    cluster = reference_cluster()
+    lines = (ROOT / "tests/fixtures/samples/docker-ps.jsonl").read_text().splitlines()
+    head = next(i for i, line in enumerate(lines) if "--head" in line)
+    readable = {
+        "boot_id": facts.Section("b", 0),
+        "running": facts.Section("", 0),
+        "containers": facts.Section("\n".join(lines), 0),
+    }
+    assert unreadable(readable) is None
+    for garbled in (
+        lines[head][: len(lines[head]) // 2],
+        lines[head].replace('"Names":"', '"Names":["', 1),
+        "\x1b[2K" + lines[head],
+        '{"Names": null}',
+    ):
+        sections = dict(readable)
+        sections["containers"] = facts.Section("\n".join([*lines[:head], garbled]), 0)
+        error = unreadable(sections)
+        assert error is not None, garbled
+        assert "docker ps" in error.detail
+    warned = dict(readable)
+    warned["containers"] = facts.Section("WARNING: No swap limit support\n" + lines[head], 0)
+    assert unreadable(warned) is None
+    assert host_facts(cluster, cluster.head, warned, 1000.0).containers
