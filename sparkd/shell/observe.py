@@ -12,7 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sparkd.core import facts
-from sparkd.core.assemble import HeadExtras, head_extras, host_facts, unreadable
+from sparkd.core.assemble import (
+    HeadExtras,
+    head_extras,
+    host_facts,
+    unreadable,
+    withhold_foreign_tail,
+)
 from sparkd.core.spec import key_fingerprint
 from sparkd.model.observed import HostFacts, ModelEndpoint, Observed, RayState
 from sparkd.model.probe import ProbeResult
@@ -109,6 +115,10 @@ async def observe(
     endpoint: ModelEndpoint | None = None
     probe: ProbeResult | None = None
     extras = head_reading.extras
+    fingerprint = key_fingerprint(api_key) if api_key else None
+    if extras is not None:
+        serve = withhold_foreign_tail(cluster, extras.serve, fingerprint)
+        extras = HeadExtras(ray=extras.ray, serve=serve)
     if key_problem is not None and head_reading.facts.reachable:
         endpoint = ModelEndpoint(status="not_run", detail=key_problem)
     elif head_reading.facts.reachable and extras is not None:
@@ -129,7 +139,7 @@ async def observe(
         serve=extras.serve if extras is not None else None,
         endpoint=endpoint,
         probe=probe,
-        api_key_fingerprint=key_fingerprint(api_key) if api_key else None,
+        api_key_fingerprint=fingerprint,
     )
     return redacted(observed)
 
