@@ -96,7 +96,7 @@ async def observe(
     observed_at = wall_clock()
     key_problem: str | None = None
     try:
-        api_key = read_secret(cluster.model.api_key_file)
+        api_key = await asyncio.to_thread(read_secret, cluster.model.api_key_file)
     except SecretFileError as exc:
         # Without its key every request would fail as 401 and count against the model:
         # nothing is sent instead (`not_run` never counts), and the reason is in the snapshot.
@@ -157,5 +157,5 @@ def redacted(observed: Observed) -> Observed:
 async def probe_once(cluster: ClusterSpec, pool: SshPool) -> ProbeResult:
     """One probe through the head, for `sparkd probe`."""
     conn = pool.connection(cluster.head, cluster.ssh)
-    api_key = read_secret(cluster.model.api_key_file)
+    api_key = await asyncio.to_thread(read_secret, cluster.model.api_key_file)
     return await model_http.probe(opener(conn, cluster), cluster, api_key)

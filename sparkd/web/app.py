@@ -134,7 +134,7 @@ async def events(request: web.Request) -> web.Response:
     )
 
 
-def _authorize(request: web.Request) -> None:
+async def _authorize(request: web.Request) -> None:
     token_file = request.app[DAEMON].settings.daemon.control_token_file
     if token_file is None:
         raise web.HTTPForbidden(
@@ -142,7 +142,8 @@ def _authorize(request: web.Request) -> None:
             "holding a bearer token"
         )
     try:
-        token = read_secret(token_file)
+        # Off the loop: a file on a hung mount must not stall every request.
+        token = await asyncio.to_thread(read_secret, token_file)
     except SecretFileError as exc:
         raise web.HTTPForbidden(text=f"control token unavailable: {exc}") from None
     given = request.headers.get("Authorization", "")
@@ -214,7 +215,7 @@ def _text(body: dict[str, Any], key: str, default: str) -> str:
 
 
 async def pause(request: web.Request) -> web.Response:
-    _authorize(request)
+    await _authorize(request)
     controller = _controller(request)
     body = await _body(request)
     reason = _text(body, "reason", "")
@@ -240,7 +241,7 @@ async def pause(request: web.Request) -> web.Response:
 
 
 async def resume(request: web.Request) -> web.Response:
-    _authorize(request)
+    await _authorize(request)
     controller = _controller(request)
     body = await _body(request)
     saved = controller.resume(_text(body, "by", "api"))
@@ -262,7 +263,7 @@ def _applied(controller: Controller, saved: bool) -> dict[str, Any]:
 
 
 async def reconcile(request: web.Request) -> web.Response:
-    _authorize(request)
+    await _authorize(request)
     controller = _controller(request)
     body = await _body(request)
     controller.reconcile(_text(body, "by", "api"))

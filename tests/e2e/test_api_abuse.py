@@ -197,3 +197,15 @@ async def test_cli_sends_cluster_names_url_encoded(running: Running) -> None:
         assert f"no cluster named {name!r}" in err, err
     listed = await status(running.port)
     assert listed["clusters"][0]["paused"] is None
+
+
+async def test_a_fifo_as_the_token_file_is_refused_and_the_loop_carries_on(
+    running: Running,
+) -> None:
+    token = running.config.parent / "token"
+    token.unlink()
+    os.mkfifo(token)
+    code, text = await asyncio.wait_for(post(f"{running.url}/clusters/sparks/pause", "{}"), 10)
+    assert code == 403 and "not a regular file" in text
+    async with aiohttp.ClientSession() as s, s.get(f"{running.url}/healthz") as r:
+        assert r.status == 200
