@@ -12,6 +12,7 @@ import fnmatch
 import ipaddress
 import os
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -324,7 +325,11 @@ class MaintenanceSpec(_Section):
 
     @model_validator(mode="after")
     def _cron(self) -> MaintenanceSpec:
-        self.trigger()
+        trigger = self.trigger()
+        # A cron that never fires (`0 0 31 2 *`) is a mistake, and each look for its next
+        # window searches to the year 9999: a fifth of a second of the event loop.
+        if trigger.get_next_fire_time(None, datetime.now(trigger.timezone)) is None:
+            raise ValueError(f"cron {self.cron!r} never fires")
         return self
 
     def trigger(self) -> CronTrigger:
