@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from sparkd.core import facts
-from sparkd.core.spec import container_name, normalize_image
+from sparkd.core.spec import container_name, model_spec_hashes, normalize_image
 from sparkd.model.observed import GpuProcess, HostError, HostFacts, RayState, ServeState
 from sparkd.settings import ClusterSpec, HostSpec
 
@@ -81,6 +81,11 @@ def unreadable(sections: dict[str, facts.Section]) -> HostError | None:
             return HostError(kind="exit_nonzero", detail=f"fact script printed no {name} section")
         if not section.ok:
             return _failed(name, section)
+    garbled = facts.unreadable_container_line(sections["containers"].body)
+    if garbled is not None:
+        return HostError(
+            kind="exit_nonzero", detail=f"containers: a `docker ps` line does not read: {garbled}"
+        )
     return None
 
 
@@ -240,6 +245,22 @@ def head_extras(
             cpu_seconds=cpu,
         )
     return HeadExtras(ray=ray, serve=serve)
+
+
+WITHHELD_TAIL = (
+    "log tail withheld: the model was launched with another spec, maybe an API key sparkd no"
+    " longer holds (rotated); it shows again after the next launch"
+)
+
+
+def withhold_foreign_tail(cluster: ClusterSpec, serve: ServeState, key: str | None) -> ServeState:
+    """The serve state without its log text when the running launch is not of the spec as
+    desired with the key read now (`key` its fingerprint): that launch may print a rotated-out
+    key a restarted process never read, so cannot mask."""
+    if serve.spec_hash in model_spec_hashes(cluster, key) or not serve.log_tail:
+        return serve
+    progress = serve.progress.model_copy(update={"message": ""}) if serve.progress else None
+    return serve.model_copy(update={"log_tail": (WITHHELD_TAIL,), "progress": progress})
 
 
 def _engine_cpu(rows: tuple[facts.TopRow, ...]) -> float | None:

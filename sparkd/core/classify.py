@@ -96,7 +96,7 @@ def classify_response(status: int, body: bytes | str) -> ProbeVerdict:
         return verdict("http_error", f"HTTP {status}: {_snippet(body)}")
     try:
         document = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):
         return verdict("malformed", f"body is not JSON: {_snippet(body)}")
     if not isinstance(document, dict):
         return verdict("malformed", "body is not a JSON object")
@@ -138,16 +138,21 @@ def classify_stream(status: int, lines: Iterable[str]) -> ProbeVerdict:
             break
         try:
             chunk = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):
             return verdict("malformed", f"stream chunk is not JSON: {data[:80]!r}")
         if not isinstance(chunk, dict):
             return verdict("malformed", "stream chunk is not a JSON object")
         if chunk.get("usage") is not None:
             usage = chunk["usage"]
-        for choice in chunk.get("choices") or []:
+        choices = chunk.get("choices") or []
+        if not isinstance(choices, list):
+            return verdict("malformed", "stream choices are not a list")
+        for choice in choices:
             if not isinstance(choice, dict):
                 return verdict("malformed", "stream choice is not an object")
             delta = choice.get("delta") or {}
+            if not isinstance(delta, dict):
+                return verdict("malformed", "stream delta is not an object")
             if isinstance(delta.get("content"), str):
                 content.append(delta["content"])
             text = _reasoning(delta)

@@ -113,6 +113,19 @@ def parse_docker_ps(text: str, started: Mapping[str, float] | None = None) -> tu
     return tuple(containers)
 
 
+def unreadable_container_line(text: str) -> str | None:
+    """The first line of `docker ps` output that is meant as a container (JSON, or naming
+    `Names`) but is not one, cut short; None when every such line reads. Skipped, that line's
+    container would read as missing, and a missing head container reads as "start Ray"."""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not (stripped.startswith("{") or '"Names"' in stripped):
+            continue
+        if not parse_docker_ps(stripped):
+            return stripped[:120]
+    return None
+
+
 def _text(value: object, limit: int = 4096) -> str:
     """A JSON field as text: strings as they are (bounded), anything else as nothing."""
     return value[:limit] if isinstance(value, str) else ""
@@ -270,14 +283,17 @@ def parse_ray_nodes(text: str) -> RayState | None:
         if not isinstance(row, dict) or not isinstance(row.get("node_id"), str):
             return None
         resources = row.get("resources_total") or {}
-        gpus = resources.get("GPU", 0.0) if isinstance(resources, dict) else 0.0
+        gpus = _gpus(resources.get("GPU", 0.0) if isinstance(resources, dict) else 0.0)
+        if gpus is None:
+            # Read as 0 GPUs, a garbage count would restart both Ray nodes of a serving cluster.
+            return None
         message = row.get("state_message")
         nodes.append(
             RayNode(
                 node_id=row["node_id"][:128],
                 ip=_text(row.get("node_ip"), 64),
                 alive=row.get("state") == "ALIVE",
-                gpus=_gpus(gpus),
+                gpus=gpus,
                 is_head=row.get("is_head_node") is True,
                 state_message=message if isinstance(message, str) else None,
             )
@@ -286,14 +302,15 @@ def parse_ray_nodes(text: str) -> RayState | None:
     return RayState(nodes=tuple(nodes), gpus_total=total)
 
 
-def _gpus(value: object) -> float:
+def _gpus(value: object) -> float | None:
+    """A node's GPU count, None when it is not a count (NaN, Infinity, negative, text)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        return 0.0
+        return None
     try:
         number = float(value)
     except OverflowError:
-        return 0.0
-    return number if 0.0 <= number < 1e6 else 0.0
+        return None
+    return number if 0.0 <= number < 1e6 else None
 
 
 def failure_reason(text: str) -> str:

@@ -120,6 +120,14 @@ def remember(
     return memory.model_copy(update=changes)
 
 
+def intend(memory: Memory, key: str, at: float) -> Memory:
+    """Memory with an attempt at `key` charged before it is made: an action cut short by a
+    kill is counted as tried. The attempt's outcome replaces it (`remember` starts from the
+    memory before the cycle)."""
+    attempts = (*memory.attempts, Attempt(key=key, at=at, ok=False))
+    return memory.model_copy(update={"attempts": attempts[-MAX_ATTEMPTS:]})
+
+
 def pause(memory: Memory, *, reason: str, by: str, now: float, until: float | None) -> Memory:
     return memory.model_copy(update={"paused": Pause(reason=reason, by=by, since=now, until=until)})
 

@@ -5,7 +5,8 @@ recheck interval while work is in progress), by an operator (`reconcile`, `resum
 back to back. Clusters are independent tasks; one cluster's slowness never delays another.
 
 Memory and events are persisted as each action finishes, not only at the end of the cycle: a
-crash mid-cycle loses nothing already done, and the budget is charged for it. When the state
+crash mid-cycle loses nothing already done, and the budget is charged for it (an action is
+charged before it starts, so one a crash cuts short counts as tried too). When the state
 dir cannot be written (a full disk), memory stays in the process, events wait in a bounded
 queue, each failure is logged, and the gap is recorded as an event once writing works again.
 """
@@ -22,8 +23,8 @@ from typing import Any
 
 from sparkd.core.planner import plan as make_plan
 from sparkd.core.policy import is_new_probe, rebooted
+from sparkd.core.remember import intend, remember
 from sparkd.core.remember import pause as pause_memory
-from sparkd.core.remember import remember
 from sparkd.core.remember import resume as resume_memory
 from sparkd.model.memory import MEMORY_VERSION, Memory, Pause
 from sparkd.model.observed import ModelEndpoint, Observed, RayState
@@ -363,6 +364,11 @@ class Controller:
         self.progress_at = self.monotonic()
         self.action_deadline = self.monotonic() + self.executor.action_timeout(action)
         self.log.info("action_start", action=action.kind, host=action.host, target=action.target)
+        if self._cycle is not None and not self.dry_run:
+            # On disk before the remote command is sent: killed mid-action, the next process
+            # still counts this attempt against the budget and backs off from it.
+            self.memory = intend(self.memory, action.key, self.wall_clock())
+            self._persist([])
 
     def _action_finished(self, outcome: ActionOutcome) -> None:
         self.view.recent.appendleft(outcome)

@@ -13,6 +13,7 @@ import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from sparkd.core import facts
 from sparkd.core.assemble import LAUNCH_MARKER
@@ -234,6 +235,30 @@ def docker_run_argv(cluster: ClusterSpec, host: HostSpec) -> list[str]:
     return argv + ray_command(cluster, host)
 
 
+def own_dir(path: str, seconds: float) -> str:
+    """`path` as a 0700 directory of the SSH user's own, created if missing; a symlink or a
+    directory of another user's fails: whoever can write there can plant a symlink that
+    receives the API key."""
+    d = shlex.quote(path)
+    refuse = shlex.quote(f"sparkd: {path} is a symlink or not the SSH user's own directory")
+    return (
+        f"{_line(['mkdir', '-p', '-m', '700', '--', path], seconds)} && "
+        f"{{ {{ [ ! -L {d} ] && [ -O {d} ]; }} || {{ echo {refuse} >&2; false; }}; }} && "
+        f"{_line(['chmod', '700', '--', path], seconds)}"
+    )
+
+
+def _write_new(target: Path, producer: str, seconds: float) -> str:
+    """`producer`'s output into `target` without following a symlink there: a fresh 0600 file
+    beside it (mktemp), renamed over whatever `target` was."""
+    temp = _line(["mktemp", str(target.parent / f".{target.name}.XXXXXX")], seconds)
+    move = shlex.join(timed(["mv", "-fT", "--", "$t", str(target)], seconds))
+    remove = shlex.join(timed(["rm", "-f", "--", "$t"], seconds))
+    # "$t" is the temporary file's name: quoted for the shell, not as the literal text.
+    move, remove = (text.replace("'$t'", '"$t"') for text in (move, remove))
+    return f't="$({temp})" && {{ {{ {producer} > "$t" && {move}; }} || {{ {remove}; false; }}; }}'
+
+
 def start_ray(cluster: ClusterSpec, host: HostSpec, seconds: float) -> Remote:
     """Start the node's container; a container holding the name (exited or not) goes first."""
     name = container_name(cluster, host)
@@ -241,7 +266,7 @@ def start_ray(cluster: ClusterSpec, host: HostSpec, seconds: float) -> Remote:
     run = _line(docker_run_argv(cluster, host), seconds)
     prepare = ""
     if host.role == "head":
-        prepare = _line(["mkdir", "-p", "--", str(cluster.model.log_dir)], seconds) + " && "
+        prepare = own_dir(str(cluster.model.log_dir), seconds) + " && "
     return Remote("start_ray", f"{prepare}{{ {remove} >/dev/null 2>&1; {run}; }}", mutating=True)
 
 
@@ -290,14 +315,16 @@ def start_model(cluster: ClusterSpec, seconds: float, api_key: str | None = None
     key = key_fingerprint(api_key) if api_key is not None else None
     spec_hash = shlex.quote(model_spec_hash(cluster, key))
     log = shlex.quote(serve_log_path(cluster))
+    not_linked = shlex.quote(f"sparkd: {serve_log_path(cluster)} is a symlink")
     steps = [
-        _line(["mkdir", "-p", "--", log_dir], seconds),
-        f"printf '%s\\n' {spec_hash} > {shlex.quote(spec)}",
+        own_dir(log_dir, seconds),
+        _write_new(Path(spec), f"printf '%s\\n' {spec_hash}", seconds),
+        f"{{ [ ! -L {log} ] || {{ echo {not_linked} >&2; false; }}; }}",
         f"printf '%s %s ===\\n' {shlex.quote(LAUNCH_MARKER)} {spec_hash} >> {log}",
     ]
     if api_key is not None:
-        target = shlex.quote(str(cluster.model.log_dir / API_KEY_FILE))
-        steps.append(f"(umask 077 && {shlex.join(timed(['cat'], seconds))} > {target})")
+        target = cluster.model.log_dir / API_KEY_FILE
+        steps.append(_write_new(target, shlex.join(timed(["cat"], seconds)), seconds))
     exec_argv = ["docker", "exec", "-d", head, "sh", "-c", serve_shell(cluster)]
     steps.append(_line(exec_argv, seconds))
     return Remote("start_model", " && ".join(steps), mutating=True, stdin=api_key)

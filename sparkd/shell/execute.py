@@ -228,7 +228,7 @@ class Executor:
 
     async def _start_model(self, host: HostSpec, action: Action) -> str:
         # Before anything is stopped: without its key there must be no half-done restart.
-        api_key = read_secret(self.cluster.model.api_key_file)
+        api_key = await asyncio.to_thread(read_secret, self.cluster.model.api_key_file)
         want = model_spec_hashes(self.cluster, key_fingerprint(api_key) if api_key else None)
         serve = facts.find_serve(await self._serve_rows())
         if serve is not None:

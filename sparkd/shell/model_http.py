@@ -172,11 +172,12 @@ def _carries_token(line: str) -> bool:
         return False
     try:
         chunk = json.loads(line[5:])
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
-    if not isinstance(chunk, dict):
+    choices = chunk.get("choices") if isinstance(chunk, dict) else None
+    if not isinstance(choices, list):
         return False
-    for choice in chunk.get("choices") or []:
+    for choice in choices:
         delta = choice.get("delta") if isinstance(choice, dict) else None
         if not isinstance(delta, dict):
             continue

@@ -12,7 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sparkd.core import facts
-from sparkd.core.assemble import HeadExtras, head_extras, host_facts, unreadable
+from sparkd.core.assemble import (
+    HeadExtras,
+    head_extras,
+    host_facts,
+    unreadable,
+    withhold_foreign_tail,
+)
 from sparkd.core.spec import key_fingerprint
 from sparkd.model.observed import HostFacts, ModelEndpoint, Observed, RayState
 from sparkd.model.probe import ProbeResult
@@ -90,7 +96,7 @@ async def observe(
     observed_at = wall_clock()
     key_problem: str | None = None
     try:
-        api_key = read_secret(cluster.model.api_key_file)
+        api_key = await asyncio.to_thread(read_secret, cluster.model.api_key_file)
     except SecretFileError as exc:
         # Without its key every request would fail as 401 and count against the model:
         # nothing is sent instead (`not_run` never counts), and the reason is in the snapshot.
@@ -109,6 +115,10 @@ async def observe(
     endpoint: ModelEndpoint | None = None
     probe: ProbeResult | None = None
     extras = head_reading.extras
+    fingerprint = key_fingerprint(api_key) if api_key else None
+    if extras is not None:
+        serve = withhold_foreign_tail(cluster, extras.serve, fingerprint)
+        extras = HeadExtras(ray=extras.ray, serve=serve)
     if key_problem is not None and head_reading.facts.reachable:
         endpoint = ModelEndpoint(status="not_run", detail=key_problem)
     elif head_reading.facts.reachable and extras is not None:
@@ -129,7 +139,7 @@ async def observe(
         serve=extras.serve if extras is not None else None,
         endpoint=endpoint,
         probe=probe,
-        api_key_fingerprint=key_fingerprint(api_key) if api_key else None,
+        api_key_fingerprint=fingerprint,
     )
     return redacted(observed)
 
@@ -147,5 +157,5 @@ def redacted(observed: Observed) -> Observed:
 async def probe_once(cluster: ClusterSpec, pool: SshPool) -> ProbeResult:
     """One probe through the head, for `sparkd probe`."""
     conn = pool.connection(cluster.head, cluster.ssh)
-    api_key = read_secret(cluster.model.api_key_file)
+    api_key = await asyncio.to_thread(read_secret, cluster.model.api_key_file)
     return await model_http.probe(opener(conn, cluster), cluster, api_key)

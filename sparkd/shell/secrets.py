@@ -8,6 +8,8 @@ log tail written before the rotation. Everything that leaves the process (log li
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,6 +18,8 @@ from typing import Any
 from sparkd.core.facts import redact as redact_patterns
 
 MASK = "***"
+# A key or token is one line; a file much longer is not one.
+MAX_SECRET_BYTES = 4096
 
 
 class SecretFileError(Exception):
@@ -82,9 +86,24 @@ def read_secret(path: Path | None) -> str | None:
     if path is None:
         return None
     try:
-        text = path.read_text(encoding="utf-8")
+        # Non-blocking, so a FIFO (or a device) put there cannot hang the reader on open.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
         raise SecretFileError(path, exc.strerror or "unreadable") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SecretFileError(path, "is not a regular file")
+        data = os.read(fd, MAX_SECRET_BYTES + 1)
+    except OSError as exc:
+        raise SecretFileError(path, exc.strerror or "unreadable") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_SECRET_BYTES:
+        raise SecretFileError(path, f"is over {MAX_SECRET_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SecretFileError(path, "holds non-printable or non-ASCII characters") from None
     secret = text.strip()
     if not secret:
         raise SecretFileError(path, "empty")

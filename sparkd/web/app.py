@@ -5,7 +5,8 @@ The control endpoints need `Authorization: Bearer <token>`, checked in constant 
 the file named by `daemon.control_token_file`, read per request so a rotated token applies at
 once. Without a configured token they answer 403 and say how to enable them.
 
-Abuse limits: at most MAX_CONNECTIONS connections (more are reset at once), a request's headers
+Abuse limits: at most MAX_CONNECTIONS connections (more are reset at once), MAX_PER_PEER of one
+address, the last KEPT_FOR_NEW_PEERS for addresses holding none; a request's headers
 must arrive within HEADER_TIMEOUT of the connection opening (or of the previous response) and its
 body within BODY_TIMEOUT, bodies are at most MAX_BODY bytes of JSON nested at most MAX_JSON_DEPTH
 deep, and the Host header must name a loopback name, an IP address, this machine or the listen
@@ -40,6 +41,10 @@ if TYPE_CHECKING:
 DAEMON: web.AppKey[Daemon] = web.AppKey("daemon")
 MAX_EVENTS = 1000
 MAX_CONNECTIONS = 64
+# One peer (an address) holds at most this many; the last KEPT_FOR_NEW_PEERS slots go only to a
+# peer holding none, so one client cannot lock out a scraper or an operator.
+MAX_PER_PEER = 16
+KEPT_FOR_NEW_PEERS = 8
 HEADER_TIMEOUT = 5.0
 BODY_TIMEOUT = 5.0
 KEEPALIVE_TIMEOUT = 15.0
@@ -134,7 +139,7 @@ async def events(request: web.Request) -> web.Response:
     )
 
 
-def _authorize(request: web.Request) -> None:
+async def _authorize(request: web.Request) -> None:
     token_file = request.app[DAEMON].settings.daemon.control_token_file
     if token_file is None:
         raise web.HTTPForbidden(
@@ -142,7 +147,8 @@ def _authorize(request: web.Request) -> None:
             "holding a bearer token"
         )
     try:
-        token = read_secret(token_file)
+        # Off the loop: a file on a hung mount must not stall every request.
+        token = await asyncio.to_thread(read_secret, token_file)
     except SecretFileError as exc:
         raise web.HTTPForbidden(text=f"control token unavailable: {exc}") from None
     given = request.headers.get("Authorization", "")
@@ -214,7 +220,7 @@ def _text(body: dict[str, Any], key: str, default: str) -> str:
 
 
 async def pause(request: web.Request) -> web.Response:
-    _authorize(request)
+    await _authorize(request)
     controller = _controller(request)
     body = await _body(request)
     reason = _text(body, "reason", "")
@@ -240,7 +246,7 @@ async def pause(request: web.Request) -> web.Response:
 
 
 async def resume(request: web.Request) -> web.Response:
-    _authorize(request)
+    await _authorize(request)
     controller = _controller(request)
     body = await _body(request)
     saved = controller.resume(_text(body, "by", "api"))
@@ -262,7 +268,7 @@ def _applied(controller: Controller, saved: bool) -> dict[str, Any]:
 
 
 async def reconcile(request: web.Request) -> web.Response:
-    _authorize(request)
+    await _authorize(request)
     controller = _controller(request)
     body = await _body(request)
     controller.reconcile(_text(body, "by", "api"))
@@ -350,6 +356,18 @@ class Deadlines:
 DEADLINES: web.AppKey[Deadlines] = web.AppKey("deadlines")
 
 
+def peer_of(peername: object) -> str:
+    """The client's address, one spelling per address (an IPv4-mapped IPv6 one as IPv4)."""
+    host = peername[0] if isinstance(peername, tuple) and peername else ""
+    try:
+        address = ipaddress.ip_address(str(host).split("%", 1)[0])
+    except ValueError:
+        return str(host)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(address)
+
+
 class _Capped(asyncio.Protocol):
     """Admits the connection to aiohttp's handler only while under the cap, counted when the
     connection is made (many are accepted before any of them is)."""
@@ -358,15 +376,23 @@ class _Capped(asyncio.Protocol):
         self.site = site
         self.handler = handler
         self.admitted = False
+        self.peer = ""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        server = self.site.runner_server()
-        if len(server.connections) >= MAX_CONNECTIONS:
+        total = len(self.site.runner_server().connections)
+        self.peer = peer_of(transport.get_extra_info("peername"))
+        held = self.site.peers.get(self.peer, 0)
+        if (
+            total >= MAX_CONNECTIONS
+            or held >= MAX_PER_PEER
+            or (held and total >= MAX_CONNECTIONS - KEPT_FOR_NEW_PEERS)
+        ):
             assert isinstance(transport, asyncio.Transport)
             transport.abort()
             self.site.note_refused()
             return
         self.admitted = True
+        self.site.peers[self.peer] = held + 1
         self.handler.connection_made(transport)
         self.site.deadlines.arm(self.handler)
 
@@ -380,6 +406,10 @@ class _Capped(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.admitted:
+            self.admitted = False
+            left = self.site.peers.pop(self.peer, 1) - 1
+            if left > 0:
+                self.site.peers[self.peer] = left
             self.handler.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -400,6 +430,7 @@ class GuardedSite(web.TCPSite):
         self.deadlines = app[DEADLINES]
         self.refused = 0
         self._refused_logged_at = 0.0
+        self.peers: dict[str, int] = {}
 
     def runner_server(self) -> web.Server:
         server = self._runner.server

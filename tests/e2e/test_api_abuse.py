@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from sparkd.sim.world import World
-from sparkd.web.app import HEADER_TIMEOUT, MAX_CONNECTIONS
+from sparkd.web.app import HEADER_TIMEOUT, MAX_CONNECTIONS, MAX_PER_PEER
 from tests.e2e.conftest import eventually, free_port, write_fast_config
 from tests.e2e.test_process import phase, sparkd, start_daemon, status
 
@@ -197,3 +197,50 @@ async def test_cli_sends_cluster_names_url_encoded(running: Running) -> None:
         assert f"no cluster named {name!r}" in err, err
     listed = await status(running.port)
     assert listed["clusters"][0]["paused"] is None
+
+
+async def test_a_fifo_as_the_token_file_is_refused_and_the_loop_carries_on(
+    running: Running,
+) -> None:
+    token = running.config.parent / "token"
+    token.unlink()
+    os.mkfifo(token)
+    code, text = await asyncio.wait_for(post(f"{running.url}/clusters/sparks/pause", "{}"), 10)
+    assert code == 403 and "not a regular file" in text
+    async with aiohttp.ClientSession() as s, s.get(f"{running.url}/healthz") as r:
+        assert r.status == 200
+
+
+async def held(reader: asyncio.StreamReader) -> bool:
+    """Whether the server kept the connection (a refused one is reset at once)."""
+    try:
+        await asyncio.wait_for(reader.read(1), 1.0)
+    except TimeoutError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+async def test_one_peer_cannot_hold_every_connection(running: Running) -> None:
+    writers: list[asyncio.StreamWriter] = []
+    readers: list[asyncio.StreamReader] = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            with contextlib.suppress(OSError):
+                reader, writer = await asyncio.open_connection("127.0.0.1", running.port)
+                writer.write(b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: a")
+                readers.append(reader)
+                writers.append(writer)
+        kept = await asyncio.gather(*(held(r) for r in readers))
+        assert sum(kept) == MAX_PER_PEER
+        # Another client (another loopback address) still gets in at once.
+        connector = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))
+        async with (
+            aiohttp.ClientSession(connector=connector) as s,
+            s.get(f"{running.url}/healthz") as r,
+        ):
+            assert r.status == 200
+    finally:
+        for writer in writers:
+            writer.close()

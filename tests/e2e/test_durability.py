@@ -77,8 +77,12 @@ async def test_sigkill_mid_cycle_loses_no_finished_action(
         ), event
         target = event["target"]
         assert any(target in command for command in before_restart), target
+    # The action the kill cut short was charged before its command was sent.
+    assert [a.ok for a in memory.attempts if a.key.startswith("start_ray_worker:spark-b:")] == [
+        False
+    ]
     charged = {(a.key, a.at) for a in memory.attempts}
-    assert len(charged) == 7
+    assert len(charged) == 8
 
     second = await start_daemon(config, log)
     try:

@@ -129,3 +129,44 @@ async def test_no_planted_secret_in_any_output(seed_world: World, tmp_path: Path
     assert "credentials ***" in outputs["events"] + outputs["daemon log"] + outputs["status-2"]
     assert re.search(r'"reason": "\*\*\*"', outputs["status-1"] + outputs["events"])
     assert os.stat(key_file).st_mode & 0o077 == 0
+
+
+async def test_a_rotated_out_key_never_reaches_a_restarted_process(
+    seed_world: World, tmp_path: Path
+) -> None:
+    """The daemon launches the model with KEY_A and stops; the key file now holds KEY_B. A new
+    process never read KEY_A, so cannot mask it in the running launch's log tail."""
+    port = free_port()
+    key_file = secret_file(tmp_path / "api_key", KEY_A)
+    config = write_fast_config(seed_world, tmp_path / "sparkd.toml", tmp_path / "state", port)
+    text = config.read_text().replace(
+        "  [clusters.model]\n", f'  [clusters.model]\n  api_key_file = "{key_file}"\n', 1
+    )
+    config.write_text(text)
+    log_dir = Path(load_settings(config).clusters[0].model.log_dir)
+    daemon = await start_daemon(config, tmp_path / "daemon.log")
+    try:
+
+        async def healthy() -> bool:
+            return phase(await status(port)) == "healthy"
+
+        await eventually(healthy, within=90)
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(daemon.wait(), 20) == 0
+    plant(log_dir, KEY_A)
+    snapshot = tmp_path / "snap"
+    code, out, err = await sparkd(
+        "plan", "--config", str(config), "--json", "--save-snapshot", str(snapshot)
+    )
+    assert code == 0, err
+    assert "credentials ***" in snapshot.read_text()
+    secret_file(key_file, KEY_B)
+    code, out, err = await sparkd(
+        "plan", "--config", str(config), "--json", "--save-snapshot", str(snapshot)
+    )
+    assert code == 0, err
+    assert "drift" in out, out
+    assert KEY_A not in out + err
+    assert KEY_A not in snapshot.read_text()
+    assert "log tail withheld" in snapshot.read_text()

@@ -359,3 +359,42 @@ async def test_a_streamed_probe_is_bounded_in_total(line: bytes) -> None:
     # Cut off near the 1 MiB cap (plus what the socket buffers held), far below what was offered.
     assert sent[0] < 16 << 20, sent[0]
     assert peak < 16 << 20, peak
+
+
+async def one_answer(head: bytes, body: bytes) -> tuple[asyncio.Server, int]:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(head + body)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+SSE = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("stream", "body"),
+    [
+        (True, b'data: {"choices": 5}\n\ndata: [DONE]\n\n'),
+        (True, b'data: {"choices": [{"delta": "x"}]}\n\ndata: [DONE]\n\n'),
+        (True, b'data: {"choices": [{"delta": ["x"]}]}\n\ndata: [DONE]\n\n'),
+        (True, b"data: " + b"[" * 30_000 + b"\n\ndata: [DONE]\n\n"),
+        (False, b"[" * 30_000),
+    ],
+    ids=["choices-number", "delta-text", "delta-list", "deep-chunk", "deep-body"],
+)
+async def test_a_model_answering_garbage_is_a_counted_failure_not_not_run(
+    stream: bool, body: bytes
+) -> None:
+    head = SSE if stream else b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body)
+    server, port = await one_answer(head, body)
+    try:
+        result = await model_http.probe(opener_for(port), cluster(stream=stream), None)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert result.outcome == "malformed", result.verdict
+    assert result.verdict.healthy is False

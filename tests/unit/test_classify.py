@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from sparkd.core.classify import classify_failure, classify_response, classify_stream, is_garbled
@@ -334,3 +334,26 @@ def test_a_soup_of_scripts_is_garbled(data: st.DataObject, size: int) -> None:
         picks.append((picks[-1] + step) % len(SCRIPTS))
     letters = [data.draw(st.sampled_from(SCRIPTS[i])) for i in picks]
     assert is_garbled("".join(letters))
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["choices", "delta", "content", "usage", "finish_reason", "x"]),
+            inner,
+            max_size=3,
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(JSON_VALUES, max_size=4))
+def test_any_stream_chunks_classify_as_a_counted_verdict(chunks: list[object]) -> None:
+    lines = [f"data: {json.dumps(c)}" for c in chunks] + ["data: [DONE]"]
+    got = classify_stream(200, lines)
+    assert got.outcome != "not_run"
+    assert got.healthy is not None

@@ -114,3 +114,29 @@ def test_api_key_file_must_be_one_printable_line(
     result = check(usable(tmp_path, text))
     assert result.returncode == EX_CONFIG
     assert "clusters.0.model.api_key_file:" in result.stderr and message in result.stderr
+
+
+def test_a_fifo_as_control_token_file_is_refused_not_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "token"
+    os.mkfifo(fifo)
+    text = BASE.replace("[daemon]\n", f'[daemon]\ncontrol_token_file = "{fifo}"\n', 1)
+    assert text != BASE
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKD_")}
+    # Nothing ever writes to the FIFO: a reader that opens it waits for ever.
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sparkd.cli",
+            "check-config",
+            "--config",
+            str(usable(tmp_path, text)),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
+    assert result.returncode == EX_CONFIG
+    assert "daemon.control_token_file:" in result.stderr
+    assert "not a regular file" in result.stderr

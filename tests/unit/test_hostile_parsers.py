@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from sparkd.core import facts
 from sparkd.core.assemble import head_extras, host_facts, unreadable
-from tests.toy import reference_cluster
+from tests.toy import ROOT, reference_cluster
 
 SECTIONS = (
     "now",
@@ -107,6 +107,46 @@ def test_numbers_past_pythons_digit_limit_are_unknowns() -> None:
     assert facts.parse_df_avail(sections["disk"].body) is None
     assert (
         facts.parse_ray_nodes('[{"node_id": "a", "resources_total": {"GPU": 1' + "0" * 400 + "}}]")
-        is not None
+        is None
     )
     assert facts.parse_stat_time("inf") is None
+
+
+def test_a_garbage_gpu_count_makes_ray_unknown_not_zero_gpus() -> None:
+    cluster = reference_cluster()
+    listed = (ROOT / "tests/fixtures/samples/ray-list-nodes.json").read_text()
+    for garbage in ("NaN", "Infinity", "-Infinity", "-1.0", '"1"', "1e999"):
+        text = listed.replace('"GPU": 1.0', f'"GPU": {garbage}', 1)
+        assert text != listed
+        assert facts.parse_ray_nodes(text) is None
+        extras = head_extras(cluster, {"ray_nodes": facts.Section(text, 0)}, 1000.0)
+        assert not extras.ray.up
+        assert extras.ray.error
+    assert facts.parse_ray_nodes(listed) is not None
+
+
+def test_an_unreadable_docker_ps_line_makes_the_host_unknown_not_its_container_missing() -> None:
+    cluster = reference_cluster()
+    lines = (ROOT / "tests/fixtures/samples/docker-ps.jsonl").read_text().splitlines()
+    head = next(i for i, line in enumerate(lines) if "--head" in line)
+    readable = {
+        "boot_id": facts.Section("b", 0),
+        "running": facts.Section("", 0),
+        "containers": facts.Section("\n".join(lines), 0),
+    }
+    assert unreadable(readable) is None
+    for garbled in (
+        lines[head][: len(lines[head]) // 2],
+        lines[head].replace('"Names":"', '"Names":["', 1),
+        "\x1b[2K" + lines[head],
+        '{"Names": null}',
+    ):
+        sections = dict(readable)
+        sections["containers"] = facts.Section("\n".join([*lines[:head], garbled]), 0)
+        error = unreadable(sections)
+        assert error is not None, garbled
+        assert "docker ps" in error.detail
+    warned = dict(readable)
+    warned["containers"] = facts.Section("WARNING: No swap limit support\n" + lines[head], 0)
+    assert unreadable(warned) is None
+    assert host_facts(cluster, cluster.head, warned, 1000.0).containers

@@ -80,6 +80,8 @@ def test_config_accepts_a_window(tmp_path: Path) -> None:
         ("0 3 * *", "2h", "", "clusters.0.maintenance.0: cron '0 3 * *': "),
         ("0 3 * * SUN", "two hours", "", "clusters.0.maintenance.0.duration: bad duration"),
         ("0 3 * * SUN", "2h", 'timezone = "Mars/Base"', "clusters.0.maintenance.0: unknown"),
+        ("0 0 31 2 *", "2h", "", "clusters.0.maintenance.0: cron '0 0 31 2 *' never fires"),
+        ("0 0 30 2 *", "2h", 'timezone = "UTC"', "clusters.0.maintenance.0: cron '0 0 30 2 *' nev"),
     ],
 )
 def test_config_rejects_a_bad_window(

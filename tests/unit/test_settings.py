@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from sparkd.settings import EX_CONFIG, ConfigError, load_settings
+from sparkd.settings import EX_CONFIG, ConfigError, canonical_address, load_settings
 from tests.toy import EXAMPLE_CONFIG
 
 BASE = EXAMPLE_CONFIG.read_text()
@@ -389,3 +390,24 @@ def test_check_config_rejects_shared_host_exit_78(tmp_path: Path) -> None:
         "clusters.1.model.port: 30000 is also the model port of cluster 'sparks' on the shared "
         "head spark-a",
     ]
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    ["10.1.230.0265", "10.1.230.0xb5", "10.1.59061", "167896757", "::ffff:10.1.230.181"],
+)
+def test_a_shared_host_is_one_host_however_its_address_is_spelt(
+    tmp_path: Path, spelling: str
+) -> None:
+    # What ssh connects to: the C library reads each spelling as 10.1.230.181 (0265 is octal).
+    if ":" not in spelling:
+        assert socket.inet_ntoa(socket.inet_aton(spelling)) == "10.1.230.181"
+    text = two_clusters(('address = "10.1.240.11"', f'address = "{spelling}"'))
+    [found] = problems(tmp_path, text)
+    assert found.startswith("clusters.1.hosts.1.address: host spark-b (10.1.230.181:22) is also")
+
+
+def test_a_zero_padded_address_is_the_address() -> None:
+    assert canonical_address("127.0.77.02") == canonical_address("127.0.77.2") == "127.0.77.2"
+    assert canonical_address("127.0.77.010") == "127.0.77.8"
+    assert canonical_address("Spark-A.lan") == "spark-a.lan"
