@@ -31,6 +31,7 @@ SOUP_MIN_LETTERS = 12
 # Only the start of a long text is examined: garbling fills a response from its first tokens.
 GARBLED_SCAN_CHARS = 4096
 REASONING_FIELDS = ("reasoning", "reasoning_content")
+AUTH_FAILURES = (401, 403)
 
 
 def verdict(outcome: ProbeOutcome, detail: str = "", **extra: Any) -> ProbeVerdict:
@@ -92,6 +93,10 @@ def _queued(load: EngineLoad) -> float:
 
 def classify_response(status: int, body: bytes | str) -> ProbeVerdict:
     """A non-streaming `/v1/chat/completions` response."""
+    if status in AUTH_FAILURES:
+        # What a refusing server (or a proxy before it) writes back may quote the key it was
+        # sent, in an encoding the redactor might not know: none of it is kept.
+        return verdict("http_error", f"HTTP {status}: the API key was refused")
     if not 200 <= status < 300:
         return verdict("http_error", f"HTTP {status}: {_snippet(body)}")
     try:
