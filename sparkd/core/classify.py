@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sparkd.core.text import printable, printable_json
 from sparkd.model.probe import HEALTHY_OUTCOMES, ProbeOutcome, ProbeVerdict
 
 # Text with fewer non-blank characters than this is never called garbled: "4", "Paris.", "Yes",
@@ -100,8 +101,8 @@ def classify_response(status: int, body: bytes | str) -> ProbeVerdict:
     if not 200 <= status < 300:
         return verdict("http_error", f"HTTP {status}: {_snippet(body)}")
     try:
-        document = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        document = printable_json(json.loads(body))
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return verdict("malformed", f"body is not JSON: {_snippet(body)}")
     if not isinstance(document, dict):
         return verdict("malformed", "body is not a JSON object")
@@ -142,9 +143,9 @@ def classify_stream(status: int, lines: Iterable[str]) -> ProbeVerdict:
             done = True
             break
         try:
-            chunk = json.loads(data)
-        except ValueError:
-            return verdict("malformed", f"stream chunk is not JSON: {data[:80]!r}")
+            chunk = printable_json(json.loads(data))
+        except (ValueError, RecursionError):
+            return verdict("malformed", f"stream chunk is not JSON: {printable(data[:80])!r}")
         if not isinstance(chunk, dict):
             return verdict("malformed", "stream chunk is not a JSON object")
         if chunk.get("usage") is not None:
@@ -292,5 +293,5 @@ def _completion_tokens(usage: Any) -> int | None:
 def _snippet(text: bytes | str, limit: int = 80) -> str:
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
-    text = " ".join(text.split())
+    text = printable(" ".join(text.split()))
     return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sparkd.core.text import printable, printable_json
 from sparkd.model.observed import (
     Container,
     GpuProcess,
@@ -115,7 +116,7 @@ def parse_docker_ps(text: str, started: Mapping[str, float] | None = None) -> tu
 
 def _text(value: object, limit: int = 4096) -> str:
     """A JSON field as text: strings as they are (bounded), anything else as nothing."""
-    return value[:limit] if isinstance(value, str) else ""
+    return printable(value[:limit]) if isinstance(value, str) else ""
 
 
 @dataclass(frozen=True)
@@ -404,7 +405,8 @@ def find_serve(rows: Iterable[TopRow]) -> TopRow | None:
 
 
 def json_or_none(text: str) -> Any:
+    """The decoded JSON with its strings printable (see core.text), or None."""
     try:
-        return json.loads(text)
+        return printable_json(json.loads(text))
     except (ValueError, RecursionError):
         return None

@@ -24,6 +24,7 @@ from sparkd.core.classify import (
     classify_stream,
     judge_timeout,
 )
+from sparkd.core.text import printable
 from sparkd.model.observed import ModelEndpoint
 from sparkd.model.probe import ProbeResult
 from sparkd.settings import ClusterSpec
@@ -294,7 +295,9 @@ def listed_models(body: bytes) -> tuple[str, ...]:
     if not isinstance(data, list):
         return ()
     return tuple(
-        m["id"][:512] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)
+        printable(m["id"][:512])
+        for m in data
+        if isinstance(m, dict) and isinstance(m.get("id"), str)
     )
 
 

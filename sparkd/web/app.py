@@ -29,6 +29,7 @@ from aiohttp.web_protocol import RequestHandler
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from sparkd import __version__
+from sparkd.core.text import printable
 from sparkd.model.plan import ActionOutcome
 from sparkd.model.snapshot import SnapshotDocument
 from sparkd.shell.secrets import SecretFileError, read_secret, redact, redact_json
@@ -210,7 +211,8 @@ def _text(body: dict[str, Any], key: str, default: str) -> str:
     value = body.get(key, default)
     if not isinstance(value, str) or len(value) > MAX_TEXT:
         raise web.HTTPBadRequest(text=f"{key} must be a string of at most {MAX_TEXT} characters")
-    return value
+    # A client's text is shown by `sparkd status` on someone else's terminal.
+    return printable(value)
 
 
 async def pause(request: web.Request) -> web.Response:
