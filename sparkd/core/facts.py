@@ -151,6 +151,7 @@ def parse_docker_top(text: str) -> tuple[TopRow, ...]:
     return tuple(rows)
 
 
+MAX_NAME = 256
 # The kernel's PIDs stay below pid_max, which is at most 2^22 (PID_MAX_LIMIT on 64-bit).
 PID_LIMIT = 4_194_304
 
@@ -180,10 +181,10 @@ def parse_compute_apps(
         memory = parts[2] if len(parts) > 2 else ""
         used = int(memory) if _is_count(memory) else None
         pid = int(parts[0])
+        # A path is at most PATH_MAX (4096); the name is shown in reasons, bounded further.
+        name = parts[1][:MAX_NAME]
         processes.append(
-            GpuProcess(
-                pid=pid, name=parts[1], used_memory_mib=used, container=(owners or {}).get(pid)
-            )
+            GpuProcess(pid=pid, name=name, used_memory_mib=used, container=(owners or {}).get(pid))
         )
     return tuple(processes)
 
