@@ -143,8 +143,21 @@ class StateDir:
         self._written: dict[Path, bytes] = {}
 
     def ensure(self) -> None:
-        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.path, 0o700)
+        """Create the directory 0700 if it is not there. One that exists is never chmodded: it
+        may be shared (or a symlink to something that is), and its owner chose its mode."""
+        if self.path.is_dir():
+            return
+        try:
+            self.path.mkdir(mode=0o700, parents=True)
+        except FileExistsError:
+            return
+        # mkdir's mode is masked by the umask; this directory is sparkd's own (opened without
+        # following a symlink, should one have replaced it meanwhile).
+        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
 
     def memory_path(self, cluster: str) -> Path:
         return self.path / f"memory-{SAFE.sub('_', cluster)}.json"
