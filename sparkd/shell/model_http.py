@@ -301,9 +301,13 @@ def listed_models(body: bytes) -> tuple[str, ...]:
     )
 
 
+# A probe reads vLLM's /metrics at most twice (before, and after a timeout), each this long.
+ENGINE_LOAD_TIMEOUT = 5.0
+
+
 async def _engine_load(opener: Opener, authority: str) -> EngineLoad | None:
     try:
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(ENGINE_LOAD_TIMEOUT):
             response = await request(opener, "GET", authority, "/metrics")
         if response.status != 200:
             return None
