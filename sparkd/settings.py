@@ -11,6 +11,7 @@ import contextvars
 import fnmatch
 import ipaddress
 import os
+import posixpath
 import re
 import socket
 from datetime import datetime
@@ -58,8 +59,35 @@ PROTECTED_UNITS = (
 SYSTEM_DIRS = frozenset(
     ["/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc", "/root",
      "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/var/lib", "/var/log",  # noqa: S108
-     "/usr/local", "/usr/bin", "/usr/lib"]
+     "/usr/local", "/usr/bin", "/usr/lib", "/usr/sbin", "/usr/share", "/usr/local/bin",
+     "/var/tmp", "/var/cache", "/var/run", "/var/spool", "/var/opt", "/mnt", "/media"]  # noqa: S108
 )  # fmt: skip
+# Everything below these is the kernel's or shared memory, never a directory of sparkd's own.
+SYSTEM_TREES = ("/proc", "/sys", "/dev")
+
+
+def system_directory(path: Path) -> str | None:
+    """The system directory `path` names once normalised (`//etc`, `/var/lib/../../etc`,
+    `/tmp/`), or None when it is a directory a service may own."""
+    text = posixpath.normpath("/" + str(path).lstrip("/"))
+    if text in SYSTEM_DIRS:
+        return text
+    for tree in SYSTEM_TREES:
+        if text == tree or text.startswith(tree + "/"):
+            return tree
+    return None
+
+
+def _own_directory(value: Path) -> Path:
+    system = system_directory(value)
+    if system is not None:
+        raise ValueError(
+            f"{value} is the system directory {system} or inside it; give sparkd a directory "
+            "of its own"
+        )
+    return value
+
+
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.I)
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
@@ -112,6 +140,10 @@ class DaemonSettings(_Section):
             raise ValueError("must not be empty")
         if not value.is_absolute():
             raise ValueError("must be an absolute path")
+        _own_directory(value)
+        # The state dir is on this machine: a symlink there is judged by where it leads.
+        with contextlib.suppress(OSError, RuntimeError):
+            _own_directory(value.resolve())
         return value
 
     @property
@@ -219,9 +251,7 @@ class ModelSpec(_Section):
             raise ValueError("must be an absolute path")
         if ":" in str(value):
             raise ValueError("must not contain ':' (it is bind-mounted as HOST:CONTAINER)")
-        if str(value).rstrip("/") in SYSTEM_DIRS or str(value) == "/":
-            raise ValueError(f"{value} is a system directory; give sparkd a directory of its own")
-        return value
+        return _own_directory(value)
 
     @model_validator(mode="after")
     def _grace(self) -> ModelSpec:

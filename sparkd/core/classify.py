@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sparkd.core.text import printable, printable_json
 from sparkd.model.probe import HEALTHY_OUTCOMES, ProbeOutcome, ProbeVerdict
 
 # Text with fewer non-blank characters than this is never called garbled: "4", "Paris.", "Yes",
@@ -31,6 +32,7 @@ SOUP_MIN_LETTERS = 12
 # Only the start of a long text is examined: garbling fills a response from its first tokens.
 GARBLED_SCAN_CHARS = 4096
 REASONING_FIELDS = ("reasoning", "reasoning_content")
+AUTH_FAILURES = (401, 403)
 
 
 def verdict(outcome: ProbeOutcome, detail: str = "", **extra: Any) -> ProbeVerdict:
@@ -92,11 +94,15 @@ def _queued(load: EngineLoad) -> float:
 
 def classify_response(status: int, body: bytes | str) -> ProbeVerdict:
     """A non-streaming `/v1/chat/completions` response."""
+    if status in AUTH_FAILURES:
+        # What a refusing server (or a proxy before it) writes back may quote the key it was
+        # sent, in an encoding the redactor might not know: none of it is kept.
+        return verdict("http_error", f"HTTP {status}: the API key was refused")
     if not 200 <= status < 300:
         return verdict("http_error", f"HTTP {status}: {_snippet(body)}")
     try:
-        document = json.loads(body)
-    except (ValueError, RecursionError):
+        document = printable_json(json.loads(body))
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return verdict("malformed", f"body is not JSON: {_snippet(body)}")
     if not isinstance(document, dict):
         return verdict("malformed", "body is not a JSON object")
@@ -137,9 +143,9 @@ def classify_stream(status: int, lines: Iterable[str]) -> ProbeVerdict:
             done = True
             break
         try:
-            chunk = json.loads(data)
+            chunk = printable_json(json.loads(data))
         except (ValueError, RecursionError):
-            return verdict("malformed", f"stream chunk is not JSON: {data[:80]!r}")
+            return verdict("malformed", f"stream chunk is not JSON: {printable(data[:80])!r}")
         if not isinstance(chunk, dict):
             return verdict("malformed", "stream chunk is not a JSON object")
         if chunk.get("usage") is not None:
@@ -292,5 +298,5 @@ def _completion_tokens(usage: Any) -> int | None:
 def _snippet(text: bytes | str, limit: int = 80) -> str:
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
-    text = " ".join(text.split())
+    text = printable(" ".join(text.split()))
     return text if len(text) <= limit else text[: limit - 1] + "…"

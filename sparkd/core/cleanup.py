@@ -121,15 +121,12 @@ def _gpu_processes(ctx: Context, verdict: Verdict, doomed: set[tuple[str, str]])
             verdict.notes.append(f"{why}; waiting")
             verdict.holds.append(Hold(why, START_MODEL))
             continue
+        unknown: list[GpuProcess] = []
+        kept: list[GpuProcess] = []
         for proc in _foreign(desired, seen, doomed):
             what = describe(proc)
             if proc.owner_unknown:
-                why = (
-                    f"GPU process {what} on {host.name} has an unknown owner (a container's "
-                    "process list could not be read); never killed"
-                )
-                verdict.notes.append(why)
-                verdict.holds.append(Hold(why, START_MODEL))
+                unknown.append(proc)
             elif desired.policy.allow_kill_foreign_gpu:
                 verdict.actions.append(
                     act(
@@ -141,11 +138,38 @@ def _gpu_processes(ctx: Context, verdict: Verdict, doomed: set[tuple[str, str]])
                     )
                 )
             else:
-                why = f"foreign GPU process {what} on {host.name}; policy does not allow killing it"
-                verdict.notes.append(why)
-                verdict.holds.append(Hold(why, START_MODEL))
-                blocked = True
+                kept.append(proc)
+        # One note per host, however many processes a host lists.
+        if unknown:
+            why = (
+                f"{_listed('GPU process', unknown)} on {host.name} "
+                f"{'has an unknown owner' if len(unknown) == 1 else 'have unknown owners'} "
+                "(a container's process list could not be read); never killed"
+            )
+            verdict.notes.append(why)
+            verdict.holds.append(Hold(why, START_MODEL))
+        if kept:
+            it = "it" if len(kept) == 1 else "them"
+            why = (
+                f"{_listed('foreign GPU process', kept)} on {host.name}; "
+                f"policy does not allow killing {it}"
+            )
+            verdict.notes.append(why)
+            verdict.holds.append(Hold(why, START_MODEL))
+            blocked = True
     return blocked
+
+
+# A note names at most this many processes, then counts the rest.
+MAX_LISTED = 5
+
+
+def _listed(what: str, procs: list[GpuProcess]) -> str:
+    if len(procs) == 1:
+        return f"{what} {describe(procs[0])}"
+    named = ", ".join(describe(p) for p in procs[:MAX_LISTED])
+    rest = len(procs) - MAX_LISTED
+    return f"{what}es {named}" + (f" and {rest} more" if rest > 0 else "")
 
 
 def _foreign(

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sparkd.core.text import printable, printable_json
 from sparkd.model.observed import (
     Container,
     GpuProcess,
@@ -128,7 +129,7 @@ def unreadable_container_line(text: str) -> str | None:
 
 def _text(value: object, limit: int = 4096) -> str:
     """A JSON field as text: strings as they are (bounded), anything else as nothing."""
-    return value[:limit] if isinstance(value, str) else ""
+    return printable(value[:limit]) if isinstance(value, str) else ""
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,7 @@ def parse_docker_top(text: str) -> tuple[TopRow, ...]:
     return tuple(rows)
 
 
+MAX_NAME = 256
 # The kernel's PIDs stay below pid_max, which is at most 2^22 (PID_MAX_LIMIT on 64-bit).
 PID_LIMIT = 4_194_304
 
@@ -192,10 +194,10 @@ def parse_compute_apps(
         memory = parts[2] if len(parts) > 2 else ""
         used = int(memory) if _is_count(memory) else None
         pid = int(parts[0])
+        # A path is at most PATH_MAX (4096); the name is shown in reasons, bounded further.
+        name = parts[1][:MAX_NAME]
         processes.append(
-            GpuProcess(
-                pid=pid, name=parts[1], used_memory_mib=used, container=(owners or {}).get(pid)
-            )
+            GpuProcess(pid=pid, name=name, used_memory_mib=used, container=(owners or {}).get(pid))
         )
     return tuple(processes)
 
@@ -421,7 +423,8 @@ def find_serve(rows: Iterable[TopRow]) -> TopRow | None:
 
 
 def json_or_none(text: str) -> Any:
+    """The decoded JSON with its strings printable (see core.text), or None."""
     try:
-        return json.loads(text)
+        return printable_json(json.loads(text))
     except (ValueError, RecursionError):
         return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from sparkd.model.base import Value
+from sparkd.model.base import BoundedText, Value
 from sparkd.model.memory import LoadMark
 
 Phase = Literal[
@@ -59,7 +59,7 @@ class Action(Value):
     host: str
     # What the action is about: a unit, a container, a PID, or the model id.
     target: str
-    reason: str
+    reason: BoundedText
     # What budget and backoff count this action against when the target is fleeting: a
     # respawning foreign process gets a new PID each time but stays the same fight.
     subject: str = ""
@@ -76,7 +76,7 @@ class Action(Value):
 class Plan(Value):
     cluster: str
     phase: Phase
-    reason: str
+    reason: BoundedText
     actions: tuple[Action, ...] = ()
     # What would have run but for pause, dry-run or backoff: shown, never executed.
     withheld: tuple[Action, ...] = ()
@@ -122,4 +122,4 @@ class ActionOutcome(Value):
     result: ActionResult
     started_at: float
     finished_at: float
-    detail: str = ""
+    detail: BoundedText = ""

@@ -36,7 +36,7 @@ from sparkd.runtime.state import StateDir
 from sparkd.settings import ClusterSpec
 from sparkd.shell.events import EventWatch
 from sparkd.shell.execute import Executor, ExecutorTiming
-from sparkd.shell.observe import observe
+from sparkd.shell.observe import observe, observe_timeout
 from sparkd.shell.ssh import SshPool
 
 # "unreachable": a host coming back is seen within a recheck (its event stream, lost with it,
@@ -164,6 +164,8 @@ class Controller:
         # Progress for the watchdog and /healthz: a cycle finished, or an action is running.
         self.progress_at = monotonic()
         self.action_deadline: float | None = None
+        # While a look runs: when it must have ended, by its own timeouts.
+        self.observe_deadline: float | None = None
         self._operator_edits: list[Callable[[Memory], Memory]] = []
 
     # -- one cycle ----------------------------------------------------------------------
@@ -201,14 +203,21 @@ class Controller:
         settled = self.view.plan is not None and self.view.plan.converged
         known_ray = self._reusable_ray()
         self._stirred = False
-        observed = await observe(
-            self.cluster,
-            self.pool,
-            probe_due=self._probe_due,
-            wall_clock=self.wall_clock,
-            ray_status=not settled,
-            known_ray=known_ray,
-        )
+        # A hung host makes a look last up to its command timeout, which may be several
+        # intervals: within its own bound that is progress, so the watchdog keeps the daemon
+        # (and every other cluster) running.
+        self.observe_deadline = self.monotonic() + observe_timeout(self.cluster)
+        try:
+            observed = await observe(
+                self.cluster,
+                self.pool,
+                probe_due=self._probe_due,
+                wall_clock=self.wall_clock,
+                ray_status=not settled,
+                known_ray=known_ray,
+            )
+        finally:
+            self.observe_deadline = None
         if known_ray is None:
             self._ray_read_at = observed.observed_at
         self.progress_at = self.monotonic()  # a slow but bounded observation is progress
@@ -492,11 +501,16 @@ class Controller:
         self.wake.set()
 
     def healthy(self, now: float) -> tuple[bool, str]:
-        """Making progress: a cycle finished within 3 intervals, or an action runs in time."""
+        """Making progress: a cycle finished within 3 intervals, or a look or an action runs
+        within its own timeouts."""
         if self.action_deadline is not None:
             if now <= self.action_deadline:
                 return True, "action in progress"
             return False, "action overran its timeout"
+        if self.observe_deadline is not None:
+            if now <= self.observe_deadline:
+                return True, "observing"
+            return False, "observation overran its timeouts"
         age = now - self.progress_at
         if age <= 3 * self.cluster.interval:
             return True, "ok"

@@ -96,6 +96,41 @@ def _event(line: bytes) -> dict[str, Any] | None:
     return event if isinstance(event, dict) else None
 
 
+# The events file is read from its end in chunks of this size; a line longer than the longest
+# event sparkd writes is not one of its events, skipped without being held whole.
+READ_CHUNK = 64 * 1024
+MAX_EVENT_LINE = 1024 * 1024
+_UNREADABLE = b"\xff"
+
+
+def _lines_from_end(
+    fd: int, chunk: int = READ_CHUNK, max_line: int = MAX_EVENT_LINE
+) -> Iterator[bytes]:
+    """The file's lines, last first, reading backwards `chunk` bytes at a time; a line over
+    `max_line` comes out as one undecodable line."""
+    end = os.fstat(fd).st_size
+    partial = b""
+    too_long = False
+    while end > 0:
+        start = max(0, end - chunk)
+        block = os.pread(fd, end - start, start)
+        end = start
+        *complete, last = block.split(b"\n")
+        if complete:
+            # `last` ends the line that continued into the blocks read before.
+            yield _UNREADABLE if too_long else last + partial
+            yield from reversed(complete[1:])
+            partial, too_long = complete[0], False
+        elif not too_long:
+            partial = last + partial
+        if len(partial) > max_line:
+            partial, too_long = b"", True
+    if too_long:
+        yield _UNREADABLE
+    elif partial:
+        yield partial
+
+
 class StateDir:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -108,8 +143,21 @@ class StateDir:
         self._written: dict[Path, bytes] = {}
 
     def ensure(self) -> None:
-        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.path, 0o700)
+        """Create the directory 0700 if it is not there. One that exists is never chmodded: it
+        may be shared (or a symlink to something that is), and its owner chose its mode."""
+        if self.path.is_dir():
+            return
+        try:
+            self.path.mkdir(mode=0o700, parents=True)
+        except FileExistsError:
+            return
+        # mkdir's mode is masked by the umask; this directory is sparkd's own (opened without
+        # following a symlink, should one have replaced it meanwhile).
+        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
 
     def memory_path(self, cluster: str) -> Path:
         return self.path / f"memory-{SAFE.sub('_', cluster)}.json"
@@ -266,29 +314,52 @@ class StateDir:
     def read_events(self, limit: int, cluster: str | None = None) -> list[dict[str, Any]]:
         """Newest first, of one cluster or all. Lines that are torn, not UTF-8 or not a JSON
         object are skipped; `events_skipped` says how many the latest read met."""
+        return self.read_events_counted(limit, cluster)[0]
+
+    def read_events_counted(
+        self, limit: int, cluster: str | None = None
+    ) -> tuple[list[dict[str, Any]], int]:
+        """`read_events`, and how many unreadable lines this read met (safe in a thread)."""
         try:
-            raw = self.events_path().read_bytes()
+            fd = os.open(self.events_path(), os.O_RDONLY)
         except FileNotFoundError:
             self.events_skipped = 0
-            return []
+            return [], 0
         out: list[dict[str, Any]] = []
         skipped = 0
-        for line in reversed(raw.split(b"\n")):
-            if len(out) >= limit:
-                break
-            if not line.strip():
-                continue
-            event = _event(line)
-            if event is None:
-                skipped += 1
-            elif cluster is None or event.get("cluster") == cluster:
-                out.append(event)
+        try:
+            found = self._newest(fd, limit, cluster)
+            for event in found:
+                if event is None:
+                    skipped += 1
+                else:
+                    out.append(event)
+        finally:
+            os.close(fd)
         if skipped and skipped != self.events_skipped:
             self.log.warning(
                 "events_unreadable_skipped", path=str(self.events_path()), lines=skipped
             )
         self.events_skipped = skipped
-        return out
+        return out, skipped
+
+    @staticmethod
+    def _newest(fd: int, limit: int, cluster: str | None) -> Iterator[dict[str, Any] | None]:
+        """The newest `limit` matching events (None for each unreadable line met on the way),
+        read from the end of the file in chunks: a request for the last few events reads
+        about as much as they take, whatever the file holds before them."""
+        taken = 0
+        for line in _lines_from_end(fd):
+            if taken >= limit:
+                return
+            if not line.strip():
+                continue
+            event = _event(line)
+            if event is None:
+                yield None
+            elif cluster is None or event.get("cluster") == cluster:
+                taken += 1
+                yield event
 
     # -- lock ---------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sparkd.core.text import printable_json
 from sparkd.settings import ClusterSpec, HostSpec
 from sparkd.shell import catalogue
 from sparkd.shell.ssh import SshFailure, SshPool
@@ -35,7 +36,7 @@ class ContainerEvent:
 def parse_event(line: str) -> ContainerEvent | None:
     """One line of `docker events --format '{{json .}}'`; None when it is not one."""
     try:
-        row = json.loads(line)
+        row = printable_json(json.loads(line))
     except (ValueError, RecursionError):
         return None
     if not isinstance(row, dict):

@@ -2,13 +2,20 @@
 
 The scan connects to every configured host without trusting it (no authentication is
 attempted), prints the key's SHA256 fingerprint as `ssh-keygen -lf` shows it, and says how it
-compares with `known_hosts_file`. It writes that file only when asked (`--accept`), and says
-what it added or replaced: nothing is ever trusted silently.
+compares with `known_hosts_file`, read as OpenSSH and asyncssh read it: hashed names
+(`HashKnownHosts yes`, `ssh-keygen -H`), wildcards, `@revoked` and `@cert-authority`. It writes
+that file only when asked (`--accept`), and says what it added, replaced or refused: nothing is
+ever trusted silently, and no old key is left trusted beside the new one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import hashlib
+import hmac
+import ipaddress
 import os
 import tempfile
 from dataclasses import dataclass
@@ -16,6 +23,7 @@ from pathlib import Path
 from typing import TextIO
 
 import asyncssh
+from asyncssh.pattern import HostPatternList
 
 from sparkd.settings import Settings
 
@@ -59,28 +67,113 @@ def _entries(path: Path) -> list[str]:
         return []
 
 
-def _matches(entry: str, pattern: str) -> bool:
-    fields = entry.split()
-    if len(fields) < 3 or entry.lstrip().startswith("#"):
+@dataclass(frozen=True)
+class Entry:
+    """One known_hosts line as OpenSSH reads it: `[@marker] hosts keytype base64 [comment]`."""
+
+    marker: str | None  # `revoked`, `cert-authority`, or None for a host key
+    hosts: str  # comma-separated patterns, or one `|1|salt|hash` (HashKnownHosts)
+    keytype: str
+    blob: str
+
+
+def parse_entry(line: str) -> Entry | None:
+    fields = line.split()
+    if not fields or fields[0].startswith("#"):
+        return None
+    marker = None
+    if fields[0].startswith("@"):
+        marker, fields = fields[0][1:], fields[1:]
+    if len(fields) < 3:
+        return None
+    return Entry(marker, fields[0], fields[1], fields[2])
+
+
+def _hashed_matches(field: str, pattern: str) -> bool:
+    """`|1|base64(salt)|base64(HMAC-SHA1(salt, host))`, as `ssh-keygen -H` writes it."""
+    try:
+        magic, salt, digest = field[1:].split("|")
+        salt_bytes, digest_bytes = base64.b64decode(salt), base64.b64decode(digest)
+    except (ValueError, binascii.Error):
         return False
-    return pattern in fields[0].split(",")
+    if magic != "1":
+        return False
+    mine = hmac.new(salt_bytes, pattern.encode(), hashlib.sha1).digest()
+    return hmac.compare_digest(mine, digest_bytes)
+
+
+def hashed(pattern: str) -> str:
+    salt = os.urandom(20)
+    digest = hmac.new(salt, pattern.encode(), hashlib.sha1).digest()
+    return f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
+
+
+def _names(entry: Entry, pattern: str) -> tuple[bool, bool]:
+    """Whether the entry names `pattern` exactly (hashed or as one of its patterns), and
+    whether it covers it only through a wildcard or CIDR pattern."""
+    if entry.hosts.startswith("|"):
+        return _hashed_matches(entry.hosts, pattern), False
+    names = entry.hosts.split(",")
+    if pattern in names:
+        return True, False
+    address = pattern[1:].partition("]")[0] if pattern.startswith("[") else pattern
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        ip = None
+    wild = [n for n in names if any(c in n for c in "*?!/")]
+    covered = bool(wild) and HostPatternList(",".join(names)).matches(pattern, address, ip)
+    return False, covered
+
+
+def trusted(known: list[str], found: Scanned) -> tuple[list[str], list[str], list[str]]:
+    """What sparkd's own connection would trust for the host, as asyncssh matches known_hosts
+    (hashed lines, wildcards and markers included): host keys, CA keys, revoked keys, each as
+    `keytype base64`."""
+    address, port = _address_port(found.pattern)
+    try:
+        table = asyncssh.import_known_hosts("\n".join(known))
+    except ValueError:
+        return [], [], []
+    # Port 22 is written without one; another port falls back to the bare address, as asyncssh
+    # does when no line names the port.
+    keys, cas, revoked, *_ = table.match(address, address, None if port == 22 else port)
+    return [_text(k) for k in keys], [_text(k) for k in cas], [_text(k) for k in revoked]
+
+
+def _text(key: asyncssh.SSHKey) -> str:
+    return " ".join(key.export_public_key("openssh").decode().split()[:2])
+
+
+def _address_port(pattern: str) -> tuple[str, int]:
+    if pattern.startswith("["):
+        address, _, port = pattern[1:].partition("]:")
+        return address, int(port)
+    return pattern, 22
 
 
 def compare(known: list[str], found: Scanned) -> str:
     if found.line is None:
         return "unreachable"
-    _, keytype, blob = found.line.split()
-    mine = [e.split() for e in known if _matches(e, found.pattern)]
-    if any(f[1:3] == [keytype, blob] for f in mine):
+    scanned = " ".join(found.line.split()[1:3])
+    keys, _, revoked = trusted(known, found)
+    if scanned in revoked:
+        return "REVOKED in known_hosts"
+    if scanned in keys:
+        others = len(set(keys) - {scanned})
+        if others:
+            return f"matches known_hosts, which also trusts {others} other key(s) for it"
         return "matches known_hosts"
-    if mine:
+    if keys:
         return "DIFFERS from known_hosts"
     return "not in known_hosts"
 
 
 def accept(path: Path, found: list[Scanned]) -> list[str]:
     """known_hosts with each answering host's entries replaced by the scanned key; returns what
-    was changed, one line each."""
+    was changed (or refused), one line each. `@revoked` and `@cert-authority` lines are kept;
+    a scanned key that is `@revoked` is never added. A file with hashed names gets a hashed
+    line."""
     known = _entries(path)
     changes: list[str] = []
     for item in found:
@@ -89,13 +182,44 @@ def accept(path: Path, found: list[Scanned]) -> list[str]:
         status = compare(known, item)
         if status == "matches known_hosts":
             continue
-        known = [e for e in known if not _matches(e, item.pattern)]
-        known.append(item.line)
-        verb = "replaced" if status.startswith("DIFFERS") else "added"
+        if status.startswith("REVOKED"):
+            changes.append(f"refused {item.pattern} {item.fingerprint}: the key is @revoked")
+            continue
+        known, wild = _without(known, item)
+        entries = [e for e in map(parse_entry, known) if e is not None]
+        name = hashed(item.pattern) if any(e.hosts.startswith("|") for e in entries) else None
+        known.append(item.line if name is None else f"{name} {' '.join(item.line.split()[1:])}")
+        verb = "added" if status.startswith("not in") else "replaced"
         changes.append(f"{verb} {item.pattern} {item.fingerprint}")
-    if changes:
+        changes.extend(
+            f"left line {line!r}: its wildcard also names {item.pattern}; edit it by hand"
+            for line in wild
+        )
+    if any(not c.startswith("refused") for c in changes):
         _write(path, "".join(f"{e}\n" for e in known))
     return changes
+
+
+def _without(known: list[str], item: Scanned) -> tuple[list[str], list[str]]:
+    """`known` without the host keys it has for the item's host (a name dropped from a line
+    that names other hosts too), and the wildcard lines that still cover it."""
+    kept: list[str] = []
+    wild: list[str] = []
+    for line in known:
+        entry = parse_entry(line)
+        if entry is None or entry.marker is not None:
+            kept.append(line)
+            continue
+        exact, covered = _names(entry, item.pattern)
+        if covered:
+            wild.append(line)
+        if not exact:
+            kept.append(line)
+            continue
+        rest = [n for n in entry.hosts.split(",") if n != item.pattern]
+        if rest and not entry.hosts.startswith("|"):
+            kept.append(line.replace(entry.hosts, ",".join(rest), 1))
+    return kept, wild
 
 
 def _write(path: Path, text: str) -> None:

@@ -24,6 +24,7 @@ from sparkd.core.classify import (
     classify_stream,
     judge_timeout,
 )
+from sparkd.core.text import printable
 from sparkd.model.observed import ModelEndpoint
 from sparkd.model.probe import ProbeResult
 from sparkd.settings import ClusterSpec
@@ -295,13 +296,19 @@ def listed_models(body: bytes) -> tuple[str, ...]:
     if not isinstance(data, list):
         return ()
     return tuple(
-        m["id"][:512] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)
+        printable(m["id"][:512])
+        for m in data
+        if isinstance(m, dict) and isinstance(m.get("id"), str)
     )
+
+
+# A probe reads vLLM's /metrics at most twice (before, and after a timeout), each this long.
+ENGINE_LOAD_TIMEOUT = 5.0
 
 
 async def _engine_load(opener: Opener, authority: str) -> EngineLoad | None:
     try:
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(ENGINE_LOAD_TIMEOUT):
             response = await request(opener, "GET", authority, "/metrics")
         if response.status != 200:
             return None

@@ -34,6 +34,23 @@ class HostReading:
     extras: HeadExtras | None
 
 
+# Scheduling and redaction on a busy event loop, beyond the timeouts themselves.
+OBSERVE_SLACK = 5.0
+
+
+def observe_timeout(cluster: ClusterSpec) -> float:
+    """The longest one `observe` can take within its own timeouts: every host's fact script at
+    once (each bounded by command_timeout, connecting included), then the endpoint's reads
+    (command_timeout), then a probe (its timeout, and /metrics before and after). A look that
+    takes this long is slow, not stuck."""
+    return (
+        2 * cluster.ssh.command_timeout
+        + cluster.probe.timeout
+        + 2 * model_http.ENGINE_LOAD_TIMEOUT
+        + OBSERVE_SLACK
+    )
+
+
 def tool_timeout(cluster: ClusterSpec) -> float:
     return catalogue.tool_timeout(cluster)
 

@@ -9,6 +9,7 @@ log tail written before the rotation. Everything that leaves the process (log li
 from __future__ import annotations
 
 import os
+import re
 import stat
 import threading
 from collections.abc import Iterable
@@ -35,6 +36,7 @@ class Redactor:
         self._lock = threading.Lock()
         self._by_path: dict[str, tuple[str, ...]] = {}
         self._secrets: tuple[str, ...] = ()
+        self._pattern: re.Pattern[str] | None = None
 
     def note(self, path: Path, secret: str) -> None:
         key = str(path)
@@ -46,12 +48,16 @@ class Redactor:
             found = {s for values in self._by_path.values() for s in values if s}
             # Longest first, so a secret that contains another is masked whole.
             self._secrets = tuple(sorted(found, key=lambda s: (-len(s), s)))
+            self._pattern = _encoded_forms(self._secrets)
 
     def secrets(self) -> tuple[str, ...]:
         return self._secrets
 
     def redact(self, text: str) -> str:
-        return redact_patterns(text, self._secrets)
+        pattern = self._pattern
+        if pattern is not None:
+            text = pattern.sub(MASK, text)
+        return redact_patterns(text, ())
 
     def redact_json(self, value: Any) -> Any:
         """The same JSON-like value (dicts, lists, strings, numbers) with every string redacted,
@@ -68,6 +74,36 @@ class Redactor:
         with self._lock:
             self._by_path.clear()
             self._secrets = ()
+            self._pattern = None
+
+
+def _char_forms(char: str) -> str:
+    """Every way a server or proxy echoing a secret may have written one of its characters:
+    as is, percent-encoded (once or twice, either hex case), JSON- or backslash-escaped, as an
+    HTML entity, and a space as a form's `+`. Matched without regard to case, so a case-folded
+    echo is caught too."""
+    code = ord(char)
+    forms = [
+        re.escape(char),
+        f"%{code:02x}",
+        f"%25{code:02x}",
+        rf"\\u{code:04x}",
+        rf"\\x{code:02x}",
+        rf"\\{re.escape(char)}",
+        f"&#{code};",
+        f"&#x0*{code:x};",
+    ]
+    if char == " ":
+        forms.append(r"\+")
+    return "(?:" + "|".join(forms) + ")"
+
+
+def _encoded_forms(secrets: tuple[str, ...]) -> re.Pattern[str] | None:
+    if not secrets:
+        return None
+    # Longest first, as an alternation tries its branches in order.
+    alternatives = ("".join(_char_forms(c) for c in secret) for secret in secrets)
+    return re.compile("|".join(alternatives), re.IGNORECASE)
 
 
 REDACTOR = Redactor()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import asyncssh
 
+from sparkd.core.text import printable
 from sparkd.model.observed import HostError
 from sparkd.settings import HostSpec, SshSpec
 from sparkd.shell.ssh_errors import (
@@ -156,7 +157,7 @@ class HostConnection:
                     detail = f"`{name}` printed a line longer than {max_line} characters"
                     raise SshFailure(host_error("exit_nonzero", detail))
                 for line in complete:
-                    yield line
+                    yield printable(line, lines=True)
         finally:
             process.close()
 
@@ -395,6 +396,7 @@ def _first_word(command: str) -> str:
 def _text(data: object) -> str:
     if data is None:
         return ""
+    # Every byte a host's tools print enters here: controls go before anything parses it.
     if isinstance(data, bytes):
-        return data.decode("utf-8", "replace")
-    return str(data)
+        return printable(data.decode("utf-8", "replace"), lines=True)
+    return printable(str(data), lines=True)

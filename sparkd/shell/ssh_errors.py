@@ -13,6 +13,7 @@ from pathlib import Path
 
 import asyncssh
 
+from sparkd.core.text import printable
 from sparkd.model.observed import HostError, HostErrorKind
 
 DETAIL_MAX = 160
@@ -139,4 +140,5 @@ def _classify_group(group: BaseExceptionGroup[BaseException]) -> HostError:
 
 
 def _reason(exc: asyncssh.Error) -> str:
-    return " ".join(str(exc.reason).split()) or type(exc).__name__
+    # The reason may be the server's own words (a disconnect message).
+    return printable(" ".join(str(exc.reason).split())) or type(exc).__name__

@@ -30,6 +30,7 @@ from aiohttp.web_protocol import RequestHandler
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from sparkd import __version__
+from sparkd.core.text import printable
 from sparkd.model.plan import ActionOutcome
 from sparkd.model.snapshot import SnapshotDocument
 from sparkd.shell.secrets import SecretFileError, read_secret, redact, redact_json
@@ -132,11 +133,10 @@ async def events(request: web.Request) -> web.Response:
         limit = min(MAX_EVENTS, max(1, int(request.query.get("limit", "100"))))
     except ValueError:
         raise web.HTTPBadRequest(text="limit must be a whole number") from None
-    found = daemon.state.read_events(limit, cluster)
+    # Off the event loop: a slow disk or a long file must not stall every cluster's cycle.
+    found, skipped = await asyncio.to_thread(daemon.state.read_events_counted, limit, cluster)
     # Lines of the events file that could not be read (torn, not UTF-8), skipped on the way.
-    return web.json_response(
-        redact_json({"events": found, "skipped_lines": daemon.state.events_skipped})
-    )
+    return web.json_response(redact_json({"events": found, "skipped_lines": skipped}))
 
 
 async def _authorize(request: web.Request) -> None:
@@ -216,7 +216,8 @@ def _text(body: dict[str, Any], key: str, default: str) -> str:
     value = body.get(key, default)
     if not isinstance(value, str) or len(value) > MAX_TEXT:
         raise web.HTTPBadRequest(text=f"{key} must be a string of at most {MAX_TEXT} characters")
-    return value
+    # A client's text is shown by `sparkd status` on someone else's terminal.
+    return printable(value)
 
 
 async def pause(request: web.Request) -> web.Response:

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import os
+import re
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
+
+import aiohttp
 
 from sparkd.sim.world import World
 from tests.e2e.conftest import eventually, free_port, write_fast_config
@@ -60,3 +66,76 @@ async def test_ready_status_watchdog_reloading_stopping(seed_world: World, tmp_p
     assert "STOPPING=1" in received
     ready = received.index(next(m for m in received if m.startswith("READY=1")))
     assert all(not m.startswith("STATUS=sparks") for m in received[:ready])
+
+
+async def test_a_hung_host_within_its_timeouts_keeps_the_watchdog_fed(
+    healthy_world: World, tmp_path: Path
+) -> None:
+    # command_timeout 8 s at a 1 s interval: a look at a silent host lasts 8 intervals, as
+    # check-config allows (120 s at 30 s).
+    port = free_port()
+    config = write_fast_config(healthy_world, tmp_path / "sparkd.toml", tmp_path / "state", port)
+    config.write_text(
+        re.sub(r"^(\s*)command_timeout = .*$", r"\1command_timeout = 8.0", config.read_text(),
+               flags=re.M)
+    )  # fmt: skip
+    path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.setblocking(False)
+    pings: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    def drain() -> None:
+        while True:
+            try:
+                message = sock.recv(4096).decode("latin-1")
+            except BlockingIOError:
+                return
+            if message == "WATCHDOG=1":
+                pings.append(time.monotonic())
+
+    loop.add_reader(sock.fileno(), drain)
+    # systemd restarts the unit when no ping comes for WATCHDOG_USEC; sparkd pings at half.
+    limit = 2.0
+    env = {**os.environ, "NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": str(int(limit * 1e6))}
+    log = (tmp_path / "daemon.log").open("wb")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sparkd.cli", "run", "--config", str(config),
+        stdout=log, stderr=log, env=env,
+    )  # fmt: skip
+    try:
+        await eventually(lambda: healthy(port), within=30)
+        await eventually(lambda: len(pings) >= 2, within=10)
+        hung_at = time.monotonic()
+        await healthy_world.fault("blackhole", "spark-b")
+        await eventually(lambda: reported_hung(port), within=30, poll=0.2)
+        seen_at = time.monotonic()
+    finally:
+        loop.remove_reader(sock.fileno())
+        sock.close()
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 30)
+    # The look that met the silent host outlasted 3 intervals, so this is the case at stake.
+    assert seen_at - hung_at > 3 * 1.0
+    during = [hung_at, *(t for t in pings if hung_at <= t <= seen_at), seen_at]
+    gaps = [b - a for a, b in itertools.pairwise(during)]
+    assert max(gaps) < limit, gaps
+
+
+async def cluster_status(port: int) -> dict:  # type: ignore[type-arg]
+    try:
+        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/status") as r:
+            body = await r.json()
+    except aiohttp.ClientError:
+        return {}
+    clusters = body.get("clusters") or [{}]
+    return clusters[0]  # type: ignore[no-any-return]
+
+
+async def healthy(port: int) -> bool:
+    return (await cluster_status(port)).get("phase") == "healthy"
+
+
+async def reported_hung(port: int) -> bool:
+    return "spark-b" in json.dumps((await cluster_status(port)).get("reason", ""))

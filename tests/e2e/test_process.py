@@ -13,6 +13,7 @@ from pathlib import Path
 import aiohttp
 
 from sparkd.runtime.state import StateDir
+from sparkd.sim.state import GpuProcess
 from sparkd.sim.world import World
 from tests.e2e.conftest import eventually, free_port, mutations, write_fast_config
 
@@ -226,3 +227,44 @@ async def test_sparkd_sim_healthy_is_drift_free_for_the_config_it_prints(tmp_pat
     finally:
         world.send_signal(signal.SIGTERM)
         await asyncio.wait_for(world.wait(), 30)
+
+
+PAINT = "\x1b[2J\x1b[H\x1b[32mhealthy (converged)\x1b[0m\u202e\x9b31m"
+
+
+def unsafe(text: str) -> list[str]:
+    return [c for c in text if c in "\x1b\x9b\u202e" or (ord(c) < 32 and c not in "\n\t")]
+
+
+async def test_a_host_and_a_client_cannot_paint_the_terminal(
+    healthy_world: World, tmp_path: Path
+) -> None:
+    port = free_port()
+    token = tmp_path / "token"
+    token.write_text("ctl-paint-0123456789\n")
+    token.chmod(0o600)
+    config = write_fast_config(
+        healthy_world, tmp_path / "sparkd.toml", tmp_path / "state", port, token_file=token
+    )
+    head = healthy_world.host("spark-a")
+    # nvidia-smi prints a process's name as the process set it.
+    head.state.gpu_processes.append(GpuProcess(pid=4242, name=f"/tmp/x{PAINT}", used_mib=512))
+    code, out, err = await sparkd("plan", "--config", str(config))
+    assert "x" in out and not unsafe(out + err), repr(out)
+    proc = await start_daemon(config, tmp_path / "daemon.log")
+    try:
+        await eventually(lambda: _has_phase(port), within=20)
+        code, out, err = await sparkd(
+            "pause", "--config", str(config), "sparks", "--reason", f"mine {PAINT}"
+        )
+        assert code == 0, err
+        code, out, err = await sparkd("status", "--config", str(config))
+        assert code == 0, err
+        assert "mine" in out and not unsafe(out + err), repr(out)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 20)
+
+
+async def _has_phase(port: int) -> bool:
+    return phase(await status(port)) is not None

@@ -108,3 +108,75 @@ async def test_scan_prints_fingerprints_and_writes_only_with_accept(
     finally:
         await conn.close()
     assert result.stdout == "trusted\n"
+
+
+def keygen(*args: str) -> subprocess.CompletedProcess[str]:
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("ssh-keygen is missing")
+    return subprocess.run(["ssh-keygen", *args], capture_output=True, text=True, check=True)
+
+
+def stale_line(sshd: RealSshd, pattern: str) -> tuple[str, str]:
+    stale = asyncssh.read_private_key(sshd.other_key_file).export_public_key().decode().split()
+    return f"{pattern} {stale[0]} {stale[1]}", stale[1]
+
+
+async def test_a_hashed_known_hosts_is_read_and_replaced_whole(
+    sshd: RealSshd, tmp_path: Path
+) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    config = config_for(sshd, tmp_path, known_hosts)
+    expected = keygen_fingerprint(sshd.known_hosts)
+    pattern = f"[127.0.0.1]:{sshd.port}"
+    line, stale_blob = stale_line(sshd, pattern)
+    other_blob = asyncssh.generate_private_key("ssh-ed25519").export_public_key().split()[1]
+    other = f"192.0.2.7 ssh-ed25519 {other_blob.decode()}"
+    known_hosts.write_text(f"{other}\n{line}\n")
+    # HashKnownHosts yes: ssh-keygen -H replaces every name by its salted hash.
+    keygen("-H", "-f", str(known_hosts))
+    assert pattern not in known_hosts.read_text() and "192.0.2.7" not in known_hosts.read_text()
+
+    differs = sparkd("known-hosts", "scan", "--config", str(config))
+    assert f"{pattern} ssh-ed25519 {expected} (DIFFERS from known_hosts)" in differs.stdout
+
+    accepted = sparkd("known-hosts", "scan", "--config", str(config), "--accept")
+    assert f"replaced {pattern} {expected}" in accepted.stdout, accepted
+    text = known_hosts.read_text()
+    assert stale_blob not in text and pattern not in text  # the new line is hashed too
+    found = keygen("-l", "-F", pattern, "-f", str(known_hosts)).stdout
+    assert found.count("SHA256:") == 1 and expected in found, found
+    assert "192.0.2.7" in keygen("-F", "192.0.2.7", "-f", str(known_hosts)).stdout
+    again = sparkd("known-hosts", "scan", "--config", str(config))
+    assert f"{pattern} ssh-ed25519 {expected} (matches known_hosts)" in again.stdout
+
+
+async def test_revoked_and_cert_authority_lines_are_honoured_and_kept(
+    sshd: RealSshd, tmp_path: Path
+) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    config = config_for(sshd, tmp_path, known_hosts)
+    expected = keygen_fingerprint(sshd.known_hosts)
+    pattern = f"[127.0.0.1]:{sshd.port}"
+    served = sshd.known_hosts.read_text().split()
+    ca_blob = asyncssh.generate_private_key("ssh-ed25519").export_public_key().split()[1]
+    authority = f"@cert-authority *.example ssh-ed25519 {ca_blob.decode()}"
+    revoked = f"@revoked * {served[-2]} {served[-1]}"
+    known_hosts.write_text(f"{authority}\n{revoked}\n")
+
+    scanned = sparkd("known-hosts", "scan", "--config", str(config))
+    assert f"{pattern} ssh-ed25519 {expected} (REVOKED in known_hosts)" in scanned.stdout
+    accepted = sparkd("known-hosts", "scan", "--config", str(config), "--accept")
+    assert f"refused {pattern} {expected}: the key is @revoked" in accepted.stdout, accepted
+    assert known_hosts.read_text() == f"{authority}\n{revoked}\n"
+
+    # Revocation lifted, a stale plain key beside the marker lines: the stale key goes, both
+    # markers stay.
+    line, stale_blob = stale_line(sshd, f"{pattern},192.0.2.9")
+    known_hosts.write_text(f"{authority}\n{line}\n")
+    accepted = sparkd("known-hosts", "scan", "--config", str(config), "--accept")
+    assert f"replaced {pattern} {expected}" in accepted.stdout, accepted
+    lines = known_hosts.read_text().splitlines()
+    assert authority in lines
+    assert f"192.0.2.9 ssh-ed25519 {stale_blob}" in lines  # the other host keeps its key
+    found = keygen("-l", "-F", pattern, "-f", str(known_hosts)).stdout
+    assert found.count("SHA256:") == 1 and expected in found, found

@@ -357,3 +357,10 @@ def test_any_stream_chunks_classify_as_a_counted_verdict(chunks: list[object]) -
     got = classify_stream(200, lines)
     assert got.outcome != "not_run"
     assert got.healthy is not None
+@pytest.mark.parametrize("status", [401, 403])
+def test_an_auth_failure_body_is_never_kept(status: int) -> None:
+    # A proxy that echoes the request back, the key in a form no redactor is sure to know.
+    body = '{"error": "bad key c2stc2VydmVkLTEy%2BNDM0%3D for Bearer"}'
+    verdict = classify_response(status, body)
+    assert verdict.outcome == "http_error" and str(status) in verdict.detail
+    assert "c2st" not in verdict.detail and "Bearer" not in verdict.detail

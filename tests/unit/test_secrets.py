@@ -3,9 +3,11 @@ string that leaves the process; a rotated key rolls out; a refused key is not a 
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import logging
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -159,3 +161,31 @@ def test_a_model_refusing_the_key_is_never_loading() -> None:
     result = plan(toy.cluster, seen.model_copy(update={"endpoint": refused}), Memory(), toy.now)
     assert result.phase != "loading", result.reason
     assert "http_error" in result.reason and "401" in result.reason
+
+
+BASE64_KEY = "sk-Zm9v/YmFy+YmF6=="
+
+
+@pytest.mark.parametrize(
+    "echoed",
+    [
+        BASE64_KEY,
+        urllib.parse.quote(BASE64_KEY, safe=""),
+        urllib.parse.quote(BASE64_KEY, safe="").lower(),
+        urllib.parse.quote(BASE64_KEY),
+        urllib.parse.quote(urllib.parse.quote(BASE64_KEY, safe=""), safe=""),
+        json.dumps(BASE64_KEY)[1:-1].replace("/", "\\/"),
+        BASE64_KEY.replace("+", "\\u002B"),
+        BASE64_KEY.lower(),
+        BASE64_KEY.upper(),
+        BASE64_KEY.swapcase(),
+        html.escape(BASE64_KEY).replace("/", "&#47;").replace("=", "&#x3D;"),
+    ],
+)
+def test_an_echoed_key_is_masked_in_its_escaped_and_folded_forms(
+    tmp_path: Path, echoed: str
+) -> None:
+    prime([write(tmp_path / "api_key", BASE64_KEY)])
+    line = f"HTTP 401: {{'detail': 'invalid key {echoed}'}}"
+    assert redact(line) == "HTTP 401: {'detail': 'invalid key ***'}", echoed
+    assert "zm9v" not in json.dumps(redact_json({"d": line})).lower()

@@ -1,0 +1,40 @@
+"""Text from outside the process (a host's tools, a model server, an API client) made safe to
+print: C0 and C1 control characters, DEL and the bidirectional overrides and isolates become
+U+FFFD. Applied once, where the text is parsed, so no terminal showing `sparkd status`, `plan` or
+`once` can be repainted, cleared or made to show text in another order by a host.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+REPLACEMENT = "\ufffd"
+# U+061C, U+200E/F: marks; U+202A-E: embeddings and overrides; U+2066-9: isolates.
+_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_UNSAFE = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
+# Multi-line text keeps its line breaks and tabs (parsers split on them); nothing else.
+_UNSAFE_IN_LINES = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}]")
+# A carriage return alone (tqdm's progress updates) is a line break to every reader here, and
+# would let a line overwrite the start of the one before it on a terminal.
+_RETURNS = re.compile("\r\n?")
+
+
+def printable(text: str, *, lines: bool = False) -> str:
+    """`text` with every control and bidi override replaced; with `lines`, `\\n` and `\\t` are
+    kept and a carriage return becomes a line break."""
+    if not lines:
+        return _UNSAFE.sub(REPLACEMENT, text)
+    return _UNSAFE_IN_LINES.sub(REPLACEMENT, _RETURNS.sub("\n", text))
+
+
+def printable_json(value: Any) -> Any:
+    """A decoded JSON value with every string in it (keys too) made printable, line breaks
+    kept: JSON's `\\u001b` escapes decode to the very characters `printable` removes."""
+    if isinstance(value, str):
+        return printable(value, lines=True)
+    if isinstance(value, dict):
+        return {printable_json(k): printable_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [printable_json(v) for v in value]
+    return value
