@@ -7,6 +7,7 @@ import html
 import io
 import json
 import logging
+import re
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,8 +105,9 @@ def keyed(toy: Toy) -> Toy:
 def launched_hash(toy: Toy, key: str) -> str:
     """The hash `start_model` writes beside the log, read back from the command it sends."""
     command = catalogue.start_model(toy.cluster, 10, key).command
-    written = next(step for step in command.split(" && ") if "serve.spec" in step)
-    return written.split()[2].strip("'")
+    written = re.search(r"printf '%s\\n' ([0-9a-f]{12}) ", command)
+    assert written is not None, command
+    return written.group(1)
 
 
 def healthy_keyed(key: str) -> tuple[Toy, Memory]:
