@@ -29,6 +29,9 @@ _PRIVILEGE = re.compile(
 # vLLM's engine process and its Ray workers, by their process titles.
 ENGINE_MARKERS = ("EngineCore", "RayWorkerWrapper")
 LAUNCH_MARKER = "=== sparkd launch"
+# What the API server prints once as it starts: `non-default args: {...}` (vLLM >= 0.8), and
+# `vLLM API server version X` before 0.20 (later releases draw the version in a banner).
+_SERVE_BANNER = re.compile(r"\bnon-default args: |vLLM API server version ")
 
 
 @dataclass(frozen=True)
@@ -254,10 +257,14 @@ def _engine_cpu(rows: tuple[facts.TopRow, ...]) -> float | None:
 
 
 def _since_launch(lines: list[str]) -> list[str]:
-    """The log is appended to across launches: only the latest launch's lines say anything."""
+    """The log is appended to across launches: only the latest launch's lines say anything.
+    A launch starts at sparkd's marker, or at the banner every `vllm serve` prints when it
+    starts (a serve restarted by hand into the same log writes no marker)."""
     for index in range(len(lines) - 1, -1, -1):
         if lines[index].startswith(LAUNCH_MARKER):
             return lines[index + 1 :]
+        if _SERVE_BANNER.search(lines[index]):
+            return lines[index:]
     return lines
 
 
