@@ -34,10 +34,17 @@ LAUNCH_MARKER = "=== sparkd launch"
 _SERVE_BANNER = re.compile(r"\bnon-default args: |vLLM API server version ")
 
 
+# What the docker CLI prints when its daemon is down (rc 1), or cannot be reached at all.
+_DOCKER_DOWN = re.compile(
+    r"Cannot connect to the Docker daemon|Is the docker daemon running\?|error during connect"
+)
+
+
 @dataclass(frozen=True)
 class HeadExtras:
     ray: RayState
-    serve: ServeState
+    # None when Docker did not answer: whether `vllm serve` runs is unknown, not "no".
+    serve: ServeState | None
 
 
 def _host_clock(sections: dict[str, facts.Section], observed_at: float) -> float:
@@ -78,12 +85,25 @@ def unreadable(sections: dict[str, facts.Section]) -> HostError | None:
     facts would mislead: no containers reads as "start Ray" (which first removes a running
     head). One container's failed `top` only makes its processes' owner unknown.
     """
+    docker = docker_failure(sections) is not None
     for name in REQUIRED_SECTIONS:
+        if docker and name in ("containers", "running"):
+            continue  # the host answered: Docker alone is down, and that is its own finding
         section = sections.get(name)
         if section is None:
             return HostError(kind="exit_nonzero", detail=f"fact script printed no {name} section")
         if not section.ok:
             return _failed(name, section)
+    return None
+
+
+def docker_failure(sections: dict[str, facts.Section]) -> str | None:
+    """Why Docker did not answer (its daemon down, or hung until the tool timeout), if so."""
+    section = sections.get("containers")
+    if section is None or section.ok:
+        return None
+    if section.rc == 124 or _DOCKER_DOWN.search(section.body):
+        return read_failure("docker", section)
     return None
 
 
@@ -114,7 +134,8 @@ def host_facts(
         for name, rows in tops.items()
         if any(r.elapsed is not None for r in rows)
     }
-    unread = _unread_tops(sections) if "running" in sections else []
+    docker = docker_failure(sections)
+    unread = _unread_tops(sections) if "running" in sections and docker is None else []
 
     def body(name: str) -> str | None:
         section = sections.get(name)
@@ -150,7 +171,7 @@ def host_facts(
         c.model_copy(update={"image_id": ours[c.name]}) if c.name in ours else c for c in containers
     )
     gpu = _stable_gpu_processes(apps_text, body("gpu_apps_after"), owners)
-    if unread:
+    if unread or docker is not None:
         gpu = tuple(
             p.model_copy(update={"owner_unknown": True}) if p.container is None else p for p in gpu
         )
@@ -162,6 +183,8 @@ def host_facts(
         containers=containers,
         gpu_processes=gpu,
         gpu_error=error("gpu_apps"),
+        interface_error=error("iface"),
+        docker_error=docker,
         interface=facts.parse_ip_addr(iface_text) if iface_text is not None else None,
         disk_free_bytes=facts.parse_df_avail(disk_text) if disk_text is not None else None,
         images=images,
@@ -214,6 +237,11 @@ def head_extras(
                 detail = f"`ray` timed out{': ' + detail if detail else ''}"
             ray = RayState(error=detail or "Ray did not answer")
 
+    docker = docker_failure(sections)
+    if docker is not None:
+        return HeadExtras(
+            ray=RayState(error=f"unknown: Docker not answering ({docker})"), serve=None
+        )
     tops = _tops(sections)
     head_rows = tops.get(container_name(cluster, cluster.head), ())
     serve_row = facts.find_serve(head_rows)
