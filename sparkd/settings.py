@@ -308,6 +308,9 @@ class ProbeSpec(_Section):
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     timeout: Seconds = 30.0
     stream: bool = False
+    # A healthy probe slower than this share of `timeout` is reported `degraded: slow`, never
+    # counted as a failure: the model answers, late.
+    slow_share: float = Field(default=0.5, gt=0.0, le=1.0)
 
 
 class CleanupSpec(_Section):

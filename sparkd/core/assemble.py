@@ -29,12 +29,22 @@ _PRIVILEGE = re.compile(
 # vLLM's engine process and its Ray workers, by their process titles.
 ENGINE_MARKERS = ("EngineCore", "RayWorkerWrapper")
 LAUNCH_MARKER = "=== sparkd launch"
+# What the API server prints once as it starts: `non-default args: {...}` (vLLM >= 0.8), and
+# `vLLM API server version X` before 0.20 (later releases draw the version in a banner).
+_SERVE_BANNER = re.compile(r"\bnon-default args: |vLLM API server version ")
+
+
+# What the docker CLI prints when its daemon is down (rc 1), or cannot be reached at all.
+_DOCKER_DOWN = re.compile(
+    r"Cannot connect to the Docker daemon|Is the docker daemon running\?|error during connect"
+)
 
 
 @dataclass(frozen=True)
 class HeadExtras:
     ray: RayState
-    serve: ServeState
+    # None when Docker did not answer: whether `vllm serve` runs is unknown, not "no".
+    serve: ServeState | None
 
 
 def _host_clock(sections: dict[str, facts.Section], observed_at: float) -> float:
@@ -75,7 +85,10 @@ def unreadable(sections: dict[str, facts.Section]) -> HostError | None:
     facts would mislead: no containers reads as "start Ray" (which first removes a running
     head). One container's failed `top` only makes its processes' owner unknown.
     """
+    docker = docker_failure(sections) is not None
     for name in REQUIRED_SECTIONS:
+        if docker and name in ("containers", "running"):
+            continue  # the host answered: Docker alone is down, and that is its own finding
         section = sections.get(name)
         if section is None:
             return HostError(kind="exit_nonzero", detail=f"fact script printed no {name} section")
@@ -86,6 +99,16 @@ def unreadable(sections: dict[str, facts.Section]) -> HostError | None:
         return HostError(
             kind="exit_nonzero", detail=f"containers: a `docker ps` line does not read: {garbled}"
         )
+    return None
+
+
+def docker_failure(sections: dict[str, facts.Section]) -> str | None:
+    """Why Docker did not answer (its daemon down, or hung until the tool timeout), if so."""
+    section = sections.get("containers")
+    if section is None or section.ok:
+        return None
+    if section.rc == 124 or _DOCKER_DOWN.search(section.body):
+        return read_failure("docker", section)
     return None
 
 
@@ -116,7 +139,8 @@ def host_facts(
         for name, rows in tops.items()
         if any(r.elapsed is not None for r in rows)
     }
-    unread = _unread_tops(sections) if "running" in sections else []
+    docker = docker_failure(sections)
+    unread = _unread_tops(sections) if "running" in sections and docker is None else []
 
     def body(name: str) -> str | None:
         section = sections.get(name)
@@ -152,7 +176,7 @@ def host_facts(
         c.model_copy(update={"image_id": ours[c.name]}) if c.name in ours else c for c in containers
     )
     gpu = _stable_gpu_processes(apps_text, body("gpu_apps_after"), owners)
-    if unread:
+    if unread or docker is not None:
         gpu = tuple(
             p.model_copy(update={"owner_unknown": True}) if p.container is None else p for p in gpu
         )
@@ -164,6 +188,8 @@ def host_facts(
         containers=containers,
         gpu_processes=gpu,
         gpu_error=error("gpu_apps"),
+        interface_error=error("iface"),
+        docker_error=docker,
         interface=facts.parse_ip_addr(iface_text) if iface_text is not None else None,
         disk_free_bytes=facts.parse_df_avail(disk_text) if disk_text is not None else None,
         images=images,
@@ -216,6 +242,11 @@ def head_extras(
                 detail = f"`ray` timed out{': ' + detail if detail else ''}"
             ray = RayState(error=detail or "Ray did not answer")
 
+    docker = docker_failure(sections)
+    if docker is not None:
+        return HeadExtras(
+            ray=RayState(error=f"unknown: Docker not answering ({docker})"), serve=None
+        )
     tops = _tops(sections)
     head_rows = tops.get(container_name(cluster, cluster.head), ())
     serve_row = facts.find_serve(head_rows)
@@ -275,10 +306,14 @@ def _engine_cpu(rows: tuple[facts.TopRow, ...]) -> float | None:
 
 
 def _since_launch(lines: list[str]) -> list[str]:
-    """The log is appended to across launches: only the latest launch's lines say anything."""
+    """The log is appended to across launches: only the latest launch's lines say anything.
+    A launch starts at sparkd's marker, or at the banner every `vllm serve` prints when it
+    starts (a serve restarted by hand into the same log writes no marker)."""
     for index in range(len(lines) - 1, -1, -1):
         if lines[index].startswith(LAUNCH_MARKER):
             return lines[index + 1 :]
+        if _SERVE_BANNER.search(lines[index]):
+            return lines[index:]
     return lines
 
 

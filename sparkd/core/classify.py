@@ -1,7 +1,11 @@
 """Classify a sanity completion (DESIGN section 5). Pure: bytes and status codes in, verdict out.
 
 A reasoning model that spends its whole budget thinking answers with `content: null` and its text
-in `reasoning` (vLLM >= 0.11) or `reasoning_content` (older vLLM, SGLang): that is healthy.
+in `reasoning` (vLLM >= 0.11) or `reasoning_content` (older vLLM, SGLang): that is healthy, but
+only as a spent budget (`finish_reason: length`, or `max_tokens` completion tokens). A turn that
+ended (`stop`) with reasoning and no content is what every client gets from a broken reasoning
+parser or chat template: `no_answer`. A turn the server cut short (`abort`, or an error streamed
+after part of the answer) is `aborted`.
 """
 
 from __future__ import annotations
@@ -92,8 +96,10 @@ def _queued(load: EngineLoad) -> float:
     return (load.running or 0.0) + (load.waiting or 0.0)
 
 
-def classify_response(status: int, body: bytes | str) -> ProbeVerdict:
-    """A non-streaming `/v1/chat/completions` response."""
+def classify_response(
+    status: int, body: bytes | str, max_tokens: int | None = None
+) -> ProbeVerdict:
+    """A non-streaming `/v1/chat/completions` response; `max_tokens` is what the probe asked."""
     if status in AUTH_FAILURES:
         # What a refusing server (or a proxy before it) writes back may quote the key it was
         # sent, in an encoding the redactor might not know: none of it is kept.
@@ -119,10 +125,13 @@ def classify_response(status: int, body: bytes | str) -> ProbeVerdict:
         tool_calls=message.get("tool_calls"),
         usage=document.get("usage"),
         finish_reason=finish if isinstance(finish, str) else None,
+        max_tokens=max_tokens,
     )
 
 
-def classify_stream(status: int, lines: Iterable[str]) -> ProbeVerdict:
+def classify_stream(
+    status: int, lines: Iterable[str], max_tokens: int | None = None
+) -> ProbeVerdict:
     """A streaming response, as its SSE lines (`data: {...}` ... `data: [DONE]`)."""
     if not 200 <= status < 300:
         return verdict("http_error", f"HTTP {status}")
@@ -148,6 +157,11 @@ def classify_stream(status: int, lines: Iterable[str]) -> ProbeVerdict:
             return verdict("malformed", f"stream chunk is not JSON: {printable(data[:80])!r}")
         if not isinstance(chunk, dict):
             return verdict("malformed", "stream chunk is not a JSON object")
+        failure = _stream_error(chunk)
+        if failure is not None:
+            # vLLM streams an error it meets mid-generation as one chunk, then `[DONE]`.
+            got = len("".join(content)) + len("".join(reasoning))
+            return verdict("aborted", f"error streamed after {got} characters: {failure}")
         if chunk.get("usage") is not None:
             usage = chunk["usage"]
         choices = chunk.get("choices") or []
@@ -176,11 +190,31 @@ def classify_stream(status: int, lines: Iterable[str]) -> ProbeVerdict:
         tool_calls=tool_calls,
         usage=usage,
         finish_reason=finish,
+        max_tokens=max_tokens,
     )
 
 
+def _stream_error(chunk: Mapping[str, Any]) -> str | None:
+    """The message of an error chunk: `{"error": {"message": ...}}` (vLLM >= 0.10) or
+    `{"object": "error", "message": ...}` (older vLLM); None for any other chunk."""
+    inner = chunk.get("error")
+    if isinstance(inner, dict):
+        return _snippet(str(inner.get("message") or inner.get("type") or "error"))
+    if isinstance(inner, str):
+        return _snippet(inner)
+    if chunk.get("object") == "error":
+        return _snippet(str(chunk.get("message") or "error"))
+    return None
+
+
 def _classify_message(
-    *, content: Any, reasoning: str, tool_calls: Any, usage: Any, finish_reason: str | None
+    *,
+    content: Any,
+    reasoning: str,
+    tool_calls: Any,
+    usage: Any,
+    finish_reason: str | None,
+    max_tokens: int | None = None,
 ) -> ProbeVerdict:
     tokens = _completion_tokens(usage)
     extra: dict[str, Any] = {"completion_tokens": tokens, "finish_reason": finish_reason}
@@ -191,6 +225,11 @@ def _classify_message(
         why = garbled(value)
         if why is not None:
             return verdict("garbled", f"{field} {why}: {value[:24]!r}", **extra)
+    if finish_reason == "abort":
+        got = f"{len(text)} characters of answer" if text else "no answer"
+        return verdict(
+            "aborted", f"the server aborted the turn (finish_reason abort, {got})", **extra
+        )
     if isinstance(tool_calls, list) and tool_calls:
         return verdict("answer", f"{len(tool_calls)} tool call(s)", **extra)
     if text:
@@ -198,7 +237,19 @@ def _classify_message(
     if thought:
         if tokens == 0:
             return verdict("malformed", "reasoning text but completion_tokens is 0", **extra)
-        return verdict("reasoning_only", _snippet(thought), **extra)
+        spent = finish_reason == "length" or (
+            max_tokens is not None and tokens is not None and tokens >= max_tokens
+        )
+        if spent:
+            return verdict("reasoning_only", _snippet(thought), **extra)
+        ended = finish_reason or "not given"
+        return verdict(
+            "no_answer",
+            f"the turn ended (finish_reason {ended}, {_count(tokens)} completion tokens) with "
+            "reasoning and no content: a reasoning-parser or chat-template fault, every client "
+            "gets an empty answer",
+            **extra,
+        )
     return verdict("empty", "no content, no reasoning, no tool calls", **extra)
 
 
@@ -293,6 +344,10 @@ def _completion_tokens(usage: Any) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return value
     return None
+
+
+def _count(tokens: int | None) -> str:
+    return str(tokens) if tokens is not None else "unknown"
 
 
 def _snippet(text: bytes | str, limit: int = 80) -> str:

@@ -51,6 +51,21 @@ def judge_reachability(ctx: Context) -> Verdict:
             verdict.holds.append(Hold(f"{host.name} unreachable", START_MODEL))
     if verdict.notes:
         verdict.phase = "unreachable"
+    for host in ctx.reachable:
+        docker = ctx.facts[host.name].docker_error
+        if docker is None:
+            continue
+        # The host answers: nothing that needs Docker is done on it, the model is still probed.
+        why = f"Docker on {host.name} not answering"
+        verdict.notes.append(
+            f"{host.name} ({host.role}) is up but Docker is not answering ({docker}); holding "
+            "what needs Docker, still probing the model"
+        )
+        verdict.holds.append(Hold(why, EVERYTHING, frozenset({host.name})))
+        verdict.holds.append(
+            Hold(why, RAY_STARTS | MODEL_STARTS if host.role == "head" else START_MODEL)
+        )
+        verdict.phase = verdict.phase or "degraded"
     return verdict
 
 

@@ -64,6 +64,10 @@ def assess(ctx: Context, serving: bool) -> Load:
     ever_ready = memory.model_ready_at is not None and (
         launch is None or memory.model_ready_at >= launch - LAUNCH_SLACK
     )
+    if progress is not None and _before(progress.progress_at, launch):
+        # The log was last written before this process started: it tells of a predecessor (a
+        # serve restarted by hand, logging elsewhere), nothing about this load.
+        progress = None
     log_ready = progress is not None and progress.stage == "ready"
     # Memory lost (state moved aside, a first install over a running deployment): a launch
     # older than any load could take was ready; probe it rather than call it stuck.
@@ -108,6 +112,10 @@ def assess(ctx: Context, serving: bool) -> Load:
         mark=mark,
         where=_where(stage, percent),
     )
+
+
+def _before(at: float | None, launch: float | None) -> bool:
+    return at is not None and launch is not None and at < launch - LAUNCH_SLACK
 
 
 def _where(stage: str, percent: float | None) -> str:

@@ -27,9 +27,15 @@ def judge_model(ctx: Context, ray: RayVerdict, load: Load, serving: bool) -> Mod
     verdict = ModelVerdict()
     serve = ctx.observed.serve
     endpoint = ctx.observed.endpoint
-    if not ctx.head_reachable or serve is None:
+    if not ctx.head_reachable:
         return verdict
     head = desired.head.name
+    if serve is None:
+        # Docker did not answer: the serve process is unknown, but the model's port still
+        # answers over SSH. A model that serves, or was ready, is still probed.
+        docker_down = not ctx.facts[head].docker_up
+        verdict.to_probe = docker_down and (serving or ctx.memory.model_ready_at is not None)
+        return verdict
     name = ctx.model_name
 
     def start(kind: ActionKind, why: str) -> ModelVerdict:

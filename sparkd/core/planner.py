@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from sparkd.core import policy
 from sparkd.core.cleanup import judge_cleanup, judge_reachability
+from sparkd.core.evidence import of_this_launch
 from sparkd.core.horizon import horizon
 from sparkd.core.images import judge_images
 from sparkd.core.judge import Context, Hold, Verdict, ago
@@ -166,6 +167,8 @@ def plan(
 
 
 def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float) -> _Draft:
+    # What memory knows of an older serve process says nothing about the one running now.
+    memory = of_this_launch(memory, observed)
     ctx = Context.of(desired, observed, memory, now)
     endpoint = observed.endpoint
     serving = ctx.head_reachable and endpoint is not None and endpoint.serves(ctx.model_name)

@@ -47,11 +47,16 @@ def judge_probe(ctx: Context, load: Load, serving: bool, link_down: list[str]) -
         tokens = outcome.completion_tokens
         count = f", {tokens} completion tokens" if tokens is not None else ""
         verdict.notes.append(f"probe {outcome.outcome}{latency}{count}")
+        slow = _slow(ctx, probe.latency_seconds)
+        if slow is not None:
+            # An answer is an answer: reported, never counted towards a restart.
+            verdict.phase = "degraded"
+            verdict.notes.append(slow)
         if link_down:
             # Serving now, but the next Ray hiccup on a dead link is an outage: not healthy.
             verdict.phase = "degraded"
             verdict.notes.extend(link_down)
-        else:
+        elif slow is None:
             verdict.phase = "healthy"
         return verdict
     verdict.phase = "degraded"
@@ -76,3 +81,14 @@ def judge_probe(ctx: Context, load: Load, serving: bool, link_down: list[str]) -
         return verdict
     verdict.notes.append(f"{what}; failure {failures} of {threshold}")
     return verdict
+
+
+def _slow(ctx: Context, latency: float | None) -> str | None:
+    spec = ctx.desired.probe
+    limit = spec.slow_share * spec.timeout
+    if latency is None or latency <= limit:
+        return None
+    return (
+        f"degraded: slow: the probe took {latency:.2f}s, over {spec.slow_share:.0%} of its "
+        f"{spec.timeout:g}s timeout; not counted as a failure"
+    )

@@ -103,6 +103,8 @@ def _head(
     desired = ctx.desired
     head = desired.head
     name = container_name(desired, head)
+    if not ctx.facts[head.name].docker_up:
+        return False  # its container is unknown, not missing (the hosts stage says why)
     box = ctx.facts[head.name].container(name)
     if box is None or not box.running:
         state = "missing" if box is None else f"{box.state} ({box.status})"
@@ -143,8 +145,8 @@ def _head(
 def _workers(ctx: Context, verdict: RayVerdict, images: ImageVerdict, new_head: bool) -> None:
     desired = ctx.desired
     for worker in desired.workers:
-        if not ctx.facts[worker.name].reachable:
-            continue
+        if not ctx.facts[worker.name].docker_up:
+            continue  # unreachable, or Docker not answering: its container is unknown
         name = container_name(desired, worker)
         box = ctx.facts[worker.name].container(name)
         if new_head:

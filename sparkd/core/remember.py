@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sparkd.core import policy
+from sparkd.core.evidence import of_this_launch
 from sparkd.model.memory import Attempt, Blocked, Memory, Pause
 from sparkd.model.observed import Observed
 from sparkd.model.plan import ActionOutcome, Plan
@@ -26,6 +27,8 @@ def remember(
     now: float,
     plan: Plan | None = None,
 ) -> Memory:
+    # Nothing learnt about an older serve process carries over to the one running now.
+    memory = of_this_launch(memory, observed)
     changes: dict[str, object] = {}
 
     boot_ids = dict(memory.boot_ids)

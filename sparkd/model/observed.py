@@ -103,15 +103,27 @@ class HostFacts(Value):
     # A read that failed is unknown, never empty: why the units or GPU processes are unknown.
     units_error: str | None = None
     gpu_error: str | None = None
+    # The data-plane interface could not be read (renamed or gone after a kernel update:
+    # `Device "..." does not exist.`): its link is unknown, never healthy.
+    interface_error: str | None = None
+    # Docker did not answer (daemon down, or hung until the tool timeout) while the host did:
+    # its containers, their processes and what runs in them are unknown, never "none".
+    docker_error: str | None = None
 
     @property
     def reachable(self) -> bool:
         return self.error is None
 
+    @property
+    def docker_up(self) -> bool:
+        return self.error is None and self.docker_error is None
+
     def link_problem(self, ip: str) -> str | None:
         """Why the data link cannot carry Ray, or None when it can (or was not observed)."""
         iface = self.interface
         if iface is None:
+            if self.interface_error is not None:
+                return f"waiting for data link: its state is unknown ({self.interface_error})"
             return None
         if not iface.up:
             return f"waiting for data link on {iface.name or 'its interface'} (down)"

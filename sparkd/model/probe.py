@@ -9,6 +9,8 @@ from sparkd.model.base import Value
 ProbeOutcome = Literal[
     "answer",
     "reasoning_only",
+    "no_answer",
+    "aborted",
     "empty",
     "malformed",
     "http_error",
@@ -20,6 +22,8 @@ ProbeOutcome = Literal[
 PROBE_OUTCOMES: tuple[ProbeOutcome, ...] = (
     "answer",
     "reasoning_only",
+    "no_answer",
+    "aborted",
     "empty",
     "malformed",
     "http_error",
@@ -28,6 +32,9 @@ PROBE_OUTCOMES: tuple[ProbeOutcome, ...] = (
     "timeout",
     "not_run",
 )
+# `reasoning_only` is healthy only as a spent budget (the classifier checks it); `no_answer` is
+# a turn that ended with reasoning and no content (a reasoning-parser or chat-template fault),
+# `aborted` a turn the server cut short (finish_reason `abort`, or an error streamed mid-answer).
 HEALTHY_OUTCOMES: frozenset[ProbeOutcome] = frozenset({"answer", "reasoning_only"})
 
 

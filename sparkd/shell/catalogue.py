@@ -107,11 +107,23 @@ def fact_script(
                 "units", ["systemctl", "show", "-p", UNIT_PROPERTIES, "--", *cluster.cleanup.units]
             )
         )
+    # A hung Docker daemon would cost every later `docker` call its whole tool timeout and the
+    # script its SSH timeout (the host would read as unreachable): once `docker ps` timed out
+    # (d=124), no other `docker` call is made; the host still reports everything else.
     lines.append(
         section("containers", ["docker", "ps", "-a", "--no-trunc", "--format", "{{json .}}"])
+        + "; d=$rc"
     )
+
+    def docker(line: str) -> str:
+        return f'if [ "$d" != 124 ]; then {line}; fi'
+
     lines.append(
-        section("image", ["docker", "image", "inspect", "--format", "{{.Id}}", cluster.ray.image])
+        docker(
+            section(
+                "image", ["docker", "image", "inspect", "--format", "{{.Id}}", cluster.ray.image]
+            )
+        )
     )
     lines.append(section("gpu_apps", GPU_APPS) + "; g=$rc")
     # The running containers' names are a section too, so a failed listing is seen as such
@@ -119,35 +131,39 @@ def fact_script(
     running = shlex.join(timed(["docker", "ps", "--format", "{{.Names}}"], t))
     top = shlex.join(timed(["docker", "top"], t))
     lines.append(
-        f"r=$({running} 2>&1); rc=$?; "
-        'printf \'@@sparkd running\\n%s\\n@@sparkd-end running %s\\n\' "$r" "$rc"'
-    )
-    lines.append(
-        f'if [ "$rc" = 0 ]; then for c in $r; do s "top $c" {top} "$c" -eo {TOP_FORMAT}; done; fi'
+        docker(
+            f"r=$({running} 2>&1); rc=$?; "
+            'printf \'@@sparkd running\\n%s\\n@@sparkd-end running %s\\n\' "$r" "$rc"; '
+            f'if [ "$rc" = 0 ]; then for c in $r; do s "top $c" {top} "$c" -eo {TOP_FORMAT}; '
+            "done; fi"
+        )
     )
     # Asked again after the `top`s (unless it failed the first time): only a process seen both
     # times is judged, so one that started or ended in between is never taken for foreign.
     lines.append(f'if [ "$g" = 0 ]; then {section("gpu_apps_after", GPU_APPS)}; fi')
     # The image sparkd's container runs, by ID: a re-pulled tag is a new image.
     lines.append(
-        section(
-            "ours_image",
-            [
-                "docker",
-                "inspect",
-                "--format",
-                "{{.Name}} {{.Image}}",
-                "--",
-                container_name(cluster, host),
-            ],
+        docker(
+            section(
+                "ours_image",
+                [
+                    "docker",
+                    "inspect",
+                    "--format",
+                    "{{.Name}} {{.Image}}",
+                    "--",
+                    container_name(cluster, host),
+                ],
+            )
         )
     )
     lines.append(section("iface", ["ip", "-j", "addr", "show", "dev", host.interface]))
     lines.append(section("disk", ["df", "-B1", "--output=avail", str(cluster.model.log_dir)]))
     head = container_name(cluster, host)
     if host.role == "head" and read_ray:
+        ray_lines: list[str] = []
         if cluster.ray.dashboard:
-            lines.append(
+            ray_lines.append(
                 # The filter applies before Ray's default limit of 100 rows (ALIVE and DEAD
                 # together, sorted by id), which otherwise silently drops ALIVE nodes once
                 # restarts have left enough DEAD records.
@@ -170,9 +186,10 @@ def fact_script(
         # list could not be had (no dashboard, or it failed).
         status = section("ray_status", ["docker", "exec", head, "ray", "status"])
         if cluster.ray.dashboard and not ray_status:
-            lines.append(f'if [ "$rc" != 0 ]; then {status}; fi')
+            ray_lines.append(f'if [ "$rc" != 0 ]; then {status}; fi')
         else:
-            lines.append(status)
+            ray_lines.append(status)
+        lines.append(docker("; ".join(ray_lines)))
     if host.role == "head":
         lines.append(section("serve_spec", ["cat", serve_spec_path(cluster)]))
         lines.append(

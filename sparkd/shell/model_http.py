@@ -355,7 +355,7 @@ async def probe(
                     opener, authority, "/v1/chat/completions", body, _auth(api_key),
                     lambda: first.append(monotonic() - start),
                 )  # fmt: skip
-                verdict = classify_stream(status, lines)
+                verdict = classify_stream(status, lines, spec.max_tokens)
             else:
                 response = await request(
                     opener,
@@ -366,7 +366,7 @@ async def probe(
                     headers=_auth(api_key),
                 )
                 status = response.status
-                verdict = classify_response(status, response.body)
+                verdict = classify_response(status, response.body, spec.max_tokens)
     except ChannelRefused:
         return ProbeResult(at=at, verdict=classify_failure("refused", "connection refused"))
     except ChannelUnavailable as exc:

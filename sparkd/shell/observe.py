@@ -134,7 +134,11 @@ async def observe(
     extras = head_reading.extras
     fingerprint = key_fingerprint(api_key) if api_key else None
     if extras is not None:
-        serve = withhold_foreign_tail(cluster, extras.serve, fingerprint)
+        serve = (
+            withhold_foreign_tail(cluster, extras.serve, fingerprint)
+            if extras.serve is not None
+            else None
+        )
         extras = HeadExtras(ray=extras.ray, serve=serve)
     if key_problem is not None and head_reading.facts.reachable:
         endpoint = ModelEndpoint(status="not_run", detail=key_problem)

@@ -69,6 +69,12 @@ WRONG_IP_OFFSET = 100 * 256
 # With `data_network=True` a host's data IP is this far above its (management) address.
 DATA_IP_OFFSET = 50 * 256
 
+# What the docker CLI prints (rc 1) when dockerd does not listen on its socket.
+DOCKER_DOWN = (
+    "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
+    "Is the docker daemon running?"
+)
+
 Reachability = Literal["ok", "unreachable", "blackhole", "down"]
 # Which SSH server each host runs: asyncssh's, in this process, or a real OpenSSH sshd each.
 SshServer = Literal["asyncssh", "openssh"]
@@ -109,6 +115,8 @@ class SimHost:
     reachability: Reachability = "ok"
     # Calls whose argv starts with one of these (e.g. ("nvidia-smi",), ("docker", "ps")) hang.
     hung_tools: set[tuple[str, ...]] = field(default_factory=set)
+    # dockerd is gone (crashed) while containerd's shims keep the containers running.
+    docker_down: bool = False
 
     @property
     def name(self) -> str:
@@ -679,6 +687,8 @@ class World:
         if tool == "docker":
             if container is not None:
                 return fail("bash: docker: command not found", 127)
+            if host.docker_down:
+                return fail(DOCKER_DOWN, 1)
             return await FakeDocker(host.engine, lambda c: self.session_env(host.name, c))(call)
         if tool == "ray":
             if self.real_ray is not None and container is not None:
@@ -822,6 +832,9 @@ class World:
             "stall-load": self.stall_load,
             "chatty-stall": self.chatty_stall,
             "noisy-load": self.noisy_load,
+            "docker-down": self.docker_down,
+            "docker-hung": self.docker_hung,
+            "hand-restart-serve": self.hand_restart_serve,
         }
         with_arg: dict[str, Callable[[str, str | None], Awaitable[str]]] = {
             "stray-gpu": self.stray_gpu,
@@ -831,6 +844,7 @@ class World:
             "repull-image": self.repull_image,
             "answer-style": self.answer_style,
             "hang-tool": self.hang_tool,
+            "rename-iface": self.rename_iface,
         }
         if name in with_arg:
             return await with_arg[name](target.name, arg)
@@ -920,6 +934,8 @@ class World:
         h.behaviour.style = "reasoning_only"
         h.behaviour.naming = self.answer_naming
         h.hung_tools.clear()
+        h.docker_down = False
+        h.state.interface = INTERFACE
         h.state.gpu_processes = [
             g for g in h.state.gpu_processes if g.container_id is not None or g.graphics
         ]
@@ -1016,6 +1032,39 @@ class World:
             raise ValueError(f"hang-tool needs one of: {', '.join(tools)} (and any arguments)")
         self.host(host).hung_tools.add(words)
         return f"{' '.join(words)} on {host} now hangs"
+
+    async def docker_down(self, host: str) -> str:
+        self.host(host).docker_down = True
+        return f"dockerd on {host} is gone; its containers keep running"
+
+    async def docker_hung(self, host: str) -> str:
+        self.host(host).hung_tools.add(("docker",))
+        return f"every docker call on {host} now hangs (a wedged dockerd)"
+
+    async def rename_iface(self, host: str, arg: str | None = None) -> str:
+        """The data-plane device has a new name (a kernel update renamed it): the configured
+        name no longer exists, the address stays on the renamed device."""
+        h = self.host(host)
+        h.state.interface = arg or "enP2p1s0f0np0"
+        return f"{host}'s data interface is now {h.state.interface}"
+
+    async def hand_restart_serve(self, host: str) -> str:
+        """An operator restarts `vllm serve` by hand: stopped, then started again with the same
+        arguments into the same log, without sparkd's launch marker or PID file."""
+        serve = self._serve_on(host)
+        h = self.host(host)
+        argv, container = list(serve.args.argv), serve.container
+        serve.terminate()
+        await serve.wait_stopped()
+        inner = f"exec vllm serve {shlex.join(argv)} >>{h.state.log_dir}/serve.log 2>&1"
+        key = Path(h.state.log_dir) / "api_key"
+        if serve.args.api_key is not None and key.exists():
+            inner = f'VLLM_API_KEY="$(cat {key})"; export VLLM_API_KEY; {inner}'
+        command = f"docker exec -d {container.name} sh -c {shlex.quote(inner)}"
+        rc, _, err = await h.ssh.run_local(command)
+        if rc != 0:
+            raise RuntimeError(f"could not restart the model on {host}: {err.strip()}")
+        return f"vllm serve on {host} restarted by hand (same arguments, no sparkd marker)"
 
     async def stall_load(self, host: str) -> str:
         self.host(host).faults.stall_load = True
