@@ -241,7 +241,8 @@ def _membership(ctx: Context, verdict: RayVerdict, ray: RayState, unsettled_for:
             continue
         age = _age(box, ctx.now) if box is not None else None
         theirs = _strangers_of(ctx, host, strangers, missing)
-        if theirs:
+        # Its own management address is proof at once; an unowned one only once it is late.
+        if theirs and (host.address in theirs or age is None or age > join):
             repairs.append(
                 act(
                     "restart_ray",
