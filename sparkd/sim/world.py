@@ -496,7 +496,11 @@ class World:
             self._create(
                 head,
                 f"sparkd-{cluster}-ray-head",
-                {**labels, "sparkd.role": "head", "sparkd.spec": self._spec(cluster, "head")},
+                {
+                    **labels,
+                    "sparkd.role": "head",
+                    "sparkd.spec": self._spec(cluster, "head", head.name),
+                },
                 {**env, "VLLM_HOST_IP": head_ip},
                 [*head_start, "--port=6379", "--dashboard-host=0.0.0.0"],
             )
@@ -508,7 +512,7 @@ class World:
                     {
                         **labels,
                         "sparkd.role": "worker",
-                        "sparkd.spec": self._spec(cluster, "worker"),
+                        "sparkd.spec": self._spec(cluster, "worker", worker.name),
                     },
                     {**env, "VLLM_HOST_IP": worker.state.data_ip},
                     [*worker_start, f"--node-ip-address={worker.state.data_ip}"],
@@ -523,8 +527,9 @@ class World:
         loads): from here on a daemon finds nothing to start."""
         await asyncio.gather(*self._launches)
 
-    def _spec(self, cluster: str, role: str) -> str:
-        return self.spec_labels.get(f"{cluster}/{role}", "sim-healthy")
+    def _spec(self, cluster: str, role: str, host: str | None = None) -> str:
+        by_host = self.spec_labels.get(f"{cluster}/host/{host}") if host is not None else None
+        return by_host or self.spec_labels.get(f"{cluster}/{role}", "sim-healthy")
 
     async def _launch_model(self, head: SimHost, cluster: str, gpus: int) -> None:
         """Start `vllm serve` the way sparkd does, once Ray has every host's GPU."""
