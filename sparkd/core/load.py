@@ -142,7 +142,8 @@ def silent_cap(desired: ClusterSpec, mark: LoadMark) -> float | None:
     if silent is None:
         return None
     model = desired.model
-    return model.graph_capture_timeout if silent == "graph_capture" else model.compile_timeout
+    cap = model.graph_capture_timeout if silent == "graph_capture" else model.compile_timeout
+    return min(cap, model.load_timeout)
 
 
 def _silent(stage: str, percent: float | None) -> str | None:

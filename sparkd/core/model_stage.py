@@ -26,8 +26,9 @@ class ModelVerdict(Verdict):
 
 
 # A serve stopped by SIGTERM takes its engine with it within ~2.5 s; one that stays longer was
-# orphaned (its API server SIGKILLed) and stays for good.
-ORPHAN_GRACE = 30.0
+# orphaned (its API server SIGKILLed) and stays for good. Waited out for this share of Ray's
+# join_timeout (30 s at the default), like the other waits on Ray's side.
+ORPHAN_GRACE = 0.25
 
 
 def judge_model(
@@ -137,7 +138,7 @@ def _orphans(
         return verdict
     since = ctx.memory.ray_unsettled_since
     waited = ctx.now - since if since is not None else 0.0
-    if waited <= ORPHAN_GRACE:
+    if waited <= ORPHAN_GRACE * desired.ray.join_timeout:
         verdict.waiting = True
         verdict.notes.append(f"{why}; waiting for them to exit")
         return verdict

@@ -29,6 +29,7 @@ FAULTS = (
     "reboot", "unreachable", "blackhole", "heal", "crash-model", "hang-engine", "oom-capture",
     "wrong-ip", "stray-gpu", "kill-container", "slow-load", "stall-load", "answer-style",
     "hang-tool", "crash-loop", "chatty-stall", "noisy-load", "repull-image", "hang-container",
+    "full-disk", "lost-gpu", "orphan-engine", "hang-capture", "pull-image",
 )  # fmt: skip
 
 

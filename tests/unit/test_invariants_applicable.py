@@ -176,8 +176,11 @@ def _orphaned(seconds_ago: float) -> tuple[Toy, Observed, Memory]:
     )
 
 
+GRACE = ORPHAN_GRACE * Toy.healthy().cluster.ray.join_timeout
+
+
 @COMMON
-@given(st.floats(0, ORPHAN_GRACE))
+@given(st.floats(0, GRACE))
 def test_no_model_start_while_an_orphaned_engine_holds_the_gpus(waited: float) -> None:
     toy, observed, memory = _orphaned(waited)
     result = plan(toy.cluster, observed, memory, toy.now)
@@ -188,7 +191,7 @@ def test_no_model_start_while_an_orphaned_engine_holds_the_gpus(waited: float) -
 
 
 def test_an_engine_that_stays_is_cleared_by_restarting_ray() -> None:
-    toy, observed, memory = _orphaned(ORPHAN_GRACE + 5)
+    toy, observed, memory = _orphaned(GRACE + 5)
     result = plan(toy.cluster, observed, memory, toy.now)
     assert [(a.kind, a.host) for a in result.actions] == [
         ("restart_ray", "spark-a"),
