@@ -243,6 +243,14 @@ class ModelSpec(_Section):
     log_dir: Path = Path("/var/lib/sparkd-serve")
     load_stall: Seconds = 600.0
     load_timeout: Seconds = 3600.0
+    # Silent stages burn CPU whether they work or spin (an NCCL hang spin-waits): each has a cap
+    # of its own (load_timeout still bounds the whole load). `compile_timeout` covers the silent
+    # start (engine start-up, torch.compile after the last shard).
+    compile_timeout: Seconds = 1800.0
+    graph_capture_timeout: Seconds = 900.0
+    # Below this many bytes free on log_dir's file system nothing is started (a full disk
+    # freezes the log and fails the launch; waiting on it is not a stalled load).
+    min_disk_free: int = Field(default=1 << 30, ge=0)
 
     @field_validator("log_dir")
     @classmethod

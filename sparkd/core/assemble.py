@@ -38,6 +38,8 @@ _SERVE_BANNER = re.compile(r"\bnon-default args: |vLLM API server version ")
 _DOCKER_DOWN = re.compile(
     r"Cannot connect to the Docker daemon|Is the docker daemon running\?|error during connect"
 )
+# `ps` ages are whole seconds: a child started in the launch's first second may read one more.
+ELAPSED_SLACK = 1.0
 
 
 @dataclass(frozen=True)
@@ -263,7 +265,14 @@ def head_extras(
     cpu = _engine_cpu(head_rows)
     if serve_row is None:
         serve = ServeState(
-            running=False, spec_hash=spec_hash, log_tail=tuple(lines[-LOG_TAIL_LINES:])
+            running=False,
+            spec_hash=spec_hash,
+            log_tail=tuple(lines[-LOG_TAIL_LINES:]),
+            orphans=tuple(
+                f"pid {r.pid} ({_title(r.args)})"
+                for r in head_rows
+                if any(marker in r.args for marker in ENGINE_MARKERS)
+            ),
         )
     else:
         serve = ServeState(
@@ -294,10 +303,22 @@ def withhold_foreign_tail(cluster: ClusterSpec, serve: ServeState, key: str | No
     return serve.model_copy(update={"log_tail": (WITHHELD_TAIL,), "progress": progress})
 
 
+def _title(args: str) -> str:
+    return args.split()[0][:60] if args.split() else "?"
+
+
 def _engine_cpu(rows: tuple[facts.TopRow, ...]) -> float | None:
-    """CPU seconds of the serve process and its engine processes (not Ray's own daemons)."""
+    """CPU seconds of the serve process and its engine processes (not Ray's own daemons), of
+    this launch only: an engine left over from an earlier launch burns CPU that proves nothing
+    about this one."""
     serve = facts.find_serve(rows)
-    engine = [r for r in rows if any(marker in r.args for marker in ENGINE_MARKERS)]
+    born = serve.elapsed if serve is not None else None
+    engine = [
+        r
+        for r in rows
+        if any(marker in r.args for marker in ENGINE_MARKERS)
+        and (born is None or r.elapsed is None or r.elapsed <= born + ELAPSED_SLACK)
+    ]
     if serve is not None and serve not in engine:
         engine.append(serve)
     if not engine or any(r.cpu_seconds is None for r in engine):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import posixpath
+import re
 
 from sparkd.core.judge import (
     EVERYTHING,
@@ -23,6 +24,18 @@ from sparkd.core.spec import LABEL_CLUSTER
 from sparkd.model.observed import Container, GpuProcess, HostFacts
 from sparkd.model.plan import Action
 from sparkd.settings import ClusterSpec, HostSpec
+
+# What nvidia-smi prints for a GPU that only a reboot brings back (it exits 15; the kernel logs
+# Xid 79), as opposed to "couldn't communicate with the NVIDIA driver" while it loads after boot.
+_GPU_LOST = re.compile(
+    r"Unable to determine the device handle for GPU|GPU is lost|fallen off the bus|"
+    r"\bXid\b\D{0,20}\b79\b",
+    re.I,
+)
+
+
+def gpu_lost(error: str | None) -> bool:
+    return error is not None and bool(_GPU_LOST.search(error))
 
 
 def ours(desired: ClusterSpec, container: Container) -> bool:
@@ -86,6 +99,7 @@ def judge_cleanup(ctx: Context) -> Verdict:
     verdict.actions = stops + removals
     doomed = {(a.host, a.target) for a in removals}
     blockers = _gpu_processes(ctx, verdict, doomed)
+    blockers = _disks(ctx, verdict) or blockers
     if verdict.actions:
         # A cleanup may be what clears a blocker (a stale unit running a bare-metal vLLM holds
         # the GPU): clean first, and judge again on the next look.
@@ -131,6 +145,13 @@ def _gpu_processes(ctx: Context, verdict: Verdict, doomed: set[tuple[str, str]])
     blocked = False
     for host in ctx.reachable:
         seen = ctx.facts[host.name]
+        if gpu_lost(seen.gpu_error):
+            # Nothing that needs a GPU can apply until the host is rebooted.
+            why = f"the GPU of {host.name} is lost: reboot the host ({seen.gpu_error})"
+            verdict.notes.append(why)
+            verdict.holds.append(Hold(why, RAY_STARTS | MODEL_STARTS))
+            blocked = True
+            continue
         if seen.gpu_error is not None:
             why = f"GPU processes on {host.name} unknown ({seen.gpu_error})"
             verdict.notes.append(f"{why}; waiting")
@@ -185,6 +206,23 @@ def _listed(what: str, procs: list[GpuProcess]) -> str:
     named = ", ".join(describe(p) for p in procs[:MAX_LISTED])
     rest = len(procs) - MAX_LISTED
     return f"{what}es {named}" + (f" and {rest} more" if rest > 0 else "")
+
+
+def _disks(ctx: Context, verdict: Verdict) -> bool:
+    """A full file system under model.log_dir: a launch would fail at its first write and its
+    frozen log is no stalled load. Nothing is started there until a human frees space."""
+    least = ctx.desired.model.min_disk_free
+    full = False
+    for host in ctx.reachable:
+        free = ctx.facts[host.name].disk_free_bytes
+        if free is None or free >= least:
+            continue
+        why = f"disk full on {host.name} ({free} bytes free)"
+        verdict.notes.append(f"{why}; free space under {ctx.desired.model.log_dir}")
+        verdict.holds.append(Hold(why, RAY_STARTS, frozenset({host.name})))
+        verdict.holds.append(Hold(why, MODEL_STARTS if host.role == "head" else START_MODEL))
+        full = True
+    return full
 
 
 def _foreign(

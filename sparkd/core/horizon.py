@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from sparkd.core.load import silent_cap
 from sparkd.model.memory import LoadMark, Memory
 from sparkd.settings import ClusterSpec
 
@@ -35,6 +36,9 @@ def horizon(
     if load_mark is not None:
         deadlines.append(load_mark.at + desired.model.load_stall)
         deadlines.append(load_mark.launch + desired.model.load_timeout)
+        cap = silent_cap(desired, load_mark)
+        if cap is not None and load_mark.entered is not None:
+            deadlines.append(load_mark.entered + cap)
     if model_ready and memory.last_probe_at is not None:
         deadlines.append(memory.last_probe_at + desired.probe_interval)
     ahead = [d for d in deadlines if d > now]

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparkd.core.judge import Context
+from sparkd.core.judge import Context, ago
 from sparkd.model.memory import LoadMark
+from sparkd.settings import ClusterSpec
 
 # Two readings of one launch's start time differ by the process age's one-second resolution.
 LAUNCH_SLACK = 2.0
@@ -30,6 +31,8 @@ class Load:
     stalled_for: float = 0.0
     mark: LoadMark | None = None
     where: str = "(no progress in the log yet)"
+    # A silent stage past its own cap (CPU burning proves nothing there after so long).
+    overdue: str | None = None
 
     def progressing(self, load_stall: float, load_timeout: float) -> bool:
         """A live load inside its grace: nothing that depends on it may be torn down."""
@@ -85,23 +88,39 @@ def assess(ctx: Context, serving: bool) -> Load:
         and before.pid == serve.pid
         and abs(before.launch - started) <= LAUNCH_SLACK
     )
+    silent = _silent(stage, percent)
     if before is None or not same_launch:
-        # First look at this launch: give it a whole stall window from now.
-        mark = LoadMark(pid=serve.pid, launch=started, key=key, cpu_seconds=cpu, at=ctx.now)
+        # First look at this launch: give it a whole stall window from now. The launch's
+        # start is when its first stage began.
+        mark = LoadMark(
+            pid=serve.pid, launch=started, key=key, cpu_seconds=cpu, at=ctx.now, entered=started
+        )
     else:
-        silent = stage in ("starting", "graph_capture")
         burnt = (
-            silent
+            silent is not None
             and cpu is not None
             and before.cpu_seconds is not None
             and cpu - before.cpu_seconds >= CPU_ADVANCE
         )
-        if key != before.key or burnt:
-            mark = LoadMark(pid=serve.pid, launch=started, key=key, cpu_seconds=cpu, at=ctx.now)
+        if key != before.key:
+            mark = LoadMark(
+                pid=serve.pid, launch=started, key=key, cpu_seconds=cpu, at=ctx.now, entered=ctx.now
+            )
+        elif burnt:
+            mark = before.model_copy(update={"cpu_seconds": cpu, "at": ctx.now})
         else:
             # CPU is measured from the last advance, so a slow burn adds up across looks.
             mark = before
     failed = (line or "engine failed") if stage == "failed" else None
+    overdue: str | None = None
+    cap = silent_cap(ctx.desired, mark)
+    if cap is not None:
+        entered = mark.entered if mark.entered is not None else mark.at
+        if ctx.now - entered > cap:
+            overdue = (
+                f"{_where(stage, percent)} for {ago(ctx.now - entered)} "
+                f"(cap {ago(cap)}; CPU burning there may be a spin-waiting hang)"
+            )
     return Load(
         running=True,
         launch=launch,
@@ -111,11 +130,39 @@ def assess(ctx: Context, serving: bool) -> Load:
         stalled_for=max(0.0, ctx.now - mark.at),
         mark=mark,
         where=_where(stage, percent),
+        overdue=overdue,
     )
 
 
 def _before(at: float | None, launch: float | None) -> bool:
     return at is not None and launch is not None and at < launch - LAUNCH_SLACK
+
+
+def silent_cap(desired: ClusterSpec, mark: LoadMark) -> float | None:
+    """The cap of the silent stage a load mark was taken in, or None outside one."""
+    stage, _, rest = mark.key.partition("|")
+    text = rest.partition("|")[0]
+    try:
+        percent = float(text) if text != "None" else None
+    except ValueError:
+        percent = None
+    silent = _silent(stage, percent)
+    if silent is None:
+        return None
+    model = desired.model
+    cap = model.graph_capture_timeout if silent == "graph_capture" else model.compile_timeout
+    return min(cap, model.load_timeout)
+
+
+def _silent(stage: str, percent: float | None) -> str | None:
+    """Which silent stage a load is in, where CPU time is its only sign of work: the start
+    (engine start-up and torch.compile, before the first shard or after the last) or CUDA-graph
+    capture. None where the log itself advances."""
+    if stage == "graph_capture":
+        return "graph_capture"
+    if stage == "starting" or (stage == "weights" and percent is not None and percent >= 100):
+        return "compile"
+    return None
 
 
 def _where(stage: str, percent: float | None) -> str:

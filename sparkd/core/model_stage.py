@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparkd.core.judge import Context, Verdict, act, ago
+from sparkd.core.images import ImageVerdict
+from sparkd.core.judge import START_MODEL, Context, Hold, Verdict, act, ago
 from sparkd.core.load import Load
 from sparkd.core.ray_stage import RayVerdict
-from sparkd.core.spec import model_spec_hash, model_spec_hashes
+from sparkd.core.spec import container_name, model_spec_hash, model_spec_hashes
 from sparkd.model.plan import ActionKind
 
 
@@ -20,9 +21,19 @@ from sparkd.model.plan import ActionKind
 class ModelVerdict(Verdict):
     # The load is over: the probe stage judges the model.
     to_probe: bool = False
+    # Waiting for a stopped serve's engine processes to go: past ORPHAN_GRACE, Ray is restarted.
+    waiting: bool = False
 
 
-def judge_model(ctx: Context, ray: RayVerdict, load: Load, serving: bool) -> ModelVerdict:
+# A serve stopped by SIGTERM takes its engine with it within ~2.5 s; one that stays longer was
+# orphaned (its API server SIGKILLed) and stays for good. Waited out for this share of Ray's
+# join_timeout (30 s at the default), like the other waits on Ray's side.
+ORPHAN_GRACE = 0.25
+
+
+def judge_model(
+    ctx: Context, ray: RayVerdict, load: Load, serving: bool, images: ImageVerdict
+) -> ModelVerdict:
     desired = ctx.desired
     verdict = ModelVerdict()
     serve = ctx.observed.serve
@@ -44,6 +55,8 @@ def judge_model(ctx: Context, ray: RayVerdict, load: Load, serving: bool) -> Mod
         verdict.actions.append(act(kind, head, desired.model.id, why))
         return verdict
 
+    if not serve.running and serve.orphans:
+        return _orphans(ctx, verdict, ray, serve.orphans)
     if not serve.running:
         if endpoint is not None and endpoint.status == "up" and name not in endpoint.models:
             others = ", ".join(endpoint.models) or "nothing"
@@ -62,11 +75,19 @@ def judge_model(ctx: Context, ray: RayVerdict, load: Load, serving: bool) -> Mod
     # A configured key that could not be read says nothing about drift (the endpoint reports
     # the unreadable file); judged without it, every keyed model would look drifted.
     key_unknown = desired.model.api_key_file is not None and key is None
-    if (
+    drifted = (
         not key_unknown
         and serve.spec_hash is not None
         and serve.spec_hash not in model_spec_hashes(desired, key)
-    ):
+    )
+    if drifted and images.unsafe:
+        # A restart now would load the old image again, 15-30 min for nothing, and once more
+        # when the image arrives: drift rolls once, Ray then model, when the image is right.
+        verdict.notes.append(
+            f"spec drift (serving {serve.spec_hash}, desired {want}) waits until the image is "
+            "the same on every host"
+        )
+    elif drifted:
         return start("restart_model", f"spec drift: serving {serve.spec_hash}, desired {want}")
     nodes = ctx.observed.ray.alive_node_ids if ctx.observed.ray is not None else ()
     launch_nodes = ctx.memory.launch_nodes
@@ -82,6 +103,8 @@ def judge_model(ctx: Context, ray: RayVerdict, load: Load, serving: bool) -> Mod
     model = desired.model
     if load.failed is not None:
         return start("restart_model", f"load failed: {load.failed}")
+    if load.overdue is not None:
+        return start("restart_model", f"load stuck in a silent stage: {load.overdue}")
     if load.since_launch > model.load_timeout:
         return start(
             "restart_model",
@@ -99,4 +122,44 @@ def judge_model(ctx: Context, ray: RayVerdict, load: Load, serving: bool) -> Mod
         f"loading {load.where} after {ago(load.since_launch)}; left alone while it progresses "
         f"(stall limit {ago(model.load_stall)}, timeout {ago(model.load_timeout)})"
     )
+    return verdict
+
+
+def _orphans(
+    ctx: Context, verdict: ModelVerdict, ray: RayVerdict, orphans: tuple[str, ...]
+) -> ModelVerdict:
+    """vLLM's engine outlives a SIGKILLed API server and keeps the GPUs (vLLM issue 55510): a
+    launch now would fail for memory. Past a grace, Ray's containers go, and the engine with
+    them; until then, no model start."""
+    desired = ctx.desired
+    head = desired.head.name
+    why = (
+        f"no vllm serve, but engine processes still hold the GPUs in {head}'s Ray container: "
+        f"{', '.join(orphans)}"
+    )
+    verdict.holds.append(Hold(why, START_MODEL))
+    verdict.phase = "starting_model"
+    if ray.actions:
+        verdict.notes.append(f"{why}; they go with Ray's restart")
+        return verdict
+    since = ctx.memory.ray_unsettled_since
+    waited = ctx.now - since if since is not None else 0.0
+    if waited <= ORPHAN_GRACE * desired.ray.join_timeout:
+        verdict.waiting = True
+        verdict.notes.append(f"{why}; waiting for them to exit")
+        return verdict
+    verdict.phase = "starting_ray"
+    reason = f"{why} after {ago(waited)}"
+    verdict.notes.append(reason)
+    verdict.actions.append(act("restart_ray", head, container_name(desired, desired.head), reason))
+    for worker in desired.workers:
+        if ctx.facts[worker.name].reachable:
+            verdict.actions.append(
+                act(
+                    "restart_ray",
+                    worker.name,
+                    container_name(desired, worker),
+                    "new Ray head: workers must rejoin (they never rejoin by themselves)",
+                )
+            )
     return verdict

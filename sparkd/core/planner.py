@@ -179,7 +179,7 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
     cleanup = judge_cleanup(ctx)
     images = judge_images(ctx)
     ray = judge_ray(ctx, images, load, serving)
-    model = judge_model(ctx, ray, load, serving)
+    model = judge_model(ctx, ray, load, serving, images)
     stages: list[Verdict] = [reach, cleanup, images, ray, model]
     notes = [f"{host} rebooted (boot id changed)" for host in policy.rebooted(observed, memory)]
     probe_failures: int | None = None
@@ -209,7 +209,7 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
         reason="; ".join(_unique(notes)) or "nothing to do",
         actions=actions,
         model_ready=model.to_probe and (serving or load.was_ready),
-        ray_unsettled=ray.unsettled,
+        ray_unsettled=ray.unsettled or model.waiting,
         ray_ready=ray.ready,
         load_mark=load.mark if not load.was_ready else None,
         probe_failures=probe_failures,

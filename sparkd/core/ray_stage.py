@@ -197,6 +197,8 @@ def _membership(ctx: Context, verdict: RayVerdict, ray: RayState, unsettled_for:
     join = desired.ray.join_timeout
     repairs: list[Action] = []
     acting = {a.host for a in verdict.actions}
+    # Hosts with no ALIVE node on their data IP: who a stranger node may belong to.
+    missing = [h for h in desired.hosts if not any(n.ip == h.ip for n in alive)]
     for host in desired.hosts:
         if host.name in acting:
             continue  # already being (re)started
@@ -239,18 +241,20 @@ def _membership(ctx: Context, verdict: RayVerdict, ray: RayState, unsettled_for:
         if not reachable:
             verdict.waits.append(f"Ray has no node of unreachable {host.name}")
             continue
-        if strangers:
+        age = _age(box, ctx.now) if box is not None else None
+        theirs = _strangers_of(ctx, host, strangers, missing)
+        # Its own management address is proof at once; an unowned one only once it is late.
+        if theirs and (host.address in theirs or age is None or age > join):
             repairs.append(
                 act(
                     "restart_ray",
                     host.name,
                     name,
-                    f"Ray node registered on {', '.join(strangers)}, not a configured data IP; "
+                    f"Ray node registered on {', '.join(theirs)}, not a configured data IP; "
                     f"{host.ip} missing (wrong interface)",
                 )
             )
             continue
-        age = _age(box, ctx.now) if box is not None else None
         if age is not None and age > join:
             repairs.append(
                 act(
@@ -287,6 +291,22 @@ def _membership(ctx: Context, verdict: RayVerdict, ray: RayState, unsettled_for:
         verdict.waits.append(
             f"Ray settling: every node listed, {ray.gpus_usable:g} of {expected} GPUs usable yet"
         )
+
+
+def _strangers_of(
+    ctx: Context, host: HostSpec, strangers: list[str], missing: list[HostSpec]
+) -> list[str]:
+    """The stranger nodes that are evidence against `host`: one on its management address
+    (Ray picked the default route's interface), or, when no stranger names a host that way and
+    `host` is the only one missing, all of them. A stranger never blames every missing host."""
+    addresses = {h.address: h for h in ctx.desired.hosts}
+    own = [ip for ip in strangers if ip == host.address]
+    if own:
+        return own
+    unowned = [ip for ip in strangers if ip not in addresses]
+    if unowned and len(missing) == 1 and missing[0].name == host.name:
+        return unowned
+    return []
 
 
 def _membership_by_count(

@@ -127,6 +127,9 @@ def spec_labels(clusters: tuple[ClusterSpec, ...]) -> dict[str, str]:
         labels[f"{cluster.name}/head"] = ray_spec_hash(cluster, cluster.head)
         for worker in cluster.workers:
             labels[f"{cluster.name}/worker"] = ray_spec_hash(cluster, worker)
+        # A worker's hash carries its data IP: with 2+ workers, each host has its own.
+        for host in cluster.hosts:
+            labels[f"{cluster.name}/host/{host.name}"] = ray_spec_hash(cluster, host)
         labels[f"{cluster.name}/model"] = model_spec_hash(cluster)
     return labels
 

@@ -40,6 +40,9 @@ class LoadMark(Value):
     key: str
     cpu_seconds: float | None = None
     at: float
+    # When the load entered the stage it is in (`key` last changed); silent stages are capped
+    # from here, however much CPU they burn.
+    entered: float | None = None
 
 
 class Memory(Value):

@@ -198,6 +198,9 @@ class ServeState(Value):
     # CPU seconds used so far by the serve process and the engine processes beside it: a
     # silent load stage (CUDA-graph capture, torch.compile) still burns CPU, a hang does not.
     cpu_seconds: float | None = None
+    # With no serve process: vLLM engine processes left in the head container (an API server
+    # killed by SIGKILL leaves its EngineCore and workers running, holding the GPUs).
+    orphans: tuple[str, ...] = ()
 
 
 # `http_error`: the server answers, but refuses sparkd (a 401 from /v1/models: a wrong key).

@@ -200,7 +200,11 @@ class Controller:
         # A converged cluster needs one `ray` call a cycle at most (none while its last reading
         # stands); one that is getting there also reads `ray status`, which says when a listed
         # node's GPU can be placed on.
-        settled = self.view.plan is not None and self.view.plan.converged
+        # While the model loads on a Ray that was ready, the node list alone says it stays so
+        # (a 15-30 min load would otherwise cost the head two `ray` calls a look throughout):
+        # `ray status` only while a node was just listed and its GPU may not be placeable yet.
+        last = self.view.plan
+        settled = last is not None and (last.converged or last.ray_ready)
         known_ray = self._reusable_ray()
         self._stirred = False
         # A hung host makes a look last up to its command timeout, which may be several

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from sparkd.core import facts
+from sparkd.core.assemble import ENGINE_MARKERS
 from sparkd.core.spec import container_name, key_fingerprint, model_spec_hashes, ray_spec_hashes
 from sparkd.model.plan import Action, ActionOutcome, ActionResult, Plan
 from sparkd.settings import ClusterSpec, HostSpec
@@ -235,6 +236,7 @@ class Executor:
             if action.kind == "start_model" and await self._spec_on_host() in want:
                 return f"vllm serve already running (pid {serve.pid}) with the desired spec"
             await self._stop_serve(serve.pid)
+        await self._engine_gone()
         seconds = self.cluster.ssh.command_timeout
         await self._sh(host, catalogue.start_model(self.cluster, seconds, api_key))
         _, serve = await self._serve_until(lambda s: s is not None, self.timing.serve_appear)
@@ -243,6 +245,24 @@ class Executor:
         raise ActionFailed(
             f"vllm serve not running {self.timing.serve_appear:g}s after launch; see the serve log"
         )
+
+    async def _engine_gone(self) -> None:
+        """A launch while the stopped serve's engine still holds the GPUs fails for memory: wait
+        for its EngineCore and Ray workers to exit (SIGTERM takes them in ~2.5 s). Ones that stay
+        were orphaned; the planner then restarts Ray, which takes them with its containers."""
+        deadline = asyncio.get_running_loop().time() + self.timing.stop_grace
+        pause = min(FIRST_LOOK, self.timing.poll)
+        while True:
+            left = [r for r in await self._serve_rows() if any(m in r.args for m in ENGINE_MARKERS)]
+            if not left:
+                return
+            if asyncio.get_running_loop().time() >= deadline:
+                pids = ", ".join(str(r.pid) for r in left)
+                raise ActionFailed(
+                    f"vllm serve stopped, but its engine processes ({pids}) still hold the GPUs"
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, self.timing.poll)
 
     async def _kill_gpu_process(self, host: HostSpec, action: Action) -> str:
         """Only a compute process `nvidia-smi` lists right now, by the name it was judged by;

@@ -30,6 +30,7 @@ FAULTS = (
     "wrong-ip", "stray-gpu", "kill-container", "slow-load", "stall-load", "answer-style",
     "hang-tool", "crash-loop", "chatty-stall", "noisy-load", "repull-image", "hang-container",
     "docker-down", "docker-hung", "rename-iface", "hand-restart-serve",
+    "full-disk", "lost-gpu", "orphan-engine", "hang-capture", "pull-image",
 )  # fmt: skip
 
 

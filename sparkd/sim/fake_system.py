@@ -181,7 +181,14 @@ _APP_FIELDS: dict[str, tuple[str, str | None]] = {
 }
 
 
+# What nvidia-smi prints, and its status, once the GPU fell off the bus (Xid 79).
+GPU_LOST = "Unable to determine the device handle for GPU0000:0F:01.0: Unknown Error"
+GPU_LOST_RC = 15
+
+
 def nvidia_smi(host: HostState, args: list[str]) -> Done:
+    if host.gpu_lost and not any(a.startswith("-h") or a == "--help" for a in args):
+        return fail(GPU_LOST, GPU_LOST_RC)
     query_gpu = query_apps = fmt = None
     for arg in args:
         key, _, value = arg.partition("=")

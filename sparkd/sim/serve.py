@@ -180,6 +180,9 @@ class ServeFaults:
     # Loads print the harmless lines real vLLM and Ray print (ulimit warning, the autoscaler's
     # `Error: No available node types...` notice, a Python warning naming a RuntimeError).
     noisy_log: bool = False
+    # One-shot: the next CUDA-graph capture stops half-way while its ranks spin in an NCCL
+    # wait: no new line, every engine process busy at 100 % CPU, for ever.
+    hang_capture: bool = False
 
 
 class ServeProcess:
@@ -237,6 +240,22 @@ class ServeProcess:
 
     def kill_hard(self) -> None:
         self._finish(137)
+
+    def kill_api_server(self) -> None:
+        """SIGKILL of the API server alone. As in real vLLM (issue 55510), its EngineCore and
+        the Ray workers stay, holding the GPUs, until their containers go."""
+        if self.stream.exit_code.done():
+            return
+        if self.task is not asyncio.current_task():
+            self.task.cancel()
+        with contextlib.suppress(ValueError):
+            self.container.processes.remove(self.process)
+        self._busy(api=0.0, core=0.0, workers=0.0)
+        server, self.server = self.server, None
+        if server is not None:
+            self._stopping = asyncio.ensure_future(server.stop())
+        self.phase = "orphaned"
+        self.stream.finish(137)
 
     def terminate(self) -> None:
         self._crash_rc = 0
@@ -522,6 +541,10 @@ class ServeProcess:
             )
             if self.faults.oom_capture and step == steps // 2:
                 return
+            if self.faults.hang_capture and step == steps // 2:
+                self.faults.hang_capture = False
+                self._busy(api=0.05, core=1.0, workers=1.0)
+                await asyncio.Event().wait()
             if step < steps:
                 await asyncio.sleep(self.timing.graph_capture / 2 / steps)
         self._info("gpu_model_runner.py:3480", "Graph capturing finished in 35 secs, took 0.86 GiB")

@@ -289,6 +289,8 @@ class HostState:
     containers: dict[str, Container] = field(default_factory=dict)
     gpu_processes: list[GpuProcess] = field(default_factory=list)
     disk_avail_bytes: int = 1_536_000_000_000
+    # The GPU fell off the bus (Xid 79): nvidia-smi exits 15 until the host reboots.
+    gpu_lost: bool = False
     disk_total_bytes: int = 3_841_000_000_000
     ray_ip_override: str | None = None
     gpu_uuid: str = field(default_factory=lambda: "GPU-" + new_boot_id())

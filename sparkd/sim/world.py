@@ -504,7 +504,11 @@ class World:
             self._create(
                 head,
                 f"sparkd-{cluster}-ray-head",
-                {**labels, "sparkd.role": "head", "sparkd.spec": self._spec(cluster, "head")},
+                {
+                    **labels,
+                    "sparkd.role": "head",
+                    "sparkd.spec": self._spec(cluster, "head", head.name),
+                },
                 {**env, "VLLM_HOST_IP": head_ip},
                 [*head_start, "--port=6379", "--dashboard-host=0.0.0.0"],
             )
@@ -516,7 +520,7 @@ class World:
                     {
                         **labels,
                         "sparkd.role": "worker",
-                        "sparkd.spec": self._spec(cluster, "worker"),
+                        "sparkd.spec": self._spec(cluster, "worker", worker.name),
                     },
                     {**env, "VLLM_HOST_IP": worker.state.data_ip},
                     [*worker_start, f"--node-ip-address={worker.state.data_ip}"],
@@ -531,8 +535,9 @@ class World:
         loads): from here on a daemon finds nothing to start."""
         await asyncio.gather(*self._launches)
 
-    def _spec(self, cluster: str, role: str) -> str:
-        return self.spec_labels.get(f"{cluster}/{role}", "sim-healthy")
+    def _spec(self, cluster: str, role: str, host: str | None = None) -> str:
+        by_host = self.spec_labels.get(f"{cluster}/host/{host}") if host is not None else None
+        return by_host or self.spec_labels.get(f"{cluster}/{role}", "sim-healthy")
 
     async def _launch_model(self, head: SimHost, cluster: str, gpus: int) -> None:
         """Start `vllm serve` the way sparkd does, once Ray has every host's GPU."""
@@ -780,7 +785,7 @@ class World:
         for serve in self.serves:
             if serve.engine is host.engine and serve.pid == pid:
                 if sig:
-                    serve.kill_hard() if sig == 9 else serve.terminate()
+                    serve.kill_api_server() if sig == 9 else serve.terminate()
                 return True
             for engine, _, proc, _ in serve.workers:
                 if engine is host.engine and proc.pid == pid:
@@ -835,6 +840,9 @@ class World:
             "docker-down": self.docker_down,
             "docker-hung": self.docker_hung,
             "hand-restart-serve": self.hand_restart_serve,
+            "lost-gpu": self.lost_gpu,
+            "orphan-engine": self.orphan_engine,
+            "hang-capture": self.hang_capture,
         }
         with_arg: dict[str, Callable[[str, str | None], Awaitable[str]]] = {
             "stray-gpu": self.stray_gpu,
@@ -845,6 +853,8 @@ class World:
             "answer-style": self.answer_style,
             "hang-tool": self.hang_tool,
             "rename-iface": self.rename_iface,
+            "full-disk": self.full_disk,
+            "pull-image": self.pull_image,
         }
         if name in with_arg:
             return await with_arg[name](target.name, arg)
@@ -892,6 +902,7 @@ class World:
         await asyncio.sleep(self.timing.reboot_downtime)
         h.state.boot_id = new_boot_id()
         h.state.booted_wall = time.time()
+        h.state.gpu_lost = False
         for unit in h.state.units.values():
             unit.active = unit.enabled
         h.engine.boot()
@@ -929,6 +940,8 @@ class World:
         h.faults.chatty_stall = False
         h.faults.noisy_log = self.noisy_load_logs
         h.faults.oom_capture = False
+        h.faults.hang_capture = False
+        h.state.disk_avail_bytes = HostState.disk_avail_bytes
         h.state.ray_ip_override = None
         h.behaviour.engine = "ok"
         h.behaviour.style = "reasoning_only"
@@ -1017,6 +1030,34 @@ class World:
         h.state.images.add(name)
         h.state.image_ids[name] = new_id
         return f"{name} on {host} is now {new_id[:19]}"
+
+    async def pull_image(self, host: str, arg: str | None = None) -> str:
+        """`docker pull` of tag `arg` on `host`: the same image ID every host pulls."""
+        if not arg:
+            raise ValueError("pull-image needs the tag")
+        name = normalize_image(arg)
+        self.host(host).state.images.add(name)
+        return f"{name} pulled on {host}"
+
+    async def full_disk(self, host: str, arg: str | None = None) -> str:
+        """The file system under the log dir (and Docker's) has `arg` bytes left (default 0)."""
+        free = int(arg) if arg else 0
+        self.host(host).state.disk_avail_bytes = free
+        return f"{host}: {free} bytes free"
+
+    async def lost_gpu(self, host: str) -> str:
+        """The GPU fell off the bus (Xid 79): nvidia-smi exits 15 until a reboot."""
+        self.host(host).state.gpu_lost = True
+        return f"the GPU of {host} is lost"
+
+    async def orphan_engine(self, host: str) -> str:
+        """`kill -9` of the API server: its EngineCore and Ray workers stay with the GPUs."""
+        self._serve_on(host).kill_api_server()
+        return f"vllm serve on {host} SIGKILLed; its engine stays"
+
+    async def hang_capture(self, host: str) -> str:
+        self.host(host).faults.hang_capture = True
+        return f"the next CUDA-graph capture on {host} hangs, spinning"
 
     async def slow_load(self, host: str) -> str:
         self.host(host).faults.slow_load = True

@@ -61,7 +61,15 @@ def fast_cluster(cluster: ClusterSpec, **changes: Any) -> ClusterSpec:
         # Ray's timers keep their real ratio to the recheck interval (sim.timing.FAST_FACTOR):
         # a dead node lingers ~3 rechecks, a hung one ~13, the join timeout 24.
         "ray": cluster.ray.model_copy(update={"join_timeout": 120.0 * FAST_FACTOR}),
-        "model": cluster.model.model_copy(update={"load_stall": 5.0, "load_timeout": 30.0}),
+        # The silent stages' caps keep their real ratio to load_timeout (1800 and 900 of 3600 s).
+        "model": cluster.model.model_copy(
+            update={
+                "load_stall": 5.0,
+                "load_timeout": 30.0,
+                "compile_timeout": 15.0,
+                "graph_capture_timeout": 7.5,
+            }
+        ),
         "policy": cluster.policy.model_copy(
             update={"backoff_initial": 0.1, "backoff_max": 0.5, "healthy_reset": 5.0}
         ),

@@ -21,12 +21,14 @@ SIM = ("-m", "sparkd.cli", "sim")
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-async def healthy_sim(tmp_path: Path) -> AsyncIterator[Path]:
+@pytest.fixture(params=[2, 3], ids=["2-hosts", "3-hosts"])
+async def healthy_sim(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Path]:
+    """With 3 hosts, each worker's spec label carries its own data IP."""
     directory = tmp_path / "world"
+    hosts = str(request.param)
     process = await asyncio.create_subprocess_exec(
         sys.executable, *SIM, "--scenario", "healthy", "--dir", str(directory),
-        "--first-address", "127.66.0.2", "--no-noisy-logs",
+        "--first-address", "127.66.0.2", "--no-noisy-logs", "--hosts", hosts,
         stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL, cwd=REPO,
     )  # fmt: skip
     assert process.stdout is not None

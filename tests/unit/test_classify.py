@@ -357,6 +357,8 @@ def test_any_stream_chunks_classify_as_a_counted_verdict(chunks: list[object]) -
     got = classify_stream(200, lines)
     assert got.outcome != "not_run"
     assert got.healthy is not None
+
+
 @pytest.mark.parametrize("status", [401, 403])
 def test_an_auth_failure_body_is_never_kept(status: int) -> None:
     # A proxy that echoes the request back, the key in a form no redactor is sure to know.

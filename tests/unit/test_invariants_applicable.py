@@ -1,0 +1,291 @@
+"""Invariant 4, only actions that can apply, and 7, silent stages have their own limits: checked
+on generated clusters (healthy, loading, stalled, serve gone) and as named cases."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sparkd.core.assemble import head_extras
+from sparkd.core.facts import parse_sections
+from sparkd.core.judge import MODEL_STARTS, RAY_STARTS
+from sparkd.core.model_stage import ORPHAN_GRACE
+from sparkd.core.planner import plan
+from sparkd.core.spec import container_name
+from sparkd.model.memory import LoadMark, Memory
+from sparkd.model.observed import LoadProgress, Observed
+from sparkd.model.plan import Plan
+from tests.examples import EXAMPLE_SET
+from tests.toy import Toy
+
+COMMON = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+STARTS = RAY_STARTS | MODEL_STARTS
+BASES = [e for e in EXAMPLE_SET if e.name != "seed-morning"]
+
+
+def host(observed: Observed, name: str, **update: Any) -> Observed:
+    hosts = tuple(h.model_copy(update=update) if h.name == name else h for h in observed.hosts)
+    return observed.model_copy(update={"hosts": hosts})
+
+
+CLEANUPS = frozenset({"stop_unit", "remove_container", "kill_gpu_process"})
+
+
+def needs_a_human(result: Plan) -> bool:
+    """`blocked`, or cleaning first (a cleanup needs neither the disk nor the GPU)."""
+    cleaning = result.phase == "cleaning" and bool(kinds(result) & CLEANUPS)
+    return result.phase == "blocked" or cleaning
+
+
+def kinds(result: Plan, host_name: str | None = None) -> set[str]:
+    return {a.kind for a in result.actions if host_name is None or a.host == host_name}
+
+
+@st.composite
+def situations(draw: st.DrawFn) -> tuple[Toy, Memory, float]:
+    example = draw(st.sampled_from(BASES))
+    toy, memory = example.build()
+    return toy, memory, toy.now + draw(st.floats(0, 120))
+
+
+# -- 4a: drift waits while the image is unsafe ---------------------------------------------------
+
+
+@COMMON
+@given(situations(), st.data())
+def test_a_new_tag_not_pulled_everywhere_restarts_nothing(
+    s: tuple[Toy, Memory, float], data: st.DataObject
+) -> None:
+    toy, memory, now = s
+    new = toy.cluster.model_copy(
+        update={"ray": toy.cluster.ray.model_copy(update={"image": "vllm/vllm-openai:v0.33.0"})}
+    )
+    names = [h.name for h in new.hosts]
+    lacking = data.draw(st.sets(st.sampled_from(names), min_size=1))
+    for name in names:
+        if name not in lacking:
+            toy.images[name].append("vllm/vllm-openai:v0.33.0")
+    result = plan(new, toy.observe(), memory, now)
+    drift = [a for a in result.actions if a.kind in STARTS and "drift" in a.reason]
+    assert not drift, result.reason
+    assert "image" in result.reason
+
+
+def test_drift_rolls_once_ray_then_model_when_the_image_arrives() -> None:
+    toy, memory = next(e for e in EXAMPLE_SET if e.name == "healthy-reasoning-only").build()
+    new = toy.cluster.model_copy(
+        update={"ray": toy.cluster.ray.model_copy(update={"image": "vllm/vllm-openai:v0.33.0"})}
+    )
+    toy.images["spark-a"].append("vllm/vllm-openai:v0.33.0")
+    waiting = plan(new, toy.observe(), memory, toy.now)
+    assert waiting.actions == ()
+    assert "spec drift" in waiting.reason and "waits until the image" in waiting.reason
+    toy.images["spark-b"].append("vllm/vllm-openai:v0.33.0")
+    rolling = plan(new, toy.observe(), memory, toy.now + 5)
+    assert [a.kind for a in rolling.actions] == ["restart_ray", "restart_ray"]
+
+
+# -- 4b: no start on a full disk -----------------------------------------------------------------
+
+
+@COMMON
+@given(situations(), st.data())
+def test_nothing_starts_on_a_full_disk(s: tuple[Toy, Memory, float], data: st.DataObject) -> None:
+    toy, memory, now = s
+    name = data.draw(st.sampled_from([h.name for h in toy.cluster.hosts]))
+    free = data.draw(st.integers(0, toy.cluster.model.min_disk_free - 1))
+    observed = host(toy.observe(), name, disk_free_bytes=free)
+    result = plan(toy.cluster, observed, memory, now)
+    assert not kinds(result, name) & RAY_STARTS
+    assert "start_model" not in kinds(result)
+    if toy.cluster.host(name).role == "head":
+        assert not kinds(result) & MODEL_STARTS, result.reason
+    assert f"disk full on {name} ({free} bytes free)" in result.reason
+    assert needs_a_human(result)
+
+
+def test_a_frozen_log_on_a_full_head_disk_is_not_a_stalled_load() -> None:
+    toy, memory = next(e for e in EXAMPLE_SET if e.name == "load-stalled").build()
+    assert "restart_model" in kinds(plan(toy.cluster, toy.observe(), memory, toy.now))
+    observed = host(toy.observe(), "spark-a", disk_free_bytes=4096)
+    result = plan(toy.cluster, observed, memory, toy.now)
+    assert result.actions == ()
+    assert result.phase == "blocked"
+    assert "disk full on spark-a (4096 bytes free)" in result.reason
+
+
+# -- 4c: a lost GPU is for a reboot --------------------------------------------------------------
+
+LOST = (
+    "gpu_apps failed (rc 15): Unable to determine the device handle for GPU0000:0F:01.0: "
+    "Unknown Error",
+    "gpu_apps failed (rc 15): Unable to determine the device handle for gpu 0000:0F:01.0: "
+    "GPU is lost.  Reboot the system to recover this GPU",
+    "gpu_apps failed (rc 15): GPU 00000000:0F:01.0: GPU has fallen off the bus.",
+)
+NO_DRIVER = (
+    "gpu_apps failed (rc 9): NVIDIA-SMI has failed because it couldn't communicate with the "
+    "NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running."
+)
+
+
+@COMMON
+@given(situations(), st.data())
+def test_a_lost_gpu_blocks_every_start_and_says_reboot(
+    s: tuple[Toy, Memory, float], data: st.DataObject
+) -> None:
+    toy, memory, now = s
+    name = data.draw(st.sampled_from([h.name for h in toy.cluster.hosts]))
+    observed = host(toy.observe(), name, gpu_error=data.draw(st.sampled_from(LOST)))
+    result = plan(toy.cluster, observed, memory, now)
+    assert not kinds(result) & STARTS, result.reason
+    assert needs_a_human(result)
+    assert f"the GPU of {name} is lost: reboot the host" in result.reason
+
+
+def test_a_driver_still_loading_is_unknown_not_lost() -> None:
+    toy, memory = next(e for e in EXAMPLE_SET if e.name == "load-stalled").build()
+    observed = host(toy.observe(), "spark-b", gpu_error=NO_DRIVER)
+    result = plan(toy.cluster, observed, memory, toy.now)
+    assert "lost" not in result.reason
+    assert "unknown" in result.reason and "waiting" in result.reason
+    # A hung load is still restarted: an unknown GPU list holds only a new model's start.
+    assert "restart_model" in kinds(result)
+    assert result.phase != "blocked"
+
+
+# -- 4d: an orphaned engine holds the start ------------------------------------------------------
+
+
+def _orphaned(seconds_ago: float) -> tuple[Toy, Observed, Memory]:
+    toy, memory = next(e for e in EXAMPLE_SET if e.name == "healthy-reasoning-only").build()
+    toy.serve_running = False
+    toy.ready = False
+    observed = toy.observe()
+    assert observed.serve is not None
+    serve = observed.serve.model_copy(
+        update={"orphans": ("pid 41234 (VLLM::EngineCore)", "pid 41301 (ray::RayWorkerWrapper)")}
+    )
+    since = toy.now - seconds_ago
+    return (
+        toy,
+        observed.model_copy(update={"serve": serve}),
+        memory.model_copy(update={"ray_unsettled_since": since}),
+    )
+
+
+GRACE = ORPHAN_GRACE * Toy.healthy().cluster.ray.join_timeout
+
+
+@COMMON
+@given(st.floats(0, GRACE))
+def test_no_model_start_while_an_orphaned_engine_holds_the_gpus(waited: float) -> None:
+    toy, observed, memory = _orphaned(waited)
+    result = plan(toy.cluster, observed, memory, toy.now)
+    assert result.actions == ()
+    assert "engine processes still hold the GPUs" in result.reason
+    assert "VLLM::EngineCore" in result.reason
+    assert result.ray_unsettled
+
+
+def test_an_engine_that_stays_is_cleared_by_restarting_ray() -> None:
+    toy, observed, memory = _orphaned(GRACE + 5)
+    result = plan(toy.cluster, observed, memory, toy.now)
+    assert [(a.kind, a.host) for a in result.actions] == [
+        ("restart_ray", "spark-a"),
+        ("restart_ray", "spark-b"),
+    ]
+    assert "start_model" not in kinds(result)
+
+
+def test_an_orphan_is_read_from_the_head_containers_processes() -> None:
+    toy = Toy.healthy()
+    head = container_name(toy.cluster, toy.cluster.head)
+    text = (
+        f"@@sparkd top {head}\n"
+        "PID ELAPSED TIME COMMAND\n"
+        "3001 3600 40 /usr/bin/python3 /usr/local/bin/ray start --head --block\n"
+        "41234 900 721 VLLM::EngineCore\n"
+        "41301 890 1800 ray::RayWorkerWrapper.execute_method\n"
+        f"@@sparkd-end top {head} 0\n"
+    )
+    serve = head_extras(toy.cluster, parse_sections(text), toy.now).serve
+    assert not serve.running
+    assert serve.orphans == (
+        "pid 41234 (VLLM::EngineCore)",
+        "pid 41301 (ray::RayWorkerWrapper.execute_method)",
+    )
+
+
+# -- 7: silent stages have their own caps --------------------------------------------------------
+
+
+def _capturing(entered_ago: float, cpu_risen: bool) -> tuple[Toy, Observed, Memory]:
+    toy, memory = next(e for e in EXAMPLE_SET if e.name == "loading-40pct").build()
+    observed = toy.observe()
+    assert observed.serve is not None and observed.serve.elapsed_seconds is not None
+    launch = toy.now - observed.serve.elapsed_seconds
+    key = "graph_capture|None|Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)"
+    serve = observed.serve.model_copy(
+        update={
+            "progress": LoadProgress(
+                stage="graph_capture", message=key.split("|")[2], progress_at=toy.now - 5
+            ),
+            "cpu_seconds": 5000.0 if cpu_risen else 4000.0,
+        }
+    )
+    mark = LoadMark(
+        pid=observed.serve.pid,
+        launch=launch,
+        key=key,
+        cpu_seconds=4000.0,
+        at=toy.now - 5,
+        entered=toy.now - entered_ago,
+    )
+    return (
+        toy,
+        observed.model_copy(update={"serve": serve}),
+        memory.model_copy(update={"load_mark": mark}),
+    )
+
+
+@COMMON
+@given(st.floats(0, 1), st.booleans())
+def test_a_capture_that_burns_cpu_is_restarted_after_its_own_cap(
+    share: float, cpu_risen: bool
+) -> None:
+    toy = Toy.healthy()
+    cap = toy.cluster.model.graph_capture_timeout
+    stall = toy.cluster.model.load_stall
+    # Inside the cap, burning CPU is work; past it, it may be a spin-waiting NCCL hang.
+    entered = stall + share * (toy.cluster.model.load_timeout - stall)
+    toy, observed, memory = _capturing(entered, cpu_risen)
+    result = plan(toy.cluster, observed, memory, toy.now)
+    restarted = "restart_model" in kinds(result)
+    if entered > cap:
+        assert restarted, result.reason
+        assert "CUDA-graph capture" in result.reason and "cap" in result.reason
+    elif cpu_risen:
+        assert not restarted, result.reason
+
+
+def test_cpu_of_an_earlier_launchs_engine_is_not_this_launchs_progress() -> None:
+    toy = Toy.healthy()
+    head = container_name(toy.cluster, toy.cluster.head)
+
+    def look(old_cpu: str, new_cpu: str) -> float | None:
+        text = (
+            f"@@sparkd top {head}\n"
+            "PID ELAPSED TIME COMMAND\n"
+            "5150 300 60 /usr/bin/python3 /usr/local/bin/vllm serve /models/q\n"
+            f"41234 7200 {old_cpu} VLLM::EngineCore\n"
+            f"5200 290 {new_cpu} VLLM::EngineCore\n"
+            f"@@sparkd-end top {head} 0\n"
+        )
+        return head_extras(toy.cluster, parse_sections(text), toy.now).serve.cpu_seconds
+
+    # The orphan of the previous launch spins; this launch's engine does not move.
+    assert look("3600", "120") == look("5400", "120")
+    assert look("3600", "120") == 60 + 120
