@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 
 from sparkd.core import facts
+from sparkd.core.assemble import ENGINE_MARKERS
 from sparkd.core.classify import classify_response
 from sparkd.core.planner import plan
 from sparkd.model.memory import Memory
@@ -282,6 +283,25 @@ async def test_a_killed_api_server_leaves_its_engine_running_as_orphans(keyed: R
     rows = "\n".join(f"{pid} 10 5 {args_of(pid)}" for pid in left if args_of(pid))
     top = facts.parse_docker_top("PID ELAPSED TIME COMMAND\n" + rows)
     assert facts.find_serve(top) is None
-    assert any(row.args == "VLLM::EngineCore" for row in top)
+    # sparkd knows the real engine by its process title, as it reads it from `docker top`.
+    engine = [r for r in top if any(marker in r.args for marker in ENGINE_MARKERS)]
+    assert any(row.args == "VLLM::EngineCore" for row in engine), [r.args for r in top]
     endpoint = await model_http.observe_endpoint(keyed.opener(), keyed.cluster, None, 5)
     assert endpoint.status == "refused"
+    # The planner: no serve, its engine still there: no launch until the engine is gone.
+    toy, memory = healthy_toy()
+    toy.serve_running = False
+    toy.ready = False
+    seen = toy.observe()
+    assert seen.serve is not None
+    orphans = tuple(f"pid {r.pid} ({r.args.split()[0]})" for r in engine)
+    seen = seen.model_copy(
+        update={
+            "serve": seen.serve.model_copy(update={"orphans": orphans}),
+            "endpoint": endpoint,
+            "probe": None,
+        }
+    )
+    decided = plan(toy.cluster, seen, memory, toy.now)
+    assert not [a for a in decided.actions if a.kind in ("start_model", "restart_model")]
+    assert "engine processes still hold the GPUs" in decided.reason, decided.reason

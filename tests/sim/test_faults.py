@@ -163,8 +163,11 @@ async def test_oom_during_graph_capture(healthy: World) -> None:
     async with await connect(healthy, "spark-a") as head:
         assert (await run(head, serve_command(healthy))).exit_status == 0
 
+        # The serve's output reaches the log through the shell's redirection after the process
+        # itself ends: wait for its last line in the file too.
         async def exited() -> bool:
-            return "vllm serve" not in (await run(head, f"docker top {HEAD} -eo args")).stdout
+            top = (await run(head, f"docker top {HEAD} -eo args")).stdout
+            return "vllm serve" not in top and "Failed core proc(s)" in log_text(healthy)
 
         await eventually(exited)
         assert (await run(head, f"docker inspect -f '{{{{.State.Running}}}}' {HEAD}")).stdout == (
