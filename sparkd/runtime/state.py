@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sparkd.core.text import printable_json
 from sparkd.model.memory import MEMORY_VERSION, Blocked, Memory
 from sparkd.runtime import logs
 
@@ -178,7 +179,9 @@ class StateDir:
         except OSError as exc:
             return self._unreadable(path, f"{path} unreadable ({exc.strerror or exc})", now)
         try:
-            document = json.loads(raw)
+            # A pause reason written by an older version (or by hand) is shown by `status`,
+            # `plan` and `once`: its controls go here, where the file is parsed.
+            document = printable_json(json.loads(raw))
             if not isinstance(document, dict):
                 raise ValueError("not a JSON object")
             version = document.get("version")
@@ -215,8 +218,9 @@ class StateDir:
     def peek_memory(self, cluster: str) -> Memory:
         """The remembered memory without touching the file (for commands that change nothing)."""
         try:
-            return Memory.model_validate_json(self.memory_path(cluster).read_bytes())
-        except (OSError, ValueError):
+            document = printable_json(json.loads(self.memory_path(cluster).read_bytes()))
+            return Memory.model_validate(document)
+        except (OSError, ValueError, RecursionError):
             return Memory()
 
     def save_memory(self, cluster: str, memory: Memory) -> None:

@@ -90,3 +90,16 @@ def test_an_unchanged_memory_is_not_rewritten(tmp_path: Path) -> None:
     state.save_memory("sparks", memory.model_copy(update={"launched_at": 2.0}))
     assert path.stat().st_ino != first
     assert state.load_memory("sparks")[0].launched_at == 2.0
+
+
+def test_a_remembered_pause_reason_is_read_printable(tmp_path: Path) -> None:
+    state = StateDir(tmp_path)
+    memory = Memory.model_validate(
+        {"paused": {"reason": "ok\x1b[2J\x1b[32mhealthy\u202e", "by": "\x9bop", "since": 1.0}}
+    )
+    state.save_memory("c", memory)
+    again = StateDir(tmp_path)
+    for paused in (again.read_memory("c", 2.0).memory.paused, again.peek_memory("c").paused):
+        assert paused is not None and paused.reason.startswith("ok")
+        text = paused.reason + paused.by
+        assert not any(c in text for c in "\x1b\x9b\u202e"), repr(text)
