@@ -136,11 +136,17 @@ async def once(settings: Settings, dry_run: bool, as_json: bool) -> int:
     # The controller and the daemon's pieces only here and in `run`: `plan` and `probe` start
     # without the web stack, the scheduler and the metrics.
     from sparkd.runtime.controller import Controller
+    from sparkd.runtime.daemon import StartupError, open_state_dir, state_dir_error
     from sparkd.web.app import outcome_json
 
     state = StateDir(settings.daemon.state_dir)
     try:
-        with state.lock():
+        open_state_dir(state.path)
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(state.lock())
+            except OSError as exc:
+                raise state_dir_error(state.path, exc) from None
             pool = SshPool()
             try:
                 controllers = [
@@ -153,6 +159,9 @@ async def once(settings: Settings, dry_run: bool, as_json: bool) -> int:
         print(f"sparkd once: {exc}; the daemon is acting, not starting a second controller",
               file=sys.stderr)  # fmt: skip
         return EX_TEMPFAIL
+    except StartupError as exc:
+        print(f"sparkd once: {exc.line}", file=sys.stderr)
+        return exc.code
     if as_json:
         out = [
             {**p.public(), "outcomes": [outcome_json(o) for o in c.view.recent]}

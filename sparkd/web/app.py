@@ -132,7 +132,12 @@ async def events(request: web.Request) -> web.Response:
         limit = min(MAX_EVENTS, max(1, int(request.query.get("limit", "100"))))
     except ValueError:
         raise web.HTTPBadRequest(text="limit must be a whole number") from None
-    found = daemon.state.read_events(limit, cluster)
+    try:
+        found = daemon.state.read_events(limit, cluster)
+    except OSError as exc:
+        raise web.HTTPServiceUnavailable(
+            text=f"events unreadable: {exc.strerror or type(exc).__name__}"
+        ) from None
     # Lines of the events file that could not be read (torn, not UTF-8), skipped on the way.
     return web.json_response(
         redact_json({"events": found, "skipped_lines": daemon.state.events_skipped})
