@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -82,12 +83,24 @@ async def live_plan(
         # One document per cluster; with several clusters they go to FILE, FILE.1, ...
         for index, document in enumerate(documents):
             target = save if index == 0 else save.with_name(f"{save.name}.{index}")
-            target.write_text(document + "\n")
+            write_private(target, (document + "\n").encode())
     if as_json:
         print(json.dumps([p.public() for p in plans], indent=2))
     else:
         print("\n".join(render_plan(p) for p in plans))
     return 0
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """0600 whatever the umask (a snapshot holds what the hosts showed), an older file included."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 def _cluster(settings: Settings, name: str | None) -> ClusterSpec | None:

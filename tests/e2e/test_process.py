@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import stat
 import sys
 import time
 from pathlib import Path
@@ -226,3 +227,22 @@ async def test_sparkd_sim_healthy_is_drift_free_for_the_config_it_prints(tmp_pat
     finally:
         world.send_signal(signal.SIGTERM)
         await asyncio.wait_for(world.wait(), 30)
+
+
+async def test_a_saved_snapshot_is_private_whatever_the_umask(
+    seed_world: World, tmp_path: Path
+) -> None:
+    config = write_fast_config(
+        seed_world, tmp_path / "sparkd.toml", tmp_path / "state", free_port()
+    )
+    snapshot = tmp_path / "snap"
+    snapshot.write_text("older\n")
+    snapshot.chmod(0o644)
+    proc = await asyncio.create_subprocess_exec(
+        *SPARKD, "plan", "--config", str(config), "--save-snapshot", str(snapshot),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, umask=0,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode == 0, err
+    assert stat.S_IMODE(snapshot.stat().st_mode) == 0o600
+    assert '"observed_at"' in snapshot.read_text()
