@@ -17,7 +17,7 @@ from sparkd.model.plan import Plan
 from sparkd.model.probe import ProbeResult
 from sparkd.runtime import logs
 from sparkd.runtime.state import LockHeld, StateDir
-from sparkd.settings import ClusterSpec, Settings
+from sparkd.settings import EX_CONFIG, ClusterSpec, Settings
 from sparkd.shell import catalogue, forced, secrets
 from sparkd.shell.observe import observe, probe_once
 from sparkd.shell.ssh import SshPool
@@ -130,6 +130,9 @@ async def probe(settings: Settings, name: str | None, as_json: bool) -> int:
     pool = SshPool()
     try:
         result = await probe_once(cluster, pool)
+    except secrets.SecretFileError as exc:
+        print(f"sparkd probe: model.api_key_file: {exc}", file=sys.stderr)
+        return EX_CONFIG
     finally:
         await pool.close()
     if as_json:
