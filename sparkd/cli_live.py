@@ -221,22 +221,32 @@ def run(settings: Settings, config: Path, dry_run: bool) -> int:
 
 
 def print_commands(settings: Settings, sudoers: str | None) -> int:
+    """Every command for review; with `sudoers`, the sudoers snippet alone, so the whole output
+    can go to `visudo -f` as its header says."""
     privileged: set[str] = set()
+    notes: list[str] = []
     for cluster in settings.clusters:
-        print(f"# cluster {cluster.name}")
-        for host, remote in catalogue.catalogue(cluster, cluster.ssh.command_timeout):
-            kind = "changes" if remote.mutating else "reads"
-            print(f"## {remote.name} on {host.name} ({kind})")
-            print(remote.command.rstrip("\n"))
-            print()
+        if sudoers is None:
+            print(f"# cluster {cluster.name}")
+            for host, remote in catalogue.catalogue(cluster, cluster.ssh.command_timeout):
+                kind = "changes" if remote.mutating else "reads"
+                print(f"## {remote.name} on {host.name} ({kind})")
+                print(remote.command.rstrip("\n"))
+                print()
         rules, refused = catalogue.sudoers_rules(cluster)
         privileged.update(rules)
         for unit in refused:
-            print(f"# {unit}: sudoers cannot match this name exactly; not allowed, stop it by hand")
-    if sudoers is not None:
-        print("# sudoers snippet (visudo -f /etc/sudoers.d/sparkd; sudo 1.9.10 or later for the")
-        print("# ^...$ argument pattern); set ssh.sudo = true. See docs/security.md.")
-        print(f"{sudoers} ALL=(root) NOPASSWD: " + ", \\\n    ".join(sorted(privileged)))
+            note = f"# {unit}: sudoers cannot match this name exactly; not allowed, stop it by hand"
+            if sudoers is None:
+                print(note)
+            notes.append(note)
+    if sudoers is None:
+        return 0
+    print("# sudoers snippet (visudo -f /etc/sudoers.d/sparkd; sudo 1.9.10 or later for the")
+    print("# ^...$ argument pattern); set ssh.sudo = true. See docs/security.md.")
+    for note in notes:
+        print(note)
+    print(f"{sudoers} ALL=(root) NOPASSWD: " + ", \\\n    ".join(sorted(privileged)))
     return 0
 
 
