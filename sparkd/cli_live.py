@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from sparkd.model.plan import Plan
 from sparkd.model.probe import ProbeResult
 from sparkd.runtime import logs
 from sparkd.runtime.state import LockHeld, StateDir
-from sparkd.settings import ClusterSpec, Settings
+from sparkd.settings import EX_CONFIG, ClusterSpec, Settings
 from sparkd.shell import catalogue, forced, secrets
 from sparkd.shell.observe import observe, probe_once
 from sparkd.shell.ssh import SshPool
@@ -82,12 +83,24 @@ async def live_plan(
         # One document per cluster; with several clusters they go to FILE, FILE.1, ...
         for index, document in enumerate(documents):
             target = save if index == 0 else save.with_name(f"{save.name}.{index}")
-            target.write_text(document + "\n")
+            write_private(target, (document + "\n").encode())
     if as_json:
         print(json.dumps([p.public() for p in plans], indent=2))
     else:
         print("\n".join(render_plan(p) for p in plans))
     return 0
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """0600 whatever the umask (a snapshot holds what the hosts showed), an older file included."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 def _cluster(settings: Settings, name: str | None) -> ClusterSpec | None:
@@ -117,6 +130,9 @@ async def probe(settings: Settings, name: str | None, as_json: bool) -> int:
     pool = SshPool()
     try:
         result = await probe_once(cluster, pool)
+    except secrets.SecretFileError as exc:
+        print(f"sparkd probe: model.api_key_file: {exc}", file=sys.stderr)
+        return EX_CONFIG
     finally:
         await pool.close()
     if as_json:
@@ -136,11 +152,17 @@ async def once(settings: Settings, dry_run: bool, as_json: bool) -> int:
     # The controller and the daemon's pieces only here and in `run`: `plan` and `probe` start
     # without the web stack, the scheduler and the metrics.
     from sparkd.runtime.controller import Controller
+    from sparkd.runtime.daemon import StartupError, open_state_dir, state_dir_error
     from sparkd.web.app import outcome_json
 
     state = StateDir(settings.daemon.state_dir)
     try:
-        with state.lock():
+        open_state_dir(state.path)
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(state.lock())
+            except OSError as exc:
+                raise state_dir_error(state.path, exc) from None
             pool = SshPool()
             try:
                 controllers = [
@@ -153,6 +175,9 @@ async def once(settings: Settings, dry_run: bool, as_json: bool) -> int:
         print(f"sparkd once: {exc}; the daemon is acting, not starting a second controller",
               file=sys.stderr)  # fmt: skip
         return EX_TEMPFAIL
+    except StartupError as exc:
+        print(f"sparkd once: {exc.line}", file=sys.stderr)
+        return exc.code
     if as_json:
         out = [
             {**p.public(), "outcomes": [outcome_json(o) for o in c.view.recent]}
@@ -196,22 +221,32 @@ def run(settings: Settings, config: Path, dry_run: bool) -> int:
 
 
 def print_commands(settings: Settings, sudoers: str | None) -> int:
+    """Every command for review; with `sudoers`, the sudoers snippet alone, so the whole output
+    can go to `visudo -f` as its header says."""
     privileged: set[str] = set()
+    notes: list[str] = []
     for cluster in settings.clusters:
-        print(f"# cluster {cluster.name}")
-        for host, remote in catalogue.catalogue(cluster, cluster.ssh.command_timeout):
-            kind = "changes" if remote.mutating else "reads"
-            print(f"## {remote.name} on {host.name} ({kind})")
-            print(remote.command.rstrip("\n"))
-            print()
+        if sudoers is None:
+            print(f"# cluster {cluster.name}")
+            for host, remote in catalogue.catalogue(cluster, cluster.ssh.command_timeout):
+                kind = "changes" if remote.mutating else "reads"
+                print(f"## {remote.name} on {host.name} ({kind})")
+                print(remote.command.rstrip("\n"))
+                print()
         rules, refused = catalogue.sudoers_rules(cluster)
         privileged.update(rules)
         for unit in refused:
-            print(f"# {unit}: sudoers cannot match this name exactly; not allowed, stop it by hand")
-    if sudoers is not None:
-        print("# sudoers snippet (visudo -f /etc/sudoers.d/sparkd; sudo 1.9.10 or later for the")
-        print("# ^...$ argument pattern); set ssh.sudo = true. See docs/security.md.")
-        print(f"{sudoers} ALL=(root) NOPASSWD: " + ", \\\n    ".join(sorted(privileged)))
+            note = f"# {unit}: sudoers cannot match this name exactly; not allowed, stop it by hand"
+            if sudoers is None:
+                print(note)
+            notes.append(note)
+    if sudoers is None:
+        return 0
+    print("# sudoers snippet (visudo -f /etc/sudoers.d/sparkd; sudo 1.9.10 or later for the")
+    print("# ^...$ argument pattern); set ssh.sudo = true. See docs/security.md.")
+    for note in notes:
+        print(note)
+    print(f"{sudoers} ALL=(root) NOPASSWD: " + ", \\\n    ".join(sorted(privileged)))
     return 0
 
 

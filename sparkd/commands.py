@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -169,13 +170,22 @@ def dispatch(argv: Sequence[str]) -> int:
     return cli_live.main(args, settings, config_path(args.config))
 
 
+# C0 and C1 controls, DEL, and the bidirectional overrides and isolates: a terminal acts on them.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` with every character a terminal would act on written as its escape (`\\x1b`)."""
+    return _CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
 def _settings(explicit: str | None) -> Settings | int:
     path = config_path(explicit)
     try:
         return load_settings(path)
     except ConfigError as exc:
         for problem in exc.problems:
-            print(problem, file=sys.stderr)
+            print(printable(problem), file=sys.stderr)
         return EX_CONFIG
 
 
@@ -199,26 +209,26 @@ def check_config(explicit: str | None) -> int:
     found = problems(settings)
     if found:
         for problem in found:
-            print(problem, file=sys.stderr)
+            print(printable(problem), file=sys.stderr)
         return EX_CONFIG
     for cluster in settings.clusters:
         workers = ", ".join(f"{w.name}={w.ip}" for w in cluster.workers) or "none"
         model = cluster.model
         served = f" served as {model.served_name}" if model.served_name != model.id else ""
-        print(
+        print(printable(
             f"{cluster.name}: head {cluster.head.name}={cluster.head.ip}, workers {workers}; "
             f"{cluster.ray.expected_gpus} GPUs; model {model.id}{served} on port "
             f"{cluster.model.port} (tp={cluster.model.tensor_parallel_size}, "
             f"pp={cluster.model.pipeline_parallel_size}); image {cluster.ray.image}"
-        )
+        ))  # fmt: skip
         for spec in cluster.maintenance:
             trigger = spec.trigger()
             first = trigger.get_next_fire_time(None, datetime.now(trigger.timezone))
             opens = first.isoformat(timespec="minutes") if first is not None else "never"
-            print(
+            print(printable(
                 f"  maintenance {spec.cron!r} ({trigger.timezone}) for {spec.duration:g}s: "
                 f"{spec.reason}; next {opens}"
-            )
+            ))  # fmt: skip
     return 0
 
 

@@ -514,6 +514,8 @@ def load_settings(path: Path) -> Settings:
         raise ConfigError([_format_error(e) for e in errors if not _echo(e, errors)]) from None
     except (OSError, ValueError) as exc:  # unreadable file or TOML syntax error
         raise ConfigError([f"{path}: {exc}"]) from None
+    except RecursionError:  # arrays or tables nested past Python's recursion limit
+        raise ConfigError([f"{path}: nested too deep to be a sparkd config"]) from None
     finally:
         _config_path.reset(token)
     problems = conflicts(settings)

@@ -20,7 +20,7 @@ from sparkd.runtime.controller import Controller
 from sparkd.runtime.maintenance import MaintenanceScheduler
 from sparkd.runtime.metrics import Metrics
 from sparkd.runtime.notify import Notifier
-from sparkd.runtime.state import StateDir
+from sparkd.runtime.state import EVENTS_FILE, LOCK_FILE, StateDir
 from sparkd.settings import (
     EX_CANTCREAT,
     EX_CONFIG,
@@ -58,6 +58,11 @@ def open_state_dir(path: Path) -> None:
         raise StartupError(EX_CANTCREAT, f"{where} cannot be created: {_reason(exc)}") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise StartupError(EX_CANTCREAT, f"{where} is not writable by this user")
+    for name in (LOCK_FILE, EVENTS_FILE):
+        # A directory (or a FIFO) where sparkd keeps a file would fail every write or hang.
+        held = path / name
+        if held.exists() and not held.is_file():
+            raise StartupError(EX_CANTCREAT, f"{where}: {name} is not a regular file")
 
 
 def state_dir_error(path: Path, exc: OSError) -> StartupError:

@@ -188,7 +188,7 @@ class StateDir:
             if not isinstance(version, int) or isinstance(version, bool) or version < 1:
                 raise ValueError(f"unsupported memory version {version!r}")
             memory, ignored = _validate_ignoring_unknown(document)
-        except (ValueError, ValidationError) as exc:
+        except (ValueError, ValidationError, RecursionError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return self._unreadable(path, f"{path} unreadable ({reason})", now)
         return MemoryRead(memory, ignored=ignored, version=version)

@@ -134,7 +134,12 @@ async def events(request: web.Request) -> web.Response:
     except ValueError:
         raise web.HTTPBadRequest(text="limit must be a whole number") from None
     # Off the event loop: a slow disk or a long file must not stall every cluster's cycle.
-    found, skipped = await asyncio.to_thread(daemon.state.read_events_counted, limit, cluster)
+    try:
+        found, skipped = await asyncio.to_thread(daemon.state.read_events_counted, limit, cluster)
+    except OSError as exc:
+        raise web.HTTPServiceUnavailable(
+            text=f"events unreadable: {exc.strerror or type(exc).__name__}"
+        ) from None
     # Lines of the events file that could not be read (torn, not UTF-8), skipped on the way.
     return web.json_response(redact_json({"events": found, "skipped_lines": skipped}))
 

@@ -244,3 +244,12 @@ async def test_one_peer_cannot_hold_every_connection(running: Running) -> None:
     finally:
         for writer in writers:
             writer.close()
+
+
+async def test_an_events_file_turned_directory_is_a_503_not_a_traceback(running: Running) -> None:
+    events = running.config.parent / "state" / "events.jsonl"
+    events.unlink(missing_ok=True)
+    events.mkdir()
+    async with aiohttp.ClientSession() as s, s.get(f"{running.url}/events") as r:
+        assert r.status == 503
+        assert "events unreadable" in await r.text()

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import stat
 import sys
 import time
 from pathlib import Path
@@ -268,3 +269,42 @@ async def test_a_host_and_a_client_cannot_paint_the_terminal(
 
 async def _has_phase(port: int) -> bool:
     return phase(await status(port)) is not None
+
+
+async def test_a_saved_snapshot_is_private_whatever_the_umask(
+    seed_world: World, tmp_path: Path
+) -> None:
+    config = write_fast_config(
+        seed_world, tmp_path / "sparkd.toml", tmp_path / "state", free_port()
+    )
+    snapshot = tmp_path / "snap"
+    snapshot.write_text("older\n")
+    snapshot.chmod(0o644)
+    proc = await asyncio.create_subprocess_exec(
+        *SPARKD, "plan", "--config", str(config), "--save-snapshot", str(snapshot),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, umask=0,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode == 0, err
+    assert stat.S_IMODE(snapshot.stat().st_mode) == 0o600
+    assert '"observed_at"' in snapshot.read_text()
+
+
+async def test_probe_with_an_unusable_key_file_is_one_line_and_78(
+    seed_world: World, tmp_path: Path
+) -> None:
+    config = write_fast_config(
+        seed_world, tmp_path / "sparkd.toml", tmp_path / "state", free_port()
+    )
+    fifo = tmp_path / "api_key"
+    os.mkfifo(fifo)
+    for key_file in (tmp_path / "missing", fifo):
+        text = config.read_text().replace(
+            "  [clusters.model]\n", f'  [clusters.model]\n  api_key_file = "{key_file}"\n', 1
+        )
+        edited = tmp_path / "keyed.toml"
+        edited.write_text(text)
+        code, _, err = await sparkd("probe", "--config", str(edited))
+        assert code == 78, err
+        assert "Traceback" not in err and len(err.splitlines()) == 1, err
+        assert err.startswith(f"sparkd probe: model.api_key_file: {key_file}: ")

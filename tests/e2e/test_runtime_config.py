@@ -292,3 +292,50 @@ async def test_a_reload_that_fails_unexpectedly_still_sends_ready(
     notify.sock.close()
     assert [m.split("\n")[0] for m in messages] == ["RELOADING=1", "READY=1"]
     assert messages[1] == "READY=1\nSTATUS=reload failed: kept the running config"
+
+
+def test_a_config_nested_past_the_recursion_limit_is_one_line_78(tmp_path: Path) -> None:
+    config = example_config(tmp_path, f"127.0.0.1:{free_port()}", tmp_path / "state")
+    config.write_text(config.read_text() + "\nx = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    for command in ("check-config", "run"):
+        result = subprocess.run(
+            [*SPARKD, command, "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            check=False,
+        )
+        assert result.returncode == 78, result.stderr
+        assert one_line(result) == f"{config}: nested too deep to be a sparkd config"
+
+
+@pytest.mark.parametrize("command", ["run", "once"])
+@pytest.mark.parametrize("layout", ["lock-dir", "events-dir", "state-file"])
+def test_a_state_dir_sparkd_cannot_use_is_one_line_73(
+    tmp_path: Path, command: str, layout: str
+) -> None:
+    """Each fails before any host is contacted."""
+    state = tmp_path / "state"
+    if layout == "state-file":
+        state.write_text("not a directory\n")
+        reason = f"{state} is not a directory"
+    else:
+        state.mkdir(mode=0o700)
+        name = "sparkd.lock" if layout == "lock-dir" else "events.jsonl"
+        (state / name).mkdir()
+        reason = f"{state}: {name} is not a regular file"
+    config = example_config(tmp_path, f"127.0.0.1:{free_port()}", state)
+    # Should a regression let `once` go on, it meets closed loopback ports, never the network.
+    text = config.read_text().replace('"10.1.230.180"', '"127.0.99.1"')
+    config.write_text(text.replace('"10.1.230.181"', '"127.0.99.2"'))
+    result = subprocess.run(
+        [*SPARKD, command, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+    )
+    assert result.returncode == 73, result.stderr
+    assert one_line(result) == f"sparkd {command}: daemon.state_dir: {reason}"

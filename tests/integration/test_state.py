@@ -29,7 +29,16 @@ def test_missing_memory_is_fresh(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "content",
-    [b"{not json", b'{"version": 0}', b'{"version": 1, "attempts": 5}', b"\xff\xfe{}", b"[]"],
+    [
+        b"{not json",
+        b'{"version": 0}',
+        b'{"version": 1, "attempts": 5}',
+        b"\xff\xfe{}",
+        b"[]",
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"version": 1, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    ],
+    ids=["torn", "version-0", "wrong-type", "not-utf8", "not-object", "deep", "deep-field"],
 )
 def test_unreadable_memory_is_kept_aside_and_blocks(tmp_path: Path, content: bytes) -> None:
     state = StateDir(tmp_path)

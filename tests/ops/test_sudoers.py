@@ -146,3 +146,22 @@ def test_the_largest_pid_the_rule_allows_harms_nothing_and_the_wrapping_ones_wou
     assert survivors([kill, "-KILL", "9999999"]) == "alive alive"
     # What it refuses, and why: procps kill reads 4294967295 as -1 and kills every process.
     assert survivors([kill, "-KILL", "4294967295"]) == ""
+
+
+def test_the_whole_output_of_commands_sudoers_is_the_snippet_visudo_accepts(
+    tmp_path: Path,
+) -> None:
+    """What the header says to do with it: the output as it is, into visudo."""
+    require()
+    assert VISUDO is not None
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparkd.cli", "commands", "--config", str(EXAMPLE_CONFIG),
+         "--sudoers", "root"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert proc.stdout.startswith("# sudoers snippet")
+    sudoers = tmp_path / "sparkd"
+    sudoers.write_text(proc.stdout)
+    sudoers.chmod(0o440)
+    check = subprocess.run([VISUDO, "-c", "-f", str(sudoers)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr

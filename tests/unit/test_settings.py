@@ -411,3 +411,20 @@ def test_a_zero_padded_address_is_the_address() -> None:
     assert canonical_address("127.0.77.02") == canonical_address("127.0.77.2") == "127.0.77.2"
     assert canonical_address("127.0.77.010") == "127.0.77.8"
     assert canonical_address("Spark-A.lan") == "spark-a.lan"
+
+
+def test_check_config_escapes_control_characters_in_what_it_prints(tmp_path: Path) -> None:
+    window = (
+        '\n  [[clusters.maintenance]]\n  cron = "0 3 * * SUN"\n  duration = "2h"\n'
+        '  reason = "\\u001b[2J\\u001b[32mhealthy\\u202e"\n'
+    )
+    result = run_cli("check-config", "--config", str(usable(tmp_path, BASE + window)))
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout and "\u202e" not in result.stdout
+    assert "\\x1b[2J\\x1b[32mhealthy\\u202e; next" in result.stdout
+    missing = f"{tmp_path}/none\\u001b[2J"
+    bad = BASE.replace('# api_key_file = "/etc/sparkd/vllm_api_key"', f'api_key_file = "{missing}"')
+    assert bad != BASE
+    result = run_cli("check-config", "--config", str(usable(tmp_path, bad)))
+    assert result.returncode == EX_CONFIG
+    assert "\x1b" not in result.stderr and "\\x1b[2J" in result.stderr, result.stderr
