@@ -26,6 +26,7 @@ from sparkd.model.observed import ModelEndpoint
 from sparkd.model.probe import ProbeResult
 from sparkd.shell import model_http
 from sparkd.shell.ssh import HostConnection
+from tests.examples import EXAMPLE_SET
 from tests.realvllm.conftest import Reached, args_of, cluster_for, serving
 from tests.sshd.conftest import RealSshd
 from tests.toy import Toy
@@ -77,14 +78,8 @@ async def plain(
 
 
 def healthy_toy() -> tuple[Toy, Memory]:
-    toy = Toy.healthy()
-    memory = Memory(
-        launched_at=toy.now - 1000,
-        model_ready_at=toy.now - 100,
-        last_probe_at=toy.now - 60,
-        healthy_since=toy.now - 60,
-    )
-    return toy, memory
+    """The toy cluster converged and serving, with the memory of its launch."""
+    return next(e for e in EXAMPLE_SET if e.name == "healthy-reasoning-only").build()
 
 
 async def test_the_load_refuses_until_ready_and_the_real_log_reads_as_progress(
