@@ -20,7 +20,15 @@ Channel = Literal["reasoning", "content", "control"]
 (`</think>`, end-of-sequence: counted in completion_tokens but never shown)."""
 
 AnswerStyle = Literal[
-    "reasoning_only", "answer", "empty", "malformed", "http_500", "garbled", "slow", "busy"
+    "reasoning_only",
+    "answer",
+    "empty",
+    "malformed",
+    "http_500",
+    "garbled",
+    "slow",
+    "busy",
+    "no_answer",
 ]
 FinishReason = Literal["stop", "length"]
 
@@ -132,6 +140,15 @@ def plan_generation(style: AnswerStyle, max_tokens: int) -> Generation:
     if style == "empty":
         # The model closes its turn at once: one end-of-sequence token and no text at all.
         return _within_budget([Token("control", "")], max_tokens)
+    if style == "no_answer":
+        # A reasoning parser or chat template that never hands over to content: the model
+        # thinks, closes its turn within budget, and the answer lands in `reasoning` too.
+        script = [
+            *(Token("reasoning", t) for t in tokenize(_ANSWER_REASONING)),
+            *(Token("reasoning", t) for t in tokenize(ANSWER_TEXT)),
+            Token("control", ""),  # end of sequence
+        ]
+        return _within_budget(script, max_tokens)
     if style == "garbled":
         # A broken tensor-parallel or FP4 kernel emits one token over and over until the budget.
         return Generation(tuple(Token("content", "!") for _ in range(max_tokens)), "length")

@@ -1129,6 +1129,7 @@ class World:
             "garbled",
             "slow",
             "busy",
+            "no_answer",
         )
         style = (arg or "").replace("-", "_")
         if style not in styles:

@@ -39,6 +39,9 @@ class Fault:
     arg: str | None
     allowed: frozenset[tuple[str, str]]  # (action kind, host role)
     launches: int = 1
+    # A fault that does not end by itself lasts this long (nothing may be done meanwhile),
+    # then the host is healed.
+    lasts: float = 0.0
 
 
 HEAD_RAY = frozenset({("start_ray_head", "head"), ("restart_ray", "worker")})
@@ -52,6 +55,10 @@ CHOICES = (
     Fault("kill-container", "head", "sparkd-sparks-ray-head", HEAD_RAY | WORKER_RAY),
     Fault("oom-capture+crash-model", "head", None, frozenset(), launches=2),
     Fault("stall-load+crash-model", "head", None, frozenset(), launches=2),
+    Fault("hand-restart-serve", "head", None, frozenset(), launches=0),
+    Fault("docker-down", "head", None, frozenset(), launches=0, lasts=3.0),
+    Fault("docker-hung", "worker", None, frozenset(), launches=0, lasts=3.0),
+    Fault("rename-iface", "worker", None, frozenset(), launches=0, lasts=2.0),
 )
 
 
@@ -129,6 +136,9 @@ async def test_soak(seed: int, tmp_path: Path, capsys: pytest.CaptureFixture[str
                     await world.fault(name, host, fault.arg)
                 await asyncio.sleep(rng.uniform(0, 0.5))
                 outcomes: list[ActionOutcome] = []
+                if fault.lasts:
+                    await until_healthy_for(ctl, float("inf"), outcomes, limit=fault.lasts)
+                    await world.fault("heal", host)
                 done = await until_healthy_for(ctl, reset, outcomes)
                 if done is None:
                     tally.missed += 1

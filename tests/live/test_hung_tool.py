@@ -67,14 +67,18 @@ async def test_a_failed_container_listing_is_not_read_as_no_containers(
     await world.fault("hang-tool", "spark-a", "docker ps")
     observed = await observe(cluster, pool)
 
+    # The host answered, Docker did not: its own finding (not an unreachable host), and the
+    # containers are unknown rather than none.
     head = observed.host("spark-a")
-    assert head is not None and head.error is not None
-    assert head.error.kind == "exit_nonzero"
-    assert head.error.detail.startswith("containers failed (timed out)")
+    assert head is not None and head.reachable
+    assert head.docker_error is not None
+    assert head.docker_error.startswith("docker failed (timed out)")
+    assert observed.serve is None
     worker = observed.host("spark-b")
     assert worker is not None and worker.reachable
     result = plan(cluster, observed, Memory(), observed.observed_at)
     assert result.actions == (), result.reason
+    assert "spark-a (head) is up but Docker is not answering" in result.reason
     await eventually(lambda: released(world), within=2)
 
 

@@ -42,6 +42,7 @@ async def both_ways(cluster: ClusterSpec, pool: SshPool) -> tuple[ProbeResult, P
         ("malformed", "malformed", False),
         ("http_500", "http_error", False),
         ("garbled", "garbled", False),
+        ("no_answer", "no_answer", False),
     ],
 )
 async def test_each_answer_style_is_classified(

@@ -16,7 +16,7 @@ from sparkd.core import facts
 from sparkd.core.assemble import head_extras, host_facts, unreadable
 from sparkd.core.planner import plan
 from sparkd.model.memory import Memory
-from sparkd.model.observed import HostFacts, Interface, Observed, RayState
+from sparkd.model.observed import HostFacts, Interface, ModelEndpoint, Observed, RayState
 from sparkd.model.probe import ProbeResult, ProbeVerdict
 from tests.examples import EXAMPLE_SET
 from tests.toy import Toy
@@ -97,6 +97,27 @@ UNKNOWNS: dict[str, Callable[[Observed, str, bool], Observed]] = {
     ),
     "serve_spec": lambda o, n, h: o.model_copy(
         update={"serve": o.serve.model_copy(update={"spec_hash": None}) if o.serve else None}
+    ),
+    "serve_progress": lambda o, n, h: o.model_copy(
+        update={"serve": o.serve.model_copy(update={"progress": None}) if o.serve else None}
+    ),
+    "serve_cpu": lambda o, n, h: o.model_copy(
+        update={"serve": o.serve.model_copy(update={"cpu_seconds": None}) if o.serve else None}
+    ),
+    "ray_ips": lambda o, n, h: o.model_copy(
+        update={
+            "ray": o.ray.model_copy(
+                update={
+                    "ips_known": False,
+                    "nodes": tuple(x.model_copy(update={"ip": ""}) for x in o.ray.nodes),
+                }
+            )
+            if o.ray is not None
+            else None
+        }
+    ),
+    "endpoint": lambda o, n, h: o.model_copy(
+        update={"endpoint": ModelEndpoint(status="error", detail="/health read failed")}
     ),
     "probe": _probe_not_run,
 }
