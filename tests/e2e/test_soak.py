@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,9 @@ class Fault:
     arg: str | None
     allowed: frozenset[tuple[str, str]]  # (action kind, host role)
     launches: int = 1
+    # A fault only a human fixes: sparkd must wait it out doing nothing it forbids; then the
+    # soak applies this fault on the same host as the human's fix (`heal`, `reboot`).
+    fixed_by: str | None = None
 
 
 HEAD_RAY = frozenset({("start_ray_head", "head"), ("restart_ray", "worker")})
@@ -52,7 +56,13 @@ CHOICES = (
     Fault("kill-container", "head", "sparkd-sparks-ray-head", HEAD_RAY | WORKER_RAY),
     Fault("oom-capture+crash-model", "head", None, frozenset(), launches=2),
     Fault("stall-load+crash-model", "head", None, frozenset(), launches=2),
+    Fault("hang-capture+crash-model", "head", None, frozenset(), launches=2),
+    Fault("orphan-engine", "head", None, frozenset({("restart_ray", "head"), *HEAD_RAY})),
+    Fault("full-disk+crash-model", "head", None, frozenset(), fixed_by="heal"),
+    Fault("lost-gpu", "worker", None, WORKER_RAY | AFTER_REBOOT, fixed_by="reboot"),
 )
+# While a fault only a human fixes stands: looks long enough for any wrong action to show.
+WAIT_CYCLES = 25
 
 
 @dataclass
@@ -75,6 +85,10 @@ def judge(fault: Fault, outcomes: list[ActionOutcome], roles: dict[str, str]) ->
     if launches > fault.launches:
         wrong.append(f"{launches} model launches for one {fault.name}")
     return wrong
+
+
+def collect(into: list[ActionOutcome]) -> Callable[[Controller, ActionOutcome], None]:
+    return lambda _, outcome: into.append(outcome)
 
 
 def describe(outcomes: list[ActionOutcome]) -> list[str]:
@@ -129,6 +143,17 @@ async def test_soak(seed: int, tmp_path: Path, capsys: pytest.CaptureFixture[str
                     await world.fault(name, host, fault.arg)
                 await asyncio.sleep(rng.uniform(0, 0.5))
                 outcomes: list[ActionOutcome] = []
+                if fault.fixed_by is not None:
+                    ctl.on_action = collect(outcomes)
+                    waited = [await ctl.cycle() for _ in range(WAIT_CYCLES)]
+                    if waited[-1].phase != "blocked":
+                        tally.missed += 1
+                        notes.append(f"{fault.name} on {host} not blocked: {waited[-1].reason}")
+                    # A model launch before the human's fix is one that could not apply.
+                    early = [o for o in outcomes if o.action.kind in MODEL_LAUNCHES]
+                    tally.false_remediations += len(early)
+                    notes.extend(f"{fault.name} on {host}: launched while unfixable" for _ in early)
+                    await world.fault(fault.fixed_by, host)
                 done = await until_healthy_for(ctl, reset, outcomes)
                 if done is None:
                     tally.missed += 1
