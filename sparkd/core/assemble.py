@@ -252,7 +252,10 @@ def head_extras(
 
 
 def _title(args: str) -> str:
-    return args.split()[0][:60] if args.split() else "?"
+    """The engine's process title (setproctitle's `VLLM::EngineCore`), not its interpreter."""
+    words = args.split()
+    named = [w for w in words if any(marker in w for marker in ENGINE_MARKERS)]
+    return (named or words or ["?"])[0][:60]
 
 
 def _engine_cpu(rows: tuple[facts.TopRow, ...]) -> float | None:
