@@ -131,6 +131,7 @@ def host_facts(
     apps_text = body("gpu_apps")
     iface_text = body("iface")
     disk_text = body("disk")
+    docker_disk = body("docker_disk")
     image = sections.get("image")
     images: tuple[str, ...] | None = None
     image_id: str | None = None
@@ -163,6 +164,7 @@ def host_facts(
         gpu_error=error("gpu_apps"),
         interface=facts.parse_ip_addr(iface_text) if iface_text is not None else None,
         disk_free_bytes=facts.parse_df_avail(disk_text) if disk_text is not None else None,
+        docker_disk_free_bytes=facts.parse_df_avail(docker_disk) if docker_disk else None,
         images=images,
         image_id=image_id,
     )

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkd.core.assemble import head_extras
+from sparkd.core.assemble import head_extras, host_facts
 from sparkd.core.facts import parse_sections
 from sparkd.core.judge import MODEL_STARTS, RAY_STARTS
 from sparkd.core.model_stage import ORPHAN_GRACE
@@ -96,7 +96,9 @@ def test_nothing_starts_on_a_full_disk(s: tuple[Toy, Memory, float], data: st.Da
     toy, memory, now = s
     name = data.draw(st.sampled_from([h.name for h in toy.cluster.hosts]))
     free = data.draw(st.integers(0, toy.cluster.model.min_disk_free - 1))
-    observed = host(toy.observe(), name, disk_free_bytes=free)
+    # The log dir's file system, or Docker's data root.
+    which = data.draw(st.sampled_from(["disk_free_bytes", "docker_disk_free_bytes"]))
+    observed = host(toy.observe(), name, **{which: free})
     result = plan(toy.cluster, observed, memory, now)
     assert not kinds(result, name) & RAY_STARTS
     assert "start_model" not in kinds(result)
@@ -198,6 +200,27 @@ def test_an_engine_that_stays_is_cleared_by_restarting_ray() -> None:
         ("restart_ray", "spark-b"),
     ]
     assert "start_model" not in kinds(result)
+
+
+def test_docker_roots_free_space_is_read_beside_the_log_dirs() -> None:
+    toy = Toy.healthy()
+    head = toy.cluster.head
+    text = "".join(
+        f"@@sparkd {name}\n{body}\n@@sparkd-end {name} {rc}\n"
+        for name, body, rc in (
+            ("boot_id", "b1", 0),
+            ("containers", "", 0),
+            ("running", "", 0),
+            ("disk", "Avail\n512000000000", 0),
+            ("docker_disk", "Avail\n40960", 0),
+        )
+    )
+    seen = host_facts(toy.cluster, head, parse_sections(text), toy.now)
+    assert (seen.disk_free_bytes, seen.docker_disk_free_bytes) == (512000000000, 40960)
+    missing = text.replace("Avail\n40960", "df: /var/lib/docker: No such file or directory")
+    missing = missing.replace("docker_disk 0", "docker_disk 1")
+    unknown = host_facts(toy.cluster, head, parse_sections(missing), toy.now)
+    assert unknown.docker_disk_free_bytes is None
 
 
 def test_an_orphan_is_read_from_the_head_containers_processes() -> None:
