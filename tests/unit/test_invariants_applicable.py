@@ -13,10 +13,12 @@ from sparkd.core.facts import parse_sections
 from sparkd.core.judge import MODEL_STARTS, RAY_STARTS
 from sparkd.core.model_stage import ORPHAN_GRACE
 from sparkd.core.planner import plan
+from sparkd.core.ray_stage import needs_ray_status
 from sparkd.core.spec import container_name
 from sparkd.model.memory import LoadMark, Memory
 from sparkd.model.observed import LoadProgress, Observed
 from sparkd.model.plan import Plan
+from sparkd.shell.catalogue import fact_script
 from tests.examples import EXAMPLE_SET
 from tests.toy import Toy
 
@@ -312,3 +314,37 @@ def test_cpu_of_an_earlier_launchs_engine_is_not_this_launchs_progress() -> None
     # The orphan of the previous launch spins; this launch's engine does not move.
     assert look("3600", "120") == look("5400", "120")
     assert look("3600", "120") == 60 + 120
+
+
+# -- 9: one Ray read per look during a load ------------------------------------------------------
+
+
+def _ray_calls(script: str) -> tuple[int, int]:
+    """(`ray` calls always run, ones run only when the node list failed)."""
+    lines = [line for line in script.splitlines() if " ray " in f" {line} "]
+    guarded = [line for line in lines if line.startswith('if [ "$rc" != 0 ]')]
+    return len(lines) - len(guarded), len(guarded)
+
+
+@COMMON
+@given(situations())
+def test_a_look_after_a_ready_ray_runs_one_ray_call(s: tuple[Toy, Memory, float]) -> None:
+    toy, memory, now = s
+    last = plan(toy.cluster, toy.observe(), memory, now)
+    head = toy.cluster.head
+    ray_status = needs_ray_status(last)
+    script = fact_script(toy.cluster, head, 10, ray_status).command
+    always, fallback = _ray_calls(script)
+    if last.ray_ready:
+        # The node list, and `ray status` only if the list failed.
+        assert (always, fallback) == (1, 1), script
+    else:
+        # Settling: a just-listed node's GPU is placeable only once `ray status` counts it.
+        assert always == 2
+
+
+def test_a_load_on_a_ready_ray_reads_only_the_node_list() -> None:
+    toy, memory = next(e for e in EXAMPLE_SET if e.name == "loading-40pct").build()
+    last = plan(toy.cluster, toy.observe(), memory, toy.now)
+    assert last.phase == "loading" and last.ray_ready
+    assert not needs_ray_status(last)
