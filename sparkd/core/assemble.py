@@ -160,6 +160,7 @@ def host_facts(
     apps_text = body("gpu_apps")
     iface_text = body("iface")
     disk_text = body("disk")
+    docker_disk = body("docker_disk")
     image = sections.get("image")
     images: tuple[str, ...] | None = None
     image_id: str | None = None
@@ -194,6 +195,7 @@ def host_facts(
         docker_error=docker,
         interface=facts.parse_ip_addr(iface_text) if iface_text is not None else None,
         disk_free_bytes=facts.parse_df_avail(disk_text) if disk_text is not None else None,
+        docker_disk_free_bytes=facts.parse_df_avail(docker_disk) if docker_disk else None,
         images=images,
         image_id=image_id,
     )
@@ -304,7 +306,10 @@ def withhold_foreign_tail(cluster: ClusterSpec, serve: ServeState, key: str | No
 
 
 def _title(args: str) -> str:
-    return args.split()[0][:60] if args.split() else "?"
+    """The engine's process title (setproctitle's `VLLM::EngineCore`), not its interpreter."""
+    words = args.split()
+    named = [w for w in words if any(marker in w for marker in ENGINE_MARKERS)]
+    return (named or words or ["?"])[0][:60]
 
 
 def _engine_cpu(rows: tuple[facts.TopRow, ...]) -> float | None:

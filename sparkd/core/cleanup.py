@@ -214,11 +214,20 @@ def _disks(ctx: Context, verdict: Verdict) -> bool:
     least = ctx.desired.model.min_disk_free
     full = False
     for host in ctx.reachable:
-        free = ctx.facts[host.name].disk_free_bytes
-        if free is None or free >= least:
+        seen = ctx.facts[host.name]
+        found = [
+            (free, where)
+            for free, where in (
+                (seen.disk_free_bytes, str(ctx.desired.model.log_dir)),
+                (seen.docker_disk_free_bytes, "Docker's data root"),
+            )
+            if free is not None and free < least
+        ]
+        if not found:
             continue
+        free, where = min(found)
         why = f"disk full on {host.name} ({free} bytes free)"
-        verdict.notes.append(f"{why}; free space under {ctx.desired.model.log_dir}")
+        verdict.notes.append(f"{why}; free space under {where}")
         verdict.holds.append(Hold(why, RAY_STARTS, frozenset({host.name})))
         verdict.holds.append(Hold(why, MODEL_STARTS if host.role == "head" else START_MODEL))
         full = True

@@ -25,7 +25,7 @@ from sparkd.core.judge import (
 from sparkd.core.load import Load
 from sparkd.core.spec import LABEL_SPEC, container_name, ray_spec_hash, ray_spec_hashes
 from sparkd.model.observed import Container, RayNode, RayState
-from sparkd.model.plan import Action
+from sparkd.model.plan import Action, Plan
 from sparkd.settings import HostSpec
 
 # Docker's figure for a container's start comes from whole seconds of process age. (A node is new
@@ -88,6 +88,14 @@ def judge_ray(ctx: Context, images: ImageVerdict, load: Load, serving: bool) -> 
         return verdict
     verdict.ready = verdict.readable
     return verdict
+
+
+def needs_ray_status(last: Plan | None) -> bool:
+    """Whether the next look reads `ray status` beside the node list. A node listed ALIVE can
+    be placed on only once `ray status` counts its GPU, a few seconds later: needed only while
+    Ray is not ready. On a ready Ray (converged, or the model loading on it for 15-30 min) the
+    node list alone says it stays so, one `ray` call a look."""
+    return last is None or not (last.converged or last.ray_ready)
 
 
 def _head(

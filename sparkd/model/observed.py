@@ -96,6 +96,8 @@ class HostFacts(Value):
     gpu_processes: tuple[GpuProcess, ...] = ()
     interface: Interface | None = None
     disk_free_bytes: int | None = None
+    # Free bytes on Docker's data root (/var/lib/docker), where containers write.
+    docker_disk_free_bytes: int | None = None
     # Local images; None when not observed (the planner then assumes nothing about them).
     images: tuple[str, ...] | None = None
     # The ID the configured image tag points at on this host (`docker image inspect`).

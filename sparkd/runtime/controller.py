@@ -23,6 +23,7 @@ from typing import Any
 
 from sparkd.core.planner import plan as make_plan
 from sparkd.core.policy import is_new_probe, rebooted
+from sparkd.core.ray_stage import needs_ray_status
 from sparkd.core.remember import intend, remember
 from sparkd.core.remember import pause as pause_memory
 from sparkd.core.remember import resume as resume_memory
@@ -197,14 +198,9 @@ class Controller:
 
     async def cycle(self) -> Plan:
         started = self.monotonic()
-        # A converged cluster needs one `ray` call a cycle at most (none while its last reading
-        # stands); one that is getting there also reads `ray status`, which says when a listed
-        # node's GPU can be placed on.
-        # While the model loads on a Ray that was ready, the node list alone says it stays so
-        # (a 15-30 min load would otherwise cost the head two `ray` calls a look throughout):
-        # `ray status` only while a node was just listed and its GPU may not be placeable yet.
-        last = self.view.plan
-        settled = last is not None and (last.converged or last.ray_ready)
+        # A ready Ray needs one `ray` call a look at most (none while its last reading stands);
+        # one that is getting there also reads `ray status` (core.ray_stage.needs_ray_status).
+        ray_status = needs_ray_status(self.view.plan)
         known_ray = self._reusable_ray()
         self._stirred = False
         # A hung host makes a look last up to its command timeout, which may be several
@@ -217,7 +213,7 @@ class Controller:
                 self.pool,
                 probe_due=self._probe_due,
                 wall_clock=self.wall_clock,
-                ray_status=not settled,
+                ray_status=ray_status,
                 known_ray=known_ray,
             )
         finally:

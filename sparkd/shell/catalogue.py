@@ -37,6 +37,8 @@ EVENTS_SPAN = 3600.0
 UNIT_PROPERTIES = "Id,LoadState,ActiveState,SubState,UnitFileState"
 TOP_FORMAT = "pid,etimes,times,args"
 LOG_TAIL_BYTES = 65536
+# Docker's default data root (`data-root` in daemon.json moves it; then the read is unknown).
+DOCKER_ROOT = "/var/lib/docker"
 API_KEY_FILE = "api_key"
 
 
@@ -159,6 +161,8 @@ def fact_script(
     )
     lines.append(section("iface", ["ip", "-j", "addr", "show", "dev", host.interface]))
     lines.append(section("disk", ["df", "-B1", "--output=avail", str(cluster.model.log_dir)]))
+    # Docker's own file system too: a full one fails `docker run` and `docker exec`.
+    lines.append(section("docker_disk", ["df", "-B1", "--output=avail", DOCKER_ROOT]))
     head = container_name(cluster, host)
     if host.role == "head" and read_ray:
         ray_lines: list[str] = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,9 @@ class Fault:
     # A fault that does not end by itself lasts this long (nothing may be done meanwhile),
     # then the host is healed.
     lasts: float = 0.0
+    # A fault only a human fixes: sparkd must wait it out doing nothing it forbids; then the
+    # soak applies this fault on the same host as the human's fix (`heal`, `reboot`).
+    fixed_by: str | None = None
 
 
 HEAD_RAY = frozenset({("start_ray_head", "head"), ("restart_ray", "worker")})
@@ -59,7 +63,13 @@ CHOICES = (
     Fault("docker-down", "head", None, frozenset(), launches=0, lasts=3.0),
     Fault("docker-hung", "worker", None, frozenset(), launches=0, lasts=3.0),
     Fault("rename-iface", "worker", None, frozenset(), launches=0, lasts=2.0),
+    Fault("hang-capture+crash-model", "head", None, frozenset(), launches=2),
+    Fault("orphan-engine", "head", None, frozenset({("restart_ray", "head"), *HEAD_RAY})),
+    Fault("full-disk+crash-model", "head", None, frozenset(), fixed_by="heal"),
+    Fault("lost-gpu", "worker", None, WORKER_RAY | AFTER_REBOOT, fixed_by="reboot"),
 )
+# While a fault only a human fixes stands: looks long enough for any wrong action to show.
+WAIT_CYCLES = 25
 
 
 @dataclass
@@ -82,6 +92,10 @@ def judge(fault: Fault, outcomes: list[ActionOutcome], roles: dict[str, str]) ->
     if launches > fault.launches:
         wrong.append(f"{launches} model launches for one {fault.name}")
     return wrong
+
+
+def collect(into: list[ActionOutcome]) -> Callable[[Controller, ActionOutcome], None]:
+    return lambda _, outcome: into.append(outcome)
 
 
 def describe(outcomes: list[ActionOutcome]) -> list[str]:
@@ -139,6 +153,17 @@ async def test_soak(seed: int, tmp_path: Path, capsys: pytest.CaptureFixture[str
                 if fault.lasts:
                     await until_healthy_for(ctl, float("inf"), outcomes, limit=fault.lasts)
                     await world.fault("heal", host)
+                elif fault.fixed_by is not None:
+                    ctl.on_action = collect(outcomes)
+                    waited = [await ctl.cycle() for _ in range(WAIT_CYCLES)]
+                    if waited[-1].phase != "blocked":
+                        tally.missed += 1
+                        notes.append(f"{fault.name} on {host} not blocked: {waited[-1].reason}")
+                    # A model launch before the human's fix is one that could not apply.
+                    early = [o for o in outcomes if o.action.kind in MODEL_LAUNCHES]
+                    tally.false_remediations += len(early)
+                    notes.extend(f"{fault.name} on {host}: launched while unfixable" for _ in early)
+                    await world.fault(fault.fixed_by, host)
                 done = await until_healthy_for(ctl, reset, outcomes)
                 if done is None:
                     tally.missed += 1

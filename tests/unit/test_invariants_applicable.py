@@ -8,15 +8,17 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkd.core.assemble import head_extras
+from sparkd.core.assemble import head_extras, host_facts
 from sparkd.core.facts import parse_sections
 from sparkd.core.judge import MODEL_STARTS, RAY_STARTS
 from sparkd.core.model_stage import ORPHAN_GRACE
 from sparkd.core.planner import plan
+from sparkd.core.ray_stage import needs_ray_status
 from sparkd.core.spec import container_name
 from sparkd.model.memory import LoadMark, Memory
 from sparkd.model.observed import LoadProgress, Observed
 from sparkd.model.plan import Plan
+from sparkd.shell.catalogue import fact_script
 from tests.examples import EXAMPLE_SET
 from tests.toy import Toy
 
@@ -96,7 +98,9 @@ def test_nothing_starts_on_a_full_disk(s: tuple[Toy, Memory, float], data: st.Da
     toy, memory, now = s
     name = data.draw(st.sampled_from([h.name for h in toy.cluster.hosts]))
     free = data.draw(st.integers(0, toy.cluster.model.min_disk_free - 1))
-    observed = host(toy.observe(), name, disk_free_bytes=free)
+    # The log dir's file system, or Docker's data root.
+    which = data.draw(st.sampled_from(["disk_free_bytes", "docker_disk_free_bytes"]))
+    observed = host(toy.observe(), name, **{which: free})
     result = plan(toy.cluster, observed, memory, now)
     assert not kinds(result, name) & RAY_STARTS
     assert "start_model" not in kinds(result)
@@ -200,6 +204,27 @@ def test_an_engine_that_stays_is_cleared_by_restarting_ray() -> None:
     assert "start_model" not in kinds(result)
 
 
+def test_docker_roots_free_space_is_read_beside_the_log_dirs() -> None:
+    toy = Toy.healthy()
+    head = toy.cluster.head
+    text = "".join(
+        f"@@sparkd {name}\n{body}\n@@sparkd-end {name} {rc}\n"
+        for name, body, rc in (
+            ("boot_id", "b1", 0),
+            ("containers", "", 0),
+            ("running", "", 0),
+            ("disk", "Avail\n512000000000", 0),
+            ("docker_disk", "Avail\n40960", 0),
+        )
+    )
+    seen = host_facts(toy.cluster, head, parse_sections(text), toy.now)
+    assert (seen.disk_free_bytes, seen.docker_disk_free_bytes) == (512000000000, 40960)
+    missing = text.replace("Avail\n40960", "df: /var/lib/docker: No such file or directory")
+    missing = missing.replace("docker_disk 0", "docker_disk 1")
+    unknown = host_facts(toy.cluster, head, parse_sections(missing), toy.now)
+    assert unknown.docker_disk_free_bytes is None
+
+
 def test_an_orphan_is_read_from_the_head_containers_processes() -> None:
     toy = Toy.healthy()
     head = container_name(toy.cluster, toy.cluster.head)
@@ -289,3 +314,37 @@ def test_cpu_of_an_earlier_launchs_engine_is_not_this_launchs_progress() -> None
     # The orphan of the previous launch spins; this launch's engine does not move.
     assert look("3600", "120") == look("5400", "120")
     assert look("3600", "120") == 60 + 120
+
+
+# -- 9: one Ray read per look during a load ------------------------------------------------------
+
+
+def _ray_calls(script: str) -> tuple[int, int]:
+    """(`ray` calls always run, ones run only when the node list failed)."""
+    lines = [line for line in script.splitlines() if " ray " in f" {line} "]
+    guarded = [line for line in lines if line.startswith('if [ "$rc" != 0 ]')]
+    return len(lines) - len(guarded), len(guarded)
+
+
+@COMMON
+@given(situations())
+def test_a_look_after_a_ready_ray_runs_one_ray_call(s: tuple[Toy, Memory, float]) -> None:
+    toy, memory, now = s
+    last = plan(toy.cluster, toy.observe(), memory, now)
+    head = toy.cluster.head
+    ray_status = needs_ray_status(last)
+    script = fact_script(toy.cluster, head, 10, ray_status).command
+    always, fallback = _ray_calls(script)
+    if last.ray_ready:
+        # The node list, and `ray status` only if the list failed.
+        assert (always, fallback) == (1, 1), script
+    else:
+        # Settling: a just-listed node's GPU is placeable only once `ray status` counts it.
+        assert always == 2
+
+
+def test_a_load_on_a_ready_ray_reads_only_the_node_list() -> None:
+    toy, memory = next(e for e in EXAMPLE_SET if e.name == "loading-40pct").build()
+    last = plan(toy.cluster, toy.observe(), memory, toy.now)
+    assert last.phase == "loading" and last.ray_ready
+    assert not needs_ray_status(last)
