@@ -93,6 +93,9 @@ def cluster_json(controller: Controller) -> dict[str, Any]:
         "last_cycle_at": view.last_cycle_at,
         "last_error": view.last_error,
         "persist_error": controller.persist_error,
+        # How far the ops box's wall clock stepped against the monotonic clock sparkd measures
+        # durations on (null: no step); pauses and windows follow the wall clock.
+        "clock_step_seconds": view.clock_step,
         "probes": {
             "reasoning_only_ratio": view.reasoning_only_ratio,
             "window": len(view.probe_window),
