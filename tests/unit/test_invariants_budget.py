@@ -208,3 +208,34 @@ def test_a_busy_model_that_answers_is_lasting_health() -> None:
     after = remember(memory, toy.observe(), (), toy.now, decided)
     assert after.backoff_reset_at == toy.now
     assert policy.budget_used(after, key, toy.cluster.policy, toy.now) == 0
+
+
+def test_the_latch_names_a_host_that_keeps_dropping_out() -> None:
+    """spark-b drops off the network and comes back rebooted every few minutes: its Ray worker
+    is started each time, and the latch says why it had to be."""
+    toy, memory = _healthy()
+    cluster = toy.cluster
+    worker = cluster.workers[0].name
+    every, down_for = 240.0, 30.0
+    start = toy.now
+    latch = None
+    while toy.now < start + 6 * 3600 and latch is None:
+        phase = (toy.now - start) % every
+        if phase < down_for and worker not in toy.errors:
+            toy.reboot(worker)
+            toy.unreachable(worker)
+        elif phase >= down_for:
+            toy.errors.pop(worker, None)
+        seen = toy.observe()
+        decided = plan(cluster, seen, memory, toy.now)
+        outcomes = []
+        for action in decided.actions:
+            toy.apply(action)
+            outcomes.append(
+                ActionOutcome(action=action, result="ok", started_at=toy.now, finished_at=toy.now)
+            )
+        memory = remember(memory, seen, outcomes, toy.now, decided)
+        latch = memory.blocked.reason if memory.blocked is not None else None
+        toy.advance(1.0 if decided.actions else cluster.recheck_interval)
+    assert latch is not None
+    assert f"{worker} unreachable" in latch and "times in" in latch, latch
