@@ -3,7 +3,9 @@ the wall clock, which can. One per controller; the anchor survives a restart in 
 
 from __future__ import annotations
 
+import os
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,9 +24,26 @@ def elapsed() -> float:
 
 
 def ops_boot_id() -> str:
-    """The ops box's boot id, or "" when unknown (the anchor is then never carried over)."""
+    """What tells this boot of the ops box from the last: the kernel's boot id, or under the
+    unit (ProcSubset=pid hides /proc/sys) a marker in the runtime directory, a tmpfs that a
+    reboot empties. "" when neither can be had: the anchor is then never carried over."""
     try:
         return BOOT_ID.read_text().strip()
+    except OSError:
+        pass
+    runtime = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    if not runtime:
+        return ""
+    marker = Path(runtime) / "boot-marker"
+    try:
+        return marker.read_text().strip()
+    except FileNotFoundError:
+        token = f"marker-{uuid.uuid4()}"
+        try:
+            marker.write_text(token)
+        except OSError:
+            return ""
+        return token
     except OSError:
         return ""
 
