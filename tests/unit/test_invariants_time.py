@@ -314,6 +314,13 @@ def test_forward_step_across_a_restart_changes_no_duration() -> None:
     check("loading", 60.0, 1800.0, restart=True)
 
 
+def test_a_restart_before_the_first_cycle_ends_keeps_daemon_time() -> None:
+    """The anchor is written when it is set, not at the end of the first cycle: a restart
+    in between (with the clock stepped) found none and took the stepped wall clock."""
+    check("failing", 0.0, -60.0, restart=True)
+    check("failing", 0.0, 5.0, restart=True)
+
+
 def test_stamps_from_the_future_are_now() -> None:
     """Across a reboot of the ops box with the wall clock behind, a remembered stamp later
     than now is now: a backoff is not stretched by the step."""
