@@ -51,13 +51,16 @@ MAX_PAUSE_SECONDS = 90 * 86400
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
 
-def outcome_json(outcome: ActionOutcome) -> dict[str, Any]:
+def outcome_json(
+    outcome: ActionOutcome, wall_of: Callable[[float], float] = lambda at: at
+) -> dict[str, Any]:
+    """`wall_of` turns the outcome's daemon-time stamps into wall clock, for people."""
     return {
         **outcome.action.public(),
         "result": outcome.result,
         "detail": outcome.detail,
-        "started_at": outcome.started_at,
-        "finished_at": outcome.finished_at,
+        "started_at": wall_of(outcome.started_at),
+        "finished_at": wall_of(outcome.finished_at),
     }
 
 
@@ -88,7 +91,7 @@ def cluster_json(controller: Controller) -> dict[str, Any]:
         "dry_run": controller.dry_run,
         "plan": plan.public() if plan is not None else None,
         "in_flight": view.in_flight.public() if view.in_flight is not None else None,
-        "recent_actions": [outcome_json(o) for o in view.recent],
+        "recent_actions": [outcome_json(o, controller.clock.wall_of) for o in view.recent],
         "cycles": view.cycles,
         "last_cycle_at": view.last_cycle_at,
         "last_error": view.last_error,

@@ -120,3 +120,6 @@ async def test_a_settling_ray_is_waited_on_across_a_step(
         await until(lambda: ctl.view.plan is not None and ctl.view.plan.converged, 120)
         again = [c for c in _restarts(seed_world, worker[0]) if not c.startswith("docker exec")]
         assert not any(c.startswith(("docker run", "docker rm")) for c in again), again
+        # What /status shows of the actions is wall clock, as the operator's own clock reads.
+        latest = cluster_json(ctl)["recent_actions"][0]
+        assert abs(latest["finished_at"] - clock()) < 15.0
