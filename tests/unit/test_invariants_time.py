@@ -338,3 +338,21 @@ def test_stamps_from_the_future_are_now() -> None:
     assert clamped.last_probe_at == toy.now
     before = plan(toy.cluster, toy.observe(), ahead, toy.now)
     assert "backing off" not in before.reason or "for 30s" in before.reason
+
+
+def test_a_pause_ends_on_the_wall_clock() -> None:
+    """An operator's `until` is wall clock: after a step the pause ends when the wall clock
+    says, and the horizon puts that moment on daemon time."""
+    from sparkd.model.memory import Pause
+
+    toy, memory = _healthy()
+    wall = toy.now - 3600.0  # the wall clock stepped back an hour since daemon time was set
+    paused = memory.model_copy(
+        update={"paused": Pause(reason="cable", by="ops", since=wall, until=wall + 60)}
+    )
+    seen = toy.observe()
+    during = plan(toy.cluster, seen, paused, toy.now, wall=wall)
+    assert during.phase == "paused"
+    assert during.recheck_at is not None and during.recheck_at <= toy.now + 60
+    after = plan(toy.cluster, seen, paused, toy.now + 61, wall=wall + 61)
+    assert after.phase != "paused"
