@@ -338,6 +338,7 @@ class CleanupSpec(_Section):
 class PolicySpec(_Section):
     failure_threshold: int = Field(default=3, ge=1)
     budget: int = Field(default=3, ge=1)
+    # Accepted for old configs, no longer used: a budget counts the whole incident (core.policy).
     budget_window: Seconds = 3600.0
     backoff_initial: Seconds = 30.0
     backoff_max: Seconds = 900.0

@@ -21,6 +21,7 @@ def horizon(
     memory: Memory,
     now: float,
     *,
+    wall: float | None = None,
     backoffs: Iterable[float] = (),
     ray_unsettled: bool = False,
     load_mark: LoadMark | None = None,
@@ -29,7 +30,8 @@ def horizon(
     """The earliest deadline after `now` among those this plan waits on, or None."""
     deadlines = list(backoffs)
     if memory.paused is not None and memory.paused.until is not None:
-        deadlines.append(memory.paused.until)
+        # A pause ends on the wall clock: that moment, in daemon time.
+        deadlines.append(now + memory.paused.until - (now if wall is None else wall))
     if ray_unsettled:
         since = memory.ray_unsettled_since if memory.ray_unsettled_since is not None else now
         deadlines.append(since + desired.ray.join_timeout)

@@ -1,5 +1,8 @@
 """The planner: `plan(desired, observed, memory, now) -> Plan`. Pure: no I/O, no clock.
 
+`now` is daemon time, which cannot step; `wall` (the wall clock, `now` when not given) judges
+only a pause's end (sparkd.core.clock).
+
 Every stage is always judged, in dependency order: the hosts (core.cleanup), the image
 (core.images), Ray (core.ray_stage), the model (core.model_stage) and the probe
 (core.probe_stage). A stage proposes actions and raises holds; here, and only here, a hold
@@ -13,6 +16,7 @@ from dataclasses import dataclass, field
 
 from sparkd.core import policy
 from sparkd.core.cleanup import judge_cleanup, judge_reachability
+from sparkd.core.clock import bounded
 from sparkd.core.evidence import of_this_launch
 from sparkd.core.horizon import horizon
 from sparkd.core.images import judge_images
@@ -53,6 +57,7 @@ class _Draft:
     load_mark: LoadMark | None = None
     probe_failures: int | None = None
     busy_streak: int | None = None
+    serving_well: bool = False
 
     def carry(self) -> dict[str, object]:
         """What remember() learns from the judgement, whatever becomes of the actions."""
@@ -63,16 +68,23 @@ class _Draft:
             "load_mark": self.load_mark,
             "probe_failures": self.probe_failures,
             "busy_streak": self.busy_streak,
+            "serving_well": self.serving_well,
         }
 
     def horizon(
-        self, desired: ClusterSpec, memory: Memory, now: float, backoffs: list[float]
+        self,
+        desired: ClusterSpec,
+        memory: Memory,
+        now: float,
+        backoffs: list[float],
+        wall: float,
     ) -> float | None:
         """When this judgement can next change with nothing observed changing."""
         return horizon(
             desired,
             memory,
             now,
+            wall=wall,
             backoffs=backoffs,
             ray_unsettled=self.ray_unsettled,
             load_mark=self.load_mark,
@@ -87,19 +99,22 @@ def plan(
     now: float,
     *,
     dry_run: bool = False,
+    wall: float | None = None,
 ) -> Plan:
     name = desired.name
-    if memory.paused is not None and memory.paused.active(now):
+    wall = now if wall is None else wall
+    memory = bounded(memory, now)
+    if memory.paused is not None and memory.paused.active(wall):
         draft = _draft(desired, observed, memory, now)
         pause = memory.paused
-        until = f" until {ago(pause.until - now)} from now" if pause.until is not None else ""
+        until = f" until {ago(pause.until - wall)} from now" if pause.until is not None else ""
         return Plan.model_validate(
             {
                 "cluster": name,
                 "phase": "paused",
                 "reason": f"paused by {pause.by}{until}: {pause.reason}",
                 "withheld": tuple(draft.actions),
-                "recheck_at": draft.horizon(desired, memory, now, []),
+                "recheck_at": draft.horizon(desired, memory, now, [], wall),
                 **draft.carry(),
             }
         )
@@ -110,7 +125,7 @@ def plan(
             reason=f"{memory.blocked.reason} (latched; `sparkd resume {name}` to retry)",
         )
     draft = _draft(desired, observed, memory, now)
-    reset = draft.phase == "healthy" and (
+    reset = draft.serving_well and (
         memory.healthy_since is not None
         and now - memory.healthy_since >= desired.policy.healthy_reset
         and memory.backoff_reset_at < memory.healthy_since
@@ -125,11 +140,7 @@ def plan(
             continue
         used = policy.budget_used(memory, action.key, desired.policy, now)
         if used >= desired.policy.budget and not dry_run:
-            latch = (
-                f"budget spent: {action.kind} {action.target} on {action.host} ran {used} times "
-                f"in this incident (window {ago(desired.policy.budget_window)}) without lasting "
-                "health; not fighting it any longer"
-            )
+            latch = _latch(action, memory, now, used)
             return Plan.model_validate(
                 {
                     "cluster": name,
@@ -160,7 +171,7 @@ def plan(
             "actions": tuple(allowed),
             "withheld": tuple(withheld),
             "reset_backoff": reset,
-            "recheck_at": draft.horizon(desired, memory, now, backoffs),
+            "recheck_at": draft.horizon(desired, memory, now, backoffs, wall),
             **draft.carry(),
         }
     )
@@ -204,6 +215,9 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
                 held.append(veto.reason)
     notes.extend(f"holding back: {why}" for why in held if not any(why in n for n in notes))
     phase = _phase(stages)
+    failures = probe_failures if probe_failures is not None else memory.consecutive_failures
+    latest = observed.probe or memory.last_probe
+    answered = latest is not None and (latest.verdict.healthy is True or latest.busy)
     return _Draft(
         phase=phase,
         reason="; ".join(_unique(notes)) or "nothing to do",
@@ -214,6 +228,36 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
         load_mark=load.mark if not load.was_ready else None,
         probe_failures=probe_failures,
         busy_streak=busy,
+        # Health that lasts closes an incident: healthy, or degraded only while the model
+        # serves and answers (busy, a dead data link, Ray unread) with no failure counted.
+        serving_well=phase == "healthy"
+        or (
+            phase == "degraded"
+            and serving
+            and model.to_probe
+            and not actions
+            and failures == 0
+            and answered
+        ),
+    )
+
+
+def _latch(action: Action, memory: Memory, now: float, used: int) -> str:
+    """Why the cluster latches, from the evidence: what was fought, how often and for how
+    long, what for, and which hosts kept dropping out meanwhile."""
+    attempts = policy.incident(memory, action.key)
+    since = attempts[0].at if attempts else now
+    why = f"last: {action.reason}"
+    before = attempts[-1].reason if attempts else ""
+    if before and before != action.reason:
+        why += f"; before that: {before}"
+    for host, times in sorted(memory.went_unreachable.items()):
+        lost = [t for t in times if t >= memory.backoff_reset_at]
+        if len(lost) > 1:
+            why += f"; {host} unreachable {len(lost)} times in {ago(now - lost[0])}"
+    return (
+        f"budget spent: {action.kind} {action.target} on {action.host} ran {used} times in "
+        f"{ago(now - since)} without lasting health ({why}); not fighting it any longer"
     )
 
 

@@ -15,21 +15,26 @@ def attempts_for(memory: Memory, key: str, since: float) -> tuple[Attempt, ...]:
     return tuple(a for a in memory.attempts if a.key == key and a.at >= since)
 
 
+def incident(memory: Memory, key: str) -> tuple[Attempt, ...]:
+    """The attempts at `key` in the current incident: every one since health last lasted
+    `healthy_reset` (a remediation that helped, followed by sustained health, is forgiven).
+    No fixed window: a fault slower than any window would be fought for ever."""
+    return attempts_for(memory, key, memory.backoff_reset_at)
+
+
 def budget_used(memory: Memory, key: str, policy: PolicySpec, now: float) -> int:
-    """Attempts in this incident: within the window, and since health last lasted
-    `healthy_reset` (a remediation that helped, followed by sustained health, is forgiven)."""
-    since = max(memory.backoff_reset_at, now - policy.budget_window)
-    return len(attempts_for(memory, key, since))
+    """Attempts at `key` in this incident."""
+    return len(incident(memory, key))
 
 
 def backoff_until(memory: Memory, key: str, policy: PolicySpec, now: float) -> float:
     """When the next attempt at `key` is allowed; the first attempt never waits."""
-    since = max(memory.backoff_reset_at, now - policy.budget_window)
-    streak = attempts_for(memory, key, since)
+    streak = incident(memory, key)
     if not streak:
         return now
     delay = min(policy.backoff_max, policy.backoff_initial * 2 ** (len(streak) - 1))
-    return float(streak[-1].at + delay)
+    # Never later than a delay from now: a stamp from before a clock step cannot stretch it.
+    return float(min(streak[-1].at, now) + delay)
 
 
 def is_new_probe(memory: Memory, probe: ProbeResult | None) -> bool:

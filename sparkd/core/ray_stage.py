@@ -59,11 +59,7 @@ def judge_ray(ctx: Context, images: ImageVerdict, load: Load, serving: bool) -> 
         return verdict
     ray = ctx.observed.ray
     busy_model = serving or load.progressing(desired.model.load_stall, desired.model.load_timeout)
-    unsettled_for = (
-        ctx.now - ctx.memory.ray_unsettled_since
-        if ctx.memory.ray_unsettled_since is not None
-        else 0.0
-    )
+    unsettled_for = _unsettled_for(ctx)
     new_head = _head(ctx, verdict, images, ray, busy_model, serving, unsettled_for)
     _workers(ctx, verdict, images, new_head)
     if ray is not None and ray.up and not new_head:
@@ -356,6 +352,25 @@ def _short(
     # No node can be named: restarting a healthy one would not help. A human looks.
     verdict.phase = "blocked"
     verdict.waits.append(f"Ray short of GPUs for {ago(unsettled_for)}: {short}{which}")
+
+
+def _unsettled_for(ctx: Context) -> float:
+    """How long Ray has been settling, in daemon time, but never longer than its youngest
+    container has existed as its host reports (a container's age cannot step): a restarted
+    node starts its own wait, and a stamp carried across a reboot of the ops box cannot
+    stretch it."""
+    since = ctx.memory.ray_unsettled_since
+    if since is None:
+        return 0.0
+    waited = max(0.0, ctx.now - since)
+    ages = [
+        age
+        for host in ctx.desired.hosts
+        if (box := _box(ctx, host)) is not None
+        and box.running
+        and (age := _age(box, ctx.now)) is not None
+    ]
+    return min([waited, *ages])
 
 
 def _box(ctx: Context, host: HostSpec) -> Container | None:

@@ -1,7 +1,9 @@
 """How memory changes: `remember(memory, observed, outcomes, now, plan)`. Pure.
 
 Also the operator's edits to memory (pause, resume), so every change of memory is a function
-of values, testable without a daemon.
+of values, testable without a daemon. Every change goes through `Memory.evolve`, which rejects
+a field that does not exist and validates each value. `now` is daemon time and `wall` the wall
+clock (sparkd.core.clock): only a pause is judged on the wall.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sparkd.core import policy
+from sparkd.core.clock import bounded
 from sparkd.core.evidence import of_this_launch
 from sparkd.model.memory import Attempt, Blocked, Memory, Pause
 from sparkd.model.observed import Observed
@@ -16,6 +19,9 @@ from sparkd.model.plan import ActionOutcome, Plan
 
 # Attempts older than any sane budget window are of no use; keep memory bounded.
 MAX_ATTEMPTS = 256
+MAX_REASON = 300
+# Times a host went unreachable kept per host: enough to say "N times in M minutes".
+MAX_LOSSES = 32
 MODEL_STARTS = frozenset({"start_model", "restart_model"})
 RAY_STARTS = frozenset({"start_ray_head", "start_ray_worker", "restart_ray"})
 
@@ -26,9 +32,13 @@ def remember(
     outcomes: Sequence[ActionOutcome],
     now: float,
     plan: Plan | None = None,
+    *,
+    wall: float | None = None,
 ) -> Memory:
+    memory = bounded(memory, now)
     # Nothing learnt about an older serve process carries over to the one running now.
     memory = of_this_launch(memory, observed)
+    wall_now = now if wall is None else wall
     changes: dict[str, object] = {}
 
     boot_ids = dict(memory.boot_ids)
@@ -42,9 +52,15 @@ def remember(
         if outcome.result == "skipped":
             continue
         attempts.append(
-            Attempt(key=outcome.action.key, at=outcome.started_at, ok=outcome.result == "ok")
+            Attempt(
+                key=outcome.action.key,
+                at=outcome.started_at,
+                ok=outcome.result == "ok",
+                reason=outcome.action.reason[:MAX_REASON],
+            )
         )
     changes["attempts"] = tuple(attempts[-MAX_ATTEMPTS:])
+    changes.update(_reachability(memory, observed, now))
 
     ray = observed.ray
     if ray is not None and ray.up:
@@ -102,7 +118,7 @@ def remember(
                 and plan.ray_ready
             ):
                 changes["launch_nodes"] = observed.ray.alive_node_ids
-        if plan.phase == "healthy":
+        if plan.serving_well:
             changes["healthy_since"] = memory.healthy_since or now
         else:
             changes["healthy_since"] = None
@@ -118,25 +134,38 @@ def remember(
             changes["load_mark"] = plan.load_mark
         changes["last_phase"] = plan.phase
         changes["last_reason"] = plan.reason
-        if plan.phase != "paused" and memory.paused is not None and not memory.paused.active(now):
+        paused = memory.paused
+        if plan.phase != "paused" and paused is not None and not paused.active(wall_now):
             changes["paused"] = None
-    return memory.model_copy(update=changes)
+    return memory.evolve(**changes)
 
 
-def intend(memory: Memory, key: str, at: float) -> Memory:
-    """Memory with an attempt at `key` charged before it is made: an action cut short by a
-    kill is counted as tried. The attempt's outcome replaces it (`remember` starts from the
-    memory before the cycle)."""
-    attempts = (*memory.attempts, Attempt(key=key, at=at, ok=False))
-    return memory.model_copy(update={"attempts": attempts[-MAX_ATTEMPTS:]})
+def _reachability(memory: Memory, observed: Observed, now: float) -> dict[str, object]:
+    down = tuple(sorted(h.name for h in observed.hosts if not h.reachable))
+    went = {
+        host: kept
+        for host, times in memory.went_unreachable.items()
+        if (kept := tuple(t for t in times if t >= memory.backoff_reset_at)[-MAX_LOSSES:])
+    }
+    for host in down:
+        if host not in memory.unreachable:
+            went[host] = (*went.get(host, ()), now)[-MAX_LOSSES:]
+    return {"unreachable": down, "went_unreachable": went}
+
+
+def intend(memory: Memory, key: str, at: float, reason: str = "") -> Memory:
+    """Memory with an attempt at `key` charged before it is made (`at` in daemon time): an
+    action cut short by a kill is counted as tried. The attempt's outcome replaces it
+    (`remember` starts from the memory before the cycle)."""
+    attempts = (*memory.attempts, Attempt(key=key, at=at, ok=False, reason=reason))
+    return memory.evolve(attempts=attempts[-MAX_ATTEMPTS:])
 
 
 def pause(memory: Memory, *, reason: str, by: str, now: float, until: float | None) -> Memory:
-    return memory.model_copy(update={"paused": Pause(reason=reason, by=by, since=now, until=until)})
+    """`now` and `until` are wall clock: the operator's intent."""
+    return memory.evolve(paused=Pause(reason=reason, by=by, since=now, until=until))
 
 
 def resume(memory: Memory) -> Memory:
     """Clear a pause and a `blocked` latch, with a fresh budget: a human has looked."""
-    return memory.model_copy(
-        update={"paused": None, "blocked": None, "attempts": (), "consecutive_failures": 0}
-    )
+    return memory.evolve(paused=None, blocked=None, attempts=(), consecutive_failures=0)

@@ -1,6 +1,12 @@
-"""What the planner remembers between cycles. Changed only by `core.remember.remember()`."""
+"""What the planner remembers between cycles. Changed only by `core.remember.remember()`.
+
+Every stamp here is daemon time (see `sparkd.core.clock`), except a pause's, which is wall
+clock: an operator's intent.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 from pydantic import Field
 
@@ -14,6 +20,8 @@ class Attempt(Value):
     key: str
     at: float
     ok: bool
+    # What the action said it was for: a latch names the evidence it fought.
+    reason: str = ""
 
 
 class Pause(Value):
@@ -45,6 +53,17 @@ class LoadMark(Value):
     entered: float | None = None
 
 
+class ClockAnchor(Value):
+    """How daemon time is read on the ops box: `monotonic() + offset`, valid while the box has
+    not rebooted (its boot id, and a monotonic clock that never reads below `mono_at`). A
+    restart in the same boot keeps it, so a wall-clock step while sparkd was down changes no
+    remembered duration."""
+
+    boot_id: str
+    offset: float
+    mono_at: float
+
+
 class Memory(Value):
     version: int = MEMORY_VERSION
     boot_ids: dict[str, str] = Field(default_factory=dict)
@@ -67,6 +86,7 @@ class Memory(Value):
     # Since when Ray has been short of what it should be with no action taken (not answering,
     # short of GPUs): past the join timeout, that is repaired rather than waited on.
     ray_unsettled_since: float | None = None
+    # Since when the model has served well (Plan.serving_well): lasting, it ends an incident.
     healthy_since: float | None = None
     # Ray node ids (ALIVE when last read) and when each was first seen: a node first seen
     # before its host's Ray container started is the old one, not yet dropped by Ray.
@@ -78,3 +98,16 @@ class Memory(Value):
     busy_streak: int = 0
     last_phase: str | None = None
     last_reason: str | None = None
+    clock: ClockAnchor | None = None
+    # Hosts unreachable at the last look, and when each was last seen going unreachable
+    # (this incident's, bounded): a latch says which host kept dropping out.
+    unreachable: tuple[str, ...] = ()
+    went_unreachable: dict[str, tuple[float, ...]] = Field(default_factory=dict)
+
+    def evolve(self, **changes: Any) -> Memory:
+        """This memory with `changes`, each a known field and validated as it would be when
+        read from disk (`model_copy(update=...)` checks neither: a misspelt key vanishes)."""
+        unknown = sorted(set(changes) - set(type(self).model_fields))
+        if unknown:
+            raise KeyError(f"not a memory field: {', '.join(unknown)}")
+        return type(self).model_validate({**dict(self), **changes})

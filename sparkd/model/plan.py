@@ -95,7 +95,10 @@ class Plan(Value):
     # How the planner counted this cycle's new probe (consecutive failures, busy streak).
     probe_failures: int | None = None
     busy_streak: int | None = None
-    # The earliest wall time this decision can change with nothing observed changing (a backoff
+    # The model serves as it should (healthy, or degraded by no fault of its own: busy, a dead
+    # data link, Ray unread): lasting, it ends an incident and forgives its attempts.
+    serving_well: bool = False
+    # The earliest daemon time this decision can change with nothing observed changing (a backoff
     # or pause ending, a join or load deadline, a probe due): a recheck goes no later.
     recheck_at: float | None = None
 

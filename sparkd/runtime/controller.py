@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkd.core.clock import STEP_NOTICED, bounded
 from sparkd.core.planner import plan as make_plan
 from sparkd.core.policy import is_new_probe, rebooted
 from sparkd.core.ray_stage import needs_ray_status
@@ -32,6 +33,7 @@ from sparkd.model.observed import ModelEndpoint, Observed, RayState
 from sparkd.model.plan import Action, ActionOutcome, Plan
 from sparkd.model.probe import ProbeOutcome, ProbeResult
 from sparkd.runtime import logs
+from sparkd.runtime.clock import DaemonClock, elapsed, ops_boot_id
 from sparkd.runtime.maintenance import Window, window_at
 from sparkd.runtime.state import StateDir
 from sparkd.settings import ClusterSpec
@@ -68,6 +70,8 @@ class ClusterView:
     # Outcomes of the latest healthy probes (answer or reasoning_only), newest last.
     probe_window: deque[ProbeOutcome] = field(default_factory=lambda: deque(maxlen=PROBE_WINDOW))
     last_probe_success_at: float | None = None
+    # How far the ops box's wall clock has stepped against daemon time (None: no step).
+    clock_step: float | None = None
 
     @property
     def reasoning_only_ratio(self) -> float | None:
@@ -113,7 +117,8 @@ class Controller:
         dry_run: bool = False,
         executor_timing: ExecutorTiming | None = None,
         wall_clock: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] = elapsed,
+        boot_id: str | None = None,
         on_cycle: Callable[[Controller], None] = lambda c: None,
         on_action: Callable[[Controller, ActionOutcome], None] = lambda c, o: None,
         on_plan: Callable[[Controller], None] = lambda c: None,
@@ -135,11 +140,18 @@ class Controller:
         self.wake = asyncio.Event()
         self.stopping = False
         self.log = logs.get().bind(cluster=cluster.name)
+        read = state.read_memory(cluster.name, wall_clock())
+        self.clock = DaemonClock(
+            wall_clock,
+            monotonic,
+            ops_boot_id() if boot_id is None else boot_id,
+            read.memory.clock,
+        )
         self.executor = Executor(
             cluster,
             pool,
             timing=executor_timing or ExecutorTiming(),
-            wall_clock=wall_clock,
+            wall_clock=self.clock.now,
             on_start=self._action_started,
             on_finish=self._action_finished,
         )
@@ -153,12 +165,18 @@ class Controller:
         # Something since the last cycle may have changed Ray (an event, an operator's ask).
         self._stirred = True
         self._ray_read_at: float | None = None
-        read = state.read_memory(cluster.name, wall_clock())
         if read.ignored or read.version > MEMORY_VERSION:
             self.log.warning(
                 "memory_newer_version", version=read.version, ignored=list(read.ignored)
             )
-        self.memory: Memory = read.memory
+        # A stamp from before a reboot of the ops box may lie ahead of the new daemon time.
+        self.memory: Memory = bounded(read.memory, self.clock.now()).evolve(clock=self.clock.anchor)
+        if not self.clock.carried:
+            if read.memory.clock is not None:
+                self.log.warning("clock_anchor_reset", why="ops box rebooted; wall clock taken")
+            if not dry_run:
+                # At once: a restart before the first cycle ends must find the same anchor.
+                self._persist([])
         if read.problem is not None and read.memory.blocked is not None:
             self.log.error("memory_unreadable", problem=read.problem)
             self._persist([self._event("blocked", reason=read.memory.blocked.reason)])
@@ -179,7 +197,7 @@ class Controller:
         last = self.memory.last_probe_at
         if self.memory.last_probe is None or last is None:
             return True
-        return self.wall_clock() - last >= self.cluster.probe_interval
+        return self.clock.now() - last >= self.cluster.probe_interval
 
     def _reusable_ray(self) -> RayState | None:
         """Ray's last reading, when it may stand in for a `ray` call (0.6-3 s of a core on the
@@ -192,7 +210,7 @@ class Controller:
         if not plan.converged or seen is None or seen.ray is None or not seen.ray.up:
             return None
         read_at = self._ray_read_at
-        if read_at is None or self.wall_clock() - read_at >= self.cluster.probe_interval:
+        if read_at is None or self.clock.now() - read_at >= self.cluster.probe_interval:
             return None
         return seen.ray
 
@@ -212,7 +230,7 @@ class Controller:
                 self.cluster,
                 self.pool,
                 probe_due=self._probe_due,
-                wall_clock=self.wall_clock,
+                wall_clock=self.clock.now,
                 ray_status=ray_status,
                 known_ray=known_ray,
             )
@@ -222,13 +240,16 @@ class Controller:
             self._ray_read_at = observed.observed_at
         self.progress_at = self.monotonic()  # a slow but bounded observation is progress
         self._operator_edits.clear()
+        self._note_step()
         before = self.memory
+        wall = self.clock.wall_of(observed.observed_at)
         plan = make_plan(
             self.cluster,
             observed,
-            self._effective(before, observed.observed_at),
+            self._effective(before, wall),
             observed.observed_at,
             dry_run=self.dry_run,
+            wall=wall,
         )
         if plan.reason != before.last_reason or plan.phase != before.last_phase:
             self.log.info("plan", phase=plan.phase, reason=plan.reason, actions=len(plan.actions))
@@ -262,7 +283,7 @@ class Controller:
         probe = observed.probe if is_new_probe(before, observed.probe) else None
         if probe is not None and probe.verdict.healthy:
             self.view.probe_window.append(probe.outcome)
-            self.view.last_probe_success_at = probe.at
+            self.view.last_probe_success_at = self.clock.wall_of(probe.at)
         self.on_cycle(self)
         self.on_record(
             self,
@@ -278,10 +299,32 @@ class Controller:
         )
         return plan
 
+    def _note_step(self) -> None:
+        """Log a wall-clock step once, when it first shows or changes; show it in the view.
+        Nothing is decided on it: durations are daemon time, a pause's end is wall clock."""
+        step = self.clock.noticed()
+        was = self.view.clock_step
+        if abs((step or 0.0) - (was or 0.0)) >= STEP_NOTICED:
+            if step is None:
+                self.log.info("clock_step_gone", was=round(was or 0.0, 3))
+            else:
+                self.log.warning(
+                    "clock_step",
+                    seconds=round(step, 3),
+                    note="durations run on the monotonic clock; pauses and windows on the wall",
+                )
+            self.view.clock_step = step
+
     def _learn(self, cycle: _Cycle) -> None:
         """Memory as if the cycle ended now, persisted with the events so far."""
+        now = self.clock.now()
         self.memory = remember(
-            cycle.before, cycle.observed, cycle.outcomes, self.wall_clock(), cycle.plan
+            cycle.before,
+            cycle.observed,
+            cycle.outcomes,
+            now,
+            cycle.plan,
+            wall=self.clock.wall_of(now),
         )
         # A pause or resume that landed while the cycle ran applies on top of what it learnt.
         for edit in self._operator_edits:
@@ -355,7 +398,7 @@ class Controller:
         pause = Pause(
             reason=window.reason, by="maintenance window", since=window.start, until=window.end
         )
-        return memory.model_copy(update={"paused": pause})
+        return memory.evolve(paused=pause)
 
     def _hold_actions(self) -> bool:
         """Stop before the next action: shutting down, or paused (by an operator or a window)
@@ -376,7 +419,7 @@ class Controller:
         if self._cycle is not None and not self.dry_run:
             # On disk before the remote command is sent: killed mid-action, the next process
             # still counts this attempt against the budget and backs off from it.
-            self.memory = intend(self.memory, action.key, self.wall_clock())
+            self.memory = intend(self.memory, action.key, self.clock.now(), action.reason)
             self._persist([])
 
     def _action_finished(self, outcome: ActionOutcome) -> None:
@@ -432,8 +475,14 @@ class Controller:
             delay = self.cluster.recheck_interval
         else:
             delay = self.cluster.interval
-        now = self.wall_clock()
-        ahead = [t for t in (plan.recheck_at, self._window_end(now)) if t is not None and t > now]
+        now = self.clock.now()
+        wall = self.wall_clock()
+        window_end = self._window_end(wall)
+        ahead = [
+            t
+            for t in (plan.recheck_at, None if window_end is None else now + window_end - wall)
+            if t is not None and t > now
+        ]
         if ahead:
             # Just past the deadline: the planner's limits are strict (`> load_stall`).
             margin = 0.01 * self.cluster.recheck_interval

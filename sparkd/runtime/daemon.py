@@ -165,10 +165,9 @@ class Daemon:
     def healthy(self) -> tuple[bool, str]:
         """Liveness, for the watchdog: every controller's loop makes progress. A cycle that
         failed is progress here (a restart would not mend it); /healthz reports it."""
-        now = time.monotonic()
         problems = []
         for name, controller in self.controllers.items():
-            ok, why = controller.healthy(now)
+            ok, why = controller.healthy(controller.monotonic())
             task = self.tasks.get(name)
             if task is not None and task.done():
                 ok, why = False, "controller task ended"
@@ -179,11 +178,10 @@ class Daemon:
     def health(self) -> dict[str, Any]:
         """/healthz: each cluster (progress, and its latest cycle not failing) and whether the
         state dir takes writes; the reason names whatever is at fault."""
-        now = time.monotonic()
         clusters: dict[str, dict[str, Any]] = {}
         problems = []
         for name, controller in self.controllers.items():
-            ok, why = controller.healthy(now)
+            ok, why = controller.healthy(controller.monotonic())
             task = self.tasks.get(name)
             if task is not None and task.done():
                 ok, why = False, "controller task ended"

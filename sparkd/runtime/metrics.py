@@ -244,11 +244,11 @@ class _Families:
         name = cluster.name
         view = controller.view
         memory = controller.memory
-        now = controller.wall_clock()
+        now = controller.clock.now()
         self.ray_gpus_desired.add_metric([name], cluster.ray.expected_gpus)
         self.info.add_metric([name], {"model": cluster.model.id})
         plan = view.plan
-        window = controller.maintenance_at(now)
+        window = controller.maintenance_at(controller.wall_clock())
         self.maintenance.add_metric([name], 1.0 if window is not None else 0.0)
         blocked = memory.blocked is not None or (plan is not None and plan.phase == "blocked")
         self.blocked.add_metric([name], 1.0 if blocked else 0.0)

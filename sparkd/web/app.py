@@ -57,13 +57,16 @@ MAX_PAUSE_SECONDS = 90 * 86400
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
 
-def outcome_json(outcome: ActionOutcome) -> dict[str, Any]:
+def outcome_json(
+    outcome: ActionOutcome, wall_of: Callable[[float], float] = lambda at: at
+) -> dict[str, Any]:
+    """`wall_of` turns the outcome's daemon-time stamps into wall clock, for people."""
     return {
         **outcome.action.public(),
         "result": outcome.result,
         "detail": outcome.detail,
-        "started_at": outcome.started_at,
-        "finished_at": outcome.finished_at,
+        "started_at": wall_of(outcome.started_at),
+        "finished_at": wall_of(outcome.finished_at),
     }
 
 
@@ -94,11 +97,14 @@ def cluster_json(controller: Controller) -> dict[str, Any]:
         "dry_run": controller.dry_run,
         "plan": plan.public() if plan is not None else None,
         "in_flight": view.in_flight.public() if view.in_flight is not None else None,
-        "recent_actions": [outcome_json(o) for o in view.recent],
+        "recent_actions": [outcome_json(o, controller.clock.wall_of) for o in view.recent],
         "cycles": view.cycles,
         "last_cycle_at": view.last_cycle_at,
         "last_error": view.last_error,
         "persist_error": controller.persist_error,
+        # How far the ops box's wall clock stepped against the monotonic clock sparkd measures
+        # durations on (null: no step); pauses and windows follow the wall clock.
+        "clock_step_seconds": view.clock_step,
         "probes": {
             "reasoning_only_ratio": view.reasoning_only_ratio,
             "window": len(view.probe_window),

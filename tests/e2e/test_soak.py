@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,9 +68,21 @@ CHOICES = (
     Fault("orphan-engine", "head", None, frozenset({("restart_ray", "head"), *HEAD_RAY})),
     Fault("full-disk+crash-model", "head", None, frozenset(), fixed_by="heal"),
     Fault("lost-gpu", "worker", None, WORKER_RAY | AFTER_REBOOT, fixed_by="reboot"),
+    # The ops box's wall clock steps (NTP, an RTC wrong at boot, `date -s`): nothing to do.
+    Fault("clock-step", "head", None, frozenset(), launches=0),
 )
 # While a fault only a human fixes stands: looks long enough for any wrong action to show.
 WAIT_CYCLES = 25
+# How far a clock step goes, either way.
+CLOCK_STEP = 7200.0
+
+
+class SteppedClock:
+    def __init__(self) -> None:
+        self.step = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.step
 
 
 @dataclass
@@ -135,7 +148,8 @@ async def test_soak(seed: int, tmp_path: Path, capsys: pytest.CaptureFixture[str
     tally = Tally()
     notes: list[str] = []
     async with World(tmp_path / "world", scenario="seed-morning", timing=Timing.fast()) as world:
-        ctl = controller(world, pool, tmp_path / "state")
+        clock = SteppedClock()
+        ctl = controller(world, pool, tmp_path / "state", wall_clock=clock)
         assert ctl.cluster.policy.budget == 3, "the soak runs at the shipped budget"
         roles = {h.name: h.role for h in ctl.cluster.hosts}
         # Health that lasted `healthy_reset` as sparkd judges it (its plans are stamped at the
@@ -146,7 +160,9 @@ async def test_soak(seed: int, tmp_path: Path, capsys: pytest.CaptureFixture[str
             for _ in range(FAULTS):
                 fault = rng.choice(CHOICES)
                 host = "spark-a" if fault.role == "head" else "spark-b"
-                for name in fault.name.split("+"):
+                if fault.name == "clock-step":
+                    clock.step += rng.uniform(-CLOCK_STEP, CLOCK_STEP)
+                for name in fault.name.split("+") if fault.name != "clock-step" else ():
                     await world.fault(name, host, fault.arg)
                 await asyncio.sleep(rng.uniform(0, 0.5))
                 outcomes: list[ActionOutcome] = []

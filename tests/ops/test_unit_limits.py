@@ -41,6 +41,12 @@ def test_timeout_stop_outlasts_the_longest_action_of_the_reference_config() -> N
     assert seconds(setting("TimeoutStopSec")) >= longest + 30
 
 
+def test_starts_after_the_clock_is_synchronised() -> None:
+    """Ordered after time-sync.target, which only the NTP client pulls in (systemd.special)."""
+    assert "time-sync.target" in setting("After").split()
+    assert "time-sync.target" not in setting("Wants").split()
+
+
 def test_descriptor_limit_leaves_room_beside_the_api_connection_cap() -> None:
     assert int(setting("LimitNOFILE")) >= 4 * MAX_CONNECTIONS
 
