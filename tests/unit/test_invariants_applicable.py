@@ -3,6 +3,7 @@ on generated clusters (healthy, loading, stalled, serve gone) and as named cases
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -321,9 +322,10 @@ def test_cpu_of_an_earlier_launchs_engine_is_not_this_launchs_progress() -> None
 
 def _ray_calls(script: str) -> tuple[int, int]:
     """(`ray` calls always run, ones run only when the node list failed)."""
-    lines = [line for line in script.splitlines() if " ray " in f" {line} "]
-    guarded = [line for line in lines if line.startswith('if [ "$rc" != 0 ]')]
-    return len(lines) - len(guarded), len(guarded)
+    # Each `ray` call is a section of its own (`s ray_nodes ...`, `s ray_status ...`).
+    calls = re.findall(r'(if \[ "\$rc" != 0 \]; then )?s ray_\w+ ', script)
+    guarded = sum(1 for guard in calls if guard)
+    return len(calls) - guarded, guarded
 
 
 @COMMON
