@@ -281,7 +281,12 @@ class RealDocker:
             root.mkdir(exist_ok=True)
             root.chmod(0o755)
             self.daemons[host] = Daemon(host, root, self.group)
-        await asyncio.gather(*(self.start_daemon(h) for h in hosts))
+        try:
+            await asyncio.gather(*(self.start_daemon(h) for h in hosts))
+        except BaseException:
+            # Whatever did start must not outlive a world that never started.
+            await self.close()
+            raise
 
     async def start_daemon(self, host: str) -> None:
         """Start (again) `host`'s dockerd; its image is imported once, kept in its data root."""
