@@ -73,9 +73,12 @@ exit 0
 
 
 def busybox() -> str | None:
+    """A statically linked busybox: the image has no C library for a dynamic one."""
     for path in BUSYBOX_PATHS:
-        if os.path.isfile(path):
-            return path
+        with contextlib.suppress(OSError), open(path, "rb") as binary:
+            # A dynamic executable names its loader in its first page (PT_INTERP).
+            if b"/ld-linux" not in binary.read(4096):
+                return path
     return None
 
 

@@ -140,3 +140,25 @@ async def test_signal_serve_stops_the_recorded_process(clean: Tier) -> None:
     deadline = time.monotonic() + 10
     while facts.find_serve(await top(clean)) is not None:
         assert time.monotonic() < deadline, "the serve process did not end"
+
+
+async def test_the_daemon_stopping_wakes_the_event_watch(clean: Tier) -> None:
+    """dockerd stopping (an upgrade, a restart) ends every container without live-restore, and
+    the stream with it: the controller looks at once."""
+    wakes: list[str] = []
+    watch = EventWatch(clean.cluster, clean.pool, lambda host, why: wakes.append(why))
+    watch.start()
+    try:
+        await stream_up(clean, wakes)
+        rc, _, err = await clean.run(start_ray(clean))
+        assert rc == 0, err
+        head = container_name(clean.cluster, clean.host)
+        await until(lambda: f"{head} start" in wakes)
+        before = len(wakes)
+        assert clean.world.real_docker is not None
+        await clean.world.real_docker.stop_daemon(clean.host.name)
+        await until(lambda: len(wakes) > before)
+        # dockerd signals its containers on the way down: their events come before the end.
+        assert wakes[before] in (f"{head} kill", f"{head} die"), wakes[before:]
+    finally:
+        await watch.stop()
