@@ -148,3 +148,13 @@ async def test_a_restarting_container_has_no_processes_and_never_a_restart_event
     assert actions[:4] == ["start", "die", "start", "die"], actions
     assert "restart" not in actions
     assert {e["exitCode"] for e in events if e["action"] == "die"} == {"3"}
+
+
+async def test_the_leftover_check_sees_a_running_daemon(tier: Tier) -> None:
+    """What the tier's teardown asserts empty: while the daemon runs it names it, its
+    containerd and its mounts."""
+    assert tier.world.real_docker is not None
+    found = tier.world.real_docker.leftovers()
+    assert any(item.startswith("dockerd spark-a") for item in found), found
+    assert any(item.startswith("mount ") for item in found), found
+    assert sum(item.startswith("process ") for item in found) >= 2, found
