@@ -144,6 +144,8 @@ class Daemon:
     group: int
     process: asyncio.subprocess.Process | None = None
     started_in: float | None = None
+    # Without it, as on a host without NVIDIA's container toolkit, `--gpus` fails the run.
+    gpu_hook: bool = True
 
     @property
     def socket(self) -> Path:
@@ -163,8 +165,10 @@ class Daemon:
         hooks = self.root / "hooks"
         hooks.mkdir(parents=True, exist_ok=True)
         hook = hooks / HOOK
-        hook.write_text(HOOK_STAND_IN)
-        hook.chmod(0o755)
+        hook.unlink(missing_ok=True)
+        if self.gpu_hook:
+            hook.write_text(HOOK_STAND_IN)
+            hook.chmod(0o755)
         self.socket.unlink(missing_ok=True)
         log = (self.root / "dockerd.log").open("ab")
         began = time.monotonic()
@@ -231,12 +235,12 @@ class Daemon:
         out, err = await proc.communicate(stdin)
         return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
 
-    async def stop(self) -> None:
-        """Containers first (so their shims end), then dockerd, which stops its containerd;
-        then whatever it left mounted in its directories."""
+    async def stop(self, keep_containers: bool = False) -> None:
+        """Containers first (so their shims end; kept, dockerd stops them itself), then dockerd,
+        which stops its containerd; then whatever it left mounted in its directories."""
         if self.running:
             rc, ids, _ = await self.docker("ps", "-aq")
-            if rc == 0 and ids.split():
+            if rc == 0 and ids.split() and not keep_containers:
                 await self.docker("rm", "-f", *ids.split())
             assert self.process is not None
             with contextlib.suppress(ProcessLookupError):
@@ -291,9 +295,10 @@ class RealDocker:
             await self.close()
             raise
 
-    async def start_daemon(self, host: str) -> None:
+    async def start_daemon(self, host: str, gpu_hook: bool = True) -> None:
         """Start (again) `host`'s dockerd; its image is imported once, kept in its data root."""
         daemon = self.daemons[host]
+        daemon.gpu_hook = gpu_hook
         await daemon.start()
         rc, _, _ = await daemon.docker("image", "inspect", "--format", "{{.Id}}", IMAGE)
         if rc != 0:
@@ -302,8 +307,8 @@ class RealDocker:
             if rc != 0:
                 raise RuntimeError(f"docker import on {host} failed: {err.strip()}")
 
-    async def stop_daemon(self, host: str) -> None:
-        await self.daemons[host].stop()
+    async def stop_daemon(self, host: str, keep_containers: bool = False) -> None:
+        await self.daemons[host].stop(keep_containers)
 
     async def close(self) -> None:
         await asyncio.gather(*(d.stop() for d in self.daemons.values()))

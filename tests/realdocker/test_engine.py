@@ -158,3 +158,35 @@ async def test_the_leftover_check_sees_a_running_daemon(tier: Tier) -> None:
     assert any(item.startswith("dockerd spark-a") for item in found), found
     assert any(item.startswith("mount ") for item in found), found
     assert sum(item.startswith("process ") for item in found) >= 2, found
+
+
+async def test_a_host_without_nvidias_runtime_fails_the_run_and_the_next_one_replaces_it(
+    clean: Tier,
+) -> None:
+    """Docker creates the container before it finds no GPU driver: the run fails with 125 and
+    leaves it `created`, with sparkd's labels. The next `start_ray` removes it first."""
+    real = clean.world.real_docker
+    assert real is not None
+    await real.stop_daemon(clean.host.name)
+    await real.start_daemon(clean.host.name, gpu_hook=False)
+    try:
+        rc, _, err = await clean.run(start_ray(clean))
+        assert rc == 125
+        assert 'could not select device driver "" with capabilities: [[gpu]]' in err
+        reading = await clean.read()
+        [node] = reading.facts.containers
+        assert (node.name, node.state, node.running) == (
+            container_name(clean.cluster, clean.host),
+            "created",
+            False,
+        )
+        assert node.labels["sparkd.spec"] == ray_spec_hash(clean.cluster, clean.host)
+    finally:
+        await real.stop_daemon(clean.host.name, keep_containers=True)
+        await real.start_daemon(clean.host.name)
+    [left] = (await clean.read()).facts.containers
+    assert left.state == "created"
+    rc, _, err = await clean.run(start_ray(clean))
+    assert rc == 0, err
+    [node] = (await clean.read()).facts.containers
+    assert node.state == "running"
