@@ -162,8 +162,10 @@ class HostEngine:
         if by_user:
             self.emit("kill", container, signal="15" if exit_code == 143 else "9")
         ran = max(0, int(container.finished_wall - container.started_wall))
-        self.emit("die", container, exitCode=str(exit_code), execDuration=str(ran))
-        if by_user:
+        # (Docker 20.10's `die` carries no `execDuration`: later engines add it.)
+        self.emit("die", container, exitCode=str(exit_code))
+        if by_user and exit_code == 143:
+            # Only `docker stop` (SIGTERM first) says `stop`; `kill` and `rm -f` end at `die`.
             self.emit("stop", container)
         if restarts:
             # Docker's restart manager: 100 ms, doubled after each quick exit, at most a

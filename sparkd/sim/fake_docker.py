@@ -70,6 +70,10 @@ def _no_such(ref: str) -> Done:
     return fail(f"{_DAEMON}: No such container: {ref}")
 
 
+def _not_running(c: Container) -> Done:
+    return fail(f"{_DAEMON}: Container {c.id} is not running")
+
+
 def _is_restarting(c: Container) -> Done:
     return fail(f"{_DAEMON}: Container {c.id} is restarting, wait until the container is running")
 
@@ -198,9 +202,11 @@ class FakeDocker:
             "Mounts": ",".join(m.source for m in c.mounts),
             "Names": c.name,
             "Networks": c.network,
+            # The CLI's own field (28.x), null for a single-platform image.
+            "Platform": None,
             "Ports": "",
             "RunningFor": ago(c.created_wall),
-            "Size": "0B",
+            "Size": f"0B (virtual {human_size(IMAGE_SIZE)})",
             "State": c.status,
             "Status": status,
         }
@@ -297,7 +303,11 @@ class FakeDocker:
             )
         if normalize_image(image) not in self.host.images:
             if pull == "never":
-                return fail(f"docker: {_DAEMON}: No such image: {normalize_image(image)}", 125)
+                return fail(
+                    f"docker: {_DAEMON}: No such image: {normalize_image(image)}\n\n"
+                    "Run 'docker run --help' for more information",
+                    125,
+                )
             return fail(
                 f"Unable to find image '{normalize_image(image)}' locally\n"
                 f'docker: {_DAEMON}: Get "https://registry-1.docker.io/v2/": dial tcp: lookup '
@@ -349,24 +359,28 @@ class FakeDocker:
                 f"\"docker {cmd}\" requires at least 1 argument.\nSee 'docker {cmd} --help'.", 1
             )
         out, err = [], []
+        failed = False
         for ref in parsed.rest:
             c = self.host.container(ref)
             if c is None:
                 err.append(f"{_DAEMON}: No such container: {ref}")
+                # Forced, a container already gone is said but is no failure.
+                failed = failed or not (cmd == "rm" and parsed.has("-f", "--force"))
                 continue
             problem = act(c, parsed)
             if problem:
                 err.append(problem)
+                failed = True
             else:
                 out.append(ref + "\n")
-        return Done("".join(out), "".join(e + "\n" for e in err), 1 if err else 0)
+        return Done("".join(out), "".join(e + "\n" for e in err), 1 if failed else 0)
 
     def rm(self, args: list[str]) -> Done:
         def act(c: Container, parsed: _Parsed) -> str | None:
             if c.up and not parsed.has("-f", "--force"):
                 return (
-                    f'{_DAEMON}: cannot remove container "/{c.name}": container is {c.status}: '
-                    "stop the container before removing or force remove"
+                    f"{_DAEMON}: You cannot remove a {c.status} container {c.id}. "
+                    "Stop the container before attempting removal or force remove"
                 )
             self.engine.remove(c)
             return None
@@ -384,7 +398,7 @@ class FakeDocker:
         def act(c: Container, _: _Parsed) -> str | None:
             if not c.up:
                 return (
-                    f"{_DAEMON}: cannot kill container: {c.name}: container {c.id} is not running"
+                    f"{_DAEMON}: Cannot kill container: {c.name}: Container {c.id} is not running"
                 )
             self.engine.stop_container(c, 137, by_user=True)
             return None
@@ -430,7 +444,7 @@ class FakeDocker:
         if c.restarting:
             return _is_restarting(c)
         if not c.running:
-            return fail(f"{_DAEMON}: container {c.id} is not running")
+            return _not_running(c)
         env = self.env_for(c)
         for item in parsed.many("-e", "--env"):
             key, _, value = item.partition("=")
@@ -537,7 +551,8 @@ class FakeDocker:
                 missing.append(ref)
         fmt = parsed.one("--format", "-f")
         if fmt is not None:
-            out = "".join(render_template(fmt, v) + "\n" for v in found)
+            # With nothing found the CLI still prints the (empty) result's line.
+            out = "".join(render_template(fmt, v) + "\n" for v in found) or "\n"
         else:
             out = go_json(found, indent=4) + "\n" if found else "[]\n"
         err = "".join(f"Error: No such object: {m}\n" for m in missing)
@@ -552,7 +567,7 @@ class FakeDocker:
         if c.restarting:
             return _is_restarting(c)
         if not c.running:
-            return fail(f"{_DAEMON}: container {c.id} is not running")
+            return _not_running(c)
         return _ps_table(c.processes, args[1:])
 
     # -- events ------------------------------------------------------------------------------
@@ -634,7 +649,7 @@ class FakeDocker:
             "Created": "2026-03-02T11:04:17.318Z",
             "Architecture": "arm64",
             "Os": "linux",
-            "Size": 21_474_836_480,
+            "Size": IMAGE_SIZE,
         }
 
     def images(self, args: list[str]) -> Done:
@@ -673,12 +688,29 @@ class FakeDocker:
                 missing.append(ref)
         fmt = parsed.one("--format", "-f")
         out = (
-            "".join(render_template(fmt, v) + "\n" for v in found)
+            "".join(render_template(fmt, v) + "\n" for v in found) or "\n"
             if fmt is not None
             else go_json(found, indent=4) + "\n"
         )
-        err = "".join(f"Error response from daemon: No such image: {m}\n" for m in missing)
+        # The 28.x CLI against the engine sparkd is tested with quotes the engine's reason.
+        err = "".join(
+            f"{_DAEMON}: no such image: {m}: No such image: {normalize_image(m)}\n" for m in missing
+        )
         return Done(out, err, 1 if missing else 0)
+
+
+# Every simulated image is this big (the Qwen image on a Spark: ~21 GB).
+IMAGE_SIZE = 21_474_836_480
+
+
+def human_size(size: float) -> str:
+    """Docker's sizes: decimal units, three significant digits (`1.98MB`, `21.5GB`)."""
+    units = ["B", "kB", "MB", "GB", "TB", "PB"]
+    i = 0
+    while size >= 1000 and i < len(units) - 1:
+        size /= 1000
+        i += 1
+    return f"{size:.3g}{units[i]}"
 
 
 def _pairs(items: list[str]) -> dict[str, str]:

@@ -67,8 +67,12 @@ def ago(wall: float) -> str:
 _FIELD = re.compile(r"\{\{\s*(json\s+)?\.([A-Za-z0-9_.]*)\s*\}\}")
 
 
+_INDEX = re.compile(r'\{\{\s*index\s+\.([A-Za-z0-9_.]*)\s+"([^"{}]*)"\s*\}\}')
+
+
 def render_template(template: str, value: dict[str, Any]) -> str:
-    """The subset of Go templates docker users write: `{{.A.B}}` and `{{json .A}}`."""
+    """The subset of Go templates docker users write: `{{.A.B}}`, `{{json .A}}` and
+    `{{index .A.B "key"}}` (a missing key is the map's zero value: nothing)."""
 
     def lookup(path: str) -> Any:
         current: Any = value
@@ -88,7 +92,13 @@ def render_template(template: str, value: dict[str, Any]) -> str:
             return go_json(found)
         return str(found)
 
-    return _FIELD.sub(replace, template.replace("\\t", "\t").replace("\\n", "\n"))
+    def index(match: re.Match[str]) -> str:
+        found = lookup(match.group(1))
+        item = found.get(match.group(2)) if isinstance(found, dict) else None
+        return "" if item is None else str(item)
+
+    text = _INDEX.sub(index, template.replace("\\t", "\t").replace("\\n", "\n"))
+    return _FIELD.sub(replace, text)
 
 
 def tabwriter(rows: list[list[str]], minwidth: int = 20, padding: int = 3) -> str:

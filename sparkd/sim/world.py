@@ -5,7 +5,9 @@ talk to this one in-process model.
         world.config_path, world.client_key_path, world.known_hosts_path
         await world.fault("reboot", "spark-b")
 
-With `ray="real"` each Ray container runs Ray 2.60 itself (see real_ray.py).
+With `ray="real"` each Ray container runs Ray 2.60 itself (see real_ray.py); with
+`docker="real"` each host's `docker` is the real CLI against a real engine of its own (see
+real_docker.py).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from sparkd.sim.fake_docker import FakeDocker, image_id
 from sparkd.sim.openssh import OpenSshHost, find_sshd
 from sparkd.sim.protocol import Done, Reply, Stream, ToolCall, fail
 from sparkd.sim.ray_runtime import RayWorld, StatusLayout
+from sparkd.sim.real_docker import RealDocker
+from sparkd.sim.real_docker import cli as docker_cli
 from sparkd.sim.real_ray import RealRay
 from sparkd.sim.reference import GLM_IMAGE, INTERFACE, MODEL_ID, QWEN_IMAGE, STALE_UNITS
 from sparkd.sim.serve import ModelServer, ServeFaults, ServeProcess, parse_serve
@@ -81,6 +85,8 @@ SshServer = Literal["asyncssh", "openssh"]
 Scenario = Literal["seed-morning", "seed-crashloop", "healthy", "empty"]
 # "sim": `RayWorld`'s model of Ray; "real": Ray 2.60 itself in each Ray container (real_ray.py).
 RayMode = Literal["sim", "real"]
+# "sim": `FakeDocker`; "real": a real dockerd per host, reached by the real CLI (real_docker.py).
+DockerMode = Literal["sim", "real"]
 
 
 @dataclass(frozen=True)
@@ -165,6 +171,7 @@ class World:
         data_network: bool = False,
         ssh_server: SshServer = "asyncssh",
         ray: RayMode = "sim",
+        docker: DockerMode = "sim",
     ) -> None:
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
@@ -175,6 +182,9 @@ class World:
         if ray == "real" and scenario == "healthy":
             # Its model launch waits on `RayWorld`'s cluster, which real Ray never fills.
             raise ValueError("the healthy scenario needs the simulated Ray")
+        if docker == "real" and (scenario != "empty" or ray == "real"):
+            # The seeds' containers are the simulator's; a real engine starts empty.
+            raise ValueError("a real Docker engine needs the empty scenario and the simulated Ray")
         # Worlds that run at the same time (two test runs on one machine) need address blocks of
         # their own: every world's model listens on port 30000 of its head's address.
         first = ipaddress.IPv4Address(first_address)
@@ -218,6 +228,11 @@ class World:
         self.ray = RayWorld(self.timing, self._node_lost)
         self.ray.layout = ray_status_layout
         self.real_ray = RealRay(self._ray_container_at) if ray == "real" else None
+        self.real_docker = (
+            RealDocker(self.runtime_dir / "docker", self._session_gid())
+            if docker == "real"
+            else None
+        )
         self.serves: list[ServeProcess] = []
         self.command_log: list[CommandRecord] = []
         self.hung_calls: list[HungCall] = []
@@ -295,6 +310,8 @@ class World:
             cluster_index = index // per_cluster
             first_of_cluster = index % per_cluster == 0
             self.hosts[name] = self._make_host(name, index, cluster_index, first_of_cluster)
+        if self.real_docker is not None:
+            await self.real_docker.start(names)
         self._apply_scenario()
         ports = await asyncio.gather(*(h.ssh.listen() for h in self.hosts.values()))
         del ports
@@ -318,6 +335,8 @@ class World:
             await host.ssh.shutdown()
         if self.real_ray is not None:
             await self.real_ray.close()
+        if self.real_docker is not None:
+            await self.real_docker.close()
         for task in list(self._background):
             task.cancel()
         await self._tool_server.stop()
@@ -343,6 +362,10 @@ class World:
             if link.is_symlink() or link.exists():
                 link.unlink()
             link.symlink_to("sim-tool")
+        real_cli = docker_cli() if self.real_docker is not None else None
+        if real_cli is not None:
+            (self.bin_dir / "docker").unlink()
+            (self.bin_dir / "docker").symlink_to(Path(real_cli).resolve())
         _check_reachable(self.bin_dir, self.run_as)
 
     def _make_host(self, name: str, index: int, cluster_index: int, head: bool) -> SimHost:
@@ -422,6 +445,9 @@ class World:
     def _cluster_label(self, index: int) -> str:
         return self.cluster_name if index == 0 else f"{self.cluster_name}-{index + 1}"
 
+    def _session_gid(self) -> int:
+        return pwd.getpwnam(self.run_as).pw_gid if self.run_as is not None else os.getgid()
+
     def _give_to_session_user(self, path: Path) -> None:
         if self.run_as is not None:
             entry = pwd.getpwnam(self.run_as)
@@ -443,6 +469,8 @@ class World:
             "SPARKD_SIM_PORT": str(self._tool_server.port),
             "SPARKD_SIM_HOST": host,
         }
+        if self.real_docker is not None and host in self.real_docker.daemons:
+            env["DOCKER_HOST"] = self.real_docker.url(host)
         if container is not None:
             env = {**container.env, **env, "HOSTNAME": state.name}
             env["SPARKD_SIM_CONTAINER"] = container.id

@@ -111,7 +111,7 @@ def test_a_container_that_stopped_after_listing_is_no_reason_to_distrust_the_hos
     listed = "@@sparkd boot_id|b|@@sparkd-end boot_id 0|@@sparkd containers|"
     listed += "@@sparkd-end containers 0"
     running = "|@@sparkd running|gone|@@sparkd-end running 0|@@sparkd top gone|"
-    stopped = "Error response from daemon: container 0123 is not running|@@sparkd-end top gone 1"
+    stopped = "Error response from daemon: Container 0123 is not running|@@sparkd-end top gone 1"
     assert unreadable(sections(listed + running + stopped)) is None
     # One container's failed or missing `top` leaves the host readable; its processes' owner is
     # unknown (tested in tests/unit/test_assemble.py).

@@ -1,0 +1,109 @@
+"""What a real Docker engine printed (tests/fixtures/docker-real: docker.io 20.10 with the 28.x
+CLI) reads as the right value with sparkd's own parsers: `ps` JSON in every state, `top` tables
+(a defunct serve included), the errors of a restarting container and of a stopped daemon, and
+the `docker events` lines that wake the controller."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sparkd.core import facts
+from sparkd.core.assemble import unreadable
+from sparkd.shell import catalogue
+from sparkd.shell.events import ExecFilter, parse_event
+
+REAL = Path(__file__).resolve().parent.parent / "fixtures" / "docker-real"
+
+
+def calls(prefix: str) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in (REAL / "calls.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["cmd"].startswith(prefix)]
+
+
+def events() -> list[str]:
+    return (REAL / "events.jsonl").read_text().splitlines()
+
+
+def test_every_ps_row_reads_with_its_state() -> None:
+    listed = calls("docker ps")
+    assert len(listed) > 20
+    states = set()
+    for call in listed:
+        if "{{json .}}" not in call["cmd"] or call["rc"] != 0:
+            continue
+        rows = facts.parse_docker_ps(call["stdout"])
+        assert len(rows) == len(call["stdout"].splitlines()), call["cmd"]
+        for row in rows:
+            assert row.name and row.image
+            states.add(row.state)
+            if row.state == "restarting":
+                assert row.status.startswith("Restarting (3) ")
+            if row.state == "running":
+                assert row.status.startswith("Up ")
+    assert states == {"running", "restarting"}
+
+
+def test_every_top_table_reads_and_a_defunct_serve_is_not_serving() -> None:
+    # sparkd's own form, `-eo pid,...` (the default table starts with UID).
+    tables = [c for c in calls("docker top") if c["rc"] == 0 and c["stdout"].startswith("PID")]
+    assert len(tables) >= 3
+    for call in tables:
+        rows = facts.parse_docker_top(call["stdout"])
+        assert len(rows) == len(call["stdout"].splitlines()) - 1, call["cmd"]
+        assert all(r.pid > 1 for r in rows)
+    defunct = next(c for c in tables if "<defunct>" in c["stdout"])
+    assert facts.find_serve(facts.parse_docker_top(defunct["stdout"])) is None
+
+
+def test_a_restarting_container_is_listed_without_processes_not_unread() -> None:
+    [failed, *_] = [c for c in calls("docker top crashy") if c["rc"] == 1]
+    sections = {
+        "boot_id": facts.Section("b", 0),
+        "containers": facts.Section("", 0),
+        "running": facts.Section("crashy", 0),
+        "top crashy": facts.Section(failed["stdout"] + failed["stderr"], failed["rc"]),
+    }
+    assert unreadable(sections) is None
+
+
+def test_a_stopped_daemon_makes_the_container_list_fail() -> None:
+    [down] = [c for c in calls("docker ps") if c["rc"] == 1]
+    assert down["stderr"].startswith("Cannot connect to the Docker daemon at unix://")
+    sections = {
+        "boot_id": facts.Section("b", 0),
+        "containers": facts.Section(down["stdout"] + down["stderr"], down["rc"]),
+        "running": facts.Section(down["stderr"], down["rc"]),
+    }
+    error = unreadable(sections)
+    assert error is not None
+    assert error.detail.startswith("containers failed (rc 1): Cannot connect to the Docker daemon")
+
+
+def test_every_container_event_parses_and_restarts_are_die_then_start() -> None:
+    lines = events()
+    assert lines[-1] == "unexpected EOF"  # what the CLI prints when dockerd stops
+    # The stream sparkd reads has only container events (`--filter type=container`).
+    rows = [line for line in lines[:-1] if json.loads(line)["Type"] == "container"]
+    parsed = [parse_event(line) for line in rows]
+    assert None not in parsed
+    crashy = [p.action for p in parsed if p is not None and p.name == "crashy"]
+    assert "restart" not in crashy
+    cycle = [a for a in crashy if a in ("start", "die")]
+    assert cycle[:6] == ["start", "die", "start", "die", "start", "die"]
+
+
+def test_the_serve_ending_wakes_even_with_exit_code_zero() -> None:
+    """A killed EngineCore ends `vllm serve` with status 0: its `exec_die` still wakes, while
+    the end of every other exec (sparkd's own reads) does not."""
+    execs = ExecFilter()
+    woken = []
+    for line in events():
+        event = parse_event(line)
+        # The stream's `--filter event=...` lets only these through.
+        wanted = event is not None and event.action in catalogue.EVENT_ACTIONS
+        if event is not None and wanted and event.action.startswith("exec_") and execs.wakes(event):
+            woken.append((event.action, json.loads(line)["Actor"]["Attributes"].get("exitCode")))
+    # Three serves were launched (one without libnuma died with 1); every other exec is a read.
+    assert woken == [("exec_die", "1"), ("exec_die", "0"), ("exec_die", "0")]
