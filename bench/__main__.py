@@ -12,7 +12,9 @@ import traceback
 
 from sparkd.runtime import logs
 
-NAMES = ("observe", "fanout", "host", "probe", "detect", "recover", "footprint", "scale")
+NAMES = (
+    "observe", "fanout", "host", "probe", "detect", "recover", "footprint", "scale", "vllm_warm",
+)  # fmt: skip
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,113 @@
+"""`vllm_warm`: launch to listening of real vLLM 0.32.0 (CPU build, the real-vLLM tier's venv)
+serving the tier's tiny model, cold (an empty `VLLM_CACHE_ROOT`) and warm (the same cache root
+again, as a restart that keeps it mounted does): what a persistent compile cache saves a
+relaunch. Needs `.venv-vllm` (`make test` builds it); skipped with a line when it is missing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import median, table, write_result
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = Path(os.environ.get("SPARKD_VLLM_VENV", ROOT / ".venv-vllm"))
+MAKE_MODEL = ROOT / "tests" / "realvllm" / "make_tiny_model.py"
+ADDRESS = "127.0.98.2"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((ADDRESS, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def listening(port: int) -> bool:
+    try:
+        with socket.create_connection((ADDRESS, port), 1):
+            return True
+    except OSError:
+        return False
+
+
+def launch(model: Path, cache: Path, work: Path) -> float:
+    """Seconds from `vllm serve` to its port accepting connections; the server is then ended
+    with every process of its session."""
+    port = free_port()
+    tmp = Path(tempfile.mkdtemp(prefix="vllm-"))
+    env = {
+        "PATH": f"{VENV / 'bin'}:/usr/bin:/bin",
+        "HOME": str(work),
+        "TMPDIR": str(tmp),
+        "VLLM_CACHE_ROOT": str(cache),
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    argv = [
+        str(VENV / "bin" / "vllm"), "serve", str(model), "--host", ADDRESS, "--port", str(port),
+        "--reasoning-parser", "qwen3", "--max-model-len", "512",
+    ]  # fmt: skip
+    with (work / f"serve-{port}.log").open("wb") as log:
+        process = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    started = time.monotonic()
+    try:
+        while not listening(port):
+            if process.poll() is not None:
+                raise RuntimeError(f"vllm serve exited {process.returncode}")
+            if time.monotonic() - started > 600:
+                raise RuntimeError("vllm serve did not listen within 600 s")
+            time.sleep(0.1)
+        return time.monotonic() - started
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def measure(runs: int) -> tuple[list[float], list[float]]:
+    with tempfile.TemporaryDirectory(prefix="sparkd-vllm-warm-") as scratch:
+        work = Path(scratch)
+        model = work / "tiny-qwen3"
+        subprocess.run(
+            [str(VENV / "bin" / "python"), str(MAKE_MODEL), str(model)],
+            check=True,
+            capture_output=True,
+            env={"PATH": "/usr/bin:/bin", "HOME": scratch, "HF_HUB_OFFLINE": "1"},
+        )
+        cold: list[float] = []
+        warm: list[float] = []
+        for run in range(runs):
+            cache = work / f"cache-{run}"
+            cache.mkdir()
+            cold.append(launch(model, cache, work))
+            warm.append(launch(model, cache, work))
+    return cold, warm
+
+
+def row(what: str, seconds: list[float]) -> tuple[str, str, str]:
+    return (what, f"{median(seconds):.1f} s", ", ".join(f"{s:.1f}" for s in seconds))
+
+
+async def main(quick: bool = False) -> None:
+    if not (VENV / "bin" / "vllm").exists():
+        print(f"   skipped: no vLLM venv at {VENV} (make test builds it)")
+        return
+    cold, warm = await asyncio.to_thread(measure, 1 if quick else 2)
+    rows = [row("cold (empty VLLM_CACHE_ROOT)", cold), row("warm (the same cache root)", warm)]
+    text = table("vLLM launch to listening", ("start", "median", "runs (s)"), rows)
+    print(text)
+    write_result("vllm_warm", {"cold_seconds": cold, "warm_seconds": warm}, text)
