@@ -100,7 +100,6 @@ def render_config(world: World) -> str:
             "  [clusters.policy]",
             "  failure_threshold = 3",
             "  budget = 3",
-            "  budget_window = 3600.0",
             "  backoff_initial = 30.0",
             "  backoff_max = 900.0",
             "  healthy_reset = 600.0",

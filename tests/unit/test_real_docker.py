@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkd.core import facts
-from sparkd.core.assemble import unreadable
+from sparkd.core.assemble import docker_failure, unreadable
 from sparkd.shell import catalogue
 from sparkd.shell.events import ExecFilter, parse_event
 
@@ -68,7 +68,7 @@ def test_a_restarting_container_is_listed_without_processes_not_unread() -> None
     assert unreadable(sections) is None
 
 
-def test_a_stopped_daemon_makes_the_container_list_fail() -> None:
+def test_a_stopped_daemon_is_docker_down_not_an_unreadable_host() -> None:
     [down] = [c for c in calls("docker ps") if c["rc"] == 1]
     assert down["stderr"].startswith("Cannot connect to the Docker daemon at unix://")
     sections = {
@@ -76,9 +76,11 @@ def test_a_stopped_daemon_makes_the_container_list_fail() -> None:
         "containers": facts.Section(down["stdout"] + down["stderr"], down["rc"]),
         "running": facts.Section(down["stderr"], down["rc"]),
     }
-    error = unreadable(sections)
-    assert error is not None
-    assert error.detail.startswith("containers failed (rc 1): Cannot connect to the Docker daemon")
+    # The host answered: Docker alone is down, its own finding (unknown never acts).
+    assert unreadable(sections) is None
+    down_reason = docker_failure(sections)
+    assert down_reason is not None
+    assert down_reason.startswith("docker failed (rc 1): Cannot connect to the Docker daemon")
 
 
 def test_every_container_event_parses_and_restarts_are_die_then_start() -> None:
