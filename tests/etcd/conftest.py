@@ -1,0 +1,110 @@
+"""A real etcd on a private loopback address, for the tier that checks sparkd's HA against it.
+
+Skipped with a message where etcd is missing, except under CI=true, where it must be there
+(.ci/run installs Debian's etcd-server). Each server binds its own 127.x.y.z address (never the
+default ports, in case a packaged etcd runs) and keeps its data in the test's tmp dir.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ETCD = shutil.which("etcd") or ("/usr/bin/etcd" if os.path.exists("/usr/bin/etcd") else None)
+
+
+def require_etcd() -> str:
+    if ETCD is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("etcd is missing: .ci/run must install etcd-server")
+        pytest.skip("no etcd on this machine (apt-get install etcd-server)")
+    return ETCD
+
+
+def private_address() -> str:
+    """A loopback address of this test's own, so a leftover server never answers for it."""
+    return f"127.{random.randint(64, 250)}.{random.randint(1, 250)}.{random.randint(2, 250)}"
+
+
+def free_port(address: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class EtcdServer:
+    """One single-member etcd process; start, kill, stop (SIGSTOP) and continue it by PID."""
+
+    def __init__(self, binary: str, data_dir: Path) -> None:
+        self.binary = binary
+        self.data_dir = data_dir
+        self.address = private_address()
+        self.client_port = free_port(self.address)
+        self.peer_port = free_port(self.address)
+        self.log_path = data_dir.parent / f"{data_dir.name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.client_port}"
+
+    def start(self, within: float = 20.0) -> None:
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        peer = f"http://{self.address}:{self.peer_port}"
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    self.binary, "--name", "s1", "--data-dir", str(self.data_dir),
+                    "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+                    "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                    "--initial-cluster", f"s1={peer}", "--initial-cluster-state", "new",
+                    "--logger", "zap", "--log-level", "warn",
+                ],
+                stdout=log,
+                stderr=log,
+            )  # fmt: skip
+        deadline = time.monotonic() + within
+        while not self.healthy():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"etcd exited: {self.log_path.read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"etcd not healthy within {within}s")
+            time.sleep(0.05)
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=1) as answer:
+                return b'"true"' in answer.read()
+        except OSError:
+            return False
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
+    server = EtcdServer(require_etcd(), tmp_path / "etcd")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()

@@ -1,0 +1,111 @@
+"""The gateway client against a real etcd: leases, the create-if-absent txn, rotation, watch."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkd.ha.etcd import EtcdClient, EtcdUnavailable
+from tests.etcd.conftest import EtcdServer, free_port, private_address
+
+pytestmark = pytest.mark.etcd
+
+
+async def test_lease_and_create_if_absent(etcd: EtcdServer) -> None:
+    client = EtcdClient([etcd.url], timeout=2)
+    try:
+        lease, ttl = await client.grant(3)
+        assert ttl >= 3
+        first = await client.create("t/owner/c1", b"a", lease)
+        assert first.created
+        held, _ = await client.get("t/owner/c1")
+        assert held is not None
+        assert (held.value, held.lease, held.create_revision) == (b"a", lease, first.revision)
+        other, _ = await client.grant(3)
+        second = await client.create("t/owner/c1", b"b", other)
+        assert not second.created
+        assert second.holder is not None and second.holder.lease == lease
+        assert await client.keepalive(lease) >= 3
+        await client.revoke(lease)
+        # A revoked lease takes its keys with it; its keepalive says TTL 0 (the field absent).
+        assert (await client.get("t/owner/c1"))[0] is None
+        assert await client.keepalive(lease) == 0
+        third = await client.create("t/owner/c1", b"b", other)
+        assert third.created and third.revision > first.revision
+        assert not await client.delete_if("t/owner/c1", first.revision)
+        assert await client.delete_if("t/owner/c1", third.revision)
+    finally:
+        await client.close()
+
+
+async def test_an_unanswered_lease_expires(etcd: EtcdServer) -> None:
+    client = EtcdClient([etcd.url], timeout=2)
+    try:
+        lease, ttl = await client.grant(2)
+        assert (await client.create("t/owner/c1", b"a", lease)).created
+        await asyncio.sleep(ttl + 1.0)  # etcd's lessor checks expiry every 500 ms
+        assert (await client.get("t/owner/c1"))[0] is None
+        assert await client.keepalive(lease) == 0
+    finally:
+        await client.close()
+
+
+async def test_rotates_past_a_refused_endpoint(etcd: EtcdServer) -> None:
+    dead = private_address()
+    client = EtcdClient([f"http://{dead}:{free_port(dead)}", etcd.url], timeout=2)
+    try:
+        lease, _ = await client.grant(3)
+        assert lease > 0
+        assert client.endpoint == etcd.url
+    finally:
+        await client.close()
+
+
+async def test_rotates_past_a_hung_endpoint(etcd: EtcdServer, tmp_path: Path) -> None:
+    """A stopped member accepts connections and answers nothing: only a timeout shows it."""
+    hung = EtcdServer(etcd.binary, tmp_path / "hung")
+    hung.start()
+    hung.signal(signal.SIGSTOP)
+    client = EtcdClient([hung.url, etcd.url], timeout=0.5)
+    try:
+        started = time.monotonic()
+        lease, _ = await client.grant(3)
+        assert lease > 0 and client.endpoint == etcd.url
+        assert time.monotonic() - started < 2.0
+    finally:
+        await client.close()
+        hung.kill()
+
+
+async def test_unavailable_when_every_endpoint_fails(etcd: EtcdServer) -> None:
+    client = EtcdClient([etcd.url], timeout=0.5)
+    etcd.kill()
+    try:
+        with pytest.raises(EtcdUnavailable):
+            await client.grant(3)
+    finally:
+        await client.close()
+
+
+async def test_watch_sees_the_delete(etcd: EtcdServer) -> None:
+    client = EtcdClient([etcd.url], timeout=2)
+    try:
+        lease, _ = await client.grant(3)
+        assert (await client.create("t/owner/c1", b"a", lease)).created
+        _, revision = await client.get("t/owner/c1")
+
+        async def first_delete() -> str:
+            async for key in client.watch_deletes("t/owner/", revision + 1):
+                return key
+            raise AssertionError("the watch ended without an event")
+
+        watching = asyncio.create_task(first_delete())
+        await asyncio.sleep(0.2)
+        await client.revoke(lease)
+        assert await asyncio.wait_for(watching, 5) == "t/owner/c1"
+    finally:
+        await client.close()
