@@ -87,6 +87,24 @@ class Ownership:
 
     # -- what the controllers ask ---------------------------------------------------------
 
+    def track(self, cluster: str) -> None:
+        """A cluster added by a reload: contended for from the next round."""
+        self.claims.setdefault(cluster, Claim(cluster))
+
+    def untrack(self, cluster: str) -> None:
+        """A cluster a reload removed: stop contending, and give its owner key back."""
+        claim = self.claims.pop(cluster, None)
+        if claim is None or claim.token is None:
+            return
+        token = claim.token
+        self.log.info("released", clusters=[cluster], reason="no longer configured")
+        task = asyncio.get_running_loop().create_task(self._give_back(cluster, token))
+        self._tasks.append(task)
+
+    async def _give_back(self, cluster: str, token: int) -> None:
+        with contextlib.suppress(EtcdUnavailable, EtcdError, OSError):
+            await self.client.delete_if(self.key(cluster), token)
+
     def key(self, cluster: str) -> str:
         return f"{self.spec.prefix}owner/{cluster}"
 
@@ -294,13 +312,12 @@ class Ownership:
     async def _watch(self) -> None:
         """A standby hears an owner key's deletion at once instead of at its next renewal."""
         prefix = f"{self.spec.prefix}owner/"
-        keys = {self.key(name): name for name in self.claims}
         while not self._stopping:
             try:
                 if self.revision:
                     async for key in self.client.watch_deletes(prefix, self.revision + 1):
-                        name = keys.get(key)
-                        if name is not None and self.claims[name].token is None:
+                        claim = self.claims.get(key.removeprefix(prefix))
+                        if claim is not None and claim.token is None:
                             self._poke.set()
             except (OSError, ValueError, EtcdError, TimeoutError) as exc:
                 self.log.debug("watch_ended", error=f"{type(exc).__name__}: {exc}")
