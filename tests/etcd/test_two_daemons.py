@@ -98,6 +98,17 @@ class Instance:
         claim = (ha.get("clusters") or {}).get(cluster) or {}
         return claim.get("role")
 
+    async def metrics(self) -> dict[str, float]:
+        url = f"http://127.0.0.1:{self.port}/metrics"
+        async with aiohttp.ClientSession() as s, s.get(url) as r:
+            text = await r.text()
+        found = {}
+        for line in text.splitlines():
+            if line.startswith("sparkd_ha_"):
+                name, _, value = line.rpartition(" ")
+                found[name] = float(value)
+        return found
+
     def events(self) -> list[dict[str, Any]]:
         found = []
         for line in self.log.read_text(errors="replace").splitlines():
@@ -217,7 +228,45 @@ async def test_sigkill_of_the_owner_mid_recovery(
     await eventually(b_acted, within=30)
     await eventually(healthy, within=90)
     check_never_two_actors(seed_world, a, b)
-    assert [e for e in b.events() if e.get("event") == "acquired"][-1]["was"] == a.name
+    acquired = [e for e in a.events() + b.events() if e.get("event") == "acquired"]
+    assert [(e["instance"], e["was"]) for e in acquired] == [(a.name, None), (b.name, a.name)]
+    old, new = acquired[0]["token"], acquired[1]["token"]
+    assert new > old
+    metrics = await b.metrics()
+    assert metrics[f'sparkd_ha_owner{{cluster="{cluster}"}}'] == 1
+    assert metrics[f'sparkd_ha_token{{cluster="{cluster}"}}'] == new
+    assert metrics["sparkd_ha_takeovers_total"] == 1
+    assert 0 < metrics["sparkd_ha_lease_remaining_seconds"] <= TTL
+    shown = await asyncio.create_subprocess_exec(
+        *SPARKD, "status", "--url", f"http://127.0.0.1:{b.port}",
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await shown.communicate()
+    lines = out.decode().splitlines()
+    assert f"ha: instance {b.name}, etcd reachable" in lines[-2]
+    assert lines[-1] == f"  {cluster}: owner (token {new})"
+
+
+async def test_graceful_stop_hands_over_at_once(
+    seed_world: World, pair: tuple[Instance, Instance]
+) -> None:
+    a, b = pair
+    cluster = cluster_name(seed_world)
+    await start_owner_and_standby(a, b, cluster)
+    stopped_at = a.signal(signal.SIGTERM)
+    assert a.proc is not None
+    assert await asyncio.wait_for(a.proc.wait(), 20) == 0
+
+    async def b_owns() -> bool:
+        return await b.role(cluster) == "owner"
+
+    await eventually(b_owns, within=TTL + 2, poll=0.02)
+    took = time.time() - stopped_at
+    # The standby hears the lease's revocation, not its expiry (TTL 3 s).
+    assert took < 1.5, took
+    metrics = await b.metrics()
+    assert metrics["sparkd_ha_takeovers_total"] == 1
+    check_never_two_actors(seed_world, a, b)
 
 
 async def test_sigstop_past_the_ttl_never_acts_again(
