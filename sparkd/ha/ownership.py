@@ -81,6 +81,8 @@ class Ownership:
         self.nonce = secrets.token_hex(8)
         self.log = logs.get().bind(component="ha", instance=spec.instance)
         self._poke = asyncio.Event()
+        # Set once a round has listed the owner keys: the watch starts from that revision.
+        self._listed = asyncio.Event()
         self._stopping = False
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -258,6 +260,7 @@ class Ownership:
             elif answer.holder is not None:
                 self._note_holder(claim, answer.holder)
         self.renewed_at = sent
+        self._listed.set()
         for name in fresh:
             self.on_change(name)
 
@@ -312,6 +315,7 @@ class Ownership:
     async def _watch(self) -> None:
         """A standby hears an owner key's deletion at once instead of at its next renewal."""
         prefix = f"{self.spec.prefix}owner/"
+        await self._listed.wait()
         while not self._stopping:
             try:
                 if self.revision:

@@ -76,8 +76,10 @@ async def test_one_owner_and_a_standby(etcd: EtcdServer, admin: EtcdClient) -> N
 
 
 async def test_graceful_stop_hands_over_at_once(etcd: EtcdServer) -> None:
-    a = Ownership(spec(etcd, "a"), ["c1"])
-    b = Ownership(spec(etcd, "b"), ["c1"])
+    # The production timings: the next renewal (5 s) and the TTL (15 s) are far off.
+    timings = {"lease_ttl": 15, "renew_interval": 5.0, "request_timeout": 2.0, "margin": 2.0}
+    a = Ownership(spec(etcd, "a", **timings), ["c1"])
+    b = Ownership(spec(etcd, "b", **timings), ["c1"])
     a.start()
     await wait_for(lambda: a.may_act("c1"), 3)
     b.start()
@@ -86,7 +88,7 @@ async def test_graceful_stop_hands_over_at_once(etcd: EtcdServer) -> None:
     old = a.token("c1")
     await a.stop()
     took = await wait_for(lambda: b.may_act("c1"), 2)
-    assert took < 1.0, took  # the watch, not the next renewal (1 s) or the TTL (3 s)
+    assert took < 1.0, took  # the watch, not the next renewal or the TTL
     token = b.token("c1")
     assert old is not None and token is not None and token > old
     assert b.takeovers == 1
