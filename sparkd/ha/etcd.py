@@ -119,7 +119,8 @@ class EtcdClient:
             endpoint = self.endpoint
             try:
                 return await self._authorized(endpoint, path, body)
-            except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                # Refused, reset, cut off mid-reply, timed out: the next endpoint may answer.
                 failures.append(f"{endpoint}: {type(exc).__name__}")
                 self._rotate()
         raise EtcdUnavailable("; ".join(failures))

@@ -167,7 +167,12 @@ class Ownership:
     async def _run(self) -> None:
         while not self._stopping:
             started = self.clock()
-            await self.round()
+            try:
+                await self.round()
+            except Exception:  # the renewals must outlive any surprise; may_act stays bounded
+                self.renew_failures += 1
+                self.reachable = False
+                self.log.exception("renew_round_failed")
             if self._stopping:
                 break
             # A lost lease is granted again at once; otherwise the next renewal is due.
@@ -323,7 +328,7 @@ class Ownership:
                         claim = self.claims.get(key.removeprefix(prefix))
                         if claim is not None and claim.token is None:
                             self._poke.set()
-            except (OSError, ValueError, EtcdError, TimeoutError) as exc:
+            except Exception as exc:  # best effort: the renewals re-list every round anyway
                 self.log.debug("watch_ended", error=f"{type(exc).__name__}: {exc}")
             # Ended (etcd restarted, compaction) or not yet started: the renewals re-list.
             await asyncio.sleep(self.spec.renew_interval)

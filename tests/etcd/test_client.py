@@ -109,3 +109,25 @@ async def test_watch_sees_the_delete(etcd: EtcdServer) -> None:
         assert await asyncio.wait_for(watching, 5) == "t/owner/c1"
     finally:
         await client.close()
+
+
+async def test_rotates_past_an_endpoint_that_cuts_its_reply(etcd: EtcdServer) -> None:
+    """A reply cut off mid-body (a proxy dying, a member killed while answering)."""
+
+    async def half_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{")
+        await writer.drain()
+        writer.close()
+
+    address = private_address()
+    server = await asyncio.start_server(half_answer, address, 0)
+    port = server.sockets[0].getsockname()[1]
+    client = EtcdClient([f"http://{address}:{port}", etcd.url], timeout=2)
+    try:
+        lease, _ = await client.grant(3)
+        assert lease > 0 and client.endpoint == etcd.url
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()

@@ -233,3 +233,21 @@ async def test_no_etcd(etcd: EtcdServer) -> None:
         assert a.role("c1") == "owner" and a.token("c1") == token
     finally:
         await a.stop()
+
+
+class Surprising(EtcdClient):
+    async def keepalive(self, lease: int) -> int:
+        raise RuntimeError("something nobody foresaw")
+
+
+async def test_the_renewals_outlive_a_surprise(etcd: EtcdServer) -> None:
+    a = Ownership(spec(etcd, "a"), ["c1"], client=Surprising([etcd.url], timeout=0.5))
+    a.start()
+    try:
+        await wait_for(lambda: a.may_act("c1"), 3)  # the grant works; keepalives raise
+        await wait_for(lambda: a.renew_failures >= 2, 4)
+        assert not a._tasks[0].done()
+        await wait_for(lambda: not a.may_act("c1"), 3)  # its deadline still ends it
+        assert a.role("c1") == "no etcd"
+    finally:
+        await a.stop()
