@@ -317,7 +317,7 @@ async def test_sigstop_past_the_ttl_never_acts_again(
     check_never_two_actors(seed_world, a, b)
 
 
-async def test_without_etcd_nobody_acts(
+async def test_without_etcd_nobody_acts_then_the_owner_readopts(
     seed_world: World, pair: tuple[Instance, Instance], etcd: EtcdServer
 ) -> None:
     a, b = pair
@@ -351,6 +351,26 @@ async def test_without_etcd_nobody_acts(
         async with aiohttp.ClientSession() as s, s.get(url) as r:
             health[instance.name] = (await r.json())["clusters"][cluster]["ha"]
     assert health == {a.name: "no etcd", b.name: "no etcd"}
+    token = [e for e in a.events() if e.get("event") == "acquired"][-1]["token"]
+
+    # etcd back on its data dir: the lease gets a full TTL again, the key is still bound to it,
+    # and the old owner re-adopts it with the same token and repairs; the standby stays one.
+    etcd.start()
+
+    async def a_owns() -> bool:
+        return await a.role(cluster) == "owner"
+
+    await eventually(a_owns, within=TTL + 2)
+    assert await b.role(cluster) == "standby"
+    assert (await a.metrics())[f'sparkd_ha_token{{cluster="{cluster}"}}'] == token
+
+    async def a_healed() -> bool:
+        clusters = (await a.status()).get("clusters") or []
+        return bool(clusters) and clusters[0]["phase"] == "healthy"
+
+    await eventually(a_healed, within=90)
+    assert mutations(seed_world, since=since), "the owner did not repair once etcd was back"
+    assert not [s for s, _ in b.intervals(time.time())], "the standby acted"
     check_never_two_actors(seed_world, a, b)
 
 
