@@ -7,6 +7,7 @@ default ports, in case a packaged etcd runs) and keeps its data in the test's tm
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import shutil
@@ -17,6 +18,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,3 +110,57 @@ def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
         yield server
     finally:
         server.kill()
+
+
+class Blackhole:
+    """A TCP proxy in front of etcd on a loopback address of its own; `cut()` stops every byte
+    both ways without closing anything (a partition, not a refusal), `heal()` lets them pass."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.address = private_address()
+        self.port = 0
+        self.open = True
+        self._server: Any = None
+        self._writers: list[Any] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._client, self.address, 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _client(self, reader: Any, writer: Any) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        self._writers += [writer, up_writer]
+        await asyncio.gather(
+            self._pump(reader, up_writer), self._pump(up_reader, writer), return_exceptions=True
+        )
+
+    async def _pump(self, reader: Any, writer: Any) -> None:
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                break
+            if self.open:  # cut: swallowed, as a partitioned network would
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    def cut(self) -> None:
+        self.open = False
+
+    def heal(self) -> None:
+        self.open = True
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in self._writers:
+            writer.close()

@@ -24,7 +24,7 @@ import pytest
 from sparkd.sim.timing import Timing
 from sparkd.sim.world import World
 from tests.e2e.conftest import eventually, free_port, mutations, write_fast_config
-from tests.etcd.conftest import EtcdServer
+from tests.etcd.conftest import Blackhole, EtcdServer
 
 pytestmark = pytest.mark.etcd
 
@@ -41,7 +41,9 @@ async def seed_world(tmp_path: Path) -> AsyncIterator[World]:
 
 
 class Instance:
-    def __init__(self, name: str, world: World, etcd: EtcdServer, tmp_path: Path) -> None:
+    def __init__(
+        self, name: str, world: World, etcd: EtcdServer, tmp_path: Path, endpoint: str = ""
+    ) -> None:
         self.name = name
         self.port = free_port()
         self.log = tmp_path / f"{name}.log"
@@ -49,7 +51,8 @@ class Instance:
             world, tmp_path / f"{name}.toml", tmp_path / f"state-{name}", self.port
         )
         config.write_text(
-            config.read_text() + f'\n[ha]\netcd_endpoints = ["{etcd.url}"]\ninstance = "{name}"\n'
+            config.read_text()
+            + f'\n[ha]\netcd_endpoints = ["{endpoint or etcd.url}"]\ninstance = "{name}"\n'
             f"lease_ttl = {TTL}\nrenew_interval = 1.0\nrequest_timeout = 0.5\nmargin = 1.0\n"
         )
         self.config = config
@@ -415,3 +418,47 @@ async def test_etcd_code_is_imported_only_with_ha(
     ha = Instance("ops-a", seed_world, etcd, tmp_path)
     with_ha = await imported_by_run(ha.config, ha.port, cluster)
     assert {"sparkd.ha.etcd", "sparkd.ha.ownership"} <= with_ha
+
+
+async def test_owner_cut_off_from_etcd_stops_before_the_standby_starts(
+    seed_world: World, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    cluster = cluster_name(seed_world)
+    hole = Blackhole(etcd.address, etcd.client_port)
+    await hole.start()
+    a = Instance("ops-a", seed_world, etcd, tmp_path, endpoint=hole.url)
+    b = Instance("ops-b", seed_world, etcd, tmp_path)
+    try:
+        await start_owner_and_standby(a, b, cluster)
+
+        async def healthy() -> bool:
+            clusters = (await a.status()).get("clusters") or []
+            return bool(clusters) and clusters[0]["phase"] == "healthy"
+
+        await eventually(healthy, within=90)
+        hole.cut()  # the hosts stay reachable from both
+        cut_at = time.time()
+
+        async def b_owns() -> bool:
+            return await b.role(cluster) == "owner"
+
+        await eventually(b_owns, within=TTL + 2)
+        assert await a.role(cluster) == "no etcd"
+        await eventually(lambda: kill_worker(seed_world), within=30)
+
+        async def b_acted() -> bool:
+            return any(s > cut_at for s, _ in b.intervals(time.time()))
+
+        await eventually(b_acted, within=30)
+        assert not [s for s, _ in a.intervals(time.time()) if s > cut_at]
+        hole.heal()
+
+        async def a_standby() -> bool:
+            return await a.role(cluster) == "standby"
+
+        await eventually(a_standby, within=TTL + 2)
+        check_never_two_actors(seed_world, a, b)
+    finally:
+        await a.stop()
+        await b.stop()
+        await hole.close()
