@@ -144,7 +144,7 @@ async def test_demotion_timer_fires_at_the_deadline(etcd: EtcdServer) -> None:
         changes.clear()
         await asyncio.sleep(deadline - boottime() + 0.3)
         assert [name for name, _ in changes] == ["c1"]
-        assert 0 <= changes[0][1] - deadline < 0.2
+        assert 0 <= changes[0][1] - deadline < 0.5  # at the deadline, not a renewal later
         assert not a.may_act("c1")
     finally:
         await a.stop()
