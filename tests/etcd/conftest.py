@@ -61,21 +61,25 @@ class EtcdServer:
     def url(self) -> str:
         return f"http://{self.address}:{self.client_port}"
 
-    def start(self, within: float = 20.0) -> None:
+    def launch(self, name: str, initial_cluster: str, token: str = "etcd-cluster") -> None:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         peer = f"http://{self.address}:{self.peer_port}"
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [
-                    self.binary, "--name", "s1", "--data-dir", str(self.data_dir),
+                    self.binary, "--name", name, "--data-dir", str(self.data_dir),
                     "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
                     "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                    "--initial-cluster", f"s1={peer}", "--initial-cluster-state", "new",
-                    "--logger", "zap", "--log-level", "warn",
+                    "--initial-cluster", initial_cluster, "--initial-cluster-state", "new",
+                    "--initial-cluster-token", token, "--logger", "zap", "--log-level", "warn",
                 ],
                 stdout=log,
                 stderr=log,
             )  # fmt: skip
+
+    def start(self, within: float = 20.0) -> None:
+        self.launch("s1", f"s1=http://{self.address}:{self.peer_port}")
+        assert self.proc is not None
         deadline = time.monotonic() + within
         while not self.healthy():
             if self.proc.poll() is not None:
@@ -164,3 +168,47 @@ class Blackhole:
             self._server.close()
         for writer in self._writers:
             writer.close()
+
+
+class EtcdCluster:
+    """Three members on one private loopback address (each its own ports and data dir)."""
+
+    def __init__(self, binary: str, base: Path) -> None:
+        self.address = private_address()
+        self.members = [EtcdServer(binary, base / f"m{i}") for i in range(3)]
+        for member in self.members:
+            member.address = self.address
+            member.client_port = free_port(self.address)
+            member.peer_port = free_port(self.address)
+
+    @property
+    def urls(self) -> list[str]:
+        return [m.url for m in self.members]
+
+    def start(self, within: float = 30.0) -> None:
+        names = [f"m{i}" for i in range(3)]
+        initial = ",".join(
+            f"{name}=http://{self.address}:{m.peer_port}"
+            for name, m in zip(names, self.members, strict=True)
+        )
+        for name, member in zip(names, self.members, strict=True):
+            member.launch(name, initial, "sparkd-test")
+        deadline = time.monotonic() + within
+        while not all(m.healthy() for m in self.members):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"etcd members not healthy within {within}s")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        for member in self.members:
+            member.kill()
+
+
+@pytest.fixture
+def etcd3(tmp_path: Path) -> Iterator[EtcdCluster]:
+    cluster = EtcdCluster(require_etcd(), tmp_path / "etcd3")
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.kill()
