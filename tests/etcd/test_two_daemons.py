@@ -462,3 +462,24 @@ async def test_owner_cut_off_from_etcd_stops_before_the_standby_starts(
         await a.stop()
         await b.stop()
         await hole.close()
+
+
+async def test_once_with_ha_acts_only_as_a_dry_run(seed_world: World, tmp_path: Path) -> None:
+    config = write_fast_config(seed_world, tmp_path / "once.toml", tmp_path / "s", free_port())
+    # An endpoint nothing listens on: `once` must not need etcd to refuse.
+    config.write_text(config.read_text() + '\n[ha]\netcd_endpoints = ["http://127.0.0.1:9"]\n')
+
+    async def once(*flags: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(
+            *SPARKD, "once", "--config", str(config), *flags,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode() + err.decode()
+
+    code, text = await once()
+    assert code == 75 and "only the owning instance acts" in text, text
+    code, text = await once("--dry-run")
+    assert code == 1, text  # not converged, and nothing done about it
+    assert mutations(seed_world) == []
