@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from bench.common import median, table, write_result
+from bench.common import median, own_cpu, rss_mb, table, write_result
 from sparkd.ha.config import HaSpec
 from sparkd.ha.ownership import Ownership
 
@@ -109,11 +109,34 @@ async def takeover(url: str, changes: dict[str, Any], graceful: bool, run: int) 
     return took
 
 
+async def cost(url: str, rounds: int) -> dict[str, float]:
+    """CPU and RSS of the renewals: an owner of 4 clusters runs `rounds` rounds back to back
+    (a keepalive and one read per cluster each, as every renew interval)."""
+    spec = HaSpec.model_validate({"etcd_endpoints": (url,), "prefix": "bench/cost/"})
+    owner = Ownership(spec, ["c1", "c2", "c3", "c4"])
+    await owner.round()
+    rss_before = rss_mb()
+    cpu_before = own_cpu()
+    for _ in range(rounds):
+        await owner.round()
+    cpu = own_cpu() - cpu_before
+    rss_after = rss_mb()
+    await owner.stop()
+    return {
+        "rounds": rounds,
+        "cpu_ms_per_round": 1000 * cpu / rounds,
+        "rss_mb_before": rss_before,
+        "rss_mb_after": rss_after,
+    }
+
+
 async def main(quick: bool = False) -> None:
     runs = 2 if quick else 5
     rows: list[list[Any]] = []
     data: dict[str, Any] = {}
     async with etcd() as url:
+        spent = await cost(url, 100 if quick else 1000)
+        data["cost"] = spent
         for label, changes in TIMINGS.items():
             for graceful in (False, True):
                 samples = [await takeover(url, changes, graceful, n) for n in range(runs)]
@@ -124,5 +147,9 @@ async def main(quick: bool = False) -> None:
         "takeover, seconds (etcd single member on loopback)",
         ["timings", "event", "runs", "min", "median", "max"],
         rows,
+    ) + (
+        f"\nrenewal round (owner of 4 clusters): {spent['cpu_ms_per_round']:.2f} ms CPU; RSS "
+        f"{spent['rss_mb_before']:.1f} -> {spent['rss_mb_after']:.1f} MB over "
+        f"{spent['rounds']} rounds"
     )
     write_result("ha", {"samples": data}, text)
