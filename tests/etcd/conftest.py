@@ -56,6 +56,7 @@ class EtcdServer:
         self.peer_port = free_port(self.address)
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.extra: list[str] = []
 
     @property
     def url(self) -> str:
@@ -72,6 +73,7 @@ class EtcdServer:
                     "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                     "--initial-cluster", initial_cluster, "--initial-cluster-state", "new",
                     "--initial-cluster-token", token, "--logger", "zap", "--log-level", "warn",
+                    *self.extra,
                 ],
                 stdout=log,
                 stderr=log,

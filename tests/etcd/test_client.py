@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.ha.etcd import EtcdClient, EtcdUnavailable
+from sparkd.ha.etcd import EtcdClient, EtcdError, EtcdUnavailable
 from tests.etcd.conftest import EtcdServer, free_port, private_address
 
 pytestmark = pytest.mark.etcd
@@ -128,3 +128,47 @@ async def test_rotates_past_an_endpoint_that_cuts_its_reply(etcd: EtcdServer) ->
         await client.close()
         server.close()
         await server.wait_closed()
+
+
+def etcdctl(url: str, *args: str) -> None:
+    import shutil
+    import subprocess
+
+    binary = shutil.which("etcdctl")
+    if binary is None:
+        pytest.skip("no etcdctl (apt-get install etcd-client)")
+    subprocess.run(
+        [binary, "--endpoints", url, *args],
+        check=True, capture_output=True, env={"ETCDCTL_API": "3", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+
+
+async def test_user_and_password_and_an_expired_token(tmp_path: Path) -> None:
+    from tests.etcd.conftest import EtcdServer, require_etcd
+
+    server = EtcdServer(require_etcd(), tmp_path / "auth")
+    server.extra = ["--auth-token", "simple", "--auth-token-ttl", "1"]
+    server.start()
+    try:
+        etcdctl(server.url, "user", "add", "root:s3cret-root")
+        etcdctl(server.url, "user", "grant-role", "root", "root")
+        etcdctl(server.url, "auth", "enable")
+        anonymous = EtcdClient([server.url], timeout=2)
+        with pytest.raises(EtcdError):
+            await anonymous.get("t/owner/c1")
+        await anonymous.close()
+        password = tmp_path / "password"
+        password.write_text("s3cret-root\n")
+        client = EtcdClient([server.url], timeout=2, user="root", password_file=password)
+        try:
+            lease, _ = await client.grant(3)
+            assert (await client.create("t/owner/c1", b"a", lease)).created
+            token = client._token
+            await asyncio.sleep(2.5)  # the simple token's TTL is 1 s
+            kv, _ = await client.get("t/owner/c1")  # refreshed on "invalid auth token"
+            assert kv is not None and kv.lease == lease
+            assert client._token is not None and client._token != token
+        finally:
+            await client.close()
+    finally:
+        server.kill()
