@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from pathlib import Path
 
@@ -136,6 +137,8 @@ def etcdctl(url: str, *args: str) -> None:
 
     binary = shutil.which("etcdctl")
     if binary is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("etcdctl is missing: .ci/run must install etcd-client")
         pytest.skip("no etcdctl (apt-get install etcd-client)")
     subprocess.run(
         [binary, "--endpoints", url, *args],
