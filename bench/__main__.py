@@ -14,6 +14,7 @@ from sparkd.runtime import logs
 
 NAMES = (
     "observe", "fanout", "host", "probe", "detect", "recover", "footprint", "scale", "vllm_warm",
+    "ha",
 )  # fmt: skip
 
 

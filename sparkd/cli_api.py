@@ -157,4 +157,22 @@ def render_status(body: dict[str, Any]) -> str:
     for row in rows:
         cells = [str(c).ljust(w) for c, w in zip(row[:6], widths, strict=True)]
         lines.append("  ".join([*cells, str(row[6])]))
+    lines.extend(_ha_lines(body.get("ha")))
     return "\n".join(lines)
+
+
+def _ha_lines(ha: Any) -> list[str]:
+    """`ha: <instance> (etcd ...)` and one line per cluster: owner, standby or no etcd."""
+    if not isinstance(ha, dict):
+        return []
+    lines = [f"ha: instance {ha.get('instance')}, etcd {ha.get('etcd')} ({ha.get('endpoint')})"]
+    for name, claim in (ha.get("clusters") or {}).items():
+        role = claim.get("role", "-")
+        if role == "owner":
+            detail = f" (token {claim.get('token')})"
+        elif claim.get("holder"):
+            detail = f" (owner: {claim.get('holder')})"
+        else:
+            detail = ""
+        lines.append(f"  {name}: {role}{detail}")
+    return lines

@@ -155,6 +155,11 @@ async def once(settings: Settings, dry_run: bool, as_json: bool) -> int:
     from sparkd.runtime.daemon import StartupError, open_state_dir, state_dir_error
     from sparkd.web.app import outcome_json
 
+    if settings.ha is not None and not dry_run:
+        # Only the instance owning a cluster acts on it; a one-off cycle owns nothing.
+        print("sparkd once: with [ha], only the owning instance acts; use --dry-run, or "
+              "`sparkd reconcile CLUSTER` against the owner", file=sys.stderr)  # fmt: skip
+        return EX_TEMPFAIL
     state = StateDir(settings.daemon.state_dir)
     try:
         open_state_dir(state.path)

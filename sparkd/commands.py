@@ -229,6 +229,15 @@ def check_config(explicit: str | None) -> int:
                 f"  maintenance {spec.cron!r} ({trigger.timezone}) for {spec.duration:g}s: "
                 f"{spec.reason}; next {opens}"
             ))  # fmt: skip
+    ha = settings.ha
+    if ha is not None:
+        print(
+            printable(
+                f"ha: instance {ha.instance}; etcd {', '.join(ha.etcd_endpoints)}; lease "
+                f"{ha.lease_ttl}s, renew {ha.renew_interval:g}s, request timeout "
+                f"{ha.request_timeout:g}s, margin {ha.margin:g}s; prefix {ha.prefix}"
+            )
+        )
     return 0
 
 

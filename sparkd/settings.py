@@ -34,6 +34,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from sparkd.ha.config import HaSpec
+
 DEFAULT_CONFIG_PATH = Path("/etc/sparkd/sparkd.toml")
 EX_CONFIG = 78
 EX_CANTCREAT = 73
@@ -463,6 +465,8 @@ class Settings(BaseSettings):
 
     daemon: DaemonSettings = DaemonSettings()
     clusters: tuple[ClusterSpec, ...] = Field(min_length=1)
+    # Absent: one instance, nothing changes. Set: clusters are owned through etcd leases.
+    ha: HaSpec | None = None
 
     @model_validator(mode="after")
     def _unique_clusters(self) -> Settings:

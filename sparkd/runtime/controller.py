@@ -124,6 +124,7 @@ class Controller:
         on_plan: Callable[[Controller], None] = lambda c: None,
         watch_events: bool = True,
         on_record: Callable[[Controller, CycleRecord], None] = lambda c, r: None,
+        may_act: Callable[[], bool] = lambda: True,
     ) -> None:
         self.cluster = cluster
         self.pool = pool
@@ -136,6 +137,8 @@ class Controller:
         self.on_plan = on_plan
         self.watch_events = watch_events
         self.on_record = on_record
+        # False while another instance owns the cluster (HA): observe and export, never act.
+        self.may_act = may_act
         self.view = ClusterView()
         self.wake = asyncio.Event()
         self.stopping = False
@@ -265,7 +268,7 @@ class Controller:
         cycle = _Cycle(before=before, observed=observed, plan=plan, events=events)
         self._cycle = cycle
         try:
-            if plan.actions and not self.stopping:
+            if plan.actions and not self.stopping and self.may_act():
                 await self.executor.run(plan, should_stop=self._hold_actions)
         finally:
             self._cycle = None
@@ -407,6 +410,7 @@ class Controller:
         paused = self.memory.paused
         return (
             self.stopping
+            or not self.may_act()
             or (paused is not None and paused.active(now))
             or self.maintenance_at(now) is not None
         )
@@ -520,7 +524,7 @@ class Controller:
             acted = False
             try:
                 plan = await self.cycle()
-                acted = bool(plan.actions)
+                acted = bool(plan.actions) and self.may_act()
             except Exception as exc:  # a cycle must never kill the controller
                 self.view.last_error = f"{type(exc).__name__}: {exc}"
                 self.view.in_flight = None

@@ -10,7 +10,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -31,6 +31,9 @@ from sparkd.settings import (
 )
 from sparkd.shell.execute import ExecutorTiming
 from sparkd.shell.ssh import SshPool
+
+if TYPE_CHECKING:
+    from sparkd.ha.ownership import Ownership
 
 # Daemon settings that take effect only at start: a reload reports a change and keeps the old.
 RESTART_ONLY = ("listen", "state_dir")
@@ -125,12 +128,17 @@ class Daemon:
         self._reloads: set[asyncio.Task[None]] = set()
         self._reload_lock = asyncio.Lock()
         self._stopping = False
+        # Set only with an [ha] section: who owns which cluster, through etcd.
+        self.ha: Ownership | None = None
 
     def _controller(self, cluster_name: str) -> Controller:
         cluster = self.settings.cluster(cluster_name)
         assert cluster is not None
         self.metrics.track(cluster)
         self.maintenance.schedule(cluster)
+        ha = self.ha
+        if ha is not None:
+            ha.track(cluster_name)
         return Controller(
             cluster,
             self.pool,
@@ -141,6 +149,7 @@ class Daemon:
             on_action=lambda controller, outcome: self.on_action(controller, outcome),
             on_plan=lambda controller: self.on_plan(controller),
             on_record=self.metrics.record,
+            may_act=(lambda: ha.may_act(cluster_name)) if ha is not None else (lambda: True),
         )
 
     def _wake(self, cluster_name: str) -> None:
@@ -188,17 +197,22 @@ class Daemon:
             elif ok and controller.view.last_error is not None:
                 ok, why = False, f"cycle failed: {controller.view.last_error}"
             clusters[name] = {"ok": ok, "reason": why}
+            if self.ha is not None:
+                clusters[name]["ha"] = self.ha.role(name)
             if not ok:
                 problems.append(f"{name}: {why}")
         state = self.state_dir_health()
         if not state["ok"]:
             problems.append(f"state dir {state['path']}: {state['error']}")
-        return {
+        health: dict[str, Any] = {
             "status": "unhealthy" if problems else "ok",
             "reason": "; ".join(problems) or "ok",
             "clusters": clusters,
             "state_dir": state,
         }
+        if self.ha is not None:
+            health["ha"] = self.ha.status()
+        return health
 
     def state_dir_health(self) -> dict[str, Any]:
         path = self.state.path
@@ -223,6 +237,8 @@ class Daemon:
         from sparkd.web.app import GuardedSite, make_app, runner_options
 
         self.state.ensure()
+        if self.settings.ha is not None:
+            self._start_ha()
         for cluster in self.settings.clusters:
             self.controllers[cluster.name] = self._controller(cluster.name)
         app = make_app(self)
@@ -248,6 +264,23 @@ class Daemon:
             pid=os.getpid(),
         )
         self.notifier.ready(f"watching {len(self.controllers)} cluster(s)")
+
+    def _start_ha(self) -> None:
+        # etcd code only here, and only with an [ha] section.
+        from sparkd.ha.metrics import HaCollector
+        from sparkd.ha.ownership import Ownership
+
+        assert self.settings.ha is not None
+        names = [c.name for c in self.settings.clusters]
+        self.ha = Ownership(self.settings.ha, names, on_change=self._ha_changed)
+        self.metrics.registry.register(HaCollector(self.ha))
+        self.ha.start()
+
+    def _ha_changed(self, cluster_name: str) -> None:
+        # Acquired or lost: look now, so an owner acts at once and a former one stops.
+        controller = self.controllers.get(cluster_name)
+        if controller is not None:
+            controller.wake.set()
 
     def _run(self, controller: Controller) -> asyncio.Task[None]:
         return asyncio.create_task(
@@ -316,6 +349,10 @@ class Daemon:
             # The API stays where it is bound and the state where it is locked.
             kept = {name: getattr(old, name) for name in RESTART_ONLY}
             new = new.model_copy(update={"daemon": new.daemon.model_copy(update=kept)})
+        if new.ha != self.settings.ha:
+            # Who may act is settled once, at start: a reload never turns HA on or off.
+            pending.append("ha: changed")
+            new = new.model_copy(update={"ha": self.settings.ha})
         self.settings = new
         wanted = {c.name: c for c in new.clusters}
         changed = [
@@ -331,6 +368,8 @@ class Daemon:
             self.controllers.pop(name)
             self.tasks.pop(name, None)
             self.maintenance.unschedule(name)
+            if self.ha is not None and name not in wanted:
+                self.ha.untrack(name)
         for cluster in new.clusters:
             if cluster.name not in self.controllers:
                 controller = self._controller(cluster.name)
@@ -356,6 +395,8 @@ class Daemon:
             controller.stop()
         if self.tasks:
             await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        if self.ha is not None:
+            await self.ha.stop()  # after the actions in flight: hand over at once
         if self.maintenance.scheduler.running:
             await self.maintenance.stop()
         if self.runner is not None:

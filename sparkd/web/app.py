@@ -128,6 +128,7 @@ async def status(request: web.Request) -> web.Response:
                 "started_at": daemon.started_at,
                 "clusters": [cluster_json(c) for c in daemon.controllers.values()],
             }
+            | ({"ha": daemon.ha.status()} if daemon.ha is not None else {})
         )
     )
 

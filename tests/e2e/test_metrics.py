@@ -345,6 +345,15 @@ async def test_dashboard_and_rules_name_only_exported_or_recorded_metrics(
     for family in text_string_to_metric_families(text):
         exported.add(family.name)  # families without samples yet (the ETA outside a load)
         exported.update(sample.name for sample in family.samples)
+    # What an HA instance adds (only with [ha]): built, never started, so no etcd is contacted.
+    from sparkd.ha.config import HaSpec
+    from sparkd.ha.metrics import HaCollector
+    from sparkd.ha.ownership import Ownership
+
+    ha = Ownership(HaSpec(etcd_endpoints=("http://127.0.0.1:9",)), ["sparks"])
+    for family in HaCollector(ha).collect():
+        exported.add(family.name)
+        exported.update(sample.name for sample in family.samples)
     rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
     recorded = {r["record"] for r in rules if "record" in r}
     assert "sparkd_model_load_eta_seconds" in exported

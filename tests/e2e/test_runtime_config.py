@@ -261,6 +261,13 @@ async def test_sighup_always_ends_in_ready_and_reports_what_needs_a_restart(
         text = log_path.read_text()
         assert '"event": "reloaded_except"' in text
         assert pending in text
+
+        # Turning HA on needs a restart: until then this instance goes on acting alone.
+        config.write_text(changed + '\n[ha]\netcd_endpoints = ["http://127.0.0.1:9"]\n')
+        _, ready = await reload()
+        assert ready.endswith(f"{pending}; ha: changed"), ready
+        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/status") as r:
+            assert "ha" not in await r.json()
     finally:
         proc.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(proc.wait(), 30)

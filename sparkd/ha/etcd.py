@@ -1,0 +1,277 @@
+"""A small etcd v3 client over etcd's gRPC-JSON gateway (`/v3/...`), on aiohttp.
+
+Only what ownership needs: leases (grant, keepalive, revoke), range, a create-if-absent
+transaction, and a watch for deletions. The gateway's JSON follows proto3: keys and values are
+base64, int64 fields are strings, and default values are left out (a failed txn has no
+`succeeded`, an expired lease's keepalive no `TTL`, a PUT event no `type`).
+
+Each request goes to the current endpoint; a refused connection, a reset or a timeout moves to
+the next one and tries again, once around the list, within the request timeout each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from sparkd.runtime import logs
+
+
+class EtcdUnavailable(Exception):
+    """No endpoint answered in time: the outcome of a write is unknown."""
+
+
+class EtcdError(Exception):
+    """etcd answered with an error (the request was refused, not lost)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"etcd {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    key: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    lease: int
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """A create-if-absent txn's answer: `created`, or the key as somebody else holds it."""
+
+    created: bool
+    revision: int
+    holder: KeyValue | None
+
+
+def b64(text: str | bytes) -> str:
+    raw = text.encode() if isinstance(text, str) else text
+    return base64.b64encode(raw).decode()
+
+
+def prefix_end(prefix: str) -> str:
+    """The range end that covers every key starting with `prefix` (its last byte plus one)."""
+    raw = prefix.encode()
+    return b64(raw[:-1] + bytes([raw[-1] + 1]))
+
+
+def _kv(doc: dict[str, Any]) -> KeyValue:
+    return KeyValue(
+        key=base64.b64decode(doc.get("key", "")).decode(errors="replace"),
+        value=base64.b64decode(doc.get("value", "")),
+        create_revision=int(doc.get("create_revision", 0)),
+        mod_revision=int(doc.get("mod_revision", 0)),
+        lease=int(doc.get("lease", 0)),
+    )
+
+
+class EtcdClient:
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        timeout: float,
+        user: str | None = None,
+        password_file: Path | None = None,
+    ) -> None:
+        if not endpoints:
+            raise ValueError("no etcd endpoints")
+        self.endpoints = tuple(endpoints)
+        self.timeout = timeout
+        self.user = user
+        self.password_file = password_file
+        self.current = 0
+        self._session: aiohttp.ClientSession | None = None
+        self._token: str | None = None
+        self.log = logs.get().bind(component="etcd")
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def endpoint(self) -> str:
+        return self.endpoints[self.current]
+
+    def _rotate(self) -> None:
+        self.current = (self.current + 1) % len(self.endpoints)
+
+    async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST `/v3/<path>` to each endpoint in turn until one answers."""
+        failures: list[str] = []
+        for _ in self.endpoints:
+            endpoint = self.endpoint
+            try:
+                return await self._authorized(endpoint, path, body)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                # Refused, reset, cut off mid-reply, timed out: the next endpoint may answer.
+                failures.append(f"{endpoint}: {type(exc).__name__}")
+                self._rotate()
+        raise EtcdUnavailable("; ".join(failures))
+
+    async def _authorized(self, endpoint: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if self.user is not None and self._token is None:
+            self._token = await self._authenticate(endpoint)
+        try:
+            return await self._post(endpoint, path, body)
+        except EtcdError as exc:
+            if self.user is None or "auth token" not in exc.message:
+                raise
+            # Tokens expire (etcd's simple tokens after 5 minutes idle): get a new one, once.
+            self._token = await self._authenticate(endpoint)
+            return await self._post(endpoint, path, body)
+
+    async def _authenticate(self, endpoint: str) -> str:
+        assert self.password_file is not None
+        password = self.password_file.read_text().strip()
+        answer = await self._post(
+            endpoint, "auth/authenticate", {"name": self.user, "password": password}, auth=False
+        )
+        return str(answer["token"])
+
+    async def _post(
+        self, endpoint: str, path: str, body: dict[str, Any], *, auth: bool = True
+    ) -> dict[str, Any]:
+        headers = {"Authorization": self._token} if auth and self._token else {}
+        async with asyncio.timeout(self.timeout):
+            async with self._http().post(
+                f"{endpoint}/v3/{path}", json=body, headers=headers
+            ) as response:
+                text = await response.text()
+        try:
+            doc = json.loads(text) if text else {}
+        except ValueError:
+            raise EtcdError(response.status, text[:200]) from None
+        if response.status != 200 or not isinstance(doc, dict) or "error" in doc:
+            message = doc.get("message") or doc.get("error") if isinstance(doc, dict) else text
+            raise EtcdError(response.status, str(message)[:200])
+        return doc
+
+    # -- leases -------------------------------------------------------------------------
+
+    async def grant(self, ttl: int) -> tuple[int, int]:
+        """A new lease: its ID and the TTL etcd granted (which may be longer than asked)."""
+        answer = await self.call("lease/grant", {"TTL": str(ttl)})
+        return int(answer["ID"]), int(answer["TTL"])
+
+    async def keepalive(self, lease: int) -> int:
+        """Renew once; the TTL granted, 0 when the lease is gone (expired or revoked)."""
+        answer = await self.call("lease/keepalive", {"ID": str(lease)})
+        # The gateway wraps a streaming reply as {"result": ...}.
+        result = answer.get("result", answer)
+        return int(result.get("TTL", 0))
+
+    async def revoke(self, lease: int) -> None:
+        try:
+            await self.call("lease/revoke", {"ID": str(lease)})
+        except EtcdError as exc:
+            if "not found" not in exc.message:
+                raise
+
+    # -- keys ---------------------------------------------------------------------------
+
+    async def get(self, key: str) -> tuple[KeyValue | None, int]:
+        """The key (None when absent) and the store's revision when it was read."""
+        answer = await self.call("kv/range", {"key": b64(key)})
+        kvs = answer.get("kvs") or []
+        return (_kv(kvs[0]) if kvs else None), int(answer["header"]["revision"])
+
+    async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
+        answer = await self.call("kv/range", {"key": b64(prefix), "range_end": prefix_end(prefix)})
+        return [_kv(doc) for doc in answer.get("kvs") or []], int(answer["header"]["revision"])
+
+    async def put(self, key: str, value: bytes, lease: int = 0) -> int:
+        body: dict[str, Any] = {"key": b64(key), "value": b64(value)}
+        if lease:
+            body["lease"] = str(lease)
+        answer = await self.call("kv/put", body)
+        return int(answer["header"]["revision"])
+
+    async def delete(self, key: str) -> int:
+        answer = await self.call("kv/deleterange", {"key": b64(key)})
+        return int(answer.get("deleted", 0))
+
+    async def create(self, key: str, value: bytes, lease: int) -> Acquired:
+        """Put the key bound to `lease` only if it does not exist; else read who has it."""
+        answer = await self.call(
+            "kv/txn",
+            {
+                "compare": [
+                    {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+                ],
+                "success": [
+                    {"request_put": {"key": b64(key), "value": b64(value), "lease": str(lease)}}
+                ],
+                "failure": [{"request_range": {"key": b64(key)}}],
+            },
+        )
+        revision = int(answer["header"]["revision"])
+        if answer.get("succeeded", False):
+            return Acquired(created=True, revision=revision, holder=None)
+        holder = None
+        for response in answer.get("responses") or []:
+            kvs = response.get("response_range", {}).get("kvs") or []
+            if kvs:
+                holder = _kv(kvs[0])
+        return Acquired(created=False, revision=revision, holder=holder)
+
+    async def delete_if(self, key: str, create_revision: int) -> bool:
+        """Delete the key only while it is still the one created at `create_revision`."""
+        answer = await self.call(
+            "kv/txn",
+            {
+                "compare": [
+                    {
+                        "key": b64(key),
+                        "target": "CREATE",
+                        "result": "EQUAL",
+                        "create_revision": str(create_revision),
+                    }
+                ],
+                "success": [{"request_delete_range": {"key": b64(key)}}],
+            },
+        )
+        return bool(answer.get("succeeded", False))
+
+    async def watch_deletes(self, prefix: str, start_revision: int) -> AsyncIterator[str]:
+        """Yield each key under `prefix` deleted from `start_revision` on, until the stream
+        ends (etcd restarted, the connection broke, the revision was compacted)."""
+        body = {
+            "create_request": {
+                "key": b64(prefix),
+                "range_end": prefix_end(prefix),
+                "start_revision": str(start_revision),
+            }
+        }
+        headers = {"Authorization": self._token} if self._token else {}
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout)
+        async with self._http().post(
+            f"{self.endpoint}/v3/watch", json=body, headers=headers, timeout=timeout
+        ) as response:
+            if response.status != 200:
+                raise EtcdError(response.status, (await response.text())[:200])
+            async for line in response.content:
+                if not line.strip():
+                    continue
+                result = json.loads(line).get("result", {})
+                if result.get("canceled") or result.get("compact_revision"):
+                    return
+                for event in result.get("events") or []:
+                    if event.get("type") == "DELETE":
+                        yield _kv(event.get("kv", {})).key

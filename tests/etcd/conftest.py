@@ -1,0 +1,216 @@
+"""A real etcd on a private loopback address, for the tier that checks sparkd's HA against it.
+
+Skipped with a message where etcd is missing, except under CI=true, where it must be there
+(.ci/run installs Debian's etcd-server). Each server binds its own 127.x.y.z address (never the
+default ports, in case a packaged etcd runs) and keeps its data in the test's tmp dir.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ETCD = shutil.which("etcd") or ("/usr/bin/etcd" if os.path.exists("/usr/bin/etcd") else None)
+
+
+def require_etcd() -> str:
+    if ETCD is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("etcd is missing: .ci/run must install etcd-server")
+        pytest.skip("no etcd on this machine (apt-get install etcd-server)")
+    return ETCD
+
+
+def private_address() -> str:
+    """A loopback address of this test's own, so a leftover server never answers for it."""
+    return f"127.{random.randint(64, 250)}.{random.randint(1, 250)}.{random.randint(2, 250)}"
+
+
+def free_port(address: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class EtcdServer:
+    """One single-member etcd process; start, kill, stop (SIGSTOP) and continue it by PID."""
+
+    def __init__(self, binary: str, data_dir: Path) -> None:
+        self.binary = binary
+        self.data_dir = data_dir
+        self.address = private_address()
+        self.client_port = free_port(self.address)
+        self.peer_port = free_port(self.address)
+        self.log_path = data_dir.parent / f"{data_dir.name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.extra: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.client_port}"
+
+    def launch(self, name: str, initial_cluster: str, token: str = "etcd-cluster") -> None:
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        peer = f"http://{self.address}:{self.peer_port}"
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    self.binary, "--name", name, "--data-dir", str(self.data_dir),
+                    "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+                    "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                    "--initial-cluster", initial_cluster, "--initial-cluster-state", "new",
+                    "--initial-cluster-token", token, "--logger", "zap", "--log-level", "warn",
+                    *self.extra,
+                ],
+                stdout=log,
+                stderr=log,
+            )  # fmt: skip
+
+    def start(self, within: float = 20.0) -> None:
+        self.launch("s1", f"s1=http://{self.address}:{self.peer_port}")
+        assert self.proc is not None
+        deadline = time.monotonic() + within
+        while not self.healthy():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"etcd exited: {self.log_path.read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"etcd not healthy within {within}s")
+            time.sleep(0.05)
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=1) as answer:
+                return b'"true"' in answer.read()
+        except OSError:
+            return False
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
+    server = EtcdServer(require_etcd(), tmp_path / "etcd")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+class Blackhole:
+    """A TCP proxy in front of etcd on a loopback address of its own; `cut()` stops every byte
+    both ways without closing anything (a partition, not a refusal), `heal()` lets them pass."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.address = private_address()
+        self.port = 0
+        self.open = True
+        self._server: Any = None
+        self._writers: list[Any] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._client, self.address, 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _client(self, reader: Any, writer: Any) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        self._writers += [writer, up_writer]
+        await asyncio.gather(
+            self._pump(reader, up_writer), self._pump(up_reader, writer), return_exceptions=True
+        )
+
+    async def _pump(self, reader: Any, writer: Any) -> None:
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                break
+            if self.open:  # cut: swallowed, as a partitioned network would
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    def cut(self) -> None:
+        self.open = False
+
+    def heal(self) -> None:
+        self.open = True
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in self._writers:
+            writer.close()
+
+
+class EtcdCluster:
+    """Three members on one private loopback address (each its own ports and data dir)."""
+
+    def __init__(self, binary: str, base: Path) -> None:
+        self.address = private_address()
+        self.members = [EtcdServer(binary, base / f"m{i}") for i in range(3)]
+        for member in self.members:
+            member.address = self.address
+            member.client_port = free_port(self.address)
+            member.peer_port = free_port(self.address)
+
+    @property
+    def urls(self) -> list[str]:
+        return [m.url for m in self.members]
+
+    def start(self, within: float = 30.0) -> None:
+        names = [f"m{i}" for i in range(3)]
+        initial = ",".join(
+            f"{name}=http://{self.address}:{m.peer_port}"
+            for name, m in zip(names, self.members, strict=True)
+        )
+        for name, member in zip(names, self.members, strict=True):
+            member.launch(name, initial, "sparkd-test")
+        deadline = time.monotonic() + within
+        while not all(m.healthy() for m in self.members):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"etcd members not healthy within {within}s")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        for member in self.members:
+            member.kill()
+
+
+@pytest.fixture
+def etcd3(tmp_path: Path) -> Iterator[EtcdCluster]:
+    cluster = EtcdCluster(require_etcd(), tmp_path / "etcd3")
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.kill()

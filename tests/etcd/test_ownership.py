@@ -1,0 +1,253 @@
+"""Ownership rules against a real etcd: create-if-absent, renewal checks, the BOOTTIME
+deadline, unknown outcomes, re-adoption, graceful release and takeover."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from sparkd.ha.config import HaSpec
+from sparkd.ha.etcd import Acquired, EtcdClient, EtcdUnavailable
+from sparkd.ha.ownership import Ownership, boottime
+from tests.etcd.conftest import EtcdServer
+
+pytestmark = pytest.mark.etcd
+
+
+def spec(etcd: EtcdServer, instance: str, **changes: object) -> HaSpec:
+    base: dict[str, object] = {
+        "etcd_endpoints": (etcd.url,),
+        "instance": instance,
+        "lease_ttl": 3,
+        "renew_interval": 1.0,
+        "request_timeout": 0.5,
+        "margin": 1.0,
+        "prefix": "test/v1/",
+    }
+    return HaSpec.model_validate({**base, **changes})
+
+
+class Clock:
+    """CLOCK_BOOTTIME, plus whatever a test adds (a suspend the process slept through)."""
+
+    def __init__(self) -> None:
+        self.skip = 0.0
+
+    def __call__(self) -> float:
+        return boottime() + self.skip
+
+
+@pytest.fixture
+async def admin(etcd: EtcdServer) -> AsyncIterator[EtcdClient]:
+    client = EtcdClient([etcd.url], timeout=2)
+    yield client
+    await client.close()
+
+
+async def wait_for(check: Callable[[], bool], within: float) -> float:
+    started = time.monotonic()
+    while not check():
+        if time.monotonic() - started > within:
+            raise AssertionError(f"not within {within}s")
+        await asyncio.sleep(0.02)
+    return time.monotonic() - started
+
+
+async def test_one_owner_and_a_standby(etcd: EtcdServer, admin: EtcdClient) -> None:
+    a = Ownership(spec(etcd, "a"), ["c1"])
+    b = Ownership(spec(etcd, "b"), ["c1"])
+    try:
+        await a.round()
+        await b.round()
+        assert (a.role("c1"), b.role("c1")) == ("owner", "standby")
+        kv, _ = await admin.get("test/v1/owner/c1")
+        assert kv is not None and kv.create_revision == a.token("c1")
+        assert json.loads(kv.value)["instance"] == "a"
+        assert b.status()["clusters"] == {"c1": {"role": "standby", "token": None, "holder": "a"}}
+        member, _ = await admin.get("test/v1/members/a")
+        assert member is not None and member.lease == a.lease
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_graceful_stop_hands_over_at_once(etcd: EtcdServer) -> None:
+    # The production timings: the next renewal (5 s) and the TTL (15 s) are far off.
+    timings = {"lease_ttl": 15, "renew_interval": 5.0, "request_timeout": 2.0, "margin": 2.0}
+    a = Ownership(spec(etcd, "a", **timings), ["c1"])
+    b = Ownership(spec(etcd, "b", **timings), ["c1"])
+    a.start()
+    await wait_for(lambda: a.may_act("c1"), 3)
+    b.start()
+    await wait_for(lambda: b.reachable and b.revision > 0, 3)
+    await asyncio.sleep(0.3)  # b's watch is in place
+    old = a.token("c1")
+    await a.stop()
+    took = await wait_for(lambda: b.may_act("c1"), 2)
+    assert took < 1.0, took  # the watch, not the next renewal or the TTL
+    token = b.token("c1")
+    assert old is not None and token is not None and token > old
+    assert b.takeovers == 1
+    await b.stop()
+
+
+async def test_a_silent_owner_is_taken_over_after_its_ttl(etcd: EtcdServer) -> None:
+    a = Ownership(spec(etcd, "a"), ["c1"])
+    b = Ownership(spec(etcd, "b"), ["c1"])
+    await a.round()
+    old = a.token("c1")
+    b.start()
+    try:
+        # a never renews again (as if killed): its deadline passes before etcd drops the key.
+        took = await wait_for(lambda: b.may_act("c1"), 3 + 1.5)
+        assert not a.may_act("c1")
+        assert took >= 3 - 1.0 - 0.2, took  # not before the lease could have run out
+        token = b.token("c1")
+        assert old is not None and token is not None and token > old
+    finally:
+        await b.stop()
+        await a.client.close()
+
+
+async def test_may_act_ends_at_the_deadline_not_the_next_renewal(etcd: EtcdServer) -> None:
+    clock = Clock()
+    a = Ownership(spec(etcd, "a"), ["c1"], clock=clock)
+    try:
+        before = clock()
+        await a.round()
+        after = clock()
+        deadline = a.deadline()
+        assert deadline is not None
+        # Counted from the send, not the answer: 3 s granted, 1 s margin.
+        assert before + a.granted - 1.0 <= deadline <= after + a.granted - 1.0
+        assert a.may_act("c1")
+        clock.skip = deadline - clock() + 0.001  # a suspend past the deadline
+        assert not a.may_act("c1")
+        assert a.role("c1") == "standby"
+    finally:
+        await a.stop()
+
+
+async def test_demotion_timer_fires_at_the_deadline(etcd: EtcdServer) -> None:
+    changes: list[tuple[str, float]] = []
+    a = Ownership(
+        spec(etcd, "a"), ["c1"], on_change=lambda name: changes.append((name, boottime()))
+    )
+    try:
+        await a.round()
+        deadline = a.deadline()
+        assert deadline is not None
+        changes.clear()
+        await asyncio.sleep(deadline - boottime() + 0.3)
+        assert [name for name, _ in changes] == ["c1"]
+        assert 0 <= changes[0][1] - deadline < 0.5  # at the deadline, not a renewal later
+        assert not a.may_act("c1")
+    finally:
+        await a.stop()
+
+
+async def test_a_renewal_does_not_count_once_the_key_moved(
+    etcd: EtcdServer, admin: EtcdClient
+) -> None:
+    a = Ownership(spec(etcd, "a"), ["c1"])
+    try:
+        await a.round()
+        assert a.may_act("c1")
+        other, _ = await admin.grant(30)
+        await admin.delete("test/v1/owner/c1")
+        assert (await admin.create("test/v1/owner/c1", b'{"instance": "x"}', other)).created
+        await a.round()  # the keepalive succeeds; the key is no longer a's
+        assert a.lease is not None and await admin.keepalive(a.lease) > 0
+        assert not a.may_act("c1")
+        assert a.status()["clusters"] == {"c1": {"role": "standby", "token": None, "holder": "x"}}
+    finally:
+        await a.stop()
+
+
+async def test_an_expired_lease_drops_everything(etcd: EtcdServer, admin: EtcdClient) -> None:
+    a = Ownership(spec(etcd, "a"), ["c1", "c2"])
+    try:
+        await a.round()
+        assert a.may_act("c1") and a.may_act("c2")
+        assert a.lease is not None
+        await admin.revoke(a.lease)
+        await a.round()  # keepalive: TTL 0
+        assert not a.may_act("c1") and not a.may_act("c2")
+        await a.round()  # a new lease, and the keys again, with new tokens
+        assert a.may_act("c1") and a.may_act("c2")
+    finally:
+        await a.stop()
+
+
+class LostAnswer(EtcdClient):
+    """The create txn reaches etcd, its answer never comes back."""
+
+    lose = True
+
+    async def create(self, key: str, value: bytes, lease: int) -> Acquired:
+        answer = await super().create(key, value, lease)
+        if self.lose:
+            raise EtcdUnavailable("timed out")
+        return answer
+
+
+async def test_an_unknown_acquire_never_counts_then_is_readopted(
+    etcd: EtcdServer, admin: EtcdClient
+) -> None:
+    s = spec(etcd, "a")
+    client = LostAnswer([etcd.url], timeout=2)
+    a = Ownership(s, ["c1"], client=client)
+    try:
+        await a.round()
+        assert not a.may_act("c1") and a.renew_failures == 1
+        kv, _ = await admin.get("test/v1/owner/c1")
+        assert kv is not None and kv.lease == a.lease
+        client.lose = False
+        await a.round()
+        assert a.may_act("c1") and a.token("c1") == kv.create_revision
+    finally:
+        await a.stop()
+
+
+async def test_no_etcd(etcd: EtcdServer) -> None:
+    a = Ownership(spec(etcd, "a"), ["c1"])
+    try:
+        await a.round()
+        token = a.token("c1")
+        etcd.kill()
+        await a.round()
+        assert not a.reachable and a.renew_failures == 1
+        # Until the deadline the owner still acts; then it says why it does not.
+        assert a.role("c1") == "owner"
+        deadline = a.deadline()
+        assert deadline is not None
+        await asyncio.sleep(deadline - boottime() + 0.05)
+        assert a.role("c1") == "no etcd"
+        etcd.start()
+        # etcd restarts every lease's countdown: the key, still bound to a's lease, is a's.
+        await a.round()
+        assert a.role("c1") == "owner" and a.token("c1") == token
+    finally:
+        await a.stop()
+
+
+class Surprising(EtcdClient):
+    async def keepalive(self, lease: int) -> int:
+        raise RuntimeError("something nobody foresaw")
+
+
+async def test_the_renewals_outlive_a_surprise(etcd: EtcdServer) -> None:
+    a = Ownership(spec(etcd, "a"), ["c1"], client=Surprising([etcd.url], timeout=0.5))
+    a.start()
+    try:
+        await wait_for(lambda: a.may_act("c1"), 3)  # the grant works; keepalives raise
+        await wait_for(lambda: a.renew_failures >= 2, 4)
+        assert not a._tasks[0].done()
+        await wait_for(lambda: not a.may_act("c1"), 3)  # its deadline still ends it
+        assert a.role("c1") == "no etcd"
+    finally:
+        await a.stop()
