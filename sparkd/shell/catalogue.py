@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkd.core import facts
+from sparkd.core import facts, kernel
 from sparkd.core.assemble import LAUNCH_MARKER
 from sparkd.core.spec import (
     LABEL_CLUSTER,
@@ -159,6 +159,10 @@ def fact_script(
     )
     lines.append(section("iface", ["ip", "-j", "addr", "show", "dev", host.interface]))
     lines.append(section("disk", ["df", "-B1", "--output=avail", str(cluster.model.log_dir)]))
+    # This boot's kernel log, the last lines only: the text is the same every cycle (so the
+    # forced command can list it), and what is new is told apart by the kernel's timestamps.
+    lines.append(section("kernel", KERNEL_LOG))
+    lines.append(section("meminfo", ["cat", MEMINFO_PATH]))
     head = container_name(cluster, host)
     if host.role == "head" and read_ray:
         ray_lines: list[str] = []
@@ -346,6 +350,12 @@ def start_model(cluster: ClusterSpec, seconds: float, api_key: str | None = None
     steps.append(_line(exec_argv, seconds))
     return Remote("start_model", " && ".join(steps), mutating=True, stdin=api_key)
 
+
+KERNEL_LOG = (
+    "journalctl", "-k", "-b", "-o", "short-monotonic", "--no-pager",
+    "-n", str(kernel.TAIL_LINES),
+)  # fmt: skip
+MEMINFO_PATH = "/proc/meminfo"
 
 GPU_APPS = (
     "nvidia-smi",
