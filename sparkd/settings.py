@@ -343,6 +343,9 @@ class PolicySpec(_Section):
     backoff_max: Seconds = 900.0
     healthy_reset: Seconds = 600.0
     allow_kill_foreign_gpu: bool = False
+    # Below this MemAvailable (bytes) on a host, memory pressure is reported, and during a load
+    # the model is not started into it (GB10's GPU allocations come out of host memory).
+    min_memory_available: int = Field(default=4 << 30, ge=0)
 
     @model_validator(mode="after")
     def _backoff(self) -> PolicySpec:

@@ -21,9 +21,10 @@ from sparkd.core.load import assess
 from sparkd.core.model_stage import judge_model
 from sparkd.core.probe_stage import judge_probe
 from sparkd.core.ray_stage import judge_ray
+from sparkd.core.triage import judge_memory, judge_wedged
 from sparkd.model.memory import LoadMark, Memory
 from sparkd.model.observed import Observed
-from sparkd.model.plan import Action, Phase, Plan
+from sparkd.model.plan import Action, Phase, Plan, TriageClass
 from sparkd.settings import ClusterSpec
 
 # Phase precedence when several stages speak: the earliest names the plan.
@@ -53,6 +54,7 @@ class _Draft:
     load_mark: LoadMark | None = None
     probe_failures: int | None = None
     busy_streak: int | None = None
+    triage: tuple[TriageClass, ...] = ()
 
     def carry(self) -> dict[str, object]:
         """What remember() learns from the judgement, whatever becomes of the actions."""
@@ -63,6 +65,7 @@ class _Draft:
             "load_mark": self.load_mark,
             "probe_failures": self.probe_failures,
             "busy_streak": self.busy_streak,
+            "triage": self.triage,
         }
 
     def horizon(
@@ -176,11 +179,13 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
     answering = endpoint is not None and endpoint.status == "http_error"
     load = assess(ctx, serving or answering)
     reach = judge_reachability(ctx)
+    wedged = judge_wedged(ctx)
+    pressure = judge_memory(ctx, load)
     cleanup = judge_cleanup(ctx)
     images = judge_images(ctx)
     ray = judge_ray(ctx, images, load, serving)
     model = judge_model(ctx, ray, load, serving, images)
-    stages: list[Verdict] = [reach, cleanup, images, ray, model]
+    stages: list[Verdict] = [reach, wedged, pressure, cleanup, images, ray, model]
     notes = [f"{host} rebooted (boot id changed)" for host in policy.rebooted(observed, memory)]
     probe_failures: int | None = None
     busy: int | None = None
@@ -204,6 +209,7 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
                 held.append(veto.reason)
     notes.extend(f"holding back: {why}" for why in held if not any(why in n for n in notes))
     phase = _phase(stages)
+    found = tuple(dict.fromkeys(t for stage in stages for t in stage.triage))
     return _Draft(
         phase=phase,
         reason="; ".join(_unique(notes)) or "nothing to do",
@@ -214,6 +220,7 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
         load_mark=load.mark if not load.was_ready else None,
         probe_failures=probe_failures,
         busy_streak=busy,
+        triage=found,
     )
 
 

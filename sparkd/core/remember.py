@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sparkd.core import policy
+from sparkd.core import policy, triage
 from sparkd.core.evidence import of_this_launch
 from sparkd.model.memory import Attempt, Blocked, Memory, Pause
 from sparkd.model.observed import Observed
@@ -36,6 +36,22 @@ def remember(
         if host.boot_id:
             boot_ids[host.name] = host.boot_id
     changes["boot_ids"] = boot_ids
+
+    # The last kernel log seen from each host: a host that stops answering keeps its omens,
+    # the evidence that it wedged; a rebooted host's old log is no evidence of anything.
+    kernel_omens = dict(memory.kernel_omens)
+    for host in observed.hosts:
+        rebooted = host.boot_id and memory.boot_ids.get(host.name) not in (None, host.boot_id)
+        if rebooted:
+            kernel_omens.pop(host.name, None)
+        if not host.reachable or host.kernel is None:
+            continue
+        omen = triage.omens(host.kernel)
+        if omen is None:
+            kernel_omens.pop(host.name, None)
+        else:
+            kernel_omens[host.name] = omen
+    changes["kernel_omens"] = kernel_omens
 
     attempts = list(memory.attempts)
     for outcome in outcomes:

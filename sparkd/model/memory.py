@@ -76,5 +76,8 @@ class Memory(Value):
     load_mark: LoadMark | None = None
     # Consecutive busy probe timeouts: past the failure threshold, busy is no excuse.
     busy_streak: int = 0
+    # Per host, what the last kernel log read from it held that may precede a silent wedge
+    # (core.triage.omens): kept while the host is unreachable, the evidence of a wedge.
+    kernel_omens: dict[str, str] = Field(default_factory=dict)
     last_phase: str | None = None
     last_reason: str | None = None

@@ -294,6 +294,9 @@ class HostState:
     disk_total_bytes: int = 3_841_000_000_000
     ray_ip_override: str | None = None
     gpu_uuid: str = field(default_factory=lambda: "GPU-" + new_boot_id())
+    # This boot's kernel log (seconds since boot, message) and MemAvailable (sim.fake_kernel).
+    kernel_log: list[tuple[float, str]] = field(default_factory=list)
+    memory_available_kib: int = 104_283_952
 
     def container(self, ref: str) -> Container | None:
         """Look a container up by name, full id or unique id prefix, as docker does."""
