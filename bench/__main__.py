@@ -12,7 +12,7 @@ import traceback
 
 from sparkd.runtime import logs
 
-NAMES = ("observe", "fanout", "host", "probe", "detect", "recover", "footprint", "scale")
+NAMES = ("observe", "fanout", "host", "kernel", "probe", "detect", "recover", "footprint", "scale")
 
 
 def main(argv: list[str]) -> int:
