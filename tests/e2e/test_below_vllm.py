@@ -3,12 +3,14 @@ tools print them, reach the plan (the hold, its reason) and the metrics."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from sparkd.cli_api import render_status
 from sparkd.runtime.daemon import Daemon
 from sparkd.shell.ssh import SshPool
 from sparkd.sim.world import World
@@ -131,6 +133,13 @@ async def test_the_metrics_count_each_kernel_line_once_and_show_memory_and_triag
     assert await sample("sparkd_host_kernel_events_total", host="spark-a", **{"class": "xid"}) == 3
     assert await sample("sparkd_host_memory_available_bytes", host="spark-b") == GIB
     assert await sample("sparkd_cluster_triage", **{"class": "gpu_lost"}) == 0
+    _, body = await fetch(f"{daemon.url}/status")
+    status = json.loads(body)
+    [cluster] = status["clusters"]
+    assert cluster["triage"] == ["memory_pressure"]
+    assert "memory pressure on spark-b" in cluster["reason"]
+    _, row = render_status(status).splitlines()
+    assert "[memory_pressure]" in row
     # Later looks read the same lines again: still counted once.
     cycles_before = daemon.controllers["sparks"].view.cycles
     await eventually(
