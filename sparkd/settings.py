@@ -354,6 +354,16 @@ class PolicySpec(_Section):
         return self
 
 
+class FabricSpec(_Section):
+    """The data link's RDMA fabric: what it should look like (unset: not checked)."""
+
+    # The RDMA port's rate below which the link is degraded (a 200 Gb/s link that trained at
+    # 100 or fell back to 25 carries NCCL at a fraction of its speed).
+    expected_rate_gbps: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # A carrier change (a flap) stays visible this long after the link is back.
+    flap_window: Seconds = 600.0
+
+
 class MaintenanceSpec(_Section):
     """A recurring window in which the cluster is observed and nothing is acted on."""
 
@@ -401,6 +411,7 @@ class ClusterSpec(_Section):
     probe: ProbeSpec = ProbeSpec()
     cleanup: CleanupSpec = CleanupSpec()
     policy: PolicySpec = PolicySpec()
+    fabric: FabricSpec = FabricSpec()
     maintenance: tuple[MaintenanceSpec, ...] = ()
 
     @model_validator(mode="after")

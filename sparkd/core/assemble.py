@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from sparkd.core import facts, kernel
+from sparkd.core import fabric, facts, kernel
 from sparkd.core.spec import container_name, model_spec_hashes, normalize_image
 from sparkd.model.observed import GpuProcess, HostError, HostFacts, RayState, ServeState
 from sparkd.settings import ClusterSpec, HostSpec
@@ -187,6 +187,8 @@ def host_facts(
     if kernel_text is not None:
         kernel_error = kernel.unreadable(kernel_text)
     available, total = kernel.parse_meminfo(body("meminfo") or "")
+    # grep exits 2 for the unused GID rows (EINVAL) on every real host: the lines are the facts.
+    links = sections.get("fabric")
     return HostFacts(
         name=host.name,
         boot_id=boot.strip() or None if boot is not None else None,
@@ -207,6 +209,7 @@ def host_facts(
         kernel_error=kernel_error,
         memory_available_bytes=available,
         memory_total_bytes=total,
+        fabric=fabric.parse_fabric(links.body, host.ip) if links is not None else None,
     )
 
 

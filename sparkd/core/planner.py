@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from sparkd.core import policy
 from sparkd.core.cleanup import judge_cleanup, judge_reachability
 from sparkd.core.evidence import of_this_launch
+from sparkd.core.fabric import judge_fabric
 from sparkd.core.horizon import horizon
 from sparkd.core.images import judge_images
 from sparkd.core.judge import Context, Hold, Verdict, ago
@@ -181,11 +182,12 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
     reach = judge_reachability(ctx)
     wedged = judge_wedged(ctx)
     pressure = judge_memory(ctx, load)
+    fabric = judge_fabric(ctx)
     cleanup = judge_cleanup(ctx)
     images = judge_images(ctx)
     ray = judge_ray(ctx, images, load, serving)
     model = judge_model(ctx, ray, load, serving, images)
-    stages: list[Verdict] = [reach, wedged, pressure, cleanup, images, ray, model]
+    stages: list[Verdict] = [reach, wedged, pressure, fabric, cleanup, images, ray, model]
     notes = [f"{host} rebooted (boot id changed)" for host in policy.rebooted(observed, memory)]
     probe_failures: int | None = None
     busy: int | None = None

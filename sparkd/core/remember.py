@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sparkd.core import policy, triage
+from sparkd.core import fabric, policy, triage
 from sparkd.core.evidence import of_this_launch
 from sparkd.model.memory import Attempt, Blocked, Memory, Pause
 from sparkd.model.observed import Observed
@@ -52,6 +52,19 @@ def remember(
         else:
             kernel_omens[host.name] = omen
     changes["kernel_omens"] = kernel_omens
+
+    carriers = dict(memory.carrier_changes)
+    flapped = dict(memory.flapped_at)
+    for host in observed.hosts:
+        count = host.fabric.carrier_changes if host.fabric is not None else None
+        if count is None:
+            continue
+        rebooted = host.boot_id and memory.boot_ids.get(host.name) not in (None, host.boot_id)
+        if not rebooted and fabric.carrier_changed(carriers.get(host.name), count):
+            flapped[host.name] = observed.observed_at
+        carriers[host.name] = count
+    changes["carrier_changes"] = carriers
+    changes["flapped_at"] = flapped
 
     attempts = list(memory.attempts)
     for outcome in outcomes:

@@ -46,6 +46,16 @@ TABLE: tuple[Row, ...] = (
         '`blocked` "HOST wedged: needs a power cycle"; nothing is done on the host',
     ),
     Row(
+        "fabric",
+        "the data interface's RDMA port not ACTIVE, no RoCE v2 GID for the data IP or one at "
+        "another index than ray.env NCCL_IB_GID_INDEX, MTUs that differ between the hosts; "
+        "softer: a rate below fabric.expected_rate_gbps, a carrier flap within "
+        "fabric.flap_window (core.fabric)",
+        "no Ray or model start or restart (it would hang again): `blocked` (or `degraded` for "
+        'the softer ones) "fabric: ..." naming the host, interface, fact and the operator\'s '
+        "fix",
+    ),
+    Row(
         "memory_pressure",
         "MemAvailable below policy.min_memory_available on a host while a load runs or after "
         "it failed",

@@ -79,5 +79,9 @@ class Memory(Value):
     # Per host, what the last kernel log read from it held that may precede a silent wedge
     # (core.triage.omens): kept while the host is unreachable, the evidence of a wedge.
     kernel_omens: dict[str, str] = Field(default_factory=dict)
+    # Per host, the data interface's carrier_changes last read, and when it last rose (wall
+    # clock of the observation): a flap stays visible for `fabric.flap_window`.
+    carrier_changes: dict[str, int] = Field(default_factory=dict)
+    flapped_at: dict[str, float] = Field(default_factory=dict)
     last_phase: str | None = None
     last_reason: str | None = None

@@ -125,6 +125,21 @@ class KernelLog(Value):
     last_at: float | None = None
 
 
+class Fabric(Value):
+    """The data interface's link and its RDMA port, from sysfs (None: not read or absent)."""
+
+    mtu: int | None = None
+    carrier_changes: int | None = None
+    rdma_device: str | None = None
+    port: int | None = None
+    # The port's `state` and `phys_state` words: ACTIVE / LinkUp when sound.
+    port_state: str | None = None
+    phys_state: str | None = None
+    rate_gbps: float | None = None
+    # The GID table row holding the data IP as RoCE v2 (what NCCL_IB_GID_INDEX must name).
+    gid_index: int | None = None
+
+
 class HostFacts(Value):
     name: str
     error: HostError | None = None
@@ -153,6 +168,7 @@ class HostFacts(Value):
     # `MemAvailable` of /proc/meminfo: on GB10 GPU allocations come out of it (unified memory).
     memory_available_bytes: int | None = None
     memory_total_bytes: int | None = None
+    fabric: Fabric | None = None
 
     @property
     def reachable(self) -> bool:

@@ -33,8 +33,8 @@ PHASES: tuple[Phase, ...] = (
 )
 
 # The failure classes below vLLM the planner recognised (core.triage.TABLE).
-TriageClass = Literal["gpu_lost", "host_wedged", "memory_pressure"]
-TRIAGE_CLASSES: tuple[TriageClass, ...] = ("gpu_lost", "host_wedged", "memory_pressure")
+TriageClass = Literal["gpu_lost", "host_wedged", "memory_pressure", "fabric"]
+TRIAGE_CLASSES: tuple[TriageClass, ...] = ("gpu_lost", "host_wedged", "memory_pressure", "fabric")
 
 ActionKind = Literal[
     "stop_unit",

@@ -163,6 +163,7 @@ def fact_script(
     # forced command can list it), and what is new is told apart by the kernel's timestamps.
     lines.append(section("kernel", KERNEL_LOG))
     lines.append(section("meminfo", ["cat", MEMINFO_PATH]))
+    lines.append(fabric_section(host, t))
     head = container_name(cluster, host)
     if host.role == "head" and read_ray:
         ray_lines: list[str] = []
@@ -356,6 +357,25 @@ KERNEL_LOG = (
     "-n", str(kernel.TAIL_LINES),
 )  # fmt: skip
 MEMINFO_PATH = "/proc/meminfo"
+
+FABRIC_FILES = (
+    "mtu",
+    "carrier_changes",
+    "device/infiniband/*/ports/*/state",
+    "device/infiniband/*/ports/*/phys_state",
+    "device/infiniband/*/ports/*/rate",
+    "device/infiniband/*/ports/*/gids/*",
+    "device/infiniband/*/ports/*/gid_attrs/types/*",
+)
+
+
+def fabric_section(host: HostSpec, seconds: float) -> str:
+    """The data interface's sysfs files, globs left to the host's shell (the RDMA device and
+    its GID rows are found there); the interface's name is quoted."""
+    base = shlex.quote(f"/sys/class/net/{host.interface}")
+    paths = " ".join(f"{base}/{name}" for name in FABRIC_FILES)
+    return f"{shlex.join(['s', 'fabric', *timed(['grep', '-s', '-H', '.'], seconds)])} {paths}"
+
 
 GPU_APPS = (
     "nvidia-smi",
