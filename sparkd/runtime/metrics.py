@@ -130,6 +130,13 @@ class Metrics:
             ["cluster", "host", "xid"],
             registry=r,
         )
+        self.flaps = Counter(
+            "sparkd_fabric_flaps",
+            "Data link flaps (each down and up again: two carrier changes)",
+            ["cluster", "host"],
+            registry=r,
+        )
+        self._carriers: dict[tuple[str, str], tuple[str | None, int]] = {}
         # Per (cluster, host): the boot and the newest kernel timestamp counted so far.
         self._kernel_marks: dict[tuple[str, str], tuple[str | None, float | None]] = {}
         r.register(StateCollector(controllers))
@@ -146,6 +153,7 @@ class Metrics:
             self.probes.labels(name, outcome)
         for host in cluster.hosts:
             self.reboots.labels(name, host.name)
+            self.flaps.labels(name, host.name)
             for event_kind in KERNEL_KINDS:
                 self.kernel_events.labels(name, host.name, event_kind)
             for kind in HOST_ERROR_KINDS:
@@ -165,6 +173,7 @@ class Metrics:
                 if host.error is not None:
                     self.ssh_errors.labels(name, host.name, host.error.kind).inc()
                 self._count_kernel(name, host)
+                self._count_flaps(name, host)
         for host_name in record.rebooted:
             self.reboots.labels(name, host_name).inc()
         for outcome in record.outcomes:
@@ -196,6 +205,16 @@ class Metrics:
                 xid = str(event.xid) if event.xid in kernel.XIDS else "other"
                 self.xids.labels(cluster, host.name, xid).inc(fresh)
         self._kernel_marks[(cluster, host.name)] = (host.boot_id, max(log.last_at, mark or 0.0))
+
+    def _count_flaps(self, cluster: str, host: HostFacts) -> None:
+        count = host.fabric.carrier_changes if host.fabric is not None else None
+        if count is None:
+            return
+        key = (cluster, host.name)
+        boot, before = self._carriers.get(key, (host.boot_id, count))
+        if boot == host.boot_id and count > before:
+            self.flaps.labels(cluster, host.name).inc(max(1, (count - before) // 2))
+        self._carriers[key] = (host.boot_id, count)
 
 
 class StateCollector(Collector):
@@ -279,6 +298,19 @@ class _Families:
             "1 for each failure class below vLLM the planner recognises now (core.triage)",
             ("cluster", "class"),
         )
+        host_labels = ("cluster", "host")
+        self.link_up = gauge(
+            "sparkd_fabric_link_up", "The data interface's RDMA port is ACTIVE", host_labels
+        )
+        self.link_rate = gauge(
+            "sparkd_fabric_link_rate_bits_per_second", "The RDMA port's rate", host_labels
+        )
+        self.mtu = gauge("sparkd_fabric_mtu_bytes", "The data interface's MTU", host_labels)
+        self.gid_index = gauge(
+            "sparkd_fabric_gid_index",
+            "The GID table row holding the data IP as RoCE v2 (-1: none)",
+            host_labels,
+        )
         self.info = InfoMetricFamily(
             "sparkd_model", "The model a cluster serves", labels=["cluster"]
         )
@@ -333,6 +365,7 @@ class _Families:
             self.host_up.add_metric([name, host.name], 1.0 if host.reachable else 0.0)
             if host.memory_available_bytes is not None:
                 self.memory_available.add_metric([name, host.name], host.memory_available_bytes)
+            self._fabric(name, host)
         ray = observed.ray
         alive = [n for n in ray.nodes if n.alive] if ray is not None and ray.up else []
         self.ray_nodes.add_metric([name], len(alive))
@@ -359,6 +392,20 @@ class _Families:
         if elapsed and fraction > 0:
             self.load_eta.add_metric([name], max(0.0, elapsed * (1 - fraction) / fraction))
 
+    def _fabric(self, name: str, host: HostFacts) -> None:
+        fabric = host.fabric
+        if fabric is None:
+            return
+        labels = [name, host.name]
+        if fabric.mtu is not None:
+            self.mtu.add_metric(labels, fabric.mtu)
+        if fabric.rdma_device is None:
+            return
+        self.link_up.add_metric(labels, 1.0 if fabric.port_state == "ACTIVE" else 0.0)
+        if fabric.rate_gbps is not None:
+            self.link_rate.add_metric(labels, fabric.rate_gbps * 1e9)
+        self.gid_index.add_metric(labels, fabric.gid_index if fabric.gid_index is not None else -1)
+
     def all(self) -> Iterator[Metric]:
         yield from (
             self.host_up,
@@ -382,5 +429,9 @@ class _Families:
             self.last_latency,
             self.memory_available,
             self.triage,
+            self.link_up,
+            self.link_rate,
+            self.mtu,
+            self.gid_index,
             self.info,
         )

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from sparkd.sim.fake_fabric import Link
+
 if TYPE_CHECKING:
     from sparkd.sim.timing import Timing
 
@@ -297,6 +299,8 @@ class HostState:
     # This boot's kernel log (seconds since boot, message) and MemAvailable (sim.fake_kernel).
     kernel_log: list[tuple[float, str]] = field(default_factory=list)
     memory_available_kib: int = 104_283_952
+    # The data link's sysfs (sim.fake_fabric.Link).
+    link: Link = field(default_factory=Link)
 
     def container(self, ref: str) -> Container | None:
         """Look a container up by name, full id or unique id prefix, as docker does."""

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import asyncssh
 
-from sparkd.sim import fake_kernel, fake_system
+from sparkd.sim import fake_fabric, fake_kernel, fake_system
 from sparkd.sim.config import render_config
 from sparkd.sim.control import ControlServer
 from sparkd.sim.engine import HostEngine, graphics_processes, normalize_image
@@ -60,7 +60,7 @@ from sparkd.sim.vllm_server import SERVED_KEPT, FieldNaming, ModelBehaviour, Ser
 
 TOOLS = (
     "docker", "systemctl", "nvidia-smi", "ray", "vllm", "ip", "df", "kill", "cat", "sudo",
-    "journalctl",
+    "journalctl", "grep",
 )  # fmt: skip
 SCENARIOS = ("seed-morning", "seed-crashloop", "healthy", "empty")
 BIN_DIR = Path(__file__).with_name("bin")
@@ -721,6 +721,8 @@ class World:
             return fake_system.cat_boot_id(state, call.args)
         if tool == "journalctl":
             return fake_kernel.journalctl(state, call.args)
+        if tool == "grep":
+            return fake_fabric.grep(state.interface, state.data_ip, state.link, call.args)
         return fail(f"bash: {tool}: command not found", 127)
 
     def _hang(self, host: SimHost, call: ToolCall) -> Stream:
@@ -854,6 +856,7 @@ class World:
             "xid-79": self.xid_79,
             "xid-13": self.xid_13,
             "xid-45": self.xid_45,
+            "link-flap": self.link_flap,
         }
         with_arg: dict[str, Callable[[str, str | None], Awaitable[str]]] = {
             "stray-gpu": self.stray_gpu,
@@ -869,6 +872,9 @@ class World:
             "nv-no-memory-wedge": self.nv_no_memory_wedge,
             "aer-fatal": self.aer_fatal,
             "memory-pressure": self.memory_pressure,
+            "gid-moved": self.gid_moved,
+            "mtu-mismatch": self.mtu_mismatch,
+            "rate-degraded": self.rate_degraded,
         }
         if name in with_arg:
             return await with_arg[name](target.name, arg)
@@ -951,6 +957,7 @@ class World:
             self._thaw(container)
             container.crash_loop = False
         h.state.memory_available_kib = fake_kernel.MEM_AVAILABLE_KIB
+        h.state.link = fake_fabric.Link(carrier_changes=h.state.link.carrier_changes)
         h.faults.slow_load = False
         h.faults.stall_load = False
         h.faults.chatty_stall = False
@@ -1108,6 +1115,30 @@ class World:
         available = int(arg) if arg else 1 << 30
         self.host(host).state.memory_available_kib = available // 1024
         return f"{host}: MemAvailable {available} bytes"
+
+    async def gid_moved(self, host: str, arg: str | None = None) -> str:
+        """The link dropped and the data address was re-added: its RoCE v2 GID row moves to
+        `arg` (default 5), and the carrier changed twice."""
+        link = self.host(host).state.link
+        link.gid_start = (int(arg) if arg else 5) - 1
+        link.carrier_changes += 2
+        return f"{host}: the data IP's RoCE v2 GID is now at index {link.gid_start + 1}"
+
+    async def mtu_mismatch(self, host: str, arg: str | None = None) -> str:
+        """A firmware update reset the data interface's MTU to `arg` (default 1500)."""
+        self.host(host).state.link.mtu = int(arg) if arg else 1500
+        return f"{host}: data interface MTU {self.host(host).state.link.mtu}"
+
+    async def rate_degraded(self, host: str, arg: str | None = None) -> str:
+        """The port trained at `arg` Gb/s (default 25) instead of 200."""
+        rate = arg or "25"
+        self.host(host).state.link.rate = f"{rate} Gb/sec (1X HDR)"
+        return f"{host}: RDMA port at {rate} Gb/s"
+
+    async def link_flap(self, host: str) -> str:
+        """The data link went down and came back: two carrier changes."""
+        self.host(host).state.link.carrier_changes += 2
+        return f"{host}: data link flapped"
 
     async def orphan_engine(self, host: str) -> str:
         """`kill -9` of the API server: its EngineCore and Ray workers stay with the GPUs."""

@@ -146,3 +146,60 @@ async def test_the_metrics_count_each_kernel_line_once_and_show_memory_and_triag
         lambda: daemon.controllers["sparks"].view.cycles >= cycles_before + 3, within=30
     )
     assert await sample("sparkd_gpu_xid_total", host="spark-a", xid="13") == 3
+
+
+async def test_an_mtu_mismatch_holds_the_relaunch_until_the_mtu_is_set(
+    healthy_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    ctl = controller(healthy_world, pool, tmp_path / "state")
+    await converge(ctl, cycles=100)
+    seen = ctl.view.snapshot
+    assert seen is not None
+    fabrics = {h.name: h.fabric for h in seen.hosts}
+    assert all(
+        f is not None and f.port_state == "ACTIVE" and f.gid_index == 3 for f in fabrics.values()
+    )
+    since = time.time()
+    await healthy_world.fault("mtu-mismatch", "spark-b")
+    await healthy_world.fault("crash-model", "spark-a")
+    plans = await cycle_until(
+        ctl, "fabric: MTU mismatch on the data link (spark-a 9000, spark-b 1500)"
+    )
+    plans += await cycles(ctl, 5)
+    assert "set the MTU of enp1s0f0np0 on spark-b to 9000" in plans[-1].reason
+    assert plans[-1].phase == "blocked" and plans[-1].triage == ("fabric",)
+    assert mutations(healthy_world, since=since) == []
+    await healthy_world.fault("heal", "spark-b")
+    final = await converge(ctl, cycles=300)
+    assert final[-1].phase == "healthy"
+
+
+async def test_a_flap_is_reported_for_its_window_and_counted(
+    healthy_world: World, daemon: Daemon
+) -> None:
+    url = f"{daemon.url}/metrics"
+
+    async def sample(name: str, **labels: str) -> float | None:
+        _, text = await fetch(url)
+        return value(parse(text), name, cluster="sparks", **labels)
+
+    async def fabric_seen() -> bool:
+        return await sample("sparkd_fabric_gid_index", host="spark-b") == 3
+
+    await eventually(fabric_seen, within=30)
+    assert await sample("sparkd_fabric_link_up", host="spark-b") == 1
+    assert await sample("sparkd_fabric_mtu_bytes", host="spark-b") == 9000
+    assert await sample("sparkd_fabric_link_rate_bits_per_second", host="spark-b") == 200e9
+    await healthy_world.fault("link-flap", "spark-b")
+    await healthy_world.fault("rate-degraded", "spark-a")
+
+    async def flapped() -> bool:
+        return await sample("sparkd_cluster_triage", **{"class": "fabric"}) == 1
+
+    await eventually(flapped, within=30)
+    assert await sample("sparkd_fabric_flaps_total", host="spark-b") == 1
+    assert await sample("sparkd_fabric_flaps_total", host="spark-a") == 0
+    assert await sample("sparkd_fabric_link_rate_bits_per_second", host="spark-a") == 25e9
+    _, body = await fetch(f"{daemon.url}/status")
+    [cluster] = json.loads(body)["clusters"]
+    assert "fabric: spark-b enp1s0f0np0 flapped" in cluster["reason"]
