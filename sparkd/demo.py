@@ -45,9 +45,11 @@ FAULTS: dict[str, tuple[str, str]] = {
     "nv-no-memory-wedge": ("nv-no-memory-wedge", "worker"),
     "aer-fatal": ("aer-fatal", "worker"),
     "memory-pressure": ("memory-pressure", "head"),
+    "mtu-mismatch": ("mtu-mismatch", "worker"),
 }
 # Faults that need a reload or a re-registration to show: what else happens right after.
 FOLLOW_UP: dict[str, tuple[str, str | None]] = {
+    "mtu-mismatch": ("crash-model", None),
     "oom-capture": ("crash-model", None),
     "slow-load": ("crash-model", None),
     "wrong-ip-worker": ("kill-container", "worker-container"),
@@ -63,6 +65,7 @@ HUMAN_FIX = {
     "nv-no-memory-wedge": ("reboot", 10.0, "the operator power-cycles it"),
     "aer-fatal": ("reboot", 10.0, "the operator power-cycles it"),
     "memory-pressure": ("heal", 6.0, "the operator frees memory"),
+    "mtu-mismatch": ("heal", 6.0, "the operator sets the MTU back to 9000"),
 }
 REALISTIC_LOAD = 750.0  # model init + weights + graph capture in Timing.realistic()
 
