@@ -1,6 +1,7 @@
 """`kernel`: what the kernel sections add to a look. On this machine: the host CPU of the two
 tools as the fact script runs them (`journalctl -k -b -o short-monotonic -n 200`, `cat
-/proc/meminfo`), with how many kernel lines this machine's journal holds (the cost of
+/proc/meminfo`, the `grep` of the data interface's sysfs), with how many kernel lines this
+machine's journal holds (the cost of
 `journalctl` grows with the journal it searches: a machine with no journal measures only the
 tool's start), and on the ops box the parse of a full 200-line tail."""
 
@@ -15,6 +16,7 @@ from typing import Any
 
 from bench.common import median, table, write_result
 from sparkd.core import kernel
+from sparkd.settings import HostSpec
 from sparkd.shell import catalogue
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "kernel"
@@ -37,6 +39,19 @@ def tool_cpu(argv: list[str], runs: int) -> tuple[float, str]:
     return median(costs), output
 
 
+def fabric_cpu(runs: int) -> tuple[str, float, str]:
+    """The fabric section's `grep` of this machine's first network interface, as the fact
+    script's shell runs it (the shell expands the globs)."""
+    iface = sorted(p.name for p in Path("/sys/class/net").iterdir())[0]
+    host = HostSpec(
+        name="bench", address="127.0.0.1", role="head", data_ip="127.0.0.1", interface=iface
+    )
+    section = catalogue.fabric_section(host, 5)
+    grep = section.split(" ", 2)[2]  # without the `s fabric` wrapper
+    cpu, output = tool_cpu(["sh", "-c", grep], runs)
+    return iface, cpu, output
+
+
 def parse_seconds(runs: int) -> float:
     lines = "".join(
         p.read_text() for p in sorted(FIXTURES.glob("*.txt")) if p.name != "no-access.txt"
@@ -56,10 +71,16 @@ async def main(quick: bool = False) -> None:
     journal, output = tool_cpu(list(catalogue.KERNEL_LOG), runs)
     lines = sum(1 for line in output.splitlines() if line.startswith("["))
     meminfo, _ = tool_cpu(["cat", catalogue.MEMINFO_PATH], runs)
+    iface, sysfs, read = fabric_cpu(runs)
     parse = parse_seconds(runs)
     rows: list[list[Any]] = [
         ["journalctl -k -b -n 200 (host)", f"{journal * 1000:.1f} ms", f"{lines} lines read"],
         ["cat /proc/meminfo (host)", f"{meminfo * 1000:.1f} ms", ""],
+        [
+            f"grep sysfs of {iface} (host)",
+            f"{sysfs * 1000:.1f} ms",
+            f"{len(read.splitlines())} files read (sh included)",
+        ],
         ["parse 200 kernel lines (ops box)", f"{parse * 1000:.2f} ms", ""],
     ]
     text = table("kernel sections, median CPU per look", ["what", "cpu", "note"], rows)
@@ -70,6 +91,8 @@ async def main(quick: bool = False) -> None:
             "journalctl_cpu_seconds": journal,
             "journal_lines_read": lines,
             "meminfo_cpu_seconds": meminfo,
+            "fabric_cpu_seconds": sysfs,
+            "fabric_files_read": len(read.splitlines()),
             "parse_cpu_seconds": parse,
             "runs": runs,
         },
