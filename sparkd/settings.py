@@ -364,6 +364,14 @@ class FabricSpec(_Section):
     flap_window: Seconds = 600.0
 
 
+class PowerSpec(_Section):
+    """When a host that does not answer is taken for wedged."""
+
+    # Unreachable over SSH this long, whatever its last kernel log said: wedged, needs a power
+    # cycle (a host that reboots comes back well within it).
+    unreachable_for: Seconds = 600.0
+
+
 class MaintenanceSpec(_Section):
     """A recurring window in which the cluster is observed and nothing is acted on."""
 
@@ -412,6 +420,7 @@ class ClusterSpec(_Section):
     cleanup: CleanupSpec = CleanupSpec()
     policy: PolicySpec = PolicySpec()
     fabric: FabricSpec = FabricSpec()
+    power: PowerSpec = PowerSpec()
     maintenance: tuple[MaintenanceSpec, ...] = ()
 
     @model_validator(mode="after")

@@ -52,6 +52,11 @@ def remember(
         else:
             kernel_omens[host.name] = omen
     changes["kernel_omens"] = kernel_omens
+    changes["unreachable_since"] = {
+        host.name: memory.unreachable_since.get(host.name, observed.observed_at)
+        for host in observed.hosts
+        if not host.reachable
+    }
 
     carriers = dict(memory.carrier_changes)
     flapped = dict(memory.flapped_at)

@@ -82,6 +82,8 @@ class Memory(Value):
     # Per host, the data interface's carrier_changes last read, and when it last rose (wall
     # clock of the observation): a flap stays visible for `fabric.flap_window`.
     carrier_changes: dict[str, int] = Field(default_factory=dict)
+    # Per host, since when (wall clock of the observation) it has failed every look.
+    unreachable_since: dict[str, float] = Field(default_factory=dict)
     flapped_at: dict[str, float] = Field(default_factory=dict)
     last_phase: str | None = None
     last_reason: str | None = None

@@ -193,3 +193,26 @@ def test_memory_pressure_with_no_model_running_holds_the_start() -> None:
     assert "start_model" not in kinds(result)
     assert "memory pressure on spark-b: MemAvailable 1.0 GiB below 4.0 GiB" in result.reason
     assert result.triage == ("memory_pressure",)
+
+
+def test_unreachable_past_power_unreachable_for_is_wedged_without_omens() -> None:
+    toy, memory = example("healthy-reasoning-only")
+    gone = host(toy.observe(), "spark-b", error=HostError(kind="timeout", detail="no answer"))
+    memory = remember(memory, gone, (), toy.now)
+    assert memory.unreachable_since == {"spark-b": gone.observed_at}
+    # Later looks keep the first failure's time.
+    memory = remember(
+        memory, gone.model_copy(update={"observed_at": gone.observed_at + 60}), (), toy.now
+    )
+    assert memory.unreachable_since == {"spark-b": gone.observed_at}
+    limit = toy.cluster.power.unreachable_for
+    early = plan(toy.cluster, gone, memory, gone.observed_at + limit - 1)
+    assert early.phase == "unreachable" and early.triage == ()
+    late = plan(toy.cluster, gone, memory, gone.observed_at + limit)
+    assert late.phase == "blocked" and late.triage == ("host_wedged",)
+    assert (
+        "spark-b wedged: needs a power cycle (unreachable for 10m00s, past power.unreachable_for)"
+        in (late.reason)
+    )
+    back = remember(memory, toy.observe(), (), toy.now + limit)
+    assert back.unreachable_since == {}
