@@ -303,7 +303,10 @@ class _Families:
             "sparkd_fabric_link_up", "The data interface's RDMA port is ACTIVE", host_labels
         )
         self.link_rate = gauge(
-            "sparkd_fabric_link_rate_bits_per_second", "The RDMA port's rate", host_labels
+            # Bytes, as Prometheus names base units (promtool refuses bits): Gb/s x 1.25e8.
+            "sparkd_fabric_link_rate_bytes_per_second",
+            "The RDMA port's rate",
+            host_labels,
         )
         self.mtu = gauge("sparkd_fabric_mtu_bytes", "The data interface's MTU", host_labels)
         self.gid_index = gauge(
@@ -403,7 +406,7 @@ class _Families:
             return
         self.link_up.add_metric(labels, 1.0 if fabric.port_state == "ACTIVE" else 0.0)
         if fabric.rate_gbps is not None:
-            self.link_rate.add_metric(labels, fabric.rate_gbps * 1e9)
+            self.link_rate.add_metric(labels, fabric.rate_gbps * 1e9 / 8)
         self.gid_index.add_metric(labels, fabric.gid_index if fabric.gid_index is not None else -1)
 
     def all(self) -> Iterator[Metric]:

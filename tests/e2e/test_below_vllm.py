@@ -189,7 +189,7 @@ async def test_a_flap_is_reported_for_its_window_and_counted(
     await eventually(fabric_seen, within=30)
     assert await sample("sparkd_fabric_link_up", host="spark-b") == 1
     assert await sample("sparkd_fabric_mtu_bytes", host="spark-b") == 9000
-    assert await sample("sparkd_fabric_link_rate_bits_per_second", host="spark-b") == 200e9
+    assert await sample("sparkd_fabric_link_rate_bytes_per_second", host="spark-b") == 25e9
     await healthy_world.fault("link-flap", "spark-b")
     await healthy_world.fault("rate-degraded", "spark-a")
 
@@ -199,7 +199,23 @@ async def test_a_flap_is_reported_for_its_window_and_counted(
     await eventually(flapped, within=30)
     assert await sample("sparkd_fabric_flaps_total", host="spark-b") == 1
     assert await sample("sparkd_fabric_flaps_total", host="spark-a") == 0
-    assert await sample("sparkd_fabric_link_rate_bits_per_second", host="spark-a") == 25e9
+    assert await sample("sparkd_fabric_link_rate_bytes_per_second", host="spark-a") == 25e9 / 8
     _, body = await fetch(f"{daemon.url}/status")
     [cluster] = json.loads(body)["clusters"]
     assert "fabric: spark-b enp1s0f0np0 flapped" in cluster["reason"]
+
+
+async def test_a_host_silent_past_unreachable_for_is_wedged(
+    healthy_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    ctl = controller(healthy_world, pool, tmp_path / "state")
+    await converge(ctl, cycles=100)
+    await healthy_world.fault("blackhole", "spark-b")
+    started = time.monotonic()
+    plans = await cycle_until(
+        ctl, "spark-b wedged: needs a power cycle (unreachable for", limit=600
+    )
+    # Not before power.unreachable_for (its fast-time value) has passed.
+    assert time.monotonic() - started >= ctl.cluster.power.unreachable_for
+    assert any(p.phase == "unreachable" for p in plans)
+    assert plans[-1].phase == "blocked" and plans[-1].triage == ("host_wedged",)
