@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from dataclasses import dataclass
 
 from sparkd.core.judge import MODEL_STARTS, RAY_STARTS, Context, Hold, Verdict
 from sparkd.core.text import printable
@@ -102,11 +103,20 @@ def gid_env(ctx: Context) -> int | None:
     return _int(ctx.desired.ray.env.get("NCCL_IB_GID_INDEX", ""))
 
 
-def problems(ctx: Context) -> list[tuple[str, str, bool]]:
-    """(host, what is wrong with the fix, hard) for every fabric fault seen this cycle; a hard
-    one keeps the fabric from carrying NCCL at all, a soft one (rate, flaps) slows or breaks it
-    now and then."""
-    found: list[tuple[str, str, bool]] = []
+@dataclass(frozen=True)
+class Problem:
+    host: str
+    # What is wrong, and the operator's fix.
+    why: str
+    # Hard: the fabric cannot carry NCCL at all (`blocked`); soft: slow or broken now and then.
+    hard: bool
+    # Whether it holds Ray and model (re)starts (a moved GID is cured by a relaunch).
+    holds: bool = True
+
+
+def problems(ctx: Context) -> list[Problem]:
+    """Every fabric fault seen this cycle."""
+    found: list[Problem] = []
     mtus: dict[str, int] = {}
     expected = ctx.desired.fabric.expected_rate_gbps
     wanted_gid = gid_env(ctx)
@@ -122,42 +132,83 @@ def problems(ctx: Context) -> list[tuple[str, str, bool]]:
         where = f"{host.name} {iface} ({fabric.rdma_device} port {fabric.port})"
         if fabric.port_state not in (None, "ACTIVE"):
             found.append(
-                (host.name, f"{where} is {fabric.port_state} ({fabric.phys_state}): reseat the "
-                 "cable or reboot the host", True)
-            )  # fmt: skip
+                Problem(
+                    host.name,
+                    f"{where} is {fabric.port_state} ({fabric.phys_state}): reseat the "
+                    "cable or reboot the host",
+                    True,
+                )
+            )
             continue
         if fabric.gid_index is None:
             found.append(
-                (host.name, f"{where} has no RoCE v2 GID for {host.ip}: re-add the address "
-                 f"(ip addr add {host.ip}/PREFIX dev {iface})", True)
-            )  # fmt: skip
+                Problem(
+                    host.name,
+                    f"{where} has no RoCE v2 GID for {host.ip}: re-add the address "
+                    f"(ip addr add {host.ip}/PREFIX dev {iface})",
+                    True,
+                )
+            )
         elif wanted_gid is not None and fabric.gid_index != wanted_gid:
             found.append(
-                (host.name, f"{where} holds {host.ip} as RoCE v2 at GID index "
-                 f"{fabric.gid_index}, not NCCL_IB_GID_INDEX={wanted_gid}: re-add the address "
-                 "or set ray.env NCCL_IB_GID_INDEX", True)
-            )  # fmt: skip
+                Problem(
+                    host.name,
+                    f"{where} holds {host.ip} as RoCE v2 at GID index "
+                    f"{fabric.gid_index}, not NCCL_IB_GID_INDEX={wanted_gid}: re-add the address "
+                    "or set ray.env NCCL_IB_GID_INDEX",
+                    True,
+                )
+            )
         if expected is not None and fabric.rate_gbps is not None and fabric.rate_gbps < expected:
             found.append(
-                (host.name, f"{where} runs at {fabric.rate_gbps:g} Gb/s, below the expected "
-                 f"{expected:g}: reseat or replace the cable", False)
-            )  # fmt: skip
+                Problem(
+                    host.name,
+                    f"{where} runs at {fabric.rate_gbps:g} Gb/s, below the expected "
+                    f"{expected:g}: reseat or replace the cable",
+                    False,
+                )
+            )
     if len(set(mtus.values())) > 1:
         top = max(mtus.values())
         listed = ", ".join(f"{name} {mtu}" for name, mtu in sorted(mtus.items()))
         low = [name for name, mtu in sorted(mtus.items()) if mtu != top]
         for name in low:
             found.append(
-                (name, f"MTU mismatch on the data link ({listed}): set the MTU of "
-                 f"{ctx.desired.host(name).interface} on {name} to {top}", True)
-            )  # fmt: skip
+                Problem(
+                    name,
+                    f"MTU mismatch on the data link ({listed}): set the MTU of "
+                    f"{ctx.desired.host(name).interface} on {name} to {top}",
+                    True,
+                )
+            )
     for name, since in sorted(ctx.memory.flapped_at.items()):
         if name in ctx.facts and ctx.now - since <= ctx.desired.fabric.flap_window:
             iface = ctx.desired.host(name).interface
             found.append(
-                (name, f"{name} {iface} flapped (carrier changed) in the last "
-                 f"{ctx.desired.fabric.flap_window:g}s: check the cable and the switch port", False)
-            )  # fmt: skip
+                Problem(
+                    name,
+                    f"{name} {iface} flapped (carrier changed) in the last "
+                    f"{ctx.desired.fabric.flap_window:g}s: check the cable and the switch port",
+                    False,
+                )
+            )
+    serve = ctx.observed.serve
+    launched = ctx.memory.launched_at
+    for name, (before, after, at) in sorted(ctx.memory.gid_moved.items()):
+        # Only a model that opened NCCL before the move holds the old index.
+        if serve is None or not serve.running or launched is None or launched >= at:
+            continue
+        iface = ctx.desired.host(name).interface
+        found.append(
+            Problem(
+                name,
+                f"{name} {iface}: the data IP's RoCE v2 GID moved from index {before} to "
+                f"{after} after the model launched (NCCL keeps the old one): the model is "
+                "restarted if it stops answering",
+                False,
+                holds=False,
+            )
+        )
     return found
 
 
@@ -165,11 +216,12 @@ def judge_fabric(ctx: Context) -> Verdict:
     """No Ray or model (re)start over a faulty fabric: it would hang again."""
     verdict = Verdict()
     found = problems(ctx)
-    for _, why, hard in found:
-        text = f"fabric: {why}"
+    for problem in found:
+        text = f"fabric: {problem.why}"
         verdict.notes.append(text)
-        verdict.holds.append(Hold(text, RAY_STARTS | MODEL_STARTS))
-        if hard:
+        if problem.holds:
+            verdict.holds.append(Hold(text, RAY_STARTS | MODEL_STARTS))
+        if problem.hard:
             verdict.phase = "blocked"
     if found:
         verdict.phase = verdict.phase or "degraded"

@@ -69,6 +69,19 @@ def remember(
             flapped[host.name] = observed.observed_at
         carriers[host.name] = count
     changes["carrier_changes"] = carriers
+
+    gids = dict(memory.gid_indexes)
+    moved = dict(memory.gid_moved)
+    for host in observed.hosts:
+        index = host.fabric.gid_index if host.fabric is not None else None
+        if index is None:
+            continue
+        before = gids.get(host.name)
+        if before is not None and before != index:
+            moved[host.name] = (before, index, observed.observed_at)
+        gids[host.name] = index
+    changes["gid_indexes"] = gids
+    changes["gid_moved"] = moved
     changes["flapped_at"] = flapped
 
     attempts = list(memory.attempts)

@@ -85,5 +85,9 @@ class Memory(Value):
     # Per host, since when (wall clock of the observation) it has failed every look.
     unreachable_since: dict[str, float] = Field(default_factory=dict)
     flapped_at: dict[str, float] = Field(default_factory=dict)
+    # Per host, the data IP's RoCE v2 GID index last read, and (index before, index after, wall
+    # time) of its last move: NCCL keeps the index it opened with until the model relaunches.
+    gid_indexes: dict[str, int] = Field(default_factory=dict)
+    gid_moved: dict[str, tuple[int, int, float]] = Field(default_factory=dict)
     last_phase: str | None = None
     last_reason: str | None = None

@@ -157,3 +157,23 @@ def test_a_hard_fabric_fault_anywhere_starts_nothing(
     result = plan(toy.cluster, observed, memory, now)  # type: ignore[arg-type]
     assert not kinds(result) & STARTS
     assert "fabric" in result.triage
+
+
+def test_a_gid_moved_after_the_launch_is_reported_and_holds_nothing() -> None:
+    toy, memory = next(e for e in EXAMPLE_SET if e.name == "three-failed-probes").build()
+    assert memory.launched_at is not None
+    first = host(toy.observe(), "spark-a", fabric=read("healthy.txt"))
+    memory = remember(memory, first, (), toy.now)
+    # The flap that came with it is its own finding (and holds restarts for its window).
+    quiet = read("gid-moved.txt").model_copy(update={"carrier_changes": 2})
+    moved = host(toy.observe(), "spark-a", fabric=quiet)
+    memory = remember(memory, moved, (), toy.now)
+    assert memory.gid_moved == {"spark-a": (3, 5, moved.observed_at)}
+    result = plan(toy.cluster, moved, memory, toy.now)
+    assert "the data IP's RoCE v2 GID moved from index 3 to 5 after the model launched" in (
+        result.reason
+    )
+    # The relaunch is what opens NCCL on the new index: the restart goes ahead.
+    assert "restart_model" in kinds(result) and result.triage == ("fabric",)
+    relaunched = memory.model_copy(update={"launched_at": moved.observed_at + 1})
+    assert "GID moved" not in plan(toy.cluster, moved, relaunched, toy.now).reason
