@@ -123,6 +123,7 @@ def judge_memory(ctx: Context, load: Load) -> Verdict:
         if available is None or available >= floor:
             continue
         why = f"memory pressure on {host.name}: MemAvailable {gib(available)} below {gib(floor)}"
+        why += _largest(ctx.facts[host.name])
         if loading:
             verdict.notes.append(f"{why} during the load; not starting the model into it")
             verdict.holds.append(Hold(why, MODEL_STARTS))
@@ -134,6 +135,15 @@ def judge_memory(ctx: Context, load: Load) -> Verdict:
         verdict.phase = "degraded"
         verdict.triage = ["memory_pressure"]
     return verdict
+
+
+def _largest(seen: HostFacts) -> str:
+    """The GPU process holding the most memory (`--query-compute-apps`), as a clause."""
+    procs = [p for p in seen.gpu_processes if p.used_memory_mib is not None]
+    if not procs:
+        return ""
+    top = max(procs, key=lambda p: p.used_memory_mib or 0)
+    return f" (largest GPU process: {top.pid} {top.name[:80]}, {top.used_memory_mib} MiB)"
 
 
 def gpu_lost_evidence(seen: HostFacts, nvidia_smi_lost: bool) -> str | None:

@@ -216,3 +216,13 @@ def test_unreachable_past_power_unreachable_for_is_wedged_without_omens() -> Non
     )
     back = remember(memory, toy.observe(), (), toy.now + limit)
     assert back.unreachable_since == {}
+
+
+def test_memory_pressure_names_the_largest_gpu_process() -> None:
+    toy, memory = example("stray-gpu")
+    pressed = host(toy.observe(), "spark-a", memory_available_bytes=GIB)
+    result = plan(toy.cluster, pressed, memory, toy.now)
+    assert (
+        "memory pressure on spark-a: MemAvailable 1.0 GiB below 4.0 GiB (largest GPU process: "
+        in (result.reason)
+    )
