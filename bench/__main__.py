@@ -13,8 +13,8 @@ import traceback
 from sparkd.runtime import logs
 
 NAMES = (
-    "observe", "fanout", "host", "probe", "detect", "recover", "footprint", "scale", "vllm_warm",
-    "ha",
+    "observe", "fanout", "host", "kernel", "probe", "detect", "recover", "footprint", "scale",
+    "vllm_warm", "ha",
 )  # fmt: skip
 
 

@@ -141,6 +141,9 @@ def render_status(body: dict[str, Any]) -> str:
         phase = cluster.get("phase") or "-"
         if cluster.get("paused"):
             phase += " (paused)"
+        triage = [str(t) for t in cluster.get("triage") or []]
+        if triage:
+            phase += f" [{','.join(triage)}]"
         rows.append(
             (
                 cluster["cluster"],

@@ -41,9 +41,15 @@ FAULTS: dict[str, tuple[str, str]] = {
     "unreachable-worker": ("unreachable", "worker"),
     "blackhole-worker": ("blackhole", "worker"),
     "slow-load": ("slow-load", "head"),
+    "xid-79": ("xid-79", "worker"),
+    "nv-no-memory-wedge": ("nv-no-memory-wedge", "worker"),
+    "aer-fatal": ("aer-fatal", "worker"),
+    "memory-pressure": ("memory-pressure", "head"),
+    "mtu-mismatch": ("mtu-mismatch", "worker"),
 }
 # Faults that need a reload or a re-registration to show: what else happens right after.
 FOLLOW_UP: dict[str, tuple[str, str | None]] = {
+    "mtu-mismatch": ("crash-model", None),
     "oom-capture": ("crash-model", None),
     "slow-load": ("crash-model", None),
     "wrong-ip-worker": ("kill-container", "worker-container"),
@@ -52,6 +58,15 @@ FOLLOW_UP: dict[str, tuple[str, str | None]] = {
 HEAL_ON_ACTION = {"hang-engine": "restart_model", "wrong-ip-worker": "restart_ray"}
 # Healed after this many seconds: the network comes back by itself.
 HEAL_AFTER = {"unreachable-worker": 6.0, "blackhole-worker": 6.0}
+# Fixed after this many seconds by what only a human does (sparkd holds and says so): the
+# reboot a lost GPU needs, the power cycle of a wedged host, memory freed.
+HUMAN_FIX = {
+    "xid-79": ("reboot", 6.0, "the operator reboots it"),
+    "nv-no-memory-wedge": ("reboot", 10.0, "the operator power-cycles it"),
+    "aer-fatal": ("reboot", 10.0, "the operator power-cycles it"),
+    "memory-pressure": ("heal", 6.0, "the operator frees memory"),
+    "mtu-mismatch": ("heal", 6.0, "the operator sets the MTU back to 9000"),
+}
 REALISTIC_LOAD = 750.0  # model init + weights + graph capture in Timing.realistic()
 
 
@@ -238,3 +253,7 @@ async def _inject(
     if name in HEAL_AFTER:
         await asyncio.sleep(HEAL_AFTER[name])
         narrator.say(f"  the network comes back: {await world.fault('heal', host.name)}")
+    if name in HUMAN_FIX:
+        fix, after, words = HUMAN_FIX[name]
+        await asyncio.sleep(after)
+        narrator.say(f"  {words}: {await world.fault(fix, host.name)}")

@@ -346,12 +346,33 @@ class PolicySpec(_Section):
     backoff_max: Seconds = 900.0
     healthy_reset: Seconds = 600.0
     allow_kill_foreign_gpu: bool = False
+    # Below this MemAvailable (bytes) on a host, memory pressure is reported, and during a load
+    # the model is not started into it (GB10's GPU allocations come out of host memory).
+    min_memory_available: int = Field(default=4 << 30, ge=0)
 
     @model_validator(mode="after")
     def _backoff(self) -> PolicySpec:
         if self.backoff_initial > self.backoff_max:
             raise ValueError("backoff_initial must not exceed backoff_max")
         return self
+
+
+class FabricSpec(_Section):
+    """The data link's RDMA fabric: what it should look like (unset: not checked)."""
+
+    # The RDMA port's rate below which the link is degraded (a 200 Gb/s link that trained at
+    # 100 or fell back to 25 carries NCCL at a fraction of its speed).
+    expected_rate_gbps: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # A carrier change (a flap) stays visible this long after the link is back.
+    flap_window: Seconds = 600.0
+
+
+class PowerSpec(_Section):
+    """When a host that does not answer is taken for wedged."""
+
+    # Unreachable over SSH this long, whatever its last kernel log said: wedged, needs a power
+    # cycle (a host that reboots comes back well within it).
+    unreachable_for: Seconds = 600.0
 
 
 class MaintenanceSpec(_Section):
@@ -401,6 +422,8 @@ class ClusterSpec(_Section):
     probe: ProbeSpec = ProbeSpec()
     cleanup: CleanupSpec = CleanupSpec()
     policy: PolicySpec = PolicySpec()
+    fabric: FabricSpec = FabricSpec()
+    power: PowerSpec = PowerSpec()
     maintenance: tuple[MaintenanceSpec, ...] = ()
 
     @model_validator(mode="after")

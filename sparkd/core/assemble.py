@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from sparkd.core import facts
+from sparkd.core import fabric, facts, kernel
 from sparkd.core.spec import container_name, model_spec_hashes, normalize_image
 from sparkd.model.observed import GpuProcess, HostError, HostFacts, RayState, ServeState
 from sparkd.settings import ClusterSpec, HostSpec
@@ -183,6 +183,13 @@ def host_facts(
         gpu = tuple(
             p.model_copy(update={"owner_unknown": True}) if p.container is None else p for p in gpu
         )
+    kernel_text = body("kernel")
+    kernel_error = error("kernel")
+    if kernel_text is not None:
+        kernel_error = kernel.unreadable(kernel_text)
+    available, total = kernel.parse_meminfo(body("meminfo") or "")
+    # grep exits 2 for the unused GID rows (EINVAL) on every real host: the lines are the facts.
+    links = sections.get("fabric")
     return HostFacts(
         name=host.name,
         boot_id=boot.strip() or None if boot is not None else None,
@@ -198,6 +205,13 @@ def host_facts(
         docker_disk_free_bytes=facts.parse_df_avail(docker_disk) if docker_disk else None,
         images=images,
         image_id=image_id,
+        kernel=kernel.parse_kernel_log(kernel_text)
+        if kernel_error is None and kernel_text is not None
+        else None,
+        kernel_error=kernel_error,
+        memory_available_bytes=available,
+        memory_total_bytes=total,
+        fabric=fabric.parse_fabric(links.body, host.ip) if links is not None else None,
     )
 
 

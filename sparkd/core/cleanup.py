@@ -10,6 +10,7 @@ import fnmatch
 import posixpath
 import re
 
+from sparkd.core import triage
 from sparkd.core.judge import (
     EVERYTHING,
     MODEL_STARTS,
@@ -145,11 +146,13 @@ def _gpu_processes(ctx: Context, verdict: Verdict, doomed: set[tuple[str, str]])
     blocked = False
     for host in ctx.reachable:
         seen = ctx.facts[host.name]
-        if gpu_lost(seen.gpu_error):
+        lost = triage.gpu_lost_evidence(seen, gpu_lost(seen.gpu_error))
+        if lost is not None:
             # Nothing that needs a GPU can apply until the host is rebooted.
-            why = f"the GPU of {host.name} is lost: reboot the host ({seen.gpu_error})"
+            why = f"the GPU of {host.name} is lost: needs a reboot of {host.name} ({lost})"
             verdict.notes.append(why)
             verdict.holds.append(Hold(why, RAY_STARTS | MODEL_STARTS))
+            verdict.triage.append("gpu_lost")
             blocked = True
             continue
         if seen.gpu_error is not None:

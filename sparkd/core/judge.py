@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from sparkd.model.memory import Memory
 from sparkd.model.observed import HostError, HostFacts, Observed
-from sparkd.model.plan import Action, ActionKind, Phase
+from sparkd.model.plan import Action, ActionKind, Phase, TriageClass
 from sparkd.settings import ClusterSpec, HostSpec
 
 RAY_STARTS: frozenset[ActionKind] = frozenset({"start_ray_head", "start_ray_worker", "restart_ray"})
@@ -50,6 +50,8 @@ class Verdict:
     notes: list[str] = field(default_factory=list)
     actions: list[Action] = field(default_factory=list)
     holds: list[Hold] = field(default_factory=list)
+    # The failure classes below vLLM this stage recognised (core.triage.TABLE).
+    triage: list[TriageClass] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

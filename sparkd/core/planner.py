@@ -18,6 +18,7 @@ from sparkd.core import policy
 from sparkd.core.cleanup import judge_cleanup, judge_reachability
 from sparkd.core.clock import bounded
 from sparkd.core.evidence import of_this_launch
+from sparkd.core.fabric import judge_fabric
 from sparkd.core.horizon import horizon
 from sparkd.core.images import judge_images
 from sparkd.core.judge import Context, Hold, Verdict, ago
@@ -25,9 +26,10 @@ from sparkd.core.load import assess
 from sparkd.core.model_stage import judge_model
 from sparkd.core.probe_stage import judge_probe
 from sparkd.core.ray_stage import judge_ray
+from sparkd.core.triage import judge_memory, judge_wedged
 from sparkd.model.memory import LoadMark, Memory
 from sparkd.model.observed import Observed
-from sparkd.model.plan import Action, Phase, Plan
+from sparkd.model.plan import Action, Phase, Plan, TriageClass
 from sparkd.settings import ClusterSpec
 
 # Phase precedence when several stages speak: the earliest names the plan.
@@ -58,6 +60,7 @@ class _Draft:
     probe_failures: int | None = None
     busy_streak: int | None = None
     serving_well: bool = False
+    triage: tuple[TriageClass, ...] = ()
 
     def carry(self) -> dict[str, object]:
         """What remember() learns from the judgement, whatever becomes of the actions."""
@@ -69,6 +72,7 @@ class _Draft:
             "probe_failures": self.probe_failures,
             "busy_streak": self.busy_streak,
             "serving_well": self.serving_well,
+            "triage": self.triage,
         }
 
     def horizon(
@@ -187,11 +191,14 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
     answering = endpoint is not None and endpoint.status == "http_error"
     load = assess(ctx, serving or answering)
     reach = judge_reachability(ctx)
+    wedged = judge_wedged(ctx)
+    pressure = judge_memory(ctx, load)
+    fabric = judge_fabric(ctx)
     cleanup = judge_cleanup(ctx)
     images = judge_images(ctx)
     ray = judge_ray(ctx, images, load, serving)
     model = judge_model(ctx, ray, load, serving, images)
-    stages: list[Verdict] = [reach, cleanup, images, ray, model]
+    stages: list[Verdict] = [reach, wedged, pressure, fabric, cleanup, images, ray, model]
     notes = [f"{host} rebooted (boot id changed)" for host in policy.rebooted(observed, memory)]
     probe_failures: int | None = None
     busy: int | None = None
@@ -218,6 +225,7 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
     failures = probe_failures if probe_failures is not None else memory.consecutive_failures
     latest = observed.probe or memory.last_probe
     answered = latest is not None and (latest.verdict.healthy is True or latest.busy)
+    found = tuple(dict.fromkeys(t for stage in stages for t in stage.triage))
     return _Draft(
         phase=phase,
         reason="; ".join(_unique(notes)) or "nothing to do",
@@ -228,6 +236,7 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
         load_mark=load.mark if not load.was_ready else None,
         probe_failures=probe_failures,
         busy_streak=busy,
+        triage=found,
         # Health that lasts closes an incident: healthy, or degraded only while the model
         # serves and answers (busy, a dead data link, Ray unread) with no failure counted.
         serving_well=phase == "healthy"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sparkd.core import policy
+from sparkd.core import fabric, policy, triage
 from sparkd.core.clock import bounded
 from sparkd.core.evidence import of_this_launch
 from sparkd.model.memory import Attempt, Blocked, Memory, Pause
@@ -46,6 +46,53 @@ def remember(
         if host.boot_id:
             boot_ids[host.name] = host.boot_id
     changes["boot_ids"] = boot_ids
+
+    # The last kernel log seen from each host: a host that stops answering keeps its omens,
+    # the evidence that it wedged; a rebooted host's old log is no evidence of anything.
+    kernel_omens = dict(memory.kernel_omens)
+    for host in observed.hosts:
+        rebooted = host.boot_id and memory.boot_ids.get(host.name) not in (None, host.boot_id)
+        if rebooted:
+            kernel_omens.pop(host.name, None)
+        if not host.reachable or host.kernel is None:
+            continue
+        omen = triage.omens(host.kernel)
+        if omen is None:
+            kernel_omens.pop(host.name, None)
+        else:
+            kernel_omens[host.name] = omen
+    changes["kernel_omens"] = kernel_omens
+    changes["unreachable_since"] = {
+        host.name: memory.unreachable_since.get(host.name, observed.observed_at)
+        for host in observed.hosts
+        if not host.reachable
+    }
+
+    carriers = dict(memory.carrier_changes)
+    flapped = dict(memory.flapped_at)
+    for host in observed.hosts:
+        count = host.fabric.carrier_changes if host.fabric is not None else None
+        if count is None:
+            continue
+        rebooted = host.boot_id and memory.boot_ids.get(host.name) not in (None, host.boot_id)
+        if not rebooted and fabric.carrier_changed(carriers.get(host.name), count):
+            flapped[host.name] = observed.observed_at
+        carriers[host.name] = count
+    changes["carrier_changes"] = carriers
+
+    gids = dict(memory.gid_indexes)
+    moved = dict(memory.gid_moved)
+    for host in observed.hosts:
+        index = host.fabric.gid_index if host.fabric is not None else None
+        if index is None:
+            continue
+        before = gids.get(host.name)
+        if before is not None and before != index:
+            moved[host.name] = (before, index, observed.observed_at)
+        gids[host.name] = index
+    changes["gid_indexes"] = gids
+    changes["gid_moved"] = moved
+    changes["flapped_at"] = flapped
 
     attempts = list(memory.attempts)
     for outcome in outcomes:

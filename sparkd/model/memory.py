@@ -96,6 +96,19 @@ class Memory(Value):
     load_mark: LoadMark | None = None
     # Consecutive busy probe timeouts: past the failure threshold, busy is no excuse.
     busy_streak: int = 0
+    # Per host, what the last kernel log read from it held that may precede a silent wedge
+    # (core.triage.omens): kept while the host is unreachable, the evidence of a wedge.
+    kernel_omens: dict[str, str] = Field(default_factory=dict)
+    # Per host, the data interface's carrier_changes last read, and when it last rose (wall
+    # clock of the observation): a flap stays visible for `fabric.flap_window`.
+    carrier_changes: dict[str, int] = Field(default_factory=dict)
+    # Per host, since when (wall clock of the observation) it has failed every look.
+    unreachable_since: dict[str, float] = Field(default_factory=dict)
+    flapped_at: dict[str, float] = Field(default_factory=dict)
+    # Per host, the data IP's RoCE v2 GID index last read, and (index before, index after, wall
+    # time) of its last move: NCCL keeps the index it opened with until the model relaunches.
+    gid_indexes: dict[str, int] = Field(default_factory=dict)
+    gid_moved: dict[str, tuple[int, int, float]] = Field(default_factory=dict)
     last_phase: str | None = None
     last_reason: str | None = None
     clock: ClockAnchor | None = None

@@ -87,6 +87,59 @@ class Interface(Value):
     addresses: tuple[str, ...] = ()
 
 
+KernelKind = Literal[
+    "xid", "nv_no_memory", "aer_fatal", "mlx5_pci_error", "soft_lockup", "oom_kill"
+]
+KERNEL_KINDS: tuple[KernelKind, ...] = (
+    "xid",
+    "nv_no_memory",
+    "aer_fatal",
+    "mlx5_pci_error",
+    "soft_lockup",
+    "oom_kill",
+)
+
+
+class KernelEvent(Value):
+    """One kind of kernel message (a flood of the same one is one event, counted)."""
+
+    kind: KernelKind
+    xid: int | None = None
+    # The device the message names (`PCI:0000:01:00`, `0000:01:00.0`), or "".
+    device: str = ""
+    count: int = 1
+    # The kernel's monotonic timestamps (seconds since boot) of the first and last line.
+    first_at: float = 0.0
+    last_at: float = 0.0
+    # Every line's timestamp (the read is bounded, so these are too): what is new since a look.
+    times: tuple[float, ...] = ()
+    line: str = ""
+
+
+class KernelLog(Value):
+    """The tail of this boot's kernel log, as one bounded read returned it."""
+
+    events: tuple[KernelEvent, ...] = ()
+    lines: int = 0
+    # The newest timestamp of any line read (seconds since boot), None when nothing was read.
+    last_at: float | None = None
+
+
+class Fabric(Value):
+    """The data interface's link and its RDMA port, from sysfs (None: not read or absent)."""
+
+    mtu: int | None = None
+    carrier_changes: int | None = None
+    rdma_device: str | None = None
+    port: int | None = None
+    # The port's `state` and `phys_state` words: ACTIVE / LinkUp when sound.
+    port_state: str | None = None
+    phys_state: str | None = None
+    rate_gbps: float | None = None
+    # The GID table row holding the data IP as RoCE v2 (what NCCL_IB_GID_INDEX must name).
+    gid_index: int | None = None
+
+
 class HostFacts(Value):
     name: str
     error: HostError | None = None
@@ -111,6 +164,13 @@ class HostFacts(Value):
     # Docker did not answer (daemon down, or hung until the tool timeout) while the host did:
     # its containers, their processes and what runs in them are unknown, never "none".
     docker_error: str | None = None
+    # This boot's kernel log tail (None when unread: `kernel_error` says why).
+    kernel: KernelLog | None = None
+    kernel_error: str | None = None
+    # `MemAvailable` of /proc/meminfo: on GB10 GPU allocations come out of it (unified memory).
+    memory_available_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    fabric: Fabric | None = None
 
     @property
     def reachable(self) -> bool:

@@ -32,6 +32,10 @@ PHASES: tuple[Phase, ...] = (
     "degraded",
 )
 
+# The failure classes below vLLM the planner recognised (core.triage.TABLE).
+TriageClass = Literal["gpu_lost", "host_wedged", "memory_pressure", "fabric"]
+TRIAGE_CLASSES: tuple[TriageClass, ...] = ("gpu_lost", "host_wedged", "memory_pressure", "fabric")
+
 ActionKind = Literal[
     "stop_unit",
     "remove_container",
@@ -101,6 +105,7 @@ class Plan(Value):
     # The earliest daemon time this decision can change with nothing observed changing (a backoff
     # or pause ending, a join or load deadline, a probe due): a recheck goes no later.
     recheck_at: float | None = None
+    triage: tuple[TriageClass, ...] = ()
 
     @property
     def converged(self) -> bool:
@@ -114,6 +119,7 @@ class Plan(Value):
             "converged": self.converged,
             "actions": [a.public() for a in self.actions],
             "withheld": [a.public() for a in self.withheld],
+            "triage": list(self.triage),
         }
 
 

@@ -27,9 +27,10 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from sparkd import __version__
+from sparkd.core import kernel
 from sparkd.core.policy import budget_used, counts_as_failure
-from sparkd.model.observed import HOST_ERROR_KINDS
-from sparkd.model.plan import ACTION_KINDS, PHASES
+from sparkd.model.observed import HOST_ERROR_KINDS, KERNEL_KINDS, HostFacts
+from sparkd.model.plan import ACTION_KINDS, PHASES, TRIAGE_CLASSES
 from sparkd.model.probe import PROBE_OUTCOMES
 from sparkd.settings import ClusterSpec
 
@@ -117,6 +118,27 @@ class Metrics:
         self.cycles = Counter(
             "sparkd_reconcile_cycles", "Cycles by result", ["cluster", "result"], registry=r
         )
+        self.kernel_events = Counter(
+            "sparkd_host_kernel_events",
+            "Kernel log lines sparkd judges, by class, counted once each (floods included)",
+            ["cluster", "host", "class"],
+            registry=r,
+        )
+        self.xids = Counter(
+            "sparkd_gpu_xid",
+            "NVIDIA XID lines in the kernel log, by XID (`other`: not in sparkd's catalogue)",
+            ["cluster", "host", "xid"],
+            registry=r,
+        )
+        self.flaps = Counter(
+            "sparkd_fabric_flaps",
+            "Data link flaps (each down and up again: two carrier changes)",
+            ["cluster", "host"],
+            registry=r,
+        )
+        self._carriers: dict[tuple[str, str], tuple[str | None, int]] = {}
+        # Per (cluster, host): the boot and the newest kernel timestamp counted so far.
+        self._kernel_marks: dict[tuple[str, str], tuple[str | None, float | None]] = {}
         r.register(StateCollector(controllers))
 
     def track(self, cluster: ClusterSpec) -> None:
@@ -131,6 +153,9 @@ class Metrics:
             self.probes.labels(name, outcome)
         for host in cluster.hosts:
             self.reboots.labels(name, host.name)
+            self.flaps.labels(name, host.name)
+            for event_kind in KERNEL_KINDS:
+                self.kernel_events.labels(name, host.name, event_kind)
             for kind in HOST_ERROR_KINDS:
                 self.ssh_errors.labels(name, host.name, kind)
         for action in ACTION_KINDS:
@@ -147,6 +172,8 @@ class Metrics:
             for host in record.observed.hosts:
                 if host.error is not None:
                     self.ssh_errors.labels(name, host.name, host.error.kind).inc()
+                self._count_kernel(name, host)
+                self._count_flaps(name, host)
         for host_name in record.rebooted:
             self.reboots.labels(name, host_name).inc()
         for outcome in record.outcomes:
@@ -162,6 +189,32 @@ class Metrics:
                 self.probe_ttft.labels(name).observe(probe.ttft_seconds)
             if probe.verdict.completion_tokens:
                 self.completion_tokens.labels(name).inc(probe.verdict.completion_tokens)
+
+    def _count_kernel(self, cluster: str, host: HostFacts) -> None:
+        """Each kernel line once: only what is newer than the last line counted in this boot
+        (the fact script reads the same tail again every cycle)."""
+        log = host.kernel
+        if log is None or log.last_at is None:
+            return
+        boot, mark = self._kernel_marks.get((cluster, host.name), (None, None))
+        if boot != host.boot_id:
+            mark = None
+        for event, fresh in kernel.new_since(log, mark):
+            self.kernel_events.labels(cluster, host.name, event.kind).inc(fresh)
+            if event.xid is not None:
+                xid = str(event.xid) if event.xid in kernel.XIDS else "other"
+                self.xids.labels(cluster, host.name, xid).inc(fresh)
+        self._kernel_marks[(cluster, host.name)] = (host.boot_id, max(log.last_at, mark or 0.0))
+
+    def _count_flaps(self, cluster: str, host: HostFacts) -> None:
+        count = host.fabric.carrier_changes if host.fabric is not None else None
+        if count is None:
+            return
+        key = (cluster, host.name)
+        boot, before = self._carriers.get(key, (host.boot_id, count))
+        if boot == host.boot_id and count > before:
+            self.flaps.labels(cluster, host.name).inc(max(1, (count - before) // 2))
+        self._carriers[key] = (host.boot_id, count)
 
 
 class StateCollector(Collector):
@@ -235,6 +288,32 @@ class _Families:
             "sparkd_probe_last_success_timestamp_seconds", "When a probe last answered healthily"
         )
         self.last_latency = gauge("sparkd_probe_last_duration_seconds", "Latency of the last probe")
+        self.memory_available = gauge(
+            "sparkd_host_memory_available_bytes",
+            "MemAvailable of the host (on GB10 GPU allocations come out of it)",
+            ("cluster", "host"),
+        )
+        self.triage = gauge(
+            "sparkd_cluster_triage",
+            "1 for each failure class below vLLM the planner recognises now (core.triage)",
+            ("cluster", "class"),
+        )
+        host_labels = ("cluster", "host")
+        self.link_up = gauge(
+            "sparkd_fabric_link_up", "The data interface's RDMA port is ACTIVE", host_labels
+        )
+        self.link_rate = gauge(
+            # Bytes, as Prometheus names base units (promtool refuses bits): Gb/s x 1.25e8.
+            "sparkd_fabric_link_rate_bytes_per_second",
+            "The RDMA port's rate",
+            host_labels,
+        )
+        self.mtu = gauge("sparkd_fabric_mtu_bytes", "The data interface's MTU", host_labels)
+        self.gid_index = gauge(
+            "sparkd_fabric_gid_index",
+            "The GID table row holding the data IP as RoCE v2 (-1: none)",
+            host_labels,
+        )
         self.info = InfoMetricFamily(
             "sparkd_model", "The model a cluster serves", labels=["cluster"]
         )
@@ -280,11 +359,16 @@ class _Families:
                 self.phase.add_metric([name, phase], 1.0 if plan.phase == phase else 0.0)
             self.converged.add_metric([name], 1.0 if plan.converged else 0.0)
             self.paused.add_metric([name], 1.0 if plan.phase == "paused" else 0.0)
+            for triage in TRIAGE_CLASSES:
+                self.triage.add_metric([name, triage], 1.0 if triage in plan.triage else 0.0)
         observed = view.snapshot
         if observed is None:
             return
         for host in observed.hosts:
             self.host_up.add_metric([name, host.name], 1.0 if host.reachable else 0.0)
+            if host.memory_available_bytes is not None:
+                self.memory_available.add_metric([name, host.name], host.memory_available_bytes)
+            self._fabric(name, host)
         ray = observed.ray
         alive = [n for n in ray.nodes if n.alive] if ray is not None and ray.up else []
         self.ray_nodes.add_metric([name], len(alive))
@@ -311,6 +395,20 @@ class _Families:
         if elapsed and fraction > 0:
             self.load_eta.add_metric([name], max(0.0, elapsed * (1 - fraction) / fraction))
 
+    def _fabric(self, name: str, host: HostFacts) -> None:
+        fabric = host.fabric
+        if fabric is None:
+            return
+        labels = [name, host.name]
+        if fabric.mtu is not None:
+            self.mtu.add_metric(labels, fabric.mtu)
+        if fabric.rdma_device is None:
+            return
+        self.link_up.add_metric(labels, 1.0 if fabric.port_state == "ACTIVE" else 0.0)
+        if fabric.rate_gbps is not None:
+            self.link_rate.add_metric(labels, fabric.rate_gbps * 1e9 / 8)
+        self.gid_index.add_metric(labels, fabric.gid_index if fabric.gid_index is not None else -1)
+
     def all(self) -> Iterator[Metric]:
         yield from (
             self.host_up,
@@ -332,5 +430,11 @@ class _Families:
             self.ratio,
             self.last_success,
             self.last_latency,
+            self.memory_available,
+            self.triage,
+            self.link_up,
+            self.link_rate,
+            self.mtu,
+            self.gid_index,
             self.info,
         )

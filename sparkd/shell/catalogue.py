@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkd.core import facts
+from sparkd.core import facts, kernel
 from sparkd.core.assemble import LAUNCH_MARKER
 from sparkd.core.spec import (
     LABEL_CLUSTER,
@@ -163,6 +163,11 @@ def fact_script(
     lines.append(section("disk", ["df", "-B1", "--output=avail", str(cluster.model.log_dir)]))
     # Docker's own file system too: a full one fails `docker run` and `docker exec`.
     lines.append(section("docker_disk", ["df", "-B1", "--output=avail", DOCKER_ROOT]))
+    # This boot's kernel log, the last lines only: the text is the same every cycle (so the
+    # forced command can list it), and what is new is told apart by the kernel's timestamps.
+    lines.append(section("kernel", KERNEL_LOG))
+    lines.append(section("meminfo", ["cat", MEMINFO_PATH]))
+    lines.append(fabric_section(host, t))
     head = container_name(cluster, host)
     if host.role == "head" and read_ray:
         ray_lines: list[str] = []
@@ -349,6 +354,31 @@ def start_model(cluster: ClusterSpec, seconds: float, api_key: str | None = None
     exec_argv = ["docker", "exec", "-d", head, "sh", "-c", serve_shell(cluster)]
     steps.append(_line(exec_argv, seconds))
     return Remote("start_model", " && ".join(steps), mutating=True, stdin=api_key)
+
+
+KERNEL_LOG = (
+    "journalctl", "-k", "-b", "-o", "short-monotonic", "--no-pager",
+    "-n", str(kernel.TAIL_LINES),
+)  # fmt: skip
+MEMINFO_PATH = "/proc/meminfo"
+
+FABRIC_FILES = (
+    "mtu",
+    "carrier_changes",
+    "device/infiniband/*/ports/*/state",
+    "device/infiniband/*/ports/*/phys_state",
+    "device/infiniband/*/ports/*/rate",
+    "device/infiniband/*/ports/*/gids/*",
+    "device/infiniband/*/ports/*/gid_attrs/types/*",
+)
+
+
+def fabric_section(host: HostSpec, seconds: float) -> str:
+    """The data interface's sysfs files, globs left to the host's shell (the RDMA device and
+    its GID rows are found there); the interface's name is quoted."""
+    base = shlex.quote(f"/sys/class/net/{host.interface}")
+    paths = " ".join(f"{base}/{name}" for name in FABRIC_FILES)
+    return f"{shlex.join(['s', 'fabric', *timed(['grep', '-s', '-H', '.'], seconds)])} {paths}"
 
 
 GPU_APPS = (

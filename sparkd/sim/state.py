@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from sparkd.sim.fake_fabric import Link
+
 if TYPE_CHECKING:
     from sparkd.sim.timing import Timing
 
@@ -294,6 +296,11 @@ class HostState:
     disk_total_bytes: int = 3_841_000_000_000
     ray_ip_override: str | None = None
     gpu_uuid: str = field(default_factory=lambda: "GPU-" + new_boot_id())
+    # This boot's kernel log (seconds since boot, message) and MemAvailable (sim.fake_kernel).
+    kernel_log: list[tuple[float, str]] = field(default_factory=list)
+    memory_available_kib: int = 104_283_952
+    # The data link's sysfs (sim.fake_fabric.Link).
+    link: Link = field(default_factory=Link)
 
     def container(self, ref: str) -> Container | None:
         """Look a container up by name, full id or unique id prefix, as docker does."""

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import asyncssh
 
-from sparkd.sim import fake_system
+from sparkd.sim import fake_fabric, fake_kernel, fake_system
 from sparkd.sim.config import render_config
 from sparkd.sim.control import ControlServer
 from sparkd.sim.engine import HostEngine, graphics_processes, normalize_image
@@ -62,7 +62,10 @@ from sparkd.sim.toolserver import ToolServer
 from sparkd.sim.vllm_logs import crash_loop_log
 from sparkd.sim.vllm_server import SERVED_KEPT, FieldNaming, ModelBehaviour, Served, SimVllmServer
 
-TOOLS = ("docker", "systemctl", "nvidia-smi", "ray", "vllm", "ip", "df", "kill", "cat", "sudo")
+TOOLS = (
+    "docker", "systemctl", "nvidia-smi", "ray", "vllm", "ip", "df", "kill", "cat", "sudo",
+    "journalctl", "grep",
+)  # fmt: skip
 SCENARIOS = ("seed-morning", "seed-crashloop", "healthy", "empty")
 BIN_DIR = Path(__file__).with_name("bin")
 _SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -389,6 +392,7 @@ class World:
             log_dir=str(log_dir),
             home=str(home),
         )
+        fake_kernel.boot(state)
         engine = HostEngine(state, self._run_main, self._container_exited, self.timing)
         ssh_class: Callable[..., SimSshHost] = SimSshHost
         if self._sshd is not None:
@@ -739,8 +743,14 @@ class World:
             return fake_system.df(state, call.args)
         if tool == "kill":
             return fake_system.kill(state, call.args, self._deliver_signal)
+        if tool == "cat" and call.args == [fake_kernel.MEMINFO_PATH]:
+            return Done(stdout=fake_kernel.meminfo(state))
         if tool == "cat":
             return fake_system.cat_boot_id(state, call.args)
+        if tool == "journalctl":
+            return fake_kernel.journalctl(state, call.args)
+        if tool == "grep":
+            return fake_fabric.grep(state.interface, state.data_ip, state.link, call.args)
         return fail(f"bash: {tool}: command not found", 127)
 
     def _hang(self, host: SimHost, call: ToolCall) -> Stream:
@@ -871,6 +881,10 @@ class World:
             "lost-gpu": self.lost_gpu,
             "orphan-engine": self.orphan_engine,
             "hang-capture": self.hang_capture,
+            "xid-79": self.xid_79,
+            "xid-13": self.xid_13,
+            "xid-45": self.xid_45,
+            "link-flap": self.link_flap,
         }
         with_arg: dict[str, Callable[[str, str | None], Awaitable[str]]] = {
             "stray-gpu": self.stray_gpu,
@@ -883,6 +897,12 @@ class World:
             "rename-iface": self.rename_iface,
             "full-disk": self.full_disk,
             "pull-image": self.pull_image,
+            "nv-no-memory-wedge": self.nv_no_memory_wedge,
+            "aer-fatal": self.aer_fatal,
+            "memory-pressure": self.memory_pressure,
+            "gid-moved": self.gid_moved,
+            "mtu-mismatch": self.mtu_mismatch,
+            "rate-degraded": self.rate_degraded,
         }
         if name in with_arg:
             return await with_arg[name](target.name, arg)
@@ -931,6 +951,7 @@ class World:
         h.state.boot_id = new_boot_id()
         h.state.booted_wall = time.time()
         h.state.gpu_lost = False
+        fake_kernel.boot(h.state)
         for unit in h.state.units.values():
             unit.active = unit.enabled
         h.engine.boot()
@@ -963,6 +984,8 @@ class World:
         for container in list(h.state.containers.values()):
             self._thaw(container)
             container.crash_loop = False
+        h.state.memory_available_kib = fake_kernel.MEM_AVAILABLE_KIB
+        h.state.link = fake_fabric.Link(carrier_changes=h.state.link.carrier_changes)
         h.faults.slow_load = False
         h.faults.stall_load = False
         h.faults.chatty_stall = False
@@ -1077,6 +1100,73 @@ class World:
         """The GPU fell off the bus (Xid 79): nvidia-smi exits 15 until a reboot."""
         self.host(host).state.gpu_lost = True
         return f"the GPU of {host} is lost"
+
+    async def xid_79(self, host: str) -> str:
+        """The kernel logs XID 79 and the GPU is lost (nvidia-smi exits 15) until a reboot."""
+        fake_kernel.log(self.host(host).state, fake_kernel.XID_79)
+        return await self.lost_gpu(host)
+
+    async def xid_13(self, host: str) -> str:
+        """An application's graphics exception: logged, the GPU stays usable."""
+        fake_kernel.log(self.host(host).state, fake_kernel.XID_13)
+        return f"{host}: XID 13 logged"
+
+    async def xid_45(self, host: str) -> str:
+        """A process torn down while on the GPU: logged, harmless."""
+        fake_kernel.log(self.host(host).state, fake_kernel.XID_45)
+        return f"{host}: XID 45 logged"
+
+    async def nv_no_memory_wedge(self, host: str, arg: str | None = None) -> str:
+        """NVRM logs NV_ERR_NO_MEMORY; `arg` seconds later (default 10) the host stops
+        answering, SSH included, until a power cycle (a reboot fault) or `heal`."""
+        fake_kernel.log(self.host(host).state, fake_kernel.NV_NO_MEMORY)
+        return self._wedge_later(host, arg, "NV_ERR_NO_MEMORY")
+
+    async def aer_fatal(self, host: str, arg: str | None = None) -> str:
+        """A fatal PCIe AER on the ConnectX-7, mlx5's error handler and a soft lockup; `arg`
+        seconds later (default 10) the host stops answering."""
+        fake_kernel.log(self.host(host).state, fake_kernel.AER_FATAL)
+        return self._wedge_later(host, arg, "fatal AER")
+
+    def _wedge_later(self, host: str, arg: str | None, what: str) -> str:
+        delay = float(arg) if arg else 10.0
+
+        async def wedge() -> None:
+            await asyncio.sleep(delay)
+            await self.blackhole(host)
+
+        self._spawn(wedge())
+        return f"{host}: {what} logged; wedged in {delay:g}s"
+
+    async def memory_pressure(self, host: str, arg: str | None = None) -> str:
+        """MemAvailable drops to `arg` bytes (default 1 GiB) until a reboot or `heal`."""
+        available = int(arg) if arg else 1 << 30
+        self.host(host).state.memory_available_kib = available // 1024
+        return f"{host}: MemAvailable {available} bytes"
+
+    async def gid_moved(self, host: str, arg: str | None = None) -> str:
+        """The link dropped and the data address was re-added: its RoCE v2 GID row moves to
+        `arg` (default 5), and the carrier changed twice."""
+        link = self.host(host).state.link
+        link.gid_start = (int(arg) if arg else 5) - 1
+        link.carrier_changes += 2
+        return f"{host}: the data IP's RoCE v2 GID is now at index {link.gid_start + 1}"
+
+    async def mtu_mismatch(self, host: str, arg: str | None = None) -> str:
+        """A firmware update reset the data interface's MTU to `arg` (default 1500)."""
+        self.host(host).state.link.mtu = int(arg) if arg else 1500
+        return f"{host}: data interface MTU {self.host(host).state.link.mtu}"
+
+    async def rate_degraded(self, host: str, arg: str | None = None) -> str:
+        """The port trained at `arg` Gb/s (default 25) instead of 200."""
+        rate = arg or "25"
+        self.host(host).state.link.rate = f"{rate} Gb/sec (1X HDR)"
+        return f"{host}: RDMA port at {rate} Gb/s"
+
+    async def link_flap(self, host: str) -> str:
+        """The data link went down and came back: two carrier changes."""
+        self.host(host).state.link.carrier_changes += 2
+        return f"{host}: data link flapped"
 
     async def orphan_engine(self, host: str) -> str:
         """`kill -9` of the API server: its EngineCore and Ray workers stay with the GPUs."""

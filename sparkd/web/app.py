@@ -91,6 +91,8 @@ def cluster_json(controller: Controller) -> dict[str, Any]:
         "phase": plan.phase if plan is not None else None,
         "reason": plan.reason if plan is not None else "no cycle finished yet",
         "converged": plan.converged if plan is not None else False,
+        # The failure classes below vLLM the plan recognised (core.triage.TABLE).
+        "triage": list(plan.triage) if plan is not None else [],
         "paused": memory.paused.model_dump(mode="json") if memory.paused is not None else None,
         "blocked": memory.blocked.model_dump(mode="json") if memory.blocked is not None else None,
         "maintenance": _window(controller),

@@ -73,6 +73,9 @@ def fast_cluster(cluster: ClusterSpec, **changes: Any) -> ClusterSpec:
         "policy": cluster.policy.model_copy(
             update={"backoff_initial": 0.1, "backoff_max": 0.5, "healthy_reset": 5.0}
         ),
+        # Below vLLM: the flap window and the wedge's unreachable time keep their real ratio.
+        "fabric": cluster.fabric.model_copy(update={"flap_window": 600.0 * FAST_FACTOR}),
+        "power": cluster.power.model_copy(update={"unreachable_for": 600.0 * FAST_FACTOR}),
     }
     for key, value in changes.items():
         if isinstance(value, dict):

@@ -40,3 +40,13 @@ def test_demo_fault_is_detected_and_recovered(tmp_path: Path) -> None:
     after = out[out.index("injecting crash-model") :]
     assert "vllm serve exited" in after
     assert "recovered from crash-model" in after
+
+
+def test_demo_xid_79_holds_until_the_operator_reboots(tmp_path: Path) -> None:
+    out = demo(tmp_path, "--fault", "xid-79")
+    after = out[out.index("injecting xid-79") :]
+    blocked = after.index("needs a reboot of spark-b (XID 79")
+    rebooted = after.index("the operator reboots it")
+    assert blocked < rebooted < after.index("recovered from xid-79"), after
+    # Nothing restarted between the XID and the reboot.
+    assert "restart_" not in after[:rebooted] and "start_model" not in after[:rebooted], after

@@ -72,6 +72,11 @@ def test_the_dashboard_covers_what_operators_watch() -> None:
         "sparkd_remediations_total",
         "sparkd_host_up",
         "sparkd_reconcile_duration_seconds_bucket",
+        "sparkd_cluster_triage",
+        "sparkd_host_kernel_events_total",
+        "sparkd_gpu_xid_total",
+        "sparkd_host_memory_available_bytes",
+        "sparkd_fabric_link_up",
     ):
         assert name in used, name
     kinds = {p["type"] for p in dashboard()["panels"]}

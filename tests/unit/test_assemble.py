@@ -170,3 +170,53 @@ def test_image_ids_of_the_tag_and_of_the_running_container() -> None:
     assert got.image_id == tag
     box = got.container("sparkd-sparks-ray-head")
     assert box is not None and box.image_id == running
+
+
+def test_kernel_log_and_memory_reach_the_host_facts() -> None:
+    cluster = reference_cluster()
+    xid = (
+        "[  812.402121] spark-b kernel: NVRM: Xid (PCI:000f:01:00): 79, pid='<unknown>', "
+        "name=<unknown>, GPU has fallen off the bus."
+    )
+    got = host_facts(
+        cluster,
+        cluster.head,
+        sections(
+            boot_id="b",
+            containers="",
+            running="",
+            kernel=xid,
+            meminfo="MemTotal:       125488340 kB\nMemAvailable:    2097152 kB\n",
+        ),
+        1000.0,
+    )
+    assert got.kernel is not None and [e.xid for e in got.kernel.events] == [79]
+    assert got.kernel_error is None
+    assert (got.memory_available_bytes, got.memory_total_bytes) == (2 << 30, 125488340 * 1024)
+
+
+def test_a_kernel_log_that_failed_or_hides_the_system_journal_is_unknown() -> None:
+    cluster = reference_cluster()
+    base = {"boot_id": facts.Section("b", 0), "containers": facts.Section("", 0)}
+    failed = host_facts(
+        cluster,
+        cluster.head,
+        {**base, "kernel": facts.Section("bash: journalctl: command not found", 127)},
+        1000.0,
+    )
+    assert failed.kernel is None and "journalctl" in (failed.kernel_error or "")
+    hidden = host_facts(
+        cluster,
+        cluster.head,
+        {
+            **base,
+            "kernel": facts.Section(
+                "Hint: You are currently not seeing messages from other users and the system.\n"
+                "-- No entries --",
+                0,
+            ),
+        },
+        1000.0,
+    )
+    assert hidden.kernel is None and "systemd-journal" in (hidden.kernel_error or "")
+    assert hidden.memory_available_bytes is None

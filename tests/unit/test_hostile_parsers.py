@@ -30,6 +30,9 @@ SECTIONS = (
     "serve_spec",
     "serve_log",
     "serve_log_mtime",
+    "kernel",
+    "meminfo",
+    "fabric",
 )
 NASTY = st.sampled_from(
     [
@@ -53,6 +56,10 @@ NASTY = st.sampled_from(
         "Total Usage:\n 1.2.3/9 GPU",
         "Loading safetensors checkpoint shards: 999999999999999999999% Completed",
         "9999-99-99 99:99:99.999 +9999",
+        "[99999999999.9999999999] h kernel: NVRM: Xid (PCI:0000:01:00): 99999, pid=1, x",
+        "[ 1.5] h kernel: NVRM: Xid (PCI:\x1b[2J): 79, x\n[ nan] x",
+        "MemAvailable: 999999999999999999999 kB\nMemTotal: -1 kB",
+        "/sys/class/net/x/device/infiniband/d/ports/999/gids/9999:zz\n/sys/class/net/x/mtu:99999999999999",
     ]
 )
 BODY = st.one_of(

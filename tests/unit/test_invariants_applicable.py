@@ -147,7 +147,7 @@ def test_a_lost_gpu_blocks_every_start_and_says_reboot(
     result = plan(toy.cluster, observed, memory, now)
     assert not kinds(result) & STARTS, result.reason
     assert needs_a_human(result)
-    assert f"the GPU of {name} is lost: reboot the host" in result.reason
+    assert f"the GPU of {name} is lost: needs a reboot of {name}" in result.reason
 
 
 def test_a_driver_still_loading_is_unknown_not_lost() -> None:

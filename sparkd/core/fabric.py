@@ -1,0 +1,233 @@
+"""The data link's RDMA fabric: sysfs facts, and the fabric faults NCCL hangs on. Pure.
+
+The fact script reads, with `grep -s -H .`, the data interface's `mtu` and `carrier_changes`
+(Documentation/ABI/testing/sysfs-class-net) and, under its `device/infiniband/DEV/ports/N/`, the
+port's `state`, `phys_state`, `rate`, `gids/K` and `gid_attrs/types/K`
+(Documentation/ABI/stable/sysfs-class-infiniband); samples in tests/fixtures/fabric. Unused GID
+rows fail to read (EINVAL), so grep's exit status says nothing: only the lines count.
+
+A tensor-parallel NCCL run over a fabric fault hangs without an error, and restarting it hangs
+again: a fault here holds every Ray and model start or restart, naming the host, the interface,
+the fact and the operator's fix.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+
+from sparkd.core.judge import MODEL_STARTS, RAY_STARTS, Context, Hold, Verdict
+from sparkd.core.text import printable
+from sparkd.model.observed import Fabric
+
+_LINE = re.compile(r"^/sys/class/net/(?P<iface>[^/:]{1,64})/(?P<rest>[^:]{1,300}):(?P<value>.*)$")
+_PORT = re.compile(
+    r"^device/infiniband/(?P<dev>[^/]{1,64})/ports/(?P<port>[0-9]{1,3})/"
+    r"(?P<what>state|phys_state|rate|gids/[0-9]{1,4}|gid_attrs/types/[0-9]{1,4})$"
+)
+_RATE = re.compile(r"^\s*(?P<n>[0-9]{1,6}(?:\.[0-9]{1,3})?) Gb/sec")
+_WORD = re.compile(r"^\s*[0-9]{1,3}:\s*(?P<word>\S{1,32})")
+ROCE_V2 = "RoCE v2"
+
+
+def _int(text: str) -> int | None:
+    text = text.strip()
+    return int(text) if text.isdigit() and len(text) <= 12 else None
+
+
+def parse_fabric(text: str, data_ip: str) -> Fabric:
+    """Whatever lines came; a missing one is None, never a guess."""
+    net: dict[str, str] = {}
+    ports: dict[tuple[str, int], dict[str, str]] = {}
+    for line in text.splitlines():
+        match = _LINE.match(line)
+        if match is None:
+            continue
+        rest, value = match.group("rest"), match.group("value")
+        if rest in ("mtu", "carrier_changes"):
+            net.setdefault(rest, value)
+            continue
+        port = _PORT.match(rest)
+        if port is not None:
+            key = (printable(port.group("dev")), int(port.group("port")))
+            ports.setdefault(key, {}).setdefault(port.group("what"), value)
+    fabric = Fabric(
+        mtu=_int(net.get("mtu", "")), carrier_changes=_int(net.get("carrier_changes", ""))
+    )
+    if not ports:
+        return fabric
+    found = {key: _gid_index(rows, data_ip) for key, rows in ports.items()}
+    key = next((k for k in sorted(ports) if found[k] is not None), sorted(ports)[0])
+    rows = ports[key]
+    rate = _RATE.match(rows.get("rate", ""))
+    return fabric.model_copy(
+        update={
+            "rdma_device": key[0],
+            "port": key[1],
+            "port_state": _word(rows.get("state")),
+            "phys_state": _word(rows.get("phys_state")),
+            "rate_gbps": float(rate.group("n")) if rate is not None else None,
+            "gid_index": found[key],
+        }
+    )
+
+
+def _word(text: str | None) -> str | None:
+    match = _WORD.match(text or "")
+    return match.group("word") if match is not None else None
+
+
+def _gid_index(rows: dict[str, str], data_ip: str) -> int | None:
+    """The GID row holding `data_ip` (IPv4-mapped for IPv4) whose type is RoCE v2."""
+    try:
+        ip = ipaddress.ip_address(data_ip)
+    except ValueError:
+        return None
+    wanted = ipaddress.IPv6Address(f"::ffff:{ip}") if ip.version == 4 else ip
+    for what, value in rows.items():
+        if not what.startswith("gids/"):
+            continue
+        index = int(what.split("/")[1])
+        try:
+            gid = ipaddress.IPv6Address(value.strip())
+        except ValueError:
+            continue
+        if gid == wanted and rows.get(f"gid_attrs/types/{index}", "").strip() == ROCE_V2:
+            return index
+    return None
+
+
+def gid_env(ctx: Context) -> int | None:
+    """The GID index the Ray containers give NCCL (`ray.env` NCCL_IB_GID_INDEX), if any."""
+    return _int(ctx.desired.ray.env.get("NCCL_IB_GID_INDEX", ""))
+
+
+@dataclass(frozen=True)
+class Problem:
+    host: str
+    # What is wrong, and the operator's fix.
+    why: str
+    # Hard: the fabric cannot carry NCCL at all (`blocked`); soft: slow or broken now and then.
+    hard: bool
+    # Whether it holds Ray and model (re)starts (a moved GID is cured by a relaunch).
+    holds: bool = True
+
+
+def problems(ctx: Context) -> list[Problem]:
+    """Every fabric fault seen this cycle."""
+    found: list[Problem] = []
+    mtus: dict[str, int] = {}
+    expected = ctx.desired.fabric.expected_rate_gbps
+    wanted_gid = gid_env(ctx)
+    for host in ctx.reachable:
+        fabric = ctx.facts[host.name].fabric
+        if fabric is None:
+            continue
+        iface = host.interface
+        if fabric.mtu is not None:
+            mtus[host.name] = fabric.mtu
+        if fabric.rdma_device is None:
+            continue
+        where = f"{host.name} {iface} ({fabric.rdma_device} port {fabric.port})"
+        if fabric.port_state not in (None, "ACTIVE"):
+            found.append(
+                Problem(
+                    host.name,
+                    f"{where} is {fabric.port_state} ({fabric.phys_state}): reseat the "
+                    "cable or reboot the host",
+                    True,
+                )
+            )
+            continue
+        if fabric.gid_index is None:
+            found.append(
+                Problem(
+                    host.name,
+                    f"{where} has no RoCE v2 GID for {host.ip}: re-add the address "
+                    f"(ip addr add {host.ip}/PREFIX dev {iface})",
+                    True,
+                )
+            )
+        elif wanted_gid is not None and fabric.gid_index != wanted_gid:
+            found.append(
+                Problem(
+                    host.name,
+                    f"{where} holds {host.ip} as RoCE v2 at GID index "
+                    f"{fabric.gid_index}, not NCCL_IB_GID_INDEX={wanted_gid}: re-add the address "
+                    "or set ray.env NCCL_IB_GID_INDEX",
+                    True,
+                )
+            )
+        if expected is not None and fabric.rate_gbps is not None and fabric.rate_gbps < expected:
+            found.append(
+                Problem(
+                    host.name,
+                    f"{where} runs at {fabric.rate_gbps:g} Gb/s, below the expected "
+                    f"{expected:g}: reseat or replace the cable",
+                    False,
+                )
+            )
+    if len(set(mtus.values())) > 1:
+        top = max(mtus.values())
+        listed = ", ".join(f"{name} {mtu}" for name, mtu in sorted(mtus.items()))
+        low = [name for name, mtu in sorted(mtus.items()) if mtu != top]
+        for name in low:
+            found.append(
+                Problem(
+                    name,
+                    f"MTU mismatch on the data link ({listed}): set the MTU of "
+                    f"{ctx.desired.host(name).interface} on {name} to {top}",
+                    True,
+                )
+            )
+    for name, since in sorted(ctx.memory.flapped_at.items()):
+        if name in ctx.facts and ctx.now - since <= ctx.desired.fabric.flap_window:
+            iface = ctx.desired.host(name).interface
+            found.append(
+                Problem(
+                    name,
+                    f"{name} {iface} flapped (carrier changed) in the last "
+                    f"{ctx.desired.fabric.flap_window:g}s: check the cable and the switch port",
+                    False,
+                )
+            )
+    serve = ctx.observed.serve
+    launched = ctx.memory.launched_at
+    for name, (before, after, at) in sorted(ctx.memory.gid_moved.items()):
+        # Only a model that opened NCCL before the move holds the old index.
+        if serve is None or not serve.running or launched is None or launched >= at:
+            continue
+        iface = ctx.desired.host(name).interface
+        found.append(
+            Problem(
+                name,
+                f"{name} {iface}: the data IP's RoCE v2 GID moved from index {before} to "
+                f"{after} after the model launched (NCCL keeps the old one): the model is "
+                "restarted if it stops answering",
+                False,
+                holds=False,
+            )
+        )
+    return found
+
+
+def judge_fabric(ctx: Context) -> Verdict:
+    """No Ray or model (re)start over a faulty fabric: it would hang again."""
+    verdict = Verdict()
+    found = problems(ctx)
+    for problem in found:
+        text = f"fabric: {problem.why}"
+        verdict.notes.append(text)
+        if problem.holds:
+            verdict.holds.append(Hold(text, RAY_STARTS | MODEL_STARTS))
+        if problem.hard:
+            verdict.phase = "blocked"
+    if found:
+        verdict.phase = verdict.phase or "degraded"
+        verdict.triage = ["fabric"]
+    return verdict
+
+
+def carrier_changed(previous: int | None, now: int | None) -> bool:
+    return previous is not None and now is not None and now > previous

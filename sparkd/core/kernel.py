@@ -1,0 +1,195 @@
+"""The kernel's own account of a host: its log tail and its memory. Pure: text in, values out.
+
+The fact script reads this boot's kernel log as `journalctl -k -b -o short-monotonic -n N`
+(samples in tests/fixtures/kernel): every line carries the kernel's monotonic timestamp, so what
+is new since the last look is what is newer than the last timestamp seen in the same boot
+(`new_since`). A flood of one message is one event with a count. Both parsers are total: any
+text gives a value, never an exception.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from sparkd.core.text import printable
+from sparkd.model.observed import KernelEvent, KernelKind, KernelLog
+
+Severity = Literal["application", "teardown", "hardware", "reboot"]
+
+
+@dataclass(frozen=True)
+class Xid:
+    meaning: str
+    severity: Severity
+
+
+# NVIDIA's XID catalogue (docs.nvidia.com/deploy/xid-errors), for the XIDs sparkd judges. On
+# GB10 the GPU is part of the SoC: there is no GPU reset apart from a reboot of the host, so
+# what NVIDIA answers with "reset the GPU" needs a reboot here.
+XIDS: dict[int, Xid] = {
+    13: Xid(
+        "graphics engine exception (an application's illegal access or kernel fault)", "application"
+    ),
+    31: Xid("GPU memory page fault (an application's illegal address)", "application"),
+    43: Xid("GPU stopped processing (an application's fault; the GPU stays usable)", "application"),
+    45: Xid("preemptive cleanup: a process ended (killed or exited) while on the GPU", "teardown"),
+    48: Xid("double-bit ECC error (uncorrectable memory error)", "reboot"),
+    63: Xid("ECC page retirement or row remapping recorded (takes effect on reset)", "hardware"),
+    64: Xid("ECC page retirement or row remapping failed", "reboot"),
+    74: Xid("NVLink error", "reboot"),
+    79: Xid("GPU has fallen off the bus", "reboot"),
+    92: Xid("high single-bit ECC error rate", "hardware"),
+    94: Xid("contained ECC error (the GPU needs a reset to be trusted again)", "reboot"),
+    95: Xid("uncontained ECC error", "reboot"),
+}
+
+
+def xid_info(number: int) -> Xid:
+    """What an XID means; one sparkd does not know is hardware or driver, never fatal alone."""
+    return XIDS.get(number, Xid(f"XID {number} (not in sparkd's catalogue)", "hardware"))
+
+
+def fatal_xid(event: KernelEvent) -> bool:
+    return (
+        event.kind == "xid" and event.xid is not None and xid_info(event.xid).severity == "reboot"
+    )
+
+
+# Messages after which a host may stop answering with no further word (NVIDIA
+# open-gpu-kernel-modules 1358; a ConnectX-7 fatal AER): the "last log seen" of a wedge.
+WEDGE_OMENS: frozenset[KernelKind] = frozenset(
+    {"nv_no_memory", "aer_fatal", "mlx5_pci_error", "soft_lockup"}
+)
+
+# At most this many lines are read per look (the fact script's `-n`).
+TAIL_LINES = 200
+# `[  65.315783] spark-a kernel: MESSAGE` (short-monotonic); the host part is optional.
+_LINE = re.compile(r"^\[\s*(?P<t>[0-9]{1,10}\.[0-9]{1,9})\]\s(?:\S+ kernel: )?(?P<msg>.*)$")
+_XID = re.compile(r"NVRM: Xid \((?P<dev>[^)]{0,40})\): (?P<xid>[0-9]{1,4}),")
+_PATTERNS: tuple[tuple[KernelKind, re.Pattern[str]], ...] = (
+    ("nv_no_memory", re.compile(r"NVRM:.*\bNV_ERR_NO_MEMORY\b")),
+    # `Uncorrectable (Fatal) error message received` / `severity=Uncorrected (Fatal)`, never
+    # `(Non-Fatal)`.
+    ("aer_fatal", re.compile(r"(?:AER: |severity=)Uncorrect(?:ed|able) \(Fatal\)")),
+    ("mlx5_pci_error", re.compile(r"^mlx5_core (?P<dev>\S{1,40}): .*pci_err_detected")),
+    ("soft_lockup", re.compile(r"BUG: soft lockup - CPU#[0-9]+ stuck")),
+    ("oom_kill", re.compile(r"Out of memory: Killed process [0-9]+")),
+)
+# `pcieport 0000:00:01.0: AER: ...`: the reporting device.
+_DEVICE = re.compile(r"^\S+ (?P<dev>[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]):", re.I)
+_LINE_LIMIT = 300
+# What journalctl prints instead of the system journal to a user outside `adm` and
+# `systemd-journal`: the kernel's lines are then missing, never "none".
+_NO_ACCESS = "not seeing messages from other users and the system"
+
+
+def unreadable(text: str) -> str | None:
+    """Why a kernel log read that exited 0 still says nothing about the kernel, or None."""
+    if _NO_ACCESS in text:
+        return (
+            "journalctl cannot read the system journal: add the SSH user to group "
+            "systemd-journal (or adm)"
+        )
+    return None
+
+
+def parse_kernel_log(text: str) -> KernelLog:
+    """Each known message kind, de-duplicated by kind, XID and device, with every timestamp."""
+    events: dict[tuple[str, int | None, str], KernelEvent] = {}
+    lines = 0
+    last: float | None = None
+    for raw in text.splitlines():
+        match = _LINE.match(raw)
+        if match is None:
+            continue
+        try:
+            at = float(match.group("t"))
+        except ValueError:
+            continue
+        lines += 1
+        last = at if last is None else max(last, at)
+        found = _classify(match.group("msg"))
+        if found is None:
+            continue
+        kind, xid, device = found
+        key = (kind, xid, device)
+        seen = events.get(key)
+        if seen is None:
+            line = printable(match.group("msg"))[:_LINE_LIMIT]
+            events[key] = KernelEvent(
+                kind=kind, xid=xid, device=device, first_at=at, last_at=at, times=(at,), line=line
+            )
+        else:
+            events[key] = seen.model_copy(
+                update={
+                    "count": seen.count + 1,
+                    "first_at": min(seen.first_at, at),
+                    "last_at": max(seen.last_at, at),
+                    "times": (*seen.times, at),
+                }
+            )
+    return KernelLog(events=tuple(events.values()), lines=lines, last_at=last)
+
+
+def _classify(message: str) -> tuple[KernelKind, int | None, str] | None:
+    xid = _XID.search(message)
+    if xid is not None:
+        return "xid", int(xid.group("xid")), printable(xid.group("dev"))
+    for kind, pattern in _PATTERNS:
+        match = pattern.search(message)
+        if match is None:
+            continue
+        device = match.groupdict().get("dev") or ""
+        if not device:
+            named = _DEVICE.match(message)
+            device = named.group("dev") if named is not None else ""
+        return kind, None, printable(device)
+    return None
+
+
+def new_since(log: KernelLog, mark: float | None) -> list[tuple[KernelEvent, int]]:
+    """Each event with how many of its lines are newer than `mark` (the last timestamp seen in
+    this boot; None: everything is new). Events with nothing new are left out."""
+    found = []
+    for event in log.events:
+        fresh = sum(1 for t in event.times if mark is None or t > mark)
+        if fresh:
+            found.append((event, fresh))
+    return found
+
+
+def describe(event: KernelEvent) -> str:
+    """One line naming the event, its count and (for an XID) what it means."""
+    times = f" x{event.count}" if event.count > 1 else ""
+    at = f" at {event.last_at:.0f}s after boot"
+    if event.kind == "xid" and event.xid is not None:
+        return f"XID {event.xid} ({xid_info(event.xid).meaning}){times}{at}"
+    names = {
+        "nv_no_memory": "NVRM NV_ERR_NO_MEMORY",
+        "aer_fatal": "PCIe fatal AER",
+        "mlx5_pci_error": "mlx5 PCI error",
+        "soft_lockup": "soft lockup",
+        "oom_kill": "OOM kill",
+    }
+    device = f" on {event.device}" if event.device else ""
+    return f"{names.get(event.kind, event.kind)}{device}{times}{at}"
+
+
+_MEMINFO = re.compile(r"^(?P<key>MemTotal|MemAvailable):\s+(?P<n>[0-9]{1,15}) kB\s*$")
+
+
+def parse_meminfo(text: str) -> tuple[int | None, int | None]:
+    """(MemAvailable, MemTotal) in bytes from /proc/meminfo (whose "kB" is KiB)."""
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        match = _MEMINFO.match(line)
+        if match is not None:
+            values.setdefault(match.group("key"), int(match.group("n")) * 1024)
+    return values.get("MemAvailable"), values.get("MemTotal")
+
+
+def events_of(logs: Iterable[KernelLog | None]) -> list[KernelEvent]:
+    return [event for log in logs if log is not None for event in log.events]

@@ -1,0 +1,221 @@
+"""Below vLLM against the simulated world over SSH: the kernel's lines and memory, as the real
+tools print them, reach the plan (the hold, its reason) and the metrics."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sparkd.cli_api import render_status
+from sparkd.runtime.daemon import Daemon
+from sparkd.shell.ssh import SshPool
+from sparkd.sim.world import World
+from tests.e2e.conftest import (
+    FAST_EXECUTOR,
+    controller,
+    converge,
+    eventually,
+    mutations,
+    world_settings,
+)
+from tests.e2e.test_invariants_sim import cycle_until, cycles
+from tests.e2e.test_metrics import fetch, parse, value
+
+GIB = 1 << 30
+
+
+async def test_xid_79_blocks_with_a_reboot_and_restarts_nothing(
+    healthy_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    ctl = controller(healthy_world, pool, tmp_path / "state")
+    await converge(ctl, cycles=100)
+    since = time.time()
+    await healthy_world.fault("xid-79", "spark-b")
+    await healthy_world.fault("crash-model", "spark-a")
+    plans = await cycle_until(ctl, "needs a reboot of spark-b (XID 79 (GPU has fallen off the bus)")
+    plans += await cycles(ctl, 10)
+    assert all(p.actions == () for p in plans), [p.reason for p in plans if p.actions]
+    assert plans[-1].phase == "blocked" and plans[-1].triage == ("gpu_lost",)
+    assert plans[-1].latch is None
+    assert mutations(healthy_world, since=since) == []
+    await healthy_world.fault("reboot", "spark-b")
+    final = await converge(ctl, cycles=400)
+    assert final[-1].phase == "healthy" and final[-1].triage == ()
+
+
+async def test_application_xids_and_teardowns_change_nothing(
+    healthy_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    ctl = controller(healthy_world, pool, tmp_path / "state")
+    await converge(ctl, cycles=100)
+    since = time.time()
+    await healthy_world.fault("xid-13", "spark-a")
+    await healthy_world.fault("xid-45", "spark-b")
+    plans = await cycles(ctl, 5)
+    assert all(p.phase == "healthy" and p.triage == () for p in plans), plans[-1].reason
+    assert mutations(healthy_world, since=since) == []
+    seen = ctl.view.snapshot
+    assert seen is not None
+    events = {h.name: [(e.xid, e.count) for e in h.kernel.events] for h in seen.hosts if h.kernel}
+    assert events == {"spark-a": [(13, 3)], "spark-b": [(45, 2)]}
+
+
+@pytest.mark.parametrize(
+    ("fault", "evidence"),
+    [("nv-no-memory-wedge", "NVRM NV_ERR_NO_MEMORY x3"), ("aer-fatal", "PCIe fatal AER")],
+)
+async def test_a_host_gone_after_its_omens_is_wedged(
+    healthy_world: World, pool: SshPool, tmp_path: Path, fault: str, evidence: str
+) -> None:
+    ctl = controller(healthy_world, pool, tmp_path / "state")
+    await converge(ctl, cycles=100)
+    since = time.time()
+    await healthy_world.fault(fault, "spark-b", "1.5")
+    plans = await cycle_until(ctl, "spark-b wedged: needs a power cycle")
+    assert evidence in plans[-1].reason
+    assert plans[-1].phase == "blocked" and plans[-1].triage == ("host_wedged",)
+    plans += await cycles(ctl, 5)
+    assert not [a for p in plans for a in p.actions if a.host == "spark-b"]
+    assert [r for r in mutations(healthy_world, "spark-b", since)] == []
+
+
+async def test_memory_pressure_holds_the_launch_until_it_eases(
+    healthy_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    ctl = controller(healthy_world, pool, tmp_path / "state")
+    await converge(ctl, cycles=100)
+    since = time.time()
+    await healthy_world.fault("memory-pressure", "spark-a", str(GIB))
+    await healthy_world.fault("crash-model", "spark-a")
+    plans = await cycle_until(ctl, "memory pressure on spark-a: MemAvailable 1.0 GiB below 4.0 GiB")
+    plans += await cycles(ctl, 10)
+    assert not [r for r in mutations(healthy_world, "spark-a", since) if "vllm serve" in r.command]
+    assert plans[-1].triage == ("memory_pressure",)
+    await healthy_world.fault("heal", "spark-a")
+    final = await converge(ctl, cycles=300)
+    assert final[-1].phase == "healthy"
+    launches = [r for r in mutations(healthy_world, "spark-a", since) if "vllm serve" in r.command]
+    assert len(launches) == 1
+
+
+@pytest.fixture
+async def daemon(healthy_world: World, tmp_path: Path) -> AsyncIterator[Daemon]:
+    d = Daemon(
+        world_settings(healthy_world, tmp_path / "state"),
+        healthy_world.config_path,
+        executor_timing=FAST_EXECUTOR,
+    )
+    await d.start()
+    yield d
+    await d.stop()
+
+
+async def test_the_metrics_count_each_kernel_line_once_and_show_memory_and_triage(
+    healthy_world: World, daemon: Daemon
+) -> None:
+    url = f"{daemon.url}/metrics"
+
+    async def sample(name: str, **labels: str) -> float | None:
+        _, text = await fetch(url)
+        return value(parse(text), name, cluster="sparks", **labels)
+
+    async def triaged() -> bool:
+        return await sample("sparkd_cluster_triage", **{"class": "memory_pressure"}) == 1
+
+    await healthy_world.fault("xid-13", "spark-a")
+    await healthy_world.fault("memory-pressure", "spark-b", str(GIB))
+    await eventually(triaged, within=30)
+    assert await sample("sparkd_gpu_xid_total", host="spark-a", xid="13") == 3
+    assert await sample("sparkd_host_kernel_events_total", host="spark-a", **{"class": "xid"}) == 3
+    assert await sample("sparkd_host_memory_available_bytes", host="spark-b") == GIB
+    assert await sample("sparkd_cluster_triage", **{"class": "gpu_lost"}) == 0
+    _, body = await fetch(f"{daemon.url}/status")
+    status = json.loads(body)
+    [cluster] = status["clusters"]
+    assert cluster["triage"] == ["memory_pressure"]
+    assert "memory pressure on spark-b" in cluster["reason"]
+    _, row = render_status(status).splitlines()
+    assert "[memory_pressure]" in row
+    # Later looks read the same lines again: still counted once.
+    cycles_before = daemon.controllers["sparks"].view.cycles
+    await eventually(
+        lambda: daemon.controllers["sparks"].view.cycles >= cycles_before + 3, within=30
+    )
+    assert await sample("sparkd_gpu_xid_total", host="spark-a", xid="13") == 3
+
+
+async def test_an_mtu_mismatch_holds_the_relaunch_until_the_mtu_is_set(
+    healthy_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    ctl = controller(healthy_world, pool, tmp_path / "state")
+    await converge(ctl, cycles=100)
+    seen = ctl.view.snapshot
+    assert seen is not None
+    fabrics = {h.name: h.fabric for h in seen.hosts}
+    assert all(
+        f is not None and f.port_state == "ACTIVE" and f.gid_index == 3 for f in fabrics.values()
+    )
+    since = time.time()
+    await healthy_world.fault("mtu-mismatch", "spark-b")
+    await healthy_world.fault("crash-model", "spark-a")
+    plans = await cycle_until(
+        ctl, "fabric: MTU mismatch on the data link (spark-a 9000, spark-b 1500)"
+    )
+    plans += await cycles(ctl, 5)
+    assert "set the MTU of enp1s0f0np0 on spark-b to 9000" in plans[-1].reason
+    assert plans[-1].phase == "blocked" and plans[-1].triage == ("fabric",)
+    assert mutations(healthy_world, since=since) == []
+    await healthy_world.fault("heal", "spark-b")
+    final = await converge(ctl, cycles=300)
+    assert final[-1].phase == "healthy"
+
+
+async def test_a_flap_is_reported_for_its_window_and_counted(
+    healthy_world: World, daemon: Daemon
+) -> None:
+    url = f"{daemon.url}/metrics"
+
+    async def sample(name: str, **labels: str) -> float | None:
+        _, text = await fetch(url)
+        return value(parse(text), name, cluster="sparks", **labels)
+
+    async def fabric_seen() -> bool:
+        return await sample("sparkd_fabric_gid_index", host="spark-b") == 3
+
+    await eventually(fabric_seen, within=30)
+    assert await sample("sparkd_fabric_link_up", host="spark-b") == 1
+    assert await sample("sparkd_fabric_mtu_bytes", host="spark-b") == 9000
+    assert await sample("sparkd_fabric_link_rate_bytes_per_second", host="spark-b") == 25e9
+    await healthy_world.fault("link-flap", "spark-b")
+    await healthy_world.fault("rate-degraded", "spark-a")
+
+    async def flapped() -> bool:
+        return await sample("sparkd_cluster_triage", **{"class": "fabric"}) == 1
+
+    await eventually(flapped, within=30)
+    assert await sample("sparkd_fabric_flaps_total", host="spark-b") == 1
+    assert await sample("sparkd_fabric_flaps_total", host="spark-a") == 0
+    assert await sample("sparkd_fabric_link_rate_bytes_per_second", host="spark-a") == 25e9 / 8
+    _, body = await fetch(f"{daemon.url}/status")
+    [cluster] = json.loads(body)["clusters"]
+    assert "fabric: spark-b enp1s0f0np0 flapped" in cluster["reason"]
+
+
+async def test_a_host_silent_past_unreachable_for_is_wedged(
+    healthy_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    ctl = controller(healthy_world, pool, tmp_path / "state")
+    await converge(ctl, cycles=100)
+    await healthy_world.fault("blackhole", "spark-b")
+    started = time.monotonic()
+    plans = await cycle_until(
+        ctl, "spark-b wedged: needs a power cycle (unreachable for", limit=600
+    )
+    # Not before power.unreachable_for (its fast-time value) has passed.
+    assert time.monotonic() - started >= ctl.cluster.power.unreachable_for
+    assert any(p.phase == "unreachable" for p in plans)
+    assert plans[-1].phase == "blocked" and plans[-1].triage == ("host_wedged",)
