@@ -145,11 +145,7 @@ class Namespace:
         ns = _namespace_of(self.init)
         if ns is None:
             return []
-        found = [self.init]
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and int(entry) != self.init and _namespace_of(int(entry)) == ns:
-                found.append(int(entry))
-        return found
+        return [self.init, *(pid for pid in _members_of({ns}) if pid != self.init)]
 
     def kill(self) -> None:
         # The kernel ends every other process of a PID namespace with its PID 1.
