@@ -7,6 +7,7 @@ nothing of it runs. With `host_fencing = false`, the same command runs, and the 
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -20,6 +21,7 @@ from sparkd.sim.world import World
 from tests.e2e.conftest import eventually, mutations
 from tests.etcd.conftest import EtcdServer
 from tests.etcd.test_two_daemons import (
+    SPARKD,
     TTL,
     Instance,
     cluster_name,
@@ -131,3 +133,51 @@ async def test_a_paused_owners_late_command_is_refused_by_the_host(
     await eventually(a_standby, within=15)
     # Woken, it never started another action.
     assert [s for s, _ in a.intervals(time.time()) if s > stopped_at] == []
+
+
+async def test_a_rebuilt_etcd_fails_closed_until_refenced(
+    seed_world: World, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """HA.md section 6, scenario 9: the hosts' records come from another etcd (this one is
+    fresh under running hosts). The owner acts on none of them and says so in its metrics;
+    `sparkd ha refence` gives them the owner's token, and the owner then acts."""
+    from sparkd.shell.catalogue import FenceToken
+
+    cluster = cluster_name(seed_world)
+    for host in ("spark-a", "spark-b"):
+        old = catalogue.fence_sweep(FenceToken(cluster, 90210, 1, "ops-old"), 5).command
+        status, _, err = await seed_world.host(host).ssh.run_local(old)
+        assert status == 0, err
+    a = Instance("ops-a", seed_world, etcd, tmp_path)
+    try:
+        await a.start()
+
+        async def refused() -> bool:
+            found = await a.metrics() if await a.role(cluster) == "owner" else {}
+            return found.get(f'sparkd_ha_fence_mismatch{{cluster="{cluster}"}}') == 2
+
+        await eventually(refused, within=30)
+        await asyncio.sleep(2)  # several cycles: the cold start it would make is held
+        assert mutations(seed_world) == []
+        assert any(e.get("event") == "fence_mismatch" for e in a.events())
+        shown = await asyncio.create_subprocess_exec(
+            *SPARKD, "ha", "refence", cluster, "--config", str(a.config),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await shown.communicate()
+        assert shown.returncode == 0, err.decode()
+        assert f"{cluster}: 2 of 2 hosts refenced with token" in out.decode()
+        assert "(owner ops-a)" in out.decode()
+
+        async def acting() -> bool:
+            return bool(mutations(seed_world))
+
+        await eventually(acting, within=30)
+        metrics = await a.metrics()
+        assert metrics[f'sparkd_ha_fence_mismatch{{cluster="{cluster}"}}'] == 0
+        token = int(metrics[f'sparkd_ha_token{{cluster="{cluster}"}}'])
+        home = Path(seed_world.host("spark-b").state.home)
+        record = (home / catalogue.FENCE_DIR / cluster).read_text().split()
+        assert record[0] == str(token) and record[2] == "ops-a" and record[1] != "1"
+    finally:
+        await a.stop()
