@@ -7,12 +7,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sparkd.shell import catalogue
-
+# The simulator shares no code with sparkd: it knows the fence prefix as a host's log would
+# show it, a shell function `sparkd_fence` defined and then called with its arguments.
 _FENCED = re.compile(
-    re.escape(catalogue.FENCE_FUNCTION)
-    + r"; sparkd_fence (?P<cluster>\S+) (?P<token>\d+) \d+ (?P<instance>\S+) \d+( refence)? && \{ "
+    r"sparkd_fence\(\) \{ .*? \}; sparkd_fence (?P<cluster>\S+) (?P<token>\d+) \d+ "
+    r"(?P<instance>\S+) \d+( refence)? && \{ ",
+    re.S,
 )
+# The fence's own refusals: a newer token recorded, another etcd's record, the lock busy.
+FENCE_REFUSALS = (76, 77, 75)
 _AUDITED = re.compile(r": sparkd-unfenced (?P<cluster>\S+) (?P<token>\d+) (?P<instance>\S+); ")
 
 
@@ -37,11 +40,7 @@ class OwnedCommand:
     @property
     def refused(self) -> bool:
         """The host's fence turned it away: nothing of it ran."""
-        return self.owner.fenced and self.status in (
-            catalogue.FENCED_EXIT,
-            catalogue.FENCE_MISMATCH_EXIT,
-            catalogue.FENCE_BUSY_EXIT,
-        )
+        return self.owner.fenced and self.status in FENCE_REFUSALS
 
 
 def owner_of(command: str) -> Owner | None:
