@@ -114,13 +114,14 @@ class Executor:
 
     async def _sh(self, host: HostSpec, remote: catalogue.Remote) -> str:
         seconds = self.cluster.ssh.command_timeout
+        sent = None
         if remote.mutating and self.fence is not None:
-            remote = self.fence.wrap(host, remote, seconds)
+            remote, sent = self.fence.wrap(host, remote, seconds)
         try:
             result = await self._conn(host).run(remote.command, timeout=seconds, input=remote.stdin)
         except SshFailure as failure:
-            if self.fence is not None:
-                self.fence.check(host, failure)
+            if self.fence is not None and sent is not None:
+                self.fence.check(host, failure, sent)
             raise
         return result.stdout
 

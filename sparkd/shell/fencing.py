@@ -67,29 +67,37 @@ class HostFence:
     swept: dict[str, FenceToken] = field(default_factory=dict)
     # Host name -> why its fence refuses every token (another etcd, an unreadable record).
     mismatched: dict[str, str] = field(default_factory=dict)
+    # Host name -> why its latest sweep did not get through (unreachable, a failure).
+    unreached: dict[str, str] = field(default_factory=dict)
 
     def unswept(self) -> list[HostSpec]:
         fence = self.token()
         return [h for h in self.cluster.hosts if fence is None or self.swept.get(h.name) != fence]
 
-    def wrap(self, host: HostSpec, remote: Remote, seconds: float) -> Remote:
-        """`remote` carrying the owner's token; raises when it must not be sent at all."""
+    def wrap(self, host: HostSpec, remote: Remote, seconds: float) -> tuple[Remote, FenceToken]:
+        """`remote` carrying the owner's token, and the token; raises when it must not be sent
+        at all."""
         fence = self.token()
         if fence is None:
             raise HostRefused("not owner", host.name, "this instance no longer owns the cluster")
         if not self.enforce:
-            return catalogue.audited(remote, fence)
+            return catalogue.audited(remote, fence), fence
         if self.swept.get(host.name) != fence:
-            why = self.mismatched.get(host.name, "the fence sweep has not reached it yet")
-            raise HostRefused("unswept", host.name, why)
-        return catalogue.fenced(remote, fence, seconds)
+            why = self.mismatched.get(host.name) or self.unreached.get(host.name)
+            raise HostRefused("unswept", host.name, why or "the fence sweep has not reached it")
+        return catalogue.fenced(remote, fence, seconds), fence
 
-    def check(self, host: HostSpec, failure: SshFailure) -> None:
-        """Raise HostRefused when `failure` is the fence refusing the command."""
+    def check(self, host: HostSpec, failure: SshFailure, sent: FenceToken) -> None:
+        """Raise HostRefused when `failure` is the fence refusing the command sent with `sent`."""
         refusal = _refusal(failure)
         if refusal is None:
             return
         kind, detail = refusal
+        current = self.token()
+        if sent != current:
+            # An older claim's command, refused after this instance took the cluster again:
+            # the current claim stands (its own sweep already bumped the host's record).
+            raise HostRefused(kind, host.name, detail)
         self.swept.pop(host.name, None)
         if kind == "fenced":
             self.on_fenced(host.name, detail)
@@ -120,10 +128,13 @@ class HostFence:
             )
         except SshFailure as failure:
             try:
-                self.check(host, failure)
+                self.check(host, failure, fence)
             except HostRefused:
                 return
-            return  # unreachable or failed: stays unswept, retried next cycle
+            # Unreachable or failed: stays unswept, retried next cycle.
+            self.unreached[host.name] = f"fence sweep: {failure.kind}: {failure.error.detail}"
+            return
+        self.unreached.pop(host.name, None)
         if self.token() == fence:
             self.swept[host.name] = fence
             if self.mismatched.pop(host.name, None) is not None:

@@ -120,16 +120,16 @@ async def test_the_owners_sweep_and_refusal_through_the_executors_fence(world: F
         await fence.sweep()
         assert fence.unswept() == []
         seconds = cluster.ssh.command_timeout
-        remote = fence.wrap(host, catalogue.remove_container("glm-old", seconds), seconds)
+        remote, _ = fence.wrap(host, catalogue.remove_container("glm-old", seconds), seconds)
         assert (await status(pool.connection(host, cluster.ssh), remote.command))[0] == 0
         # A newer owner sweeps the host: this one's next command is refused there.
         newer = catalogue.fence_sweep(token(world, 25, "ops-b"), seconds).command
         assert (await status(pool.connection(host, cluster.ssh), newer))[0] == 0
-        remote = fence.wrap(host, catalogue.remove_container("glm-two", seconds), seconds)
+        remote, sent = fence.wrap(host, catalogue.remove_container("glm-two", seconds), seconds)
         with pytest.raises(SshFailure) as failure:
             await pool.connection(host, cluster.ssh).run(remote.command, timeout=30)
         with pytest.raises(HostRefused) as caught:
-            fence.check(host, failure.value)
+            fence.check(host, failure.value, sent)
         assert caught.value.kind == "fenced" and refused and "20 < 25" in refused[0]
         assert calls(world) == ["docker rm -f -- glm-old"]
         with pytest.raises(HostRefused):  # no longer the owner: nothing more is sent
