@@ -229,10 +229,12 @@ class Controller:
         ray_status = needs_ray_status(self.view.plan)
         known_ray = self._reusable_ray()
         self._stirred = False
+        swept = None
         if self.fence is not None and self.may_act() and not self.dry_run:
             # A new owner's first step, before it looks: the former owner's commands still
             # running on a host finish first, and any later one of its is refused there.
             await self.fence.sweep()
+            swept = self.fence.token()
         # A hung host makes a look last up to its command timeout, which may be several
         # intervals: within its own bound that is progress, so the watchdog keeps the daemon
         # (and every other cluster) running.
@@ -278,7 +280,12 @@ class Controller:
         self._cycle = cycle
         try:
             if plan.actions and not self.stopping and self.may_act():
-                await self.executor.run(plan, should_stop=self._hold_actions)
+                if self.fence is None or (swept is not None and swept == self.fence.token()):
+                    await self.executor.run(plan, should_stop=self._hold_actions)
+                else:
+                    # Owner since the look began: this look may predate a former owner's last
+                    # command. Sweep and look again first (at once: the loop sees it acted).
+                    self.log.info("fence_sweep_first", reason="became owner during the look")
         finally:
             self._cycle = None
         outcomes = cycle.outcomes

@@ -146,3 +146,27 @@ async def test_a_host_holding_a_newer_token_refuses_and_nothing_is_spent(
         await ctl.cycle()
     assert mutations(seed_world, since=since) == []
     assert record_path(seed_world, "spark-b", name).read_text() == f"43 {ETCD} ops-b\n"
+
+
+async def test_an_owner_from_mid_look_sweeps_and_looks_again_before_acting(
+    seed_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    owner = Owner(41)
+    ctl = fenced_controller(seed_world, pool, tmp_path / "state", owner)
+    token, owner.fence = owner.fence, None
+
+    def acquired(_: Controller) -> None:
+        owner.fence = token  # the lease came through while the hosts were being read
+
+    ctl.on_plan = acquired
+    plan = await ctl.cycle()
+    assert plan.actions  # the cold start has work to do
+    assert mutations(seed_world) == [] and list(ctl.view.recent) == []
+    assert not [
+        r for r in seed_world.commands() if r.source == "ssh" and "sparkd_fence" in r.command
+    ]
+    ctl.on_plan = lambda _: None
+    await ctl.cycle()
+    sweeps = [r.at for r in seed_world.commands() if r.source == "ssh" and "true\n}" in r.command]
+    assert len(sweeps) == 2 and mutations(seed_world)
+    assert max(sweeps) < min(r.at for r in mutations(seed_world))
