@@ -408,6 +408,15 @@ class MaintenanceSpec(_Section):
             raise ValueError(f"unknown timezone {self.timezone!r}: {exc}") from None
 
 
+class RolloutSpec(_Section):
+    """How a change of the Ray or model spec is rolled out."""
+
+    # A new spec that fails on evidence goes back to the last spec that served well.
+    rollback: bool = True
+    # Consecutive healthy probes of a new spec before it is accepted (and becomes last-good).
+    acceptance_probes: int = Field(default=3, ge=1, le=100)
+
+
 class ClusterSpec(_Section):
     """The desired state of one cluster: what `plan()` compares observations with."""
 
@@ -425,6 +434,7 @@ class ClusterSpec(_Section):
     fabric: FabricSpec = FabricSpec()
     power: PowerSpec = PowerSpec()
     maintenance: tuple[MaintenanceSpec, ...] = ()
+    rollout: RolloutSpec = RolloutSpec()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ClusterSpec:
