@@ -82,12 +82,10 @@ def steer(desired: ClusterSpec, memory: Memory) -> Steer:
         if rollout.result == "rolled_back":
             return Steer(spec=last, desired_hash=want, held=rollout, good=last)
         return Steer(spec=desired, desired_hash=want, good=last)
-    # The launch being judged is of this rollout: launched after it began. A rollout not yet
-    # recorded (this very cycle's cutover) has nothing of its own to judge.
-    launched = memory.launched_at
-    of_rollout = (
-        rollout is not None and ours and launched is not None and launched >= rollout.began_at
-    )
+    # The launch being judged is of this rollout: tried after it began (a serve that exits at
+    # once fails its start action, so no launch is recorded). A rollout not yet recorded (this
+    # very cycle's cutover) has nothing of its own to judge.
+    of_rollout = rollout is not None and ours and _tried_since(memory, rollout.began_at)
     accepted = rollout is not None and rollout.accepted_at is not None
     may = desired.rollout.rollback and of_rollout and not accepted
     return Steer(spec=desired, desired_hash=want, good=last, may_roll_back=may)
@@ -104,14 +102,17 @@ def acting_spec(desired: ClusterSpec, memory: Memory, plan: Plan) -> ClusterSpec
 def failed_rollback(steer: Steer, memory: Memory) -> bool:
     """The last-good spec, relaunched by a rollback, failed before it served again."""
     held = steer.held
-    launched = memory.launched_at
     return (
         held is not None
         and held.restored_at is None
         and held.rolled_back_at is not None
-        and launched is not None
-        and launched >= held.rolled_back_at
+        and _tried_since(memory, held.rolled_back_at)
     )
+
+
+def _tried_since(memory: Memory, since: float) -> bool:
+    """A model start was tried at or after `since`, whatever became of it."""
+    return any(a.at >= since and a.key.split(":", 1)[0] in MODEL_STARTS for a in memory.attempts)
 
 
 def latch_reason(steer: Steer, why: str) -> str:
@@ -160,7 +161,7 @@ def track(
             to_hash=want,
         )
     if rollout is not None and rollout.to_hash == want:
-        rollout = _progress(rollout, outcomes, plan, now)
+        rollout = _progress(rollout, outcomes, plan, observed.observed_at)
     serve = observed.serve
     key = observed.api_key_fingerprint
     running = serve.spec_hash if serve is not None and serve.running else None
@@ -175,27 +176,27 @@ def track(
             changes["last_good"] = good_of(desired, key, now)
         if rollout is not None and rollout.to_hash == want and rollout.result == "in_progress":
             stopped = rollout.stopped_at
+            downtime = now - stopped if stopped is not None else None
             rollout = rollout.model_copy(
-                update={
-                    "result": "accepted",
-                    "accepted_at": now,
-                    "downtime": now - stopped if stopped is not None else None,
-                }
+                update={"result": "accepted", "accepted_at": now, "downtime": downtime}
             )
+            changes["rollout_downtime"] = downtime
     changes["rollout"] = rollout
     return memory.evolve(**changes)
 
 
 def _progress(
-    rollout: Rollout, outcomes: Sequence[ActionOutcome], plan: Plan, now: float
+    rollout: Rollout, outcomes: Sequence[ActionOutcome], plan: Plan, seen: float
 ) -> Rollout:
+    """`seen`: when the cycle observed, before its actions (a rollback is dated from it, so
+    its own launch counts as the rollback's)."""
     update: dict[str, Any] = {}
     if rollout.stopped_at is None and rollout.rolled_back is None:
         stops = [o.started_at for o in outcomes if o.action.kind in STOPS and o.result != "skipped"]
         if stops:
             update["stopped_at"] = min(stops)
     if plan.rollback is not None and rollout.rolled_back is None:
-        update.update(rolled_back=plan.rollback, rolled_back_at=now, result="rolled_back")
+        update.update(rolled_back=plan.rollback, rolled_back_at=seen, result="rolled_back")
     if plan.latch is not None and rollout.result == "rolled_back":
         update["result"] = "rollback_failed"
     return rollout.model_copy(update=update) if update else rollout

@@ -157,6 +157,8 @@ class Memory(Value):
     rollout: Rollout | None = None
     rollout_seq: int = 0
     healthy_probes: int = 0
+    # The last accepted rollout's downtime, seconds (elapsed: daemon time).
+    rollout_downtime: float | None = None
 
     def evolve(self, **changes: Any) -> Memory:
         """This memory with `changes`, each a known field and validated as it would be when

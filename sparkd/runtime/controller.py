@@ -82,6 +82,14 @@ class ClusterView:
         return sum(o == "reasoning_only" for o in self.probe_window) / len(self.probe_window)
 
 
+# The rollout events that are a rollout's result (sparkd_rollouts_total{result}).
+RESULT_OF = {
+    "rollout_accepted": "accepted",
+    "rolled_back": "rolled_back",
+    "rollback_failed": "rollback_failed",
+}
+
+
 @dataclass
 class _Cycle:
     """The cycle in progress, so that each finished action can be learnt and persisted."""
@@ -107,6 +115,8 @@ class CycleRecord:
     probe: ProbeResult | None = None
     rebooted: tuple[str, ...] = ()
     outcomes: tuple[ActionOutcome, ...] = ()
+    # Results a rollout reached in this cycle (accepted, rolled_back, rollback_failed).
+    rollout_results: tuple[str, ...] = ()
 
 
 class Controller:
@@ -304,6 +314,9 @@ class Controller:
                 probe=probe,
                 rebooted=tuple(rebooted_hosts),
                 outcomes=tuple(outcomes),
+                rollout_results=tuple(
+                    RESULT_OF[kind] for kind in cycle.rollout_noted if kind in RESULT_OF
+                ),
             ),
         )
         return plan

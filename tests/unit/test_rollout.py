@@ -13,7 +13,7 @@ from sparkd.core.model_stage import exit_cause
 from sparkd.core.planner import plan
 from sparkd.core.remember import remember
 from sparkd.model.memory import Memory
-from sparkd.model.plan import ActionOutcome, Plan
+from sparkd.model.plan import ActionOutcome, ActionResult, Plan
 from sparkd.settings import ClusterSpec
 from sparkd.sim.vllm_logs import EXECUTOR_STEP, engine_failed, missing_weight_files
 from tests.toy import Toy
@@ -50,10 +50,13 @@ class Run:
         for action in made.actions:
             toy.cluster = spec
             toy.apply(action)
+            result: ActionResult = "ok"
             if action.kind in ("start_model", "restart_model"):
                 self.launched(spec)
+                # As the executor: a serve gone before it was seen running fails its start.
+                result = "ok" if toy.serve_running else "failed"
             outcomes.append(
-                ActionOutcome(action=action, result="ok", started_at=toy.now, finished_at=toy.now)
+                ActionOutcome(action=action, result=result, started_at=toy.now, finished_at=toy.now)
             )
         after = remember(self.memory, observed, outcomes, toy.now, made)
         self.memory = rollout.track(
