@@ -73,10 +73,12 @@ def judge_model(
             )
             return verdict
         last = f" (last log: {serve.log_tail[-1]})" if serve.log_tail else ""
+        # The log's tail is its latest launch's: one that exited at once (an argument error)
+        # never counted as launched, yet says why it will fail again.
+        cause = exit_cause(serve.log_tail)
+        if cause is not None:
+            return start("start_model", f"vllm serve exited: {cause}", failed=True)
         if ctx.memory.launched_at is not None:
-            cause = exit_cause(serve.log_tail)
-            if cause is not None:
-                return start("start_model", f"vllm serve exited: {cause}", failed=True)
             return start("start_model", f"vllm serve exited{last}")
         return start("start_model", "vllm serve is not running")
     key = ctx.observed.api_key_fingerprint

@@ -231,6 +231,13 @@ def _rollback(
     differs), whatever the failed launch's evidence would have had retried."""
     back = _draft(good, observed, memory, now)
     back.reason = f"rolling back from {steer.desired_hash} to {steer.good_hash}: {why}"
+    # Its own budget: the failed spec's attempts (maybe all of them) are not the rollback's.
+    back.actions = [
+        a.model_copy(update={"subject": f"{a.target} rollback to {steer.good_hash}"})
+        if a.kind in ("start_model", "restart_model")
+        else a
+        for a in back.actions
+    ]
     back.phase = "starting_ray" if back.phase == "starting_ray" else "starting_model"
     return back
 

@@ -8,13 +8,25 @@ import time
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from sparkd.core import rollout
 from sparkd.model.plan import Plan
 from sparkd.runtime.controller import Controller
+from sparkd.runtime.daemon import Daemon
 from sparkd.runtime.state import StateDir
 from sparkd.shell.ssh import SshPool
 from sparkd.sim.world import World
-from tests.e2e.conftest import FAST_EXECUTOR, controller, converge, mutations
+from tests.e2e.conftest import (
+    FAST_EXECUTOR,
+    controller,
+    converge,
+    eventually,
+    mutations,
+    world_settings,
+)
+from tests.e2e.test_api import TOKEN, get, post
+from tests.e2e.test_metrics import fetch
 
 BAD_FLAG = "--enable-resoning"
 
@@ -51,9 +63,10 @@ async def until(ctl: Controller, done: Any, cycles: int = 300) -> list[Plan]:
     raise AssertionError(f"not done after {cycles} cycles: {plans[-1].reason}")
 
 
-def rolled_back_and_serving(plan: Plan, ctl: Controller) -> bool:
+def rolled_back_and_serving(plan: Plan | None, ctl: Controller) -> bool:
     record = ctl.memory.rollout
-    return plan.phase == "degraded" and record is not None and record.restored_at is not None
+    held = record is not None and record.restored_at is not None
+    return plan is not None and plan.phase == "degraded" and held
 
 
 async def serving_with_last_good(world: World, pool: SshPool, state: Path) -> Controller:
@@ -117,3 +130,139 @@ async def test_a_bad_argument_rolls_back_and_serves_again(
         assert not (await ctl.cycle()).actions
         await asyncio.sleep(0.1)
     assert len(serves(healthy_world, since)) == 2
+
+
+async def test_a_missing_weight_file_rolls_back_and_serves_again(
+    healthy_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    state = tmp_path / "s"
+    old = await serving_with_last_good(healthy_world, pool, state)
+    good = old.memory.last_good
+    assert good is not None
+    other = "/models/Qwen3.5-122B-A10B-FP8-v2"
+    await healthy_world.fault("missing-weights", "spark-a", other)
+    since = time.time()
+    ctl = reloaded(old, state, id=other)
+    plans = await until(ctl, rolled_back_and_serving)
+    why = f"FileNotFoundError: Weight files referenced in index but missing: {{'{other}/"
+    assert_rolled_back(ctl, plans, rollout.identity(ctl.cluster), good.hash, why)
+    launched = serves(healthy_world, since)
+    assert [other in c for c in launched] == [True, False]
+    assert ctl.view.snapshot is not None and ctl.view.snapshot.endpoint is not None
+    assert ctl.view.snapshot.endpoint.serves(old.cluster.model.served_name)
+
+
+async def test_a_stalled_load_rolls_back_and_serves_again(
+    healthy_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    state = tmp_path / "s"
+    old = await serving_with_last_good(healthy_world, pool, state)
+    good = old.memory.last_good
+    assert good is not None
+    await healthy_world.fault("stall-load", "spark-a")  # the next load stops at 40 %
+    since = time.time()
+    ctl = reloaded(old, state, extra_args=(*old.cluster.model.extra_args, "--max-num-seqs", "8"))
+    plans = await until(ctl, rolled_back_and_serving)
+    assert_rolled_back(ctl, plans, rollout.identity(ctl.cluster), good.hash, "load stalled")
+    launched = serves(healthy_world, since)
+    assert ["--max-num-seqs 8" in c for c in launched] == [True, False]
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return None
+
+
+async def daemon_with(world: World, state: Path, token: Path, **model: Any) -> Daemon:
+    settings = world_settings(world, state)
+    cluster = settings.clusters[0]
+    cluster = cluster.model_copy(update={"model": cluster.model.model_copy(update=model)})
+    daemon = settings.daemon.model_copy(update={"control_token_file": token})
+    settings = settings.model_copy(update={"daemon": daemon, "clusters": (cluster,)})
+    started = Daemon(settings, world.config_path, executor_timing=FAST_EXECUTOR)
+    await started.start()
+    return started
+
+
+async def test_rollout_retry_and_back_through_the_api_with_metrics_and_status(
+    healthy_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    state = tmp_path / "s"
+    old = await serving_with_last_good(healthy_world, pool, state)
+    good = old.memory.last_good
+    assert good is not None
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    since = time.time()
+    args = (*old.cluster.model.extra_args, BAD_FLAG)
+    daemon = await daemon_with(healthy_world, state, token, extra_args=args)
+    try:
+        ctl = daemon.controllers["sparks"]
+        base = f"{daemon.url}/clusters/sparks/rollout"
+        await eventually(lambda: rolled_back_and_serving(ctl.view.plan, ctl), within=60)
+        _, text = await fetch(f"{daemon.url}/metrics")
+        assert sample(text, "sparkd_rollout_rolled_back", cluster="sparks") == 1
+        assert sample(text, "sparkd_rollout_in_progress", cluster="sparks") == 0
+        assert sample(text, "sparkd_rollouts_total", result="rolled_back") == 1
+        _, body = await get(f"{daemon.url}/status")
+        shown = body["clusters"][0]["rollout"]
+        assert shown["desired"] == rollout.identity(ctl.cluster)
+        assert shown["running"] == good.hash and shown["last_good"]["spec"] == good.hash
+        assert shown["rolled_back"] is True and shown["latest"]["result"] == "rolled_back"
+        assert any(BAD_FLAG in d for d in shown["differs"])
+        assert (await post(f"{base}/retry", {"by": "bob"}, token="wrong"))[0] == 401
+        # Held already: nothing to go back to.
+        assert (await post(f"{base}/back", {"by": "bob"}))[0] == 409
+        assert (await post(f"{base}/retry", {"by": "bob"}))[0] == 200
+        # The bad spec once more, then the rollback once more: a new rollout.
+        await eventually(
+            lambda: (
+                ctl.memory.rollout is not None
+                and ctl.memory.rollout.id == 2
+                and rolled_back_and_serving(ctl.view.plan, ctl)
+            ),
+            within=60,
+        )
+        launched = serves(healthy_world, since)
+        assert [BAD_FLAG in c for c in launched] == [True, False, True, False]
+        _, text = await fetch(f"{daemon.url}/metrics")
+        assert sample(text, "sparkd_rollouts_total", result="rolled_back") == 2
+    finally:
+        await daemon.stop()
+
+
+async def test_rollout_back_through_the_api_goes_to_last_good_during_a_load(
+    healthy_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    state = tmp_path / "s"
+    old = await serving_with_last_good(healthy_world, pool, state)
+    good = old.memory.last_good
+    assert good is not None
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    await healthy_world.fault("slow-load", "spark-a")  # progresses: never rolled back by itself
+    since = time.time()
+    args = (*old.cluster.model.extra_args, "--max-num-seqs", "8")
+    daemon = await daemon_with(healthy_world, state, token, extra_args=args)
+    try:
+        ctl = daemon.controllers["sparks"]
+        base = f"{daemon.url}/clusters/sparks/rollout"
+        await eventually(lambda: ctl.view.plan is not None and ctl.view.plan.phase == "loading")
+        assert (await post(f"{base}/back", {"by": "bob"}, token=None))[0] == 401
+        assert (await post(f"{base}/retry", {"by": "bob"}))[0] == 409  # nothing rolled back
+        assert (await post(f"{base}/back", {"by": "bob"}))[0] == 200
+        await healthy_world.fault("heal", "spark-a")
+        await eventually(lambda: rolled_back_and_serving(ctl.view.plan, ctl), within=60)
+        plan = ctl.view.plan
+        assert plan is not None
+        assert plan.reason.startswith(
+            f"rolled back from {rollout.identity(ctl.cluster)} to {good.hash}: asked by bob"
+        )
+        assert ["--max-num-seqs 8" in c for c in serves(healthy_world, since)] == [True, False]
+        _, text = await fetch(f"{daemon.url}/metrics")
+        assert sample(text, "sparkd_rollout_rolled_back", cluster="sparks") == 1
+    finally:
+        await daemon.stop()

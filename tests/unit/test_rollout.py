@@ -79,6 +79,8 @@ class Run:
             if kind == "arg_error":
                 toy.serve_running = False
                 toy.log_tail = ARG_ERROR
+            elif kind == "exit":
+                toy.serve_running = False
             elif kind == "stall":
                 toy.load_stalled_at = toy.now
 
@@ -172,6 +174,30 @@ def test_a_stalled_load_of_the_new_spec_rolls_back() -> None:
     back = next(p for p in (run.cycle() for _ in range(20)) if p.actions)
     assert back.rollback is not None and back.rollback.startswith("load stalled")
     run.until("degraded")
+
+
+def test_a_new_spec_whose_restart_budget_is_spent_rolls_back_on_its_own_budget() -> None:
+    run = serving()
+    good = run.memory.last_good
+    assert good is not None
+    run.on_launch = ["exit"]  # exits at once, saying nothing of why
+    run.desired = with_args(run.desired, "--max-num-seqs", "8")
+    plans = [run.cycle() for _ in range(6)]
+    back = next(p for p in plans if p.rollback is not None)
+    assert back.rollback is not None and back.rollback.startswith("budget spent: start_model")
+    assert [a.kind for a in back.actions] == ["start_model"]
+    assert run.toy.serve_spec == good.hash and run.toy.serve_running
+    assert not any(p.phase == "blocked" for p in plans)
+
+
+def test_an_argument_error_of_a_launch_never_recorded_still_rolls_back() -> None:
+    run = serving()
+    run.memory = run.memory.evolve(launched_at=None)  # the world launched it, not sparkd
+    run.on_launch = ["arg_error"]
+    run.desired = with_args(run.desired, "--enable-resoning")
+    run.cycle()
+    back = run.cycle()
+    assert back.rollback is not None and "unrecognized arguments" in back.rollback
 
 
 def test_without_rollback_a_failed_spec_is_restarted_as_before() -> None:
@@ -273,7 +299,7 @@ def test_a_reload_that_changes_nothing_in_the_spec_starts_no_rollout() -> None:
     assert run.memory.rollout is None
 
 
-FAULTS = st.sampled_from(["none", "arg_error", "stall", "stall_all", "arg_error_all"])
+FAULTS = st.sampled_from(["none", "arg_error", "stall", "stall_all", "arg_error_all", "exit"])
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
