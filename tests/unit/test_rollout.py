@@ -8,6 +8,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from sparkd.cli_api import render_status
+from sparkd.commands import _parser
 from sparkd.core import rollout
 from sparkd.core.model_stage import exit_cause
 from sparkd.core.planner import plan
@@ -364,3 +366,34 @@ def test_exit_causes_name_the_argument_error_and_the_engines_root_cause() -> Non
     )
     signalled = ("INFO:     Shutting down", "INFO:     Application shutdown complete.")
     assert exit_cause(signalled) is None
+
+
+def test_status_shows_desired_running_last_good_what_differs_and_the_rollout() -> None:
+    cluster = {
+        "cluster": "sparks",
+        "phase": "degraded",
+        "reason": "rolled back from bbb to aaa: vllm serve exited: argument error: ...",
+        "rollout": {
+            "desired": "bbb",
+            "running": "aaa",
+            "last_good": {"spec": "aaa", "at": 1.0, "model": "/models/m"},
+            "differs": ["model.extra_args: [] -> ['--enable-resoning']"],
+            "in_progress": False,
+            "rolled_back": True,
+            "latest": {"id": 2, "from": "aaa", "to": "bbb", "result": "rolled_back",
+                       "downtime_seconds": None, "rolled_back": "vllm serve exited: ..."},
+        },
+    }  # fmt: skip
+    text = render_status({"clusters": [cluster]})
+    assert "sparks: desired bbb, running aaa, last-good aaa" in text
+    assert "  differs: model.extra_args: [] -> ['--enable-resoning']" in text
+    assert "  rollout 2: aaa -> bbb, rolled_back (vllm serve exited: ...)" in text
+    first = {"cluster": "sparks", "phase": "healthy", "rollout": {"last_good": None}}
+    assert "last-good" not in render_status({"clusters": [first]})
+
+
+def test_rollout_commands_parse() -> None:
+    parser = _parser()
+    assert parser.parse_args(["rollout", "status"]).cluster is None
+    args = parser.parse_args(["rollout", "back", "sparks"])
+    assert (args.command, args.rollout_command, args.cluster) == ("rollout", "back", "sparks")
