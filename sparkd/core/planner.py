@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sparkd.core import policy, rollout
+from sparkd.core import acceptance, policy, rollout
 from sparkd.core.cleanup import judge_cleanup, judge_reachability
 from sparkd.core.clock import bounded
 from sparkd.core.evidence import of_this_launch
@@ -134,7 +134,7 @@ def plan(
             reason=f"{memory.blocked.reason} (latched; `sparkd resume {name}` to retry)",
         )
     draft = _draft(desired, observed, memory, now)
-    failure = draft.failure
+    failure = draft.failure or (acceptance.failed(observed.checks) if steer.may_roll_back else None)
     if failure is None and (steer.may_roll_back or steer.held is not None):
         failure = _spent(draft, memory, desired, now)
     rollback: str | None = None

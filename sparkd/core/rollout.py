@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sparkd.core import policy
+from sparkd.core import acceptance, policy
 from sparkd.core.spec import model_spec_hash, model_spec_hashes
 from sparkd.model.memory import GoodSpec, Memory, Rollout
 from sparkd.model.observed import Observed
@@ -89,6 +89,20 @@ def steer(desired: ClusterSpec, memory: Memory) -> Steer:
     accepted = rollout is not None and rollout.accepted_at is not None
     may = desired.rollout.rollback and of_rollout and not accepted
     return Steer(spec=desired, desired_hash=want, good=last, may_roll_back=may)
+
+
+def checks_due(desired: ClusterSpec, memory: Memory) -> bool:
+    """The acceptance checks run with the probe that would accept the rollout's spec, until
+    they have passed once."""
+    record = memory.rollout
+    return (
+        bool(desired.rollout.checks)
+        and record is not None
+        and record.to_hash == identity(desired)
+        and record.result == "in_progress"
+        and not record.checked
+        and memory.healthy_probes + 1 >= desired.rollout.acceptance_probes
+    )
 
 
 def acting_spec(desired: ClusterSpec, memory: Memory, plan: Plan) -> ClusterSpec:
@@ -166,12 +180,20 @@ def track(
     key = observed.api_key_fingerprint
     running = serve.spec_hash if serve is not None and serve.running else None
     accepted = plan.serving_well and healthy >= desired.rollout.acceptance_probes
+    if (
+        rollout is not None
+        and rollout.to_hash == want
+        and acceptance.passed(observed.checks, len(desired.rollout.checks))
+    ):
+        rollout = rollout.model_copy(update={"checked": True})
+    checked = rollout is None or rollout.to_hash != want or rollout.checked
+    checked = checked or not desired.rollout.checks
     held = rollout is not None and rollout.to_hash == want and rollout.result == "rolled_back"
     if held and rollout is not None and good is not None:
         last = spec_of(desired, good)
         if rollout.restored_at is None and accepted and running in model_spec_hashes(last, key):
             rollout = rollout.model_copy(update={"restored_at": now})
-    elif accepted and running is not None and running in model_spec_hashes(desired, key):
+    elif accepted and checked and running in model_spec_hashes(desired, key):
         if good is None or good.hash != want:
             changes["last_good"] = good_of(desired, key, now)
         if rollout is not None and rollout.to_hash == want and rollout.result == "in_progress":

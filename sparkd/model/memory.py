@@ -97,6 +97,8 @@ class Rollout(Value):
     rolled_back_at: float | None = None
     # When the last-good spec served well again after the rollback.
     restored_at: float | None = None
+    # The acceptance checks (`rollout.checks`) passed for this rollout's spec.
+    checked: bool = False
 
 
 class Memory(Value):

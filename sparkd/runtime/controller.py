@@ -249,6 +249,7 @@ class Controller:
                 wall_clock=self.clock.now,
                 ray_status=ray_status,
                 known_ray=known_ray,
+                checks_due=rollout.checks_due(self.cluster, self.memory),
             )
         finally:
             self.observe_deadline = None

@@ -15,6 +15,7 @@ from sparkd.model.plan import Plan
 from sparkd.runtime.controller import Controller
 from sparkd.runtime.daemon import Daemon
 from sparkd.runtime.state import StateDir
+from sparkd.settings import RolloutCheck
 from sparkd.shell.ssh import SshPool
 from sparkd.sim.world import World
 from tests.e2e.conftest import (
@@ -266,3 +267,24 @@ async def test_rollout_back_through_the_api_goes_to_last_good_during_a_load(
         assert sample(text, "sparkd_rollout_rolled_back", cluster="sparks") == 1
     finally:
         await daemon.stop()
+
+
+async def test_a_failed_acceptance_check_rolls_back_and_serves_again(
+    healthy_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    state = tmp_path / "s"
+    old = await serving_with_last_good(healthy_world, pool, state)
+    good = old.memory.last_good
+    assert good is not None
+    since = time.time()
+    ctl = reloaded(old, state, extra_args=(*old.cluster.model.extra_args, "--max-num-seqs", "8"))
+    # Reasoning-only answers of 50 tokens (max_tokens 50) can never give 51.
+    check = RolloutCheck(prompt="Name three rivers.", max_tokens=50, min_completion_tokens=51)
+    ctl.cluster = ctl.cluster.model_copy(
+        update={"rollout": ctl.cluster.rollout.model_copy(update={"checks": (check,)})}
+    )
+    plans = await until(ctl, rolled_back_and_serving)
+    why = "acceptance check 1 failed: 50 completion tokens, fewer than 51"
+    assert_rolled_back(ctl, plans, rollout.identity(ctl.cluster), good.hash, why)
+    launched = serves(healthy_world, since)
+    assert ["--max-num-seqs 8" in c for c in launched] == [True, False]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,12 +13,14 @@ from hypothesis import strategies as st
 from sparkd.cli_api import render_status
 from sparkd.commands import _parser
 from sparkd.core import rollout
+from sparkd.core.acceptance import judge_check
 from sparkd.core.model_stage import exit_cause
 from sparkd.core.planner import plan
 from sparkd.core.remember import remember
 from sparkd.model.memory import Memory
 from sparkd.model.plan import ActionOutcome, ActionResult, Plan
-from sparkd.settings import ClusterSpec
+from sparkd.model.probe import CheckResult
+from sparkd.settings import ClusterSpec, RolloutCheck
 from sparkd.sim.vllm_logs import EXECUTOR_STEP, engine_failed, missing_weight_files
 from tests.toy import Toy
 
@@ -42,10 +46,18 @@ class Run:
     plans: list[Plan] = field(default_factory=list)
     # Called after the actions of each cycle that launched the model (a fault on the new load).
     on_launch: list[str] = field(default_factory=list)
+    # How the acceptance checks come out when they run.
+    checks_pass: bool = True
 
     def cycle(self, seconds: float = 60.0) -> Plan:
         toy = self.toy
         observed = toy.observe()
+        if rollout.checks_due(self.desired, self.memory) and observed.probe is not None:
+            checks = tuple(
+                CheckResult(index=i, ok=self.checks_pass, detail="answer lacks 'Paris'")
+                for i in range(len(self.desired.rollout.checks))
+            )
+            observed = observed.model_copy(update={"checks": checks})
         made = plan(self.desired, observed, self.memory, toy.now)
         spec = rollout.acting_spec(self.desired, self.memory, made)
         outcomes = []
@@ -397,3 +409,52 @@ def test_rollout_commands_parse() -> None:
     assert parser.parse_args(["rollout", "status"]).cluster is None
     args = parser.parse_args(["rollout", "back", "sparks"])
     assert (args.command, args.rollout_command, args.cluster) == ("rollout", "back", "sparks")
+
+
+def with_check(cluster: ClusterSpec, **check: object) -> ClusterSpec:
+    checks = (RolloutCheck.model_validate({"prompt": "Capital of France?", **check}),)
+    return cluster.model_copy(
+        update={"rollout": cluster.rollout.model_copy(update={"checks": checks})}
+    )
+
+
+def test_a_failed_acceptance_check_rolls_back_before_acceptance() -> None:
+    run = serving()
+    good = run.memory.last_good
+    run.checks_pass = False
+    run.desired = with_check(with_args(run.desired, "--max-num-seqs", "8"), contains="Paris")
+    plans = [run.cycle() for _ in range(25)]
+    back = next(p for p in plans if p.rollback is not None)
+    assert back.rollback == "acceptance check 1 failed: answer lacks 'Paris'"
+    assert good is not None and run.toy.serve_spec == good.hash
+    assert run.memory.last_good == good
+
+
+def test_passed_acceptance_checks_let_the_rollout_be_accepted() -> None:
+    run = serving()
+    run.desired = with_check(with_args(run.desired, "--max-num-seqs", "8"), contains="Paris")
+    for _ in range(25):
+        run.cycle()
+    record = run.memory.rollout
+    assert record is not None and record.result == "accepted" and record.checked
+
+
+FIXTURE_PROBE = (FIXTURES / "chat-probe.json").read_text()
+FIXTURE_ANSWER = (FIXTURES / "chat-enable-thinking-false.json").read_text()
+
+
+def test_acceptance_checks_judge_real_answers_reasoning_aware() -> None:
+    def check(body: str, **fields: object) -> CheckResult:
+        spec = RolloutCheck.model_validate({"prompt": "p", "max_tokens": 50, **fields})
+        return judge_check(0, spec, 200, body)
+
+    # Reasoning only (content null, the budget spent): no answer to judge, healthy as the probe.
+    assert check(FIXTURE_PROBE, contains="hello").ok is True
+    assert check(FIXTURE_PROBE, min_completion_tokens=51).ok is False
+    content = json.loads(FIXTURE_ANSWER)["choices"][0]["message"]["content"].strip()
+    word = content.split()[0]
+    assert check(FIXTURE_ANSWER, contains=word).ok is True
+    assert check(FIXTURE_ANSWER, contains="Paris-" + word).ok is False
+    assert check(FIXTURE_ANSWER, regex=f"^{re.escape(word)}").ok is True
+    assert check(FIXTURE_ANSWER, regex="^$").ok is False
+    assert judge_check(0, RolloutCheck(prompt="p"), 500, "{}").ok is False
