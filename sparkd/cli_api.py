@@ -120,10 +120,12 @@ def print_rollouts(body: dict[str, Any], cluster: str | None, as_json: bool) -> 
 
 def rollout_lines(cluster: dict[str, Any], always: bool = False) -> list[str]:
     """`CLUSTER: desired X, running Y, last-good Z`, what differs, and the latest rollout; for
-    `sparkd status`, only once there is a last-good spec."""
+    `sparkd status`, only while the desired spec is not the last-good one (a rollout on, held,
+    or failed)."""
     state = cluster.get("rollout") or {}
     latest = state.get("latest") or {}
-    if not always and not state.get("last_good"):
+    settled = state.get("desired") == (state.get("last_good") or {}).get("spec")
+    if not always and (settled or not state.get("last_good")):
         return []
     good = (state.get("last_good") or {}).get("spec", "none")
     lines = [

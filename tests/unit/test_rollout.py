@@ -402,6 +402,9 @@ def test_status_shows_desired_running_last_good_what_differs_and_the_rollout() -
     assert "  rollout 2: aaa -> bbb, rolled_back (vllm serve exited: ...)" in text
     first = {"cluster": "sparks", "phase": "healthy", "rollout": {"last_good": None}}
     assert "last-good" not in render_status({"clusters": [first]})
+    settled = {"desired": "aaa", "running": "aaa", "last_good": {"spec": "aaa"}}
+    steady = {"cluster": "sparks", "phase": "healthy", "rollout": settled}
+    assert len(render_status({"clusters": [steady]}).splitlines()) == 2
 
 
 def test_rollout_commands_parse() -> None:
