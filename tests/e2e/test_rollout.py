@@ -288,3 +288,30 @@ async def test_a_failed_acceptance_check_rolls_back_and_serves_again(
     assert_rolled_back(ctl, plans, rollout.identity(ctl.cluster), good.hash, why)
     launched = serves(healthy_world, since)
     assert ["--max-num-seqs 8" in c for c in launched] == [True, False]
+
+
+async def test_a_change_held_before_cutover_never_stops_the_serving_deployment(
+    healthy_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    """The log_dir without room (below model.min_disk_free) holds the cutover: the old serve
+    keeps serving, nothing on the head is stopped, no rollout counts as failed."""
+    state = tmp_path / "s"
+    old = await serving_with_last_good(healthy_world, pool, state)
+    good = old.memory.last_good
+    assert good is not None
+    await healthy_world.fault("full-disk", "spark-a")
+    since = time.time()
+    ctl = reloaded(old, state, extra_args=(*old.cluster.model.extra_args, "--max-num-seqs", "8"))
+    plans = [await ctl.cycle() for _ in range(8)]
+    assert all(not p.actions for p in plans)
+    assert plans[-1].phase == "blocked" and "disk full on spark-a" in plans[-1].reason
+    assert mutations(healthy_world, "spark-a", since) == []
+    snapshot = ctl.view.snapshot
+    assert snapshot is not None and snapshot.serve is not None and snapshot.serve.running
+    assert snapshot.serve.spec_hash == good.hash
+    record = ctl.memory.rollout
+    assert record is not None and record.result == "in_progress" and record.stopped_at is None
+    # Room again: the change is cut over once.
+    await healthy_world.fault("heal", "spark-a")
+    await until(ctl, lambda p, c: c.memory.rollout is not None and c.memory.rollout.accepted_at)
+    assert ["--max-num-seqs 8" in c for c in serves(healthy_world, since)] == [True]
