@@ -1,4 +1,5 @@
-"""The subcommands that talk to the running daemon's API: status, pause, resume, reconcile."""
+"""The subcommands that talk to the running daemon's API: status, pause, resume, reconcile,
+rollout."""
 
 from __future__ import annotations
 
@@ -54,6 +55,10 @@ async def _main(args: argparse.Namespace) -> int:
                 else:
                     print(render_status(body))
                 return 0
+            if args.command == "rollout" and args.rollout_command == "status":
+                async with session.get(f"{url}/status") as response:
+                    body = await response.json()
+                return print_rollouts(body, args.cluster, args.json)
             return await _control(session, url, args, settings)
     except (aiohttp.ClientError, TimeoutError) as exc:
         print(f"sparkd {args.command}: cannot reach the daemon at {url}: {exc}", file=sys.stderr)
@@ -82,8 +87,11 @@ async def _control(
                 print(f"sparkd pause: {exc}", file=sys.stderr)
                 return 64
     name = urllib.parse.quote(args.cluster, safe="")
+    verb = args.command
+    if verb == "rollout":
+        verb = f"rollout/{args.rollout_command}"
     async with session.post(
-        f"{url}/clusters/{name}/{args.command}", json=body, headers=headers
+        f"{url}/clusters/{name}/{verb}", json=body, headers=headers
     ) as response:
         text = await response.text()
         if response.status != 200:
@@ -93,8 +101,47 @@ async def _control(
         answer = json.loads(text)
         if isinstance(answer, dict) and answer.get("persisted") is False:
             print(f"sparkd {args.command}: {answer.get('warning')}", file=sys.stderr)
-    print(f"{args.cluster}: {args.command} done")
+    print(f"{args.cluster}: {verb.replace('/', ' ')} done")
     return 0
+
+
+def print_rollouts(body: dict[str, Any], cluster: str | None, as_json: bool) -> int:
+    clusters = [c for c in body.get("clusters", []) if cluster in (None, c.get("cluster"))]
+    if cluster is not None and not clusters:
+        print(f"sparkd rollout status: no cluster named {cluster!r}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps({c["cluster"]: c.get("rollout") for c in clusters}, indent=2))
+        return 0
+    for entry in clusters:
+        print("\n".join(rollout_lines(entry, always=True)))
+    return 0
+
+
+def rollout_lines(cluster: dict[str, Any], always: bool = False) -> list[str]:
+    """`CLUSTER: desired X, running Y, last-good Z`, what differs, and the latest rollout; for
+    `sparkd status`, only while the desired spec is not the last-good one (a rollout on, held,
+    or failed)."""
+    state = cluster.get("rollout") or {}
+    latest = state.get("latest") or {}
+    settled = state.get("desired") == (state.get("last_good") or {}).get("spec")
+    if not always and (settled or not state.get("last_good")):
+        return []
+    good = (state.get("last_good") or {}).get("spec", "none")
+    lines = [
+        f"{cluster.get('cluster')}: desired {state.get('desired')}, running "
+        f"{state.get('running') or '-'}, last-good {good}"
+    ]
+    lines.extend(f"  differs: {d}" for d in state.get("differs") or [])
+    if latest:
+        text = f"  rollout {latest.get('id')}: {latest.get('from')} -> {latest.get('to')}, "
+        text += str(latest.get("result"))
+        if latest.get("downtime_seconds") is not None:
+            text += f", downtime {latest['downtime_seconds']:.0f}s"
+        if latest.get("rolled_back"):
+            text += f" ({latest['rolled_back']})"
+        lines.append(text)
+    return lines
 
 
 def _bar(percent: float | None) -> str:
@@ -160,6 +207,8 @@ def render_status(body: dict[str, Any]) -> str:
     for row in rows:
         cells = [str(c).ljust(w) for c, w in zip(row[:6], widths, strict=True)]
         lines.append("  ".join([*cells, str(row[6])]))
+    for cluster in body.get("clusters", []):
+        lines.extend(rollout_lines(cluster))
     lines.extend(_ha_lines(body.get("ha")))
     return "\n".join(lines)
 

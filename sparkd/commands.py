@@ -82,6 +82,20 @@ def _parser() -> argparse.ArgumentParser:
             control.add_argument("--reason", required=True)
             control.add_argument("--for", dest="duration", help="expiry, e.g. 30m, 2h, 1d")
 
+    rollout = sub.add_parser("rollout", help="the latest rollout of a spec change; retry, back")
+    rollout_sub = rollout.add_subparsers(dest="rollout_command", required=True, metavar="ACTION")
+    for name, text in (
+        ("status", "desired, running and last-good specs, what differs, the latest rollout"),
+        ("retry", "roll the desired spec out again after a rollback"),
+        ("back", "go to the last-good spec now, and hold it"),
+    ):
+        action = rollout_sub.add_parser(name, help=text)
+        _config_flag(action)
+        action.add_argument("cluster", nargs="?" if name == "status" else None)
+        action.add_argument("--url", help="the daemon's API (default: from daemon.listen)")
+        if name == "status":
+            action.add_argument("--json", action="store_true")
+
     commands = sub.add_parser("commands", help="every remote command sparkd may run")
     _config_flag(commands)
     commands.add_argument("--sudoers", metavar="USER", help="print a sudoers snippet for USER")
@@ -169,7 +183,7 @@ def dispatch(argv: Sequence[str]) -> int:
         return known_hosts_scan(args.config, args.accept)
     if args.command == "ha":
         return ha_refence(args.config, args.cluster)
-    if args.command in ("status", "pause", "resume", "reconcile"):
+    if args.command in ("status", "pause", "resume", "reconcile", "rollout"):
         from sparkd import cli_api
 
         return cli_api.main(args)

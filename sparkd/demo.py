@@ -16,7 +16,7 @@ import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkd.model.plan import ActionOutcome
@@ -46,7 +46,10 @@ FAULTS: dict[str, tuple[str, str]] = {
     "aer-fatal": ("aer-fatal", "worker"),
     "memory-pressure": ("memory-pressure", "head"),
     "mtu-mismatch": ("mtu-mismatch", "worker"),
+    # Not a world fault: a reload whose model.extra_args has a typo (core.rollout).
+    "bad-args": ("reload", "head"),
 }
+BAD_ARG = "--enable-resoning"
 # Faults that need a reload or a re-registration to show: what else happens right after.
 FOLLOW_UP: dict[str, tuple[str, str | None]] = {
     "mtu-mismatch": ("crash-model", None),
@@ -110,6 +113,9 @@ class Narrator:
     last_reason: str | None = None
     last_percent: float | None = None
     healthy_seen: asyncio.Event | None = None
+    # Where the demo waits after its fault: healthy again, or (bad-args) rolled back and serving.
+    rolled_back: bool = False
+    good_seen: asyncio.Event = field(default_factory=asyncio.Event)
 
     def say(self, text: str) -> None:
         print(f"[{time.monotonic() - self.started:7.1f}s] {text}", flush=True)
@@ -139,7 +145,12 @@ class Narrator:
                 bar = "#" * filled + "." * (20 - filled)
                 self.say(f"  loading [{bar}] {percent or 0:3.0f}% ({stage})")
                 self.last_percent = percent
-        if plan.converged and self.healthy_seen is not None and snapshot is not None:
+        if controller.memory.last_good is not None:
+            self.good_seen.set()
+        record = controller.memory.rollout
+        held = record is not None and record.restored_at is not None and plan.phase == "degraded"
+        done = held if self.rolled_back else plan.converged
+        if done and self.healthy_seen is not None and snapshot is not None:
             probe = snapshot.probe
             if probe is not None:
                 self.healthy_seen.set()
@@ -209,7 +220,11 @@ async def run_demo(args: argparse.Namespace) -> int:
                 return 130
             narrator.say("healthy: the probe's verdict is shown above (reasoning_only is healthy)")
             if args.fault is not None:
-                await _inject(world, cluster, args.fault, narrator, heal_on)
+                if args.fault == "bad-args":
+                    narrator.rolled_back = True
+                    await _bad_args(daemon, settings, narrator)
+                else:
+                    await _inject(world, cluster, args.fault, narrator, heal_on)
                 narrator.healthy_seen = asyncio.Event()
                 narrator.last_phase = "healthy"
                 if not await _until(narrator.healthy_seen, stop):
@@ -233,6 +248,21 @@ async def _until(event: asyncio.Event | None, stop: asyncio.Event) -> bool:
         with contextlib.suppress(asyncio.CancelledError):
             await waiter
     return event.is_set()
+
+
+async def _bad_args(daemon: Daemon, settings: Settings, narrator: Narrator) -> None:
+    """A reload with a typo in `model.extra_args`, once the spec that serves is last-good:
+    prepared, cut over, failed, rolled back, serving again."""
+    await narrator.good_seen.wait()
+    controller = next(iter(daemon.controllers.values()))
+    good = controller.memory.last_good
+    probes = controller.cluster.rollout.acceptance_probes
+    narrator.say(f"last-good spec {good.hash if good else '?'} ({probes} healthy probes)")
+    cluster = settings.clusters[0]
+    model = cluster.model.model_copy(update={"extra_args": (*cluster.model.extra_args, BAD_ARG)})
+    new = settings.model_copy(update={"clusters": (cluster.model_copy(update={"model": model}),)})
+    narrator.say(f"reloading with a typo in model.extra_args: {BAD_ARG}")
+    narrator.say(f"  reload: {await daemon.apply_settings(new)}")
 
 
 async def _inject(

@@ -408,6 +408,39 @@ class MaintenanceSpec(_Section):
             raise ValueError(f"unknown timezone {self.timezone!r}: {exc}") from None
 
 
+class RolloutCheck(_Section):
+    """A completion a new spec must answer right before it is accepted. The expectation on the
+    answer applies when there is content: a reasoning-only answer (the budget spent thinking)
+    passes `contains` and `regex` as the probe passes it."""
+
+    prompt: Annotated[str, Field(min_length=1)]
+    max_tokens: int = Field(default=50, ge=1)
+    contains: str | None = None
+    regex: str | None = None
+    min_completion_tokens: int | None = Field(default=None, ge=1)
+
+    @field_validator("regex")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"regex {value!r}: {exc}") from None
+        return value
+
+
+class RolloutSpec(_Section):
+    """How a change of the Ray or model spec is rolled out."""
+
+    # A new spec that fails on evidence goes back to the last spec that served well.
+    rollback: bool = True
+    # Consecutive healthy probes of a new spec before it is accepted (and becomes last-good).
+    acceptance_probes: int = Field(default=3, ge=1, le=100)
+    # Completions a new spec must answer right, once, before it is accepted.
+    checks: tuple[RolloutCheck, ...] = Field(default=(), max_length=16)
+
+
 class ClusterSpec(_Section):
     """The desired state of one cluster: what `plan()` compares observations with."""
 
@@ -425,6 +458,7 @@ class ClusterSpec(_Section):
     fabric: FabricSpec = FabricSpec()
     power: PowerSpec = PowerSpec()
     maintenance: tuple[MaintenanceSpec, ...] = ()
+    rollout: RolloutSpec = RolloutSpec()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ClusterSpec:

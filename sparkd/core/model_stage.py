@@ -7,6 +7,7 @@ A live load that advances is left alone up to `load_timeout`; one that stopped a
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from sparkd.core.images import ImageVerdict
@@ -23,6 +24,10 @@ class ModelVerdict(Verdict):
     to_probe: bool = False
     # Waiting for a stopped serve's engine processes to go: past ORPHAN_GRACE, Ray is restarted.
     waiting: bool = False
+    # This launch failed on evidence that another try of the same spec would fail the same way
+    # (an argument error, an engine that failed to start, a load that stalled or timed out): a
+    # rollout goes back to the last-good spec rather than try again (core.rollout).
+    failed: str | None = None
 
 
 # A serve stopped by SIGTERM takes its engine with it within ~2.5 s; one that stays longer was
@@ -49,10 +54,11 @@ def judge_model(
         return verdict
     name = ctx.model_name
 
-    def start(kind: ActionKind, why: str) -> ModelVerdict:
+    def start(kind: ActionKind, why: str, failed: bool = False) -> ModelVerdict:
         verdict.phase = "starting_model"
         verdict.notes.append(why)
         verdict.actions.append(act(kind, head, desired.model.id, why))
+        verdict.failed = why if failed else None
         return verdict
 
     if not serve.running and serve.orphans:
@@ -67,6 +73,11 @@ def judge_model(
             )
             return verdict
         last = f" (last log: {serve.log_tail[-1]})" if serve.log_tail else ""
+        # The log's tail is its latest launch's: one that exited at once (an argument error)
+        # never counted as launched, yet says why it will fail again.
+        cause = exit_cause(serve.log_tail)
+        if cause is not None:
+            return start("start_model", f"vllm serve exited: {cause}", failed=True)
         if ctx.memory.launched_at is not None:
             return start("start_model", f"vllm serve exited{last}")
         return start("start_model", "vllm serve is not running")
@@ -102,20 +113,22 @@ def judge_model(
         return verdict
     model = desired.model
     if load.failed is not None:
-        return start("restart_model", f"load failed: {load.failed}")
+        return start("restart_model", f"load failed: {load.failed}", failed=True)
     if load.overdue is not None:
-        return start("restart_model", f"load stuck in a silent stage: {load.overdue}")
+        return start("restart_model", f"load stuck in a silent stage: {load.overdue}", failed=True)
     if load.since_launch > model.load_timeout:
         return start(
             "restart_model",
             f"load not finished after {ago(load.since_launch)} "
             f"(load_timeout {ago(model.load_timeout)})",
+            failed=True,
         )
     if load.stalled_for > model.load_stall:
         return start(
             "restart_model",
             f"load stalled: no progress for {ago(load.stalled_for)} "
             f"(load_stall {ago(model.load_stall)}); {load.where}",
+            failed=True,
         )
     verdict.phase = "loading"
     verdict.notes.append(
@@ -123,6 +136,29 @@ def judge_model(
         f"(stall limit {ago(model.load_stall)}, timeout {ago(model.load_timeout)})"
     )
     return verdict
+
+
+# argparse's last line on a bad argument (`vllm: error: unrecognized arguments: ...` in vLLM
+# 0.32, `vllm serve: error: ...` for a bad value), exit status 2.
+_ARG_ERROR = re.compile(r"^(?:usage: .*\n)?(vllm(?: serve)?: error: .+)$")
+# An exception line of a traceback (`FileNotFoundError: ...`, `torch.OutOfMemoryError: ...`).
+_EXCEPTION = re.compile(r"(?:^|\s)((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception): .+)$")
+_WRAPPER = "Engine core initialization failed"
+
+
+def exit_cause(log_tail: tuple[str, ...]) -> str | None:
+    """Why a serve that exited will fail again with the same spec: an argument error, or an
+    engine that failed to start (the root cause, not vLLM's wrapping RuntimeError). None for an
+    exit that says nothing of the spec (a crash after it served, a signal)."""
+    for line in reversed(log_tail):
+        match = _ARG_ERROR.match(line.strip())
+        if match:
+            return f"argument error: {match.group(1)}"
+    if not any(_WRAPPER in line or "EngineCore failed to start" in line for line in log_tail):
+        return None
+    causes = [m.group(1) for line in log_tail if (m := _EXCEPTION.search(line.strip()))]
+    roots = [c for c in causes if _WRAPPER not in c]
+    return f"engine failed to start: {(roots or causes or [_WRAPPER])[-1]}"
 
 
 def _orphans(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sparkd.core import policy
+from sparkd.core import acceptance, policy, rollout
 from sparkd.core.cleanup import judge_cleanup, judge_reachability
 from sparkd.core.clock import bounded
 from sparkd.core.evidence import of_this_launch
@@ -61,6 +61,8 @@ class _Draft:
     busy_streak: int | None = None
     serving_well: bool = False
     triage: tuple[TriageClass, ...] = ()
+    # Evidence that the launch judged failed as it would again (core.rollout rolls back on it).
+    failure: str | None = None
 
     def carry(self) -> dict[str, object]:
         """What remember() learns from the judgement, whatever becomes of the actions."""
@@ -108,6 +110,9 @@ def plan(
     name = desired.name
     wall = now if wall is None else wall
     memory = bounded(memory, now)
+    # While a rollback holds, the last-good spec stands in for the desired one (core.rollout).
+    steer = rollout.steer(desired, memory)
+    desired = steer.spec
     if memory.paused is not None and memory.paused.active(wall):
         draft = _draft(desired, observed, memory, now)
         pause = memory.paused
@@ -129,6 +134,27 @@ def plan(
             reason=f"{memory.blocked.reason} (latched; `sparkd resume {name}` to retry)",
         )
     draft = _draft(desired, observed, memory, now)
+    failure = draft.failure or (acceptance.failed(observed.checks) if steer.may_roll_back else None)
+    if failure is None and (steer.may_roll_back or steer.held is not None):
+        failure = _spent(draft, memory, desired, now)
+    rollback: str | None = None
+    if failure is not None and steer.may_roll_back and steer.good is not None:
+        rollback = failure
+        draft = _rollback(steer, steer.good, observed, memory, now, failure)
+    elif failure is not None and rollout.failed_rollback(steer, memory):
+        latch = rollout.latch_reason(steer, failure)
+        return Plan.model_validate(
+            {
+                "cluster": name,
+                "phase": "blocked",
+                "reason": latch,
+                "withheld": tuple(draft.actions),
+                "latch": latch,
+                **draft.carry(),
+            }
+        )
+    elif steer.held is not None:
+        _hold_back(draft, steer)
     reset = draft.serving_well and (
         memory.healthy_since is not None
         and now - memory.healthy_since >= desired.policy.healthy_reset
@@ -176,9 +202,56 @@ def plan(
             "withheld": tuple(withheld),
             "reset_backoff": reset,
             "recheck_at": draft.horizon(desired, memory, now, backoffs, wall),
+            "rollback": rollback,
             **draft.carry(),
         }
     )
+
+
+def _spent(draft: _Draft, memory: Memory, desired: ClusterSpec, now: float) -> str | None:
+    """A model start whose budget is spent: the new spec (or the rollback) ran out of tries."""
+    for action in draft.actions:
+        if action.kind not in ("start_model", "restart_model"):
+            continue
+        used = policy.budget_used(memory, action.key, desired.policy, now)
+        if used >= desired.policy.budget:
+            return _latch(action, memory, now, used)
+    return None
+
+
+def _rollback(
+    steer: rollout.Steer,
+    good: ClusterSpec,
+    observed: Observed,
+    memory: Memory,
+    now: float,
+    why: str,
+) -> _Draft:
+    """The new spec failed: the last-good spec is launched instead (Ray first, if its spec
+    differs), whatever the failed launch's evidence would have had retried."""
+    back = _draft(good, observed, memory, now)
+    back.reason = f"rolling back from {steer.desired_hash} to {steer.good_hash}: {why}"
+    # Its own budget: the failed spec's attempts (maybe all of them) are not the rollback's.
+    back.actions = [
+        a.model_copy(update={"subject": f"{a.target} rollback to {steer.good_hash}"})
+        if a.kind in ("start_model", "restart_model")
+        else a
+        for a in back.actions
+    ]
+    back.phase = "starting_ray" if back.phase == "starting_ray" else "starting_model"
+    return back
+
+
+def _hold_back(draft: _Draft, steer: rollout.Steer) -> None:
+    """Held on the last-good spec: `degraded` once it serves, and the reason says why."""
+    held = steer.held
+    text = steer.rollback_reason(held.rolled_back or "" if held is not None else "")
+    if draft.phase in ("healthy", "degraded") and not draft.actions:
+        was = draft.reason if draft.phase == "degraded" else ""
+        draft.phase = "degraded"
+        draft.reason = f"{text}; {was}" if was else text
+    else:
+        draft.reason = f"{text}; {draft.reason}"
 
 
 def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float) -> _Draft:
@@ -202,9 +275,12 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
     notes = [f"{host} rebooted (boot id changed)" for host in policy.rebooted(observed, memory)]
     probe_failures: int | None = None
     busy: int | None = None
+    failure = model.failed
     if model.to_probe:
         links = [n for n in ray.notes if "waiting for data link" in n]
-        stages.append(judge_probe(ctx, load, serving, links))
+        probe = judge_probe(ctx, load, serving, links)
+        stages.append(probe)
+        failure = next((a.reason for a in probe.actions if a.kind == "restart_model"), failure)
         if observed.probe is not None and policy.is_new_probe(memory, observed.probe):
             threshold = desired.policy.failure_threshold
             probe_failures = policy.failures_after(memory, observed.probe, threshold)
@@ -237,6 +313,7 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
         probe_failures=probe_failures,
         busy_streak=busy,
         triage=found,
+        failure=failure,
         # Health that lasts closes an incident: healthy, or degraded only while the model
         # serves and answers (busy, a dead data link, Ray unread) with no failure counted.
         serving_well=phase == "healthy"

@@ -6,7 +6,7 @@ clock: an operator's intent.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -64,6 +64,43 @@ class ClockAnchor(Value):
     mono_at: float
 
 
+class GoodSpec(Value):
+    """The spec that last reached lasting health: its Ray and model sections as configured
+    (file paths, never a secret; the API key only by its fingerprint)."""
+
+    hash: str
+    ray: dict[str, Any]
+    model: dict[str, Any]
+    key: str | None = None
+    # Daemon time it was recorded.
+    at: float
+
+
+RolloutResult = Literal["in_progress", "accepted", "rolled_back", "rollback_failed", "superseded"]
+
+
+class Rollout(Value):
+    """One change of spec, from the last-good one to the desired one. Stamps are daemon time,
+    except `started`, the wall clock shown to operators."""
+
+    id: int
+    started: float
+    began_at: float
+    from_hash: str
+    to_hash: str
+    result: RolloutResult = "in_progress"
+    # The first stop of the old deployment (a model or Ray restart), and the acceptance.
+    stopped_at: float | None = None
+    accepted_at: float | None = None
+    downtime: float | None = None
+    rolled_back: str | None = None
+    rolled_back_at: float | None = None
+    # When the last-good spec served well again after the rollback.
+    restored_at: float | None = None
+    # The acceptance checks (`rollout.checks`) passed for this rollout's spec.
+    checked: bool = False
+
+
 class Memory(Value):
     version: int = MEMORY_VERSION
     boot_ids: dict[str, str] = Field(default_factory=dict)
@@ -116,6 +153,14 @@ class Memory(Value):
     # (this incident's, bounded): a latch says which host kept dropping out.
     unreachable: tuple[str, ...] = ()
     went_unreachable: dict[str, tuple[float, ...]] = Field(default_factory=dict)
+    # Rollouts (core.rollout): the last-good spec, the latest rollout, how many there were, and
+    # the healthy probes in a row of this launch (acceptance counts them).
+    last_good: GoodSpec | None = None
+    rollout: Rollout | None = None
+    rollout_seq: int = 0
+    healthy_probes: int = 0
+    # The last accepted rollout's downtime, seconds (elapsed: daemon time).
+    rollout_downtime: float | None = None
 
     def evolve(self, **changes: Any) -> Memory:
         """This memory with `changes`, each a known field and validated as it would be when

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field
 
 from sparkd.model.base import Value
-from sparkd.model.probe import ProbeResult
+from sparkd.model.probe import CheckResult, ProbeResult
 
 HostErrorKind = Literal[
     "unreachable", "refused", "timeout", "auth", "host_key", "conn_lost", "exit_nonzero"
@@ -293,6 +293,8 @@ class Observed(Value):
     # The API key file's fingerprint as read this cycle (core.spec.key_fingerprint), never the
     # key; None when no key file is configured or it could not be read.
     api_key_fingerprint: str | None = None
+    # A rollout's acceptance checks, when this cycle ran them (core.rollout.checks_due).
+    checks: tuple[CheckResult, ...] | None = None
 
     def host(self, name: str) -> HostFacts | None:
         return next((h for h in self.hosts if h.name == name), None)

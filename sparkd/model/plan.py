@@ -106,6 +106,8 @@ class Plan(Value):
     # or pause ending, a join or load deadline, a probe due): a recheck goes no later.
     recheck_at: float | None = None
     triage: tuple[TriageClass, ...] = ()
+    # Set when this plan starts a rollback to the last-good spec: why the new spec failed.
+    rollback: str | None = None
 
     @property
     def converged(self) -> bool:

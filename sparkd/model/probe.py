@@ -48,6 +48,15 @@ class ProbeVerdict(Value):
     finish_reason: str | None = None
 
 
+class CheckResult(Value):
+    """One acceptance check of a rollout (`rollout.checks[index]`): passed, failed, or None
+    when it could not be sent (says nothing)."""
+
+    index: int
+    ok: bool | None
+    detail: str = ""
+
+
 class ProbeResult(Value):
     """One probe as observed: the verdict plus the measurements taken around it."""
 

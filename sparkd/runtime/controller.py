@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkd.core import rollout
 from sparkd.core.clock import STEP_NOTICED, bounded
 from sparkd.core.planner import plan as make_plan
 from sparkd.core.policy import is_new_probe, rebooted
@@ -82,6 +83,14 @@ class ClusterView:
         return sum(o == "reasoning_only" for o in self.probe_window) / len(self.probe_window)
 
 
+# The rollout events that are a rollout's result (sparkd_rollouts_total{result}).
+RESULT_OF = {
+    "rollout_accepted": "accepted",
+    "rolled_back": "rolled_back",
+    "rollback_failed": "rollback_failed",
+}
+
+
 @dataclass
 class _Cycle:
     """The cycle in progress, so that each finished action can be learnt and persisted."""
@@ -92,6 +101,7 @@ class _Cycle:
     events: list[dict[str, Any]]
     outcomes: list[ActionOutcome] = field(default_factory=list)
     blocked_noted: bool = False
+    rollout_noted: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -106,6 +116,8 @@ class CycleRecord:
     probe: ProbeResult | None = None
     rebooted: tuple[str, ...] = ()
     outcomes: tuple[ActionOutcome, ...] = ()
+    # Results a rollout reached in this cycle (accepted, rolled_back, rollback_failed).
+    rollout_results: tuple[str, ...] = ()
 
 
 class Controller:
@@ -240,13 +252,15 @@ class Controller:
         # (and every other cluster) running.
         self.observe_deadline = self.monotonic() + observe_timeout(self.cluster)
         try:
+            # While a rollback holds, the last-good spec is the one observed (its log, its key).
             observed = await observe(
-                self.cluster,
+                rollout.steer(self.cluster, self.memory).spec,
                 self.pool,
                 probe_due=self._probe_due,
                 wall_clock=self.clock.now,
                 ray_status=ray_status,
                 known_ray=known_ray,
+                checks_due=rollout.checks_due(self.cluster, self.memory),
             )
         finally:
             self.observe_deadline = None
@@ -257,14 +271,17 @@ class Controller:
         self._note_step()
         before = self.memory
         wall = self.clock.wall_of(observed.observed_at)
+        effective = self._effective(before, wall)
         plan = make_plan(
             self.cluster,
             observed,
-            self._effective(before, wall),
+            effective,
             observed.observed_at,
             dry_run=self.dry_run,
             wall=wall,
         )
+        # A rollback launches the last-good spec: the executor builds its commands from it.
+        self.executor.cluster = rollout.acting_spec(self.cluster, effective, plan)
         if plan.reason != before.last_reason or plan.phase != before.last_phase:
             self.log.info("plan", phase=plan.phase, reason=plan.reason, actions=len(plan.actions))
         rebooted_hosts = rebooted(observed, before)
@@ -314,6 +331,9 @@ class Controller:
                 probe=probe,
                 rebooted=tuple(rebooted_hosts),
                 outcomes=tuple(outcomes),
+                rollout_results=tuple(
+                    RESULT_OF[kind] for kind in cycle.rollout_noted if kind in RESULT_OF
+                ),
             ),
         )
         return plan
@@ -345,6 +365,21 @@ class Controller:
             cycle.plan,
             wall=self.clock.wall_of(now),
         )
+        self.memory = rollout.track(
+            cycle.before,
+            self.memory,
+            self.cluster,
+            cycle.observed,
+            cycle.outcomes,
+            cycle.plan,
+            now,
+            self.clock.wall_of(now),
+        )
+        for kind, fields in rollout.events(cycle.before.rollout, self.memory.rollout):
+            if kind not in cycle.rollout_noted:
+                cycle.rollout_noted.add(kind)
+                cycle.events.append(self._event(kind, **fields))
+                self.log.warning(kind, **fields)
         # A pause or resume that landed while the cycle ran applies on top of what it learnt.
         for edit in self._operator_edits:
             self.memory = edit(self.memory)
@@ -614,6 +649,28 @@ class Controller:
         self.log.warning("fenced", host=host, detail=detail)
         self._persist([self._event("fenced", host=host, detail=detail)])
         self.wake.set()
+
+    def rollout_retry(self, by: str) -> bool:
+        """Roll the desired spec out again after a rollback; False when none holds."""
+        if self.memory.rollout is None or self.memory.rollout.rolled_back is None:
+            return False
+        self._edit(rollout.retry)
+        self.log.info("rollout_retry", by=by)
+        self._persist([self._event("rollout_retry", by=by)])
+        self.wake.set()
+        return True
+
+    def rollout_back(self, by: str) -> bool:
+        """Go to the last-good spec now; False when there is none other than the desired."""
+        cluster, now, wall = self.cluster, self.clock.now(), self.wall_clock()
+        edited = rollout.back(self.memory, cluster, by, now, wall)
+        if edited == self.memory:
+            return False
+        self._edit(lambda m: rollout.back(m, cluster, by, now, wall))
+        self.log.info("rollout_back", by=by)
+        self._persist([self._event("rollout_back", by=by)])
+        self.wake.set()
+        return True
 
     def reconcile(self, by: str) -> None:
         self.log.info("reconcile_requested", by=by)

@@ -368,6 +368,10 @@ class Daemon:
             first = exc.problems[0] if exc.problems else "invalid config"
             more = f" (and {len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
             return f"reload rejected: kept the old config: {first}{more}"
+        return await self.apply_settings(new)
+
+    async def apply_settings(self, new: Settings) -> str:
+        """Apply settings read and checked as a reload does; returns the reload's status."""
         old = self.settings.daemon
         pending = restart_only_changes(old, new.daemon)
         if pending:

@@ -32,6 +32,7 @@ from sparkd.core.policy import budget_used, counts_as_failure
 from sparkd.model.observed import HOST_ERROR_KINDS, KERNEL_KINDS, HostFacts
 from sparkd.model.plan import ACTION_KINDS, PHASES, TRIAGE_CLASSES
 from sparkd.model.probe import PROBE_OUTCOMES
+from sparkd.runtime.rollout_metrics import RolloutMetrics
 from sparkd.settings import ClusterSpec
 
 if TYPE_CHECKING:
@@ -140,6 +141,7 @@ class Metrics:
         # Per (cluster, host): the boot and the newest kernel timestamp counted so far.
         self._kernel_marks: dict[tuple[str, str], tuple[str | None, float | None]] = {}
         r.register(StateCollector(controllers))
+        self.rollouts = RolloutMetrics(r, controllers)
 
     def track(self, cluster: ClusterSpec) -> None:
         """Export every bounded label combination of a cluster at 0 before it happens."""
@@ -163,6 +165,7 @@ class Metrics:
                 self.remediations.labels(name, action, result)
         for result in CYCLE_RESULTS:
             self.cycles.labels(name, result)
+        self.rollouts.track(cluster)
 
     def record(self, controller: Controller, record: CycleRecord) -> None:
         name = controller.cluster.name
@@ -176,6 +179,7 @@ class Metrics:
                 self._count_flaps(name, host)
         for host_name in record.rebooted:
             self.reboots.labels(name, host_name).inc()
+        self.rollouts.record(controller, record)
         for outcome in record.outcomes:
             self.remediations.labels(name, outcome.action.kind, outcome.result).inc()
         probe = record.probe

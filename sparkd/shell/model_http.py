@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import h11
 from prometheus_client.parser import text_string_to_metric_families
 
+from sparkd.core.acceptance import judge_check
 from sparkd.core.classify import (
     EngineLoad,
     classify_failure,
@@ -26,7 +27,7 @@ from sparkd.core.classify import (
 )
 from sparkd.core.text import printable
 from sparkd.model.observed import ModelEndpoint
-from sparkd.model.probe import ProbeResult
+from sparkd.model.probe import CheckResult, ProbeResult
 from sparkd.settings import ClusterSpec
 
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -315,6 +316,40 @@ async def _engine_load(opener: Opener, authority: str) -> EngineLoad | None:
         return parse_vllm_metrics(response.body.decode("utf-8", "replace"))
     except Exception:  # any failure just means "unknown": the probe verdict stands
         return None
+
+
+async def run_checks(
+    opener: Opener, cluster: ClusterSpec, api_key: str | None
+) -> tuple[CheckResult, ...]:
+    """A rollout's acceptance checks (`rollout.checks`), one completion each, in order, each
+    within the probe timeout; one that cannot be sent says nothing (`ok` None)."""
+    authority = f"{cluster.model_host}:{cluster.model.port}"
+    results: list[CheckResult] = []
+    for index, check in enumerate(cluster.rollout.checks):
+        payload = {
+            "model": cluster.model.served_name,
+            "messages": [{"role": "user", "content": check.prompt}],
+            "max_tokens": check.max_tokens,
+            "temperature": cluster.probe.temperature,
+        }
+        try:
+            async with asyncio.timeout(cluster.probe.timeout):
+                response = await request(
+                    opener,
+                    "POST",
+                    authority,
+                    "/v1/chat/completions",
+                    body=json.dumps(payload).encode(),
+                    headers=_auth(api_key),
+                )
+        except TimeoutError:
+            results.append(CheckResult(index=index, ok=False, detail="no answer in time"))
+            continue
+        except Exception as exc:  # the channel or the connection: nothing learnt
+            results.append(CheckResult(index=index, ok=None, detail=describe(exc)))
+            continue
+        results.append(judge_check(index, check, response.status, response.body))
+    return tuple(results)
 
 
 async def probe(

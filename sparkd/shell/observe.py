@@ -21,7 +21,7 @@ from sparkd.core.assemble import (
 )
 from sparkd.core.spec import key_fingerprint
 from sparkd.model.observed import HostFacts, ModelEndpoint, Observed, RayState
-from sparkd.model.probe import ProbeResult
+from sparkd.model.probe import CheckResult, ProbeResult
 from sparkd.settings import ClusterSpec, HostSpec
 from sparkd.shell import catalogue, model_http
 from sparkd.shell.secrets import REDACTOR, SecretFileError, read_secret
@@ -106,6 +106,7 @@ async def observe(
     wall_clock: Callable[[], float] = time.time,
     ray_status: bool = True,
     known_ray: RayState | None = None,
+    checks_due: bool = False,
 ) -> Observed:
     """`ray_status`: read `ray status` beside the node list (a converged cluster can do
     without: one `ray` call a cycle). `known_ray`: Ray's last reading, reused instead of a `ray`
@@ -131,6 +132,7 @@ async def observe(
     head_reading = next(r for r, h in zip(readings, cluster.hosts, strict=True) if h is head)
     endpoint: ModelEndpoint | None = None
     probe: ProbeResult | None = None
+    checks: tuple[CheckResult, ...] | None = None
     extras = head_reading.extras
     fingerprint = key_fingerprint(api_key) if api_key else None
     if extras is not None:
@@ -152,6 +154,9 @@ async def observe(
             probe = await model_http.probe(
                 open_channel, cluster, api_key, wall_clock=wall_clock, load_before=load
             )
+            # A rollout's acceptance checks go once its probes answer (core.rollout.checks_due).
+            if checks_due and probe.verdict.healthy is True:
+                checks = await model_http.run_checks(open_channel, cluster, api_key)
     observed = Observed(
         cluster=cluster.name,
         observed_at=observed_at,
@@ -161,6 +166,7 @@ async def observe(
         endpoint=endpoint,
         probe=probe,
         api_key_fingerprint=fingerprint,
+        checks=checks,
     )
     return redacted(observed)
 

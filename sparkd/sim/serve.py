@@ -16,16 +16,25 @@ from sparkd.sim.protocol import Done, Stream, fail
 from sparkd.sim.state import Container, GpuProcess, RayCluster, SimProcess
 from sparkd.sim.timing import Timing
 from sparkd.sim.vllm_logs import (
+    EXECUTOR_STEP,
     autoscaler_notice,
     compile_lines,
     cuda_oom,
     engine_failed,
+    missing_weight_files,
     python_warning,
     shm_broadcast_wait,
     ulimit_warning,
 )
 
 SHARDS = 39
+# vLLM 0.32's top-level usage, as argparse prints it with an error.
+TOP_USAGE = (
+    "usage: vllm [-h] [-v]\n"
+    "            {chat,complete,serve,launch,bench,collect-env,download-kernels,preload,"
+    "run-batch,snapshot}\n"
+    "            ...\n"
+)
 GRAPH_SIZES = 67
 WEIGHTS_MIB = 96073
 
@@ -163,7 +172,9 @@ def parse_serve(args: list[str], env_api_key: str) -> ServeArgs | Done:
             unknown.append(args[i])
         i += 1
     if unknown:
-        return fail(usage + "vllm serve: error: unrecognized arguments: " + " ".join(unknown), 2)
+        # The serve subparser only collects them; the top-level `vllm` parser reports them, with
+        # its own usage (tests/fixtures/vllm-real/serve-unknown-argument.txt).
+        return fail(TOP_USAGE + "vllm: error: unrecognized arguments: " + " ".join(unknown), 2)
     return parsed
 
 
@@ -183,6 +194,9 @@ class ServeFaults:
     # One-shot: the next CUDA-graph capture stops half-way while its ranks spin in an NCCL
     # wait: no new line, every engine process busy at 100 % CPU, for ever.
     hang_capture: bool = False
+    # Model path -> the shard its index names that is not on disk: every load of that model
+    # fails before its first shard, as long as the file is missing.
+    missing_weights: dict[str, str] = field(default_factory=dict)
 
 
 class ServeProcess:
@@ -381,6 +395,12 @@ class ServeProcess:
             self._place_workers()
         self._info("ray_distributed_executor.py:176", "use_ray_spmd_worker: True")
         self._busy(api=0.3, core=1.5, workers=1.0)
+        shard = self.faults.missing_weights.get(a.model)
+        if shard is not None:
+            cause = missing_weight_files([f"{a.model.rstrip('/')}/{shard}"])
+            for line in engine_failed(self.pid, self.core.pid, cause, EXECUTOR_STEP):
+                self._emit(line)
+            return 1
         await self._load()
         self.phase = "compile"
         await self._compile()

@@ -66,9 +66,15 @@ def compile_lines(pid: int) -> list[str]:
     ]
 
 
-def engine_failed(api_pid: int, core_pid: int, root_cause: list[str]) -> list[str]:
-    """A fatal start-up failure: the engine core's traceback (ending in `root_cause`), then the
-    API server's `Engine core initialization failed`; the process exits 1 after it."""
+def engine_failed(
+    api_pid: int,
+    core_pid: int,
+    root_cause: list[str],
+    step: tuple[int, str] = (92, "self._initialize_kv_caches(vllm_config)"),
+) -> list[str]:
+    """A fatal start-up failure: the engine core's traceback (ending in `root_cause`, raised
+    under `step` of EngineCore.__init__), then the API server's `Engine core initialization
+    failed`; the process exits 1 after it."""
     core = f"(EngineCore_DP0 pid={core_pid}) ERROR {_stamp()} [core.py:708]"
     api = f"(APIServer pid={api_pid})"
     return [
@@ -78,8 +84,8 @@ def engine_failed(api_pid: int, core_pid: int, root_cause: list[str]) -> list[st
         f"{core}     engine_core = EngineCoreProc(*args, **kwargs)",
         f'{core}   File "{_SITE}/vllm/v1/engine/core.py", line 498, in __init__',
         f"{core}     super().__init__(vllm_config, executor_class, log_stats,",
-        f'{core}   File "{_SITE}/vllm/v1/engine/core.py", line 92, in __init__',
-        f"{core}     self._initialize_kv_caches(vllm_config)",
+        f'{core}   File "{_SITE}/vllm/v1/engine/core.py", line {step[0]}, in __init__',
+        f"{core}     {step[1]}",
         *(f"{core} {line}" for line in root_cause),
         "Process EngineCore_DP0:",
         "Traceback (most recent call last):",
@@ -108,6 +114,26 @@ def cuda_oom(during: str) -> list[str]:
         "but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF="
         "expandable_segments:True to avoid fragmentation.  See documentation for Memory "
         "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
+    ]
+
+
+# Where EngineCore.__init__ builds its executor, which loads the weights.
+EXECUTOR_STEP = (144, "self.model_executor = executor_class(vllm_config)")
+
+
+def missing_weight_files(files: list[str]) -> list[str]:
+    """The root cause when the checkpoint's index names a shard that is not there: vLLM 0.32
+    checks the index against the files before it loads any (weight_utils.py,
+    filter_duplicate_safetensors_files), so no shard-progress line comes first."""
+    missing = "{" + ", ".join(repr(f) for f in files) + "}"
+    return [
+        f'  File "{_SITE}/vllm/model_executor/model_loader/default_loader.py", line 252, in '
+        "_prepare_weights",
+        "    hf_weights_files = filter_duplicate_safetensors_files(",
+        f'  File "{_SITE}/vllm/model_executor/model_loader/weight_utils.py", line 606, in '
+        "filter_duplicate_safetensors_files",
+        "    raise FileNotFoundError(",
+        f"FileNotFoundError: Weight files referenced in index but missing: {missing}",
     ]
 
 

@@ -905,6 +905,7 @@ class World:
             "mtu-mismatch": self.mtu_mismatch,
             "rate-degraded": self.rate_degraded,
             "late-delivery": self.late_delivery,
+            "missing-weights": self.missing_weights,
         }
         if name in with_arg:
             return await with_arg[name](target.name, arg)
@@ -994,6 +995,7 @@ class World:
         h.faults.noisy_log = self.noisy_load_logs
         h.faults.oom_capture = False
         h.faults.hang_capture = False
+        h.faults.missing_weights.clear()
         h.state.disk_avail_bytes = HostState.disk_avail_bytes
         h.state.ray_ip_override = None
         h.behaviour.engine = "ok"
@@ -1191,6 +1193,15 @@ class World:
     async def hang_capture(self, host: str) -> str:
         self.host(host).faults.hang_capture = True
         return f"the next CUDA-graph capture on {host} hangs, spinning"
+
+    async def missing_weights(self, host: str, arg: str | None = None) -> str:
+        """`arg` is `MODEL[:FILE]`: a shard of MODEL's checkpoint (default the second of 39) is
+        gone from `host`, until `heal`; every load of that model fails for it."""
+        if not arg:
+            raise ValueError("fault 'missing-weights' needs MODEL[:FILE]")
+        model, _, shard = arg.partition(":")
+        self.host(host).faults.missing_weights[model] = shard or "model-00002-of-00039.safetensors"
+        return f"{model} on {host} misses a weight file its index names"
 
     async def slow_load(self, host: str) -> str:
         self.host(host).faults.slow_load = True

@@ -1,5 +1,5 @@
 """The aiohttp app: GET /metrics, /healthz, /status, /events;
-POST /clusters/{name}/pause|resume|reconcile.
+POST /clusters/{name}/pause|resume|reconcile|rollout/retry|rollout/back.
 
 The control endpoints need `Authorization: Bearer <token>`, checked in constant time against
 the file named by `daemon.control_token_file`, read per request so a rotated token applies at
@@ -34,6 +34,7 @@ from sparkd.core.text import printable
 from sparkd.model.plan import ActionOutcome
 from sparkd.model.snapshot import SnapshotDocument
 from sparkd.shell.secrets import SecretFileError, read_secret, redact, redact_json
+from sparkd.web.rollout import rollout_json
 
 if TYPE_CHECKING:
     from sparkd.runtime.controller import Controller
@@ -113,6 +114,7 @@ def cluster_json(controller: Controller) -> dict[str, Any]:
             "last_success_at": view.last_probe_success_at,
         },
         "snapshot": snapshot,
+        "rollout": rollout_json(controller),
     }
 
 
@@ -280,6 +282,28 @@ def _applied(controller: Controller, saved: bool) -> dict[str, Any]:
         )
     redacted: dict[str, Any] = redact_json(body)
     return redacted
+
+
+async def rollout_retry(request: web.Request) -> web.Response:
+    """Roll the desired spec out again after a rollback (409 when none holds)."""
+    await _authorize(request)
+    controller = _controller(request)
+    body = await _body(request)
+    if not controller.rollout_retry(redact(_text(body, "by", "api"))):
+        raise web.HTTPConflict(text=f"{controller.cluster.name}: no rollback holds")
+    return web.json_response(_applied(controller, controller.persist_error is None))
+
+
+async def rollout_back(request: web.Request) -> web.Response:
+    """Go to the last-good spec now (409 without one other than the desired spec)."""
+    await _authorize(request)
+    controller = _controller(request)
+    body = await _body(request)
+    if not controller.rollout_back(redact(_text(body, "by", "api"))):
+        raise web.HTTPConflict(
+            text=f"{controller.cluster.name}: no last-good spec other than the desired one"
+        )
+    return web.json_response(_applied(controller, controller.persist_error is None))
 
 
 async def reconcile(request: web.Request) -> web.Response:
@@ -496,4 +520,6 @@ def make_app(daemon: Daemon) -> web.Application:
     app.router.add_post("/clusters/{name}/pause", pause)
     app.router.add_post("/clusters/{name}/resume", resume)
     app.router.add_post("/clusters/{name}/reconcile", reconcile)
+    app.router.add_post("/clusters/{name}/rollout/retry", rollout_retry)
+    app.router.add_post("/clusters/{name}/rollout/back", rollout_back)
     return app

@@ -50,3 +50,19 @@ def test_demo_xid_79_holds_until_the_operator_reboots(tmp_path: Path) -> None:
     assert blocked < rebooted < after.index("recovered from xid-79"), after
     # Nothing restarted between the XID and the reboot.
     assert "restart_" not in after[:rebooted] and "start_model" not in after[:rebooted], after
+
+
+def test_demo_bad_args_rolls_back_to_the_last_good_spec(tmp_path: Path) -> None:
+    out = demo(tmp_path, "--fault", "bad-args")
+    after = out[out.index("reloading with a typo in model.extra_args: --enable-resoning") :]
+    steps = [
+        "spec drift: serving",
+        "restart_model /models/Qwen3.5-122B-A10B-FP8 on spark-a: failed",
+        "rolling back from",
+        "start_model /models/Qwen3.5-122B-A10B-FP8 on spark-a: ok",
+        "sparks: degraded: rolled back from",
+        "recovered from bad-args",
+    ]
+    positions = [after.index(step) for step in steps]
+    assert positions == sorted(positions), after
+    assert "unrecognized arguments: --enable-resoning" in after

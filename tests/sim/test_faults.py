@@ -185,6 +185,29 @@ async def test_oom_during_graph_capture(healthy: World) -> None:
     assert "Application startup complete." not in relaunch
 
 
+async def test_a_missing_weight_file_fails_the_load_as_vllm_does(healthy: World) -> None:
+    await healthy.fault("crash-model", "spark-a")
+    await healthy.fault("missing-weights", "spark-a", MODEL_ID)
+    async with await connect(healthy, "spark-a") as head:
+        for _ in range(2):  # missing until healed: a second load fails the same way
+            before = log_text(healthy).count("Failed core proc(s): {}")
+            assert (await run(head, serve_command(healthy))).exit_status == 0
+
+            async def exited(before: int = before) -> bool:
+                top = (await run(head, f"docker top {HEAD} -eo args")).stdout
+                failed = log_text(healthy).count("Failed core proc(s): {}")
+                return "vllm serve" not in top and failed == before + 1
+
+            await eventually(exited)
+    relaunch = log_text(healthy).split("vLLM API server version")[-1]
+    assert "Loading safetensors checkpoint shards" not in relaunch
+    assert (
+        "FileNotFoundError: Weight files referenced in index but missing: "
+        f"{{'{MODEL_ID}/model-00002-of-00039.safetensors'}}"
+    ) in relaunch
+    assert "EngineCore failed to start." in relaunch
+
+
 async def test_kill_container_emits_die_and_restart_policy_applies(world: World) -> None:
     async with await connect(world, "spark-b") as worker:
         events = await worker.create_process(

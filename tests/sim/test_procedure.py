@@ -121,4 +121,4 @@ async def test_unknown_serve_flag_fails_like_argparse(
     inner = f"docker exec {HEAD} vllm serve {MODEL_ID} --enable-reasoning-parser"
     result = await run(head, inner)
     assert result.exit_status == 2
-    assert "vllm serve: error: unrecognized arguments: --enable-reasoning-parser" in result.stderr
+    assert "vllm: error: unrecognized arguments: --enable-reasoning-parser" in result.stderr

@@ -18,6 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sparkd.core import facts
 from sparkd.core.classify import classify_response, classify_stream
 from sparkd.shell.model_http import parse_vllm_metrics
+from sparkd.sim.protocol import Done
+from sparkd.sim.serve import parse_serve
 from sparkd.sim.vllm_server import ModelBehaviour, SimVllmServer
 
 REAL = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-real"
@@ -199,3 +201,10 @@ def test_the_real_log_reads_as_ready_and_each_line_pattern_is_real() -> None:
     assert progress.stage == "ready"
     weights_at = next(i for i, ln in enumerate(lines) if "100% Completed" in ln)
     assert facts.parse_load_progress(lines[: weights_at + 1], None).stage == "weights"
+
+
+def test_an_unknown_serve_argument_is_rejected_with_the_real_text_and_status() -> None:
+    done = parse_serve([MODEL, "--bogus-flag", "x"], "")
+    assert isinstance(done, Done)
+    assert done.rc == 2
+    assert done.stderr == real("serve-unknown-argument.txt")

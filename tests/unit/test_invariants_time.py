@@ -170,6 +170,7 @@ class Clocked:
         wall_clock: Callable[[], float],
         ray_status: bool = True,
         known_ray: RayState | None = None,
+        checks_due: bool = False,
     ) -> Observed:
         self.lingering = [(until, n) for until, n in self.lingering if until > self.toy.now]
         seen = self.toy.observe()

@@ -1,0 +1,295 @@
+"""Rollouts: a change of spec is accepted only once it serves, otherwise undone. Pure.
+
+The spec that last reached lasting health (N healthy probes in a row, `rollout.acceptance_probes`)
+is kept as last-good. A change from it is one rollout: cut over once, accepted after N healthy
+probes of the new spec. When the new spec fails on evidence (core.model_stage's `failed`, the
+probe failing it before acceptance, its restart budget spent), the planner relaunches the
+last-good spec and holds it (`degraded`, "rolled back from SPEC to LAST-GOOD: WHY") until the
+config changes again or an operator retries. A rollback that itself fails latches `blocked`.
+
+Specs are named by their model spec hash without the key (`identity`): what the running serve
+carries beside its log, stable across sparkd upgrades, a key rotation aside.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sparkd.core import acceptance, policy
+from sparkd.core.spec import model_spec_hash, model_spec_hashes
+from sparkd.model.memory import GoodSpec, Memory, Rollout
+from sparkd.model.observed import Observed
+from sparkd.model.plan import ActionOutcome, Plan
+from sparkd.settings import ClusterSpec, ModelSpec, RaySpec
+
+MODEL_STARTS = frozenset({"start_model", "restart_model"})
+STOPS = MODEL_STARTS | {"restart_ray"}
+
+
+def identity(spec: ClusterSpec) -> str:
+    return model_spec_hash(spec)
+
+
+def good_of(spec: ClusterSpec, key: str | None, at: float) -> GoodSpec:
+    return GoodSpec(
+        hash=identity(spec),
+        ray=spec.ray.model_dump(mode="json"),
+        model=spec.model.model_dump(mode="json"),
+        key=key,
+        at=at,
+    )
+
+
+def spec_of(desired: ClusterSpec, good: GoodSpec) -> ClusterSpec:
+    """The desired cluster with the last-good Ray and model sections (hosts, SSH and policy as
+    configured now)."""
+    ray = RaySpec.model_validate(good.ray)
+    return desired.model_copy(update={"ray": ray, "model": ModelSpec.model_validate(good.model)})
+
+
+@dataclass(frozen=True)
+class Steer:
+    """What the planner works towards this cycle, and whether it may roll back."""
+
+    spec: ClusterSpec
+    desired_hash: str
+    # Set while the last-good spec stands in for the desired one: the rollout it undid.
+    held: Rollout | None = None
+    good: ClusterSpec | None = None
+    # A failure of the running launch now means a rollback (rather than a retry).
+    may_roll_back: bool = False
+
+    def rollback_reason(self, why: str) -> str:
+        good = self.good_hash
+        return f"rolled back from {self.desired_hash} to {good}: {why}"
+
+    @property
+    def good_hash(self) -> str:
+        return identity(self.good) if self.good is not None else "?"
+
+
+def steer(desired: ClusterSpec, memory: Memory) -> Steer:
+    want = identity(desired)
+    good = memory.last_good
+    if good is None or good.hash == want:
+        return Steer(spec=desired, desired_hash=want)
+    last = spec_of(desired, good)
+    rollout = memory.rollout
+    ours = rollout is not None and rollout.to_hash == want
+    if ours and rollout is not None and rollout.rolled_back is not None:
+        if rollout.result == "rolled_back":
+            return Steer(spec=last, desired_hash=want, held=rollout, good=last)
+        return Steer(spec=desired, desired_hash=want, good=last)
+    # The launch being judged is of this rollout: tried after it began (a serve that exits at
+    # once fails its start action, so no launch is recorded). A rollout not yet recorded (this
+    # very cycle's cutover) has nothing of its own to judge.
+    of_rollout = rollout is not None and ours and _tried_since(memory, rollout.began_at)
+    accepted = rollout is not None and rollout.accepted_at is not None
+    may = desired.rollout.rollback and of_rollout and not accepted
+    return Steer(spec=desired, desired_hash=want, good=last, may_roll_back=may)
+
+
+def checks_due(desired: ClusterSpec, memory: Memory) -> bool:
+    """The acceptance checks run with the probe that would accept the rollout's spec, until
+    they have passed once."""
+    record = memory.rollout
+    return (
+        bool(desired.rollout.checks)
+        and record is not None
+        and record.to_hash == identity(desired)
+        and record.result == "in_progress"
+        and not record.checked
+        and memory.healthy_probes + 1 >= desired.rollout.acceptance_probes
+    )
+
+
+def acting_spec(desired: ClusterSpec, memory: Memory, plan: Plan) -> ClusterSpec:
+    """The spec a plan's actions launch: the last-good one when the plan rolls back or a
+    rollback holds, else the desired one (`memory` is what the plan was made from)."""
+    if plan.rollback is not None and memory.last_good is not None:
+        return spec_of(desired, memory.last_good)
+    return steer(desired, memory).spec
+
+
+def failed_rollback(steer: Steer, memory: Memory) -> bool:
+    """The last-good spec, relaunched by a rollback, failed before it served again."""
+    held = steer.held
+    return (
+        held is not None
+        and held.restored_at is None
+        and held.rolled_back_at is not None
+        and _tried_since(memory, held.rolled_back_at)
+    )
+
+
+def _tried_since(memory: Memory, since: float) -> bool:
+    """A model start was tried at or after `since`, whatever became of it."""
+    return any(a.at >= since and a.key.split(":", 1)[0] in MODEL_STARTS for a in memory.attempts)
+
+
+def latch_reason(steer: Steer, why: str) -> str:
+    held = steer.held
+    first = held.rolled_back if held is not None else "?"
+    return (
+        f"rollback to {steer.good_hash} failed: {why}; the rollout of {steer.desired_hash} had "
+        f"failed: {first}"
+    )
+
+
+def track(
+    before: Memory,
+    memory: Memory,
+    desired: ClusterSpec,
+    observed: Observed,
+    outcomes: Sequence[ActionOutcome],
+    plan: Plan,
+    now: float,
+    wall: float,
+) -> Memory:
+    """Memory after a cycle (`memory`, from remember()) with the rollout's bookkeeping: healthy
+    probes of this launch, the rollout record, its downtime and result, the last-good spec."""
+    changes: dict[str, Any] = {}
+    launched = any(o.action.kind in MODEL_STARTS and o.result == "ok" for o in outcomes)
+    healthy = before.healthy_probes
+    probe = observed.probe
+    if policy.is_new_probe(before, probe) and probe is not None:
+        healthy = healthy + 1 if probe.verdict.healthy is True else 0
+    if launched:
+        healthy = 0
+    changes["healthy_probes"] = healthy
+    want = identity(desired)
+    good = memory.last_good
+    rollout = memory.rollout
+    if rollout is not None and rollout.to_hash != want and rollout.result == "in_progress":
+        rollout = rollout.model_copy(update={"result": "superseded"})
+    if good is not None and good.hash != want and (rollout is None or rollout.to_hash != want):
+        seq = memory.rollout_seq + 1
+        changes["rollout_seq"] = seq
+        rollout = Rollout(
+            id=seq,
+            started=wall,
+            began_at=observed.observed_at,
+            from_hash=good.hash,
+            to_hash=want,
+        )
+    if rollout is not None and rollout.to_hash == want:
+        rollout = _progress(rollout, outcomes, plan, observed.observed_at)
+    serve = observed.serve
+    key = observed.api_key_fingerprint
+    running = serve.spec_hash if serve is not None and serve.running else None
+    accepted = plan.serving_well and healthy >= desired.rollout.acceptance_probes
+    if (
+        rollout is not None
+        and rollout.to_hash == want
+        and acceptance.passed(observed.checks, len(desired.rollout.checks))
+    ):
+        rollout = rollout.model_copy(update={"checked": True})
+    checked = rollout is None or rollout.to_hash != want or rollout.checked
+    checked = checked or not desired.rollout.checks
+    held = rollout is not None and rollout.to_hash == want and rollout.result == "rolled_back"
+    if held and rollout is not None and good is not None:
+        last = spec_of(desired, good)
+        if rollout.restored_at is None and accepted and running in model_spec_hashes(last, key):
+            rollout = rollout.model_copy(update={"restored_at": now})
+    elif accepted and checked and running in model_spec_hashes(desired, key):
+        if good is None or good.hash != want:
+            changes["last_good"] = good_of(desired, key, now)
+        if rollout is not None and rollout.to_hash == want and rollout.result == "in_progress":
+            stopped = rollout.stopped_at
+            downtime = now - stopped if stopped is not None else None
+            rollout = rollout.model_copy(
+                update={"result": "accepted", "accepted_at": now, "downtime": downtime}
+            )
+            changes["rollout_downtime"] = downtime
+    changes["rollout"] = rollout
+    return memory.evolve(**changes)
+
+
+def _progress(
+    rollout: Rollout, outcomes: Sequence[ActionOutcome], plan: Plan, seen: float
+) -> Rollout:
+    """`seen`: when the cycle observed, before its actions (a rollback is dated from it, so
+    its own launch counts as the rollback's)."""
+    update: dict[str, Any] = {}
+    if rollout.stopped_at is None and rollout.rolled_back is None:
+        stops = [o.started_at for o in outcomes if o.action.kind in STOPS and o.result != "skipped"]
+        if stops:
+            update["stopped_at"] = min(stops)
+    if plan.rollback is not None and rollout.rolled_back is None:
+        update.update(rolled_back=plan.rollback, rolled_back_at=seen, result="rolled_back")
+    if plan.latch is not None and rollout.result == "rolled_back":
+        update["result"] = "rollback_failed"
+    return rollout.model_copy(update=update) if update else rollout
+
+
+def events(before: Rollout | None, after: Rollout | None) -> list[tuple[str, dict[str, Any]]]:
+    """What a cycle did to the rollout, as events: started, accepted, rolled back, or a
+    rollback that failed."""
+    if after is None:
+        return []
+    fields: dict[str, Any] = {
+        "rollout": after.id,
+        "spec": after.to_hash,
+        "last_good": after.from_hash,
+    }
+    found: list[tuple[str, dict[str, Any]]] = []
+    if before is None or before.id != after.id:
+        found.append(("rollout_started", fields))
+    was = before.result if before is not None and before.id == after.id else "in_progress"
+    if after.result != was:
+        if after.result == "accepted":
+            found.append(("rollout_accepted", {**fields, "downtime": after.downtime}))
+        elif after.result == "rolled_back":
+            found.append(("rolled_back", {**fields, "reason": after.rolled_back}))
+        elif after.result == "rollback_failed":
+            found.append(("rollback_failed", {**fields, "reason": after.rolled_back}))
+    return found
+
+
+def retry(memory: Memory) -> Memory:
+    """`sparkd rollout retry`: the held rollout ends; the desired spec is rolled out anew (a
+    new rollout, so it may roll back once more). A latch from a failed rollback goes too."""
+    rollout = memory.rollout
+    if rollout is None or rollout.rolled_back is None:
+        return memory
+    blocked = None if rollout.result == "rollback_failed" else memory.blocked
+    return memory.evolve(rollout=None, blocked=blocked, attempts=())
+
+
+def back(memory: Memory, desired: ClusterSpec, by: str, now: float, wall: float) -> Memory:
+    """`sparkd rollout back`: go to the last-good spec now, and hold it as a rollback does."""
+    good = memory.last_good
+    want = identity(desired)
+    if good is None or good.hash == want:
+        return memory
+    rollout = memory.rollout
+    if rollout is None or rollout.to_hash != want:
+        seq = memory.rollout_seq + 1
+        rollout = Rollout(id=seq, started=wall, began_at=now, from_hash=good.hash, to_hash=want)
+        memory = memory.evolve(rollout_seq=seq)
+    if rollout.result == "rolled_back":
+        return memory
+    held = rollout.model_copy(
+        update={
+            "rolled_back": f"asked by {by}",
+            "rolled_back_at": now,
+            "result": "rolled_back",
+            "restored_at": None,
+        }
+    )
+    return memory.evolve(rollout=held)
+
+
+def differs(desired: ClusterSpec, good: GoodSpec | None) -> list[str]:
+    """What the desired spec changes from the last-good one, `section.key: OLD -> NEW`."""
+    if good is None:
+        return []
+    found: list[str] = []
+    for section, was in (("ray", good.ray), ("model", good.model)):
+        now = getattr(desired, section).model_dump(mode="json")
+        for name in sorted(set(was) | set(now)):
+            if was.get(name) != now.get(name):
+                found.append(f"{section}.{name}: {was.get(name)!r} -> {now.get(name)!r}")
+    return found

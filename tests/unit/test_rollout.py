@@ -1,0 +1,463 @@
+"""Rollouts, cycle by cycle on the toy cluster: last-good, acceptance, rollback and its hold."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from sparkd.cli_api import render_status
+from sparkd.commands import _parser
+from sparkd.core import rollout
+from sparkd.core.acceptance import judge_check
+from sparkd.core.model_stage import exit_cause
+from sparkd.core.planner import plan
+from sparkd.core.remember import remember
+from sparkd.model.memory import Memory
+from sparkd.model.plan import ActionOutcome, ActionResult, Plan
+from sparkd.model.probe import CheckResult
+from sparkd.settings import ClusterSpec, RolloutCheck
+from sparkd.sim.vllm_logs import EXECUTOR_STEP, engine_failed, missing_weight_files
+from tests.toy import Toy
+
+ARG_ERROR = (
+    "usage: vllm [-h] [-v]",
+    "vllm: error: unrecognized arguments: --enable-resoning",
+)
+
+
+def with_args(cluster: ClusterSpec, *args: str, rollback: bool = True) -> ClusterSpec:
+    model = cluster.model.model_copy(update={"extra_args": (*cluster.model.extra_args, *args)})
+    policy = cluster.rollout.model_copy(update={"rollback": rollback})
+    return cluster.model_copy(update={"model": model, "rollout": policy})
+
+
+@dataclass
+class Run:
+    """The controller's cycle over the toy: plan, act with the spec the plan launches, learn."""
+
+    toy: Toy
+    desired: ClusterSpec
+    memory: Memory = field(default_factory=Memory)
+    plans: list[Plan] = field(default_factory=list)
+    # Called after the actions of each cycle that launched the model (a fault on the new load).
+    on_launch: list[str] = field(default_factory=list)
+    # How the acceptance checks come out when they run.
+    checks_pass: bool = True
+
+    def cycle(self, seconds: float = 60.0) -> Plan:
+        toy = self.toy
+        observed = toy.observe()
+        if rollout.checks_due(self.desired, self.memory) and observed.probe is not None:
+            checks = tuple(
+                CheckResult(index=i, ok=self.checks_pass, detail="answer lacks 'Paris'")
+                for i in range(len(self.desired.rollout.checks))
+            )
+            observed = observed.model_copy(update={"checks": checks})
+        made = plan(self.desired, observed, self.memory, toy.now)
+        spec = rollout.acting_spec(self.desired, self.memory, made)
+        outcomes = []
+        for action in made.actions:
+            toy.cluster = spec
+            toy.apply(action)
+            result: ActionResult = "ok"
+            if action.kind in ("start_model", "restart_model"):
+                self.launched(spec)
+                # As the executor: a serve gone before it was seen running fails its start.
+                result = "ok" if toy.serve_running else "failed"
+            outcomes.append(
+                ActionOutcome(action=action, result=result, started_at=toy.now, finished_at=toy.now)
+            )
+        after = remember(self.memory, observed, outcomes, toy.now, made)
+        self.memory = rollout.track(
+            self.memory, after, self.desired, observed, outcomes, made, toy.now, toy.now
+        )
+        self.plans.append(made)
+        toy.advance(seconds)
+        return made
+
+    def launched(self, spec: ClusterSpec) -> None:
+        toy = self.toy
+        toy.log_tail = ()
+        toy.load_stalled_at = None
+        bad = rollout.identity(spec) != rollout.identity(self.good_spec)
+        for fault in self.on_launch:
+            # `X` hits only a spec other than last-good; `X_all` every launch.
+            kind = fault.removesuffix("_all")
+            if not bad and kind == fault:
+                continue
+            if kind == "arg_error":
+                toy.serve_running = False
+                toy.log_tail = ARG_ERROR
+            elif kind == "exit":
+                toy.serve_running = False
+            elif kind == "stall":
+                toy.load_stalled_at = toy.now
+
+    @property
+    def good_spec(self) -> ClusterSpec:
+        good = self.memory.last_good
+        return rollout.spec_of(self.desired, good) if good is not None else self.desired
+
+    def until(self, phase: str, limit: int = 40) -> Plan:
+        for _ in range(limit):
+            made = self.cycle()
+            if made.phase == phase:
+                return made
+        raise AssertionError(f"never {phase}: {[p.reason for p in self.plans[-3:]]}")
+
+
+def serving() -> Run:
+    """A cluster that has served long enough to have a last-good spec."""
+    toy = Toy.healthy()
+    run = Run(toy=toy, desired=toy.cluster)
+    run.memory = Memory(launched_at=toy.serve_started, model_ready_at=toy.now - 100)
+    for _ in range(4):
+        run.cycle()
+    assert run.memory.last_good is not None
+    return run
+
+
+def test_last_good_is_recorded_after_the_acceptance_probes_and_not_before() -> None:
+    toy = Toy.healthy()
+    run = Run(toy=toy, desired=toy.cluster)
+    run.memory = Memory(launched_at=toy.serve_started, model_ready_at=toy.now - 100)
+    run.cycle()
+    run.cycle()
+    assert run.memory.last_good is None and run.memory.healthy_probes == 2
+    run.cycle()
+    good = run.memory.last_good
+    assert good is not None and good.hash == rollout.identity(toy.cluster)
+    assert good.model == toy.cluster.model.model_dump(mode="json")
+    assert rollout.spec_of(toy.cluster, good) == toy.cluster
+
+
+def test_a_good_change_is_cut_over_once_and_accepted_with_its_downtime() -> None:
+    run = serving()
+    old = run.memory.last_good
+    run.desired = with_args(run.desired, "--max-num-seqs", "8")
+    cut = run.cycle()
+    assert [a.kind for a in cut.actions] == ["restart_model"] and "spec drift" in cut.reason
+    record = run.memory.rollout
+    assert record is not None and record.result == "in_progress" and record.stopped_at is not None
+    assert old is not None and record.from_hash == old.hash
+    run.until("healthy")
+    for _ in range(3):
+        run.cycle()
+    record = run.memory.rollout
+    assert record is not None and record.result == "accepted"
+    assert record.downtime is not None and record.downtime >= run.toy.load_seconds
+    good = run.memory.last_good
+    assert good is not None and good.hash == rollout.identity(run.desired)
+    starts = [a for p in run.plans for a in p.actions if a.kind.endswith("model")]
+    assert len(starts) == 1
+
+
+def test_an_argument_error_rolls_back_to_the_last_good_spec_and_holds_degraded() -> None:
+    run = serving()
+    good = run.memory.last_good
+    assert good is not None
+    run.on_launch = ["arg_error"]
+    run.desired = with_args(run.desired, "--enable-resoning")
+    bad = rollout.identity(run.desired)
+    run.cycle()  # the cutover
+    back = run.cycle()
+    assert back.rollback is not None
+    assert "unrecognized arguments: --enable-resoning" in back.rollback
+    assert back.reason.startswith(f"rolling back from {bad} to {good.hash}: vllm serve exited")
+    assert [a.kind for a in back.actions] == ["start_model"]
+    assert run.toy.serve_spec == good.hash
+    held = run.until("degraded")
+    assert held.reason.startswith(f"rolled back from {bad} to {good.hash}: vllm serve exited")
+    for _ in range(5):
+        assert not run.cycle().actions
+    record = run.memory.rollout
+    assert record is not None and record.result == "rolled_back" and record.restored_at
+    assert run.memory.last_good == good
+
+
+def test_a_stalled_load_of_the_new_spec_rolls_back() -> None:
+    run = serving()
+    run.on_launch = ["stall"]
+    run.desired = with_args(run.desired, "--max-num-seqs", "8")
+    run.cycle()
+    back = next(p for p in (run.cycle() for _ in range(20)) if p.actions)
+    assert back.rollback is not None and back.rollback.startswith("load stalled")
+    run.until("degraded")
+
+
+def test_a_new_spec_whose_restart_budget_is_spent_rolls_back_on_its_own_budget() -> None:
+    run = serving()
+    good = run.memory.last_good
+    assert good is not None
+    run.on_launch = ["exit"]  # exits at once, saying nothing of why
+    run.desired = with_args(run.desired, "--max-num-seqs", "8")
+    plans = [run.cycle() for _ in range(6)]
+    back = next(p for p in plans if p.rollback is not None)
+    assert back.rollback is not None and back.rollback.startswith("budget spent: start_model")
+    assert [a.kind for a in back.actions] == ["start_model"]
+    assert run.toy.serve_spec == good.hash and run.toy.serve_running
+    assert not any(p.phase == "blocked" for p in plans)
+
+
+def test_an_argument_error_of_a_launch_never_recorded_still_rolls_back() -> None:
+    run = serving()
+    run.memory = run.memory.evolve(launched_at=None)  # the world launched it, not sparkd
+    run.on_launch = ["arg_error"]
+    run.desired = with_args(run.desired, "--enable-resoning")
+    run.cycle()
+    back = run.cycle()
+    assert back.rollback is not None and "unrecognized arguments" in back.rollback
+
+
+def test_without_rollback_a_failed_spec_is_restarted_as_before() -> None:
+    run = serving()
+    run.on_launch = ["arg_error"]
+    run.desired = with_args(run.desired, "--enable-resoning", rollback=False)
+    run.cycle()
+    again = run.cycle()
+    assert again.rollback is None and [a.kind for a in again.actions] == ["start_model"]
+    assert run.toy.serve_spec == rollout.identity(run.desired)
+
+
+def test_without_a_last_good_spec_nothing_is_rolled_back() -> None:
+    toy = Toy.healthy()
+    run = Run(toy=toy, desired=with_args(toy.cluster, "--enable-resoning"))
+    run.memory = Memory(launched_at=toy.serve_started, model_ready_at=toy.now - 100)
+    run.on_launch = ["arg_error_all"]
+    for _ in range(12):
+        assert run.cycle().rollback is None
+    assert run.memory.last_good is None
+    assert run.plans[-1].phase == "blocked"
+
+
+def test_a_rollback_that_fails_latches_blocked_with_both_causes() -> None:
+    run = serving()
+    good = run.memory.last_good
+    assert good is not None
+    run.on_launch = ["arg_error", "stall_all"]
+    run.desired = with_args(run.desired, "--enable-resoning")
+    run.cycle()
+    assert run.cycle().rollback is not None
+    blocked = run.until("blocked")
+    assert blocked.reason.startswith(f"rollback to {good.hash} failed: load stalled")
+    assert "had failed: vllm serve exited: argument error" in blocked.reason
+    assert run.memory.blocked is not None
+    record = run.memory.rollout
+    assert record is not None and record.result == "rollback_failed"
+
+
+def test_retry_rolls_the_desired_spec_out_again_and_back_goes_to_last_good() -> None:
+    run = serving()
+    run.on_launch = ["arg_error"]
+    run.desired = with_args(run.desired, "--enable-resoning")
+    run.cycle()
+    run.cycle()
+    run.until("degraded")
+    first = run.memory.rollout
+    run.memory = rollout.retry(run.memory)
+    again = run.cycle()
+    assert [a.kind for a in again.actions] == ["restart_model"] and "spec drift" in again.reason
+    assert run.toy.serve_spec == rollout.identity(run.desired)
+    record = run.memory.rollout
+    assert first is not None and record is not None and record.id == first.id + 1
+    # The fault is fixed; the retried spec serves and is accepted.
+    run.on_launch = []
+    run.toy.serve_running, run.toy.log_tail = True, ()
+    run.until("healthy")
+    for _ in range(3):
+        run.cycle()
+    accepted = run.memory.last_good
+    assert accepted is not None and accepted.hash == rollout.identity(run.desired)
+    # Then an operator goes back to the spec before it: there is none other than this one.
+    assert rollout.back(run.memory, run.desired, "ops", run.toy.now, run.toy.now) == run.memory
+
+
+def test_back_relaunches_the_last_good_spec_during_a_rollout() -> None:
+    run = serving()
+    good = run.memory.last_good
+    assert good is not None
+    run.desired = with_args(run.desired, "--max-num-seqs", "8")
+    run.cycle()
+    run.memory = rollout.back(run.memory, run.desired, "alice", run.toy.now, run.toy.now)
+    made = run.cycle()
+    assert [a.kind for a in made.actions] == ["restart_model"]
+    assert run.toy.serve_spec == good.hash
+    held = run.until("degraded")
+    assert "to " + good.hash + ": asked by alice" in held.reason
+
+
+def test_a_config_change_while_held_ends_the_hold() -> None:
+    run = serving()
+    run.on_launch = ["arg_error"]
+    run.desired = with_args(run.desired, "--enable-resoning")
+    run.cycle()
+    run.cycle()
+    run.until("degraded")
+    run.on_launch = []
+    run.desired = with_args(run.desired.model_copy(), "--max-num-seqs", "8")
+    made = run.cycle()
+    assert [a.kind for a in made.actions] == ["restart_model"] and made.rollback is None
+    assert run.toy.serve_spec == rollout.identity(run.desired)
+
+
+def test_a_reload_that_changes_nothing_in_the_spec_starts_no_rollout() -> None:
+    run = serving()
+    run.desired = run.desired.model_copy(update={"interval": 45.0})
+    for _ in range(3):
+        assert not run.cycle().actions
+    assert run.memory.rollout is None
+
+
+FAULTS = st.sampled_from(["none", "arg_error", "stall", "stall_all", "arg_error_all", "exit"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["change", "change", "retry", "back", "wait"]),
+            FAULTS,
+            st.integers(1, 14),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    rollback=st.booleans(),
+)
+def test_rollback_properties(steps: list[tuple[str, str, int]], rollback: bool) -> None:
+    """Never back to the spec that failed, never without a last-good spec, at most once per
+    rollout, and only when rollback is on."""
+    run = serving()
+    base = run.desired
+    changes = 0
+    rolled: dict[int, int] = {}
+    for step, fault, cycles in steps:
+        run.on_launch = [] if fault == "none" else [fault]
+        if step == "change":
+            changes += 1
+            run.desired = with_args(base, "--max-num-seqs", str(changes), rollback=rollback)
+        elif step == "retry":
+            run.memory = rollout.retry(run.memory)
+        elif step == "back":
+            run.memory = rollout.back(run.memory, run.desired, "ops", run.toy.now, run.toy.now)
+        for _ in range(cycles):
+            before = run.memory
+            made = run.cycle()
+            if made.rollback is None:
+                continue
+            event("rolled back")
+            assert rollback
+            good = before.last_good
+            assert good is not None
+            assert good.hash != rollout.identity(run.desired)
+            assert run.toy.serve_spec == good.hash
+            record = run.memory.rollout
+            assert record is not None
+            rolled[record.id] = rolled.get(record.id, 0) + 1
+            assert rolled[record.id] == 1
+
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-real"
+
+
+def test_exit_causes_name_the_argument_error_and_the_engines_root_cause() -> None:
+    argparse = (FIXTURES / "serve-unknown-argument.txt").read_text().splitlines()
+    assert exit_cause(tuple(argparse)) == (
+        "argument error: vllm: error: unrecognized arguments: --bogus-flag x"
+    )
+    missing = ["/models/m/model-00002-of-00039.safetensors"]
+    lines = engine_failed(10, 11, missing_weight_files(missing), EXECUTOR_STEP)
+    assert exit_cause(tuple(lines[-20:])) == (
+        "engine failed to start: FileNotFoundError: Weight files referenced in index but "
+        "missing: {'/models/m/model-00002-of-00039.safetensors'}"
+    )
+    signalled = ("INFO:     Shutting down", "INFO:     Application shutdown complete.")
+    assert exit_cause(signalled) is None
+
+
+def test_status_shows_desired_running_last_good_what_differs_and_the_rollout() -> None:
+    cluster = {
+        "cluster": "sparks",
+        "phase": "degraded",
+        "reason": "rolled back from bbb to aaa: vllm serve exited: argument error: ...",
+        "rollout": {
+            "desired": "bbb",
+            "running": "aaa",
+            "last_good": {"spec": "aaa", "at": 1.0, "model": "/models/m"},
+            "differs": ["model.extra_args: [] -> ['--enable-resoning']"],
+            "in_progress": False,
+            "rolled_back": True,
+            "latest": {"id": 2, "from": "aaa", "to": "bbb", "result": "rolled_back",
+                       "downtime_seconds": None, "rolled_back": "vllm serve exited: ..."},
+        },
+    }  # fmt: skip
+    text = render_status({"clusters": [cluster]})
+    assert "sparks: desired bbb, running aaa, last-good aaa" in text
+    assert "  differs: model.extra_args: [] -> ['--enable-resoning']" in text
+    assert "  rollout 2: aaa -> bbb, rolled_back (vllm serve exited: ...)" in text
+    first = {"cluster": "sparks", "phase": "healthy", "rollout": {"last_good": None}}
+    assert "last-good" not in render_status({"clusters": [first]})
+    settled = {"desired": "aaa", "running": "aaa", "last_good": {"spec": "aaa"}}
+    steady = {"cluster": "sparks", "phase": "healthy", "rollout": settled}
+    assert len(render_status({"clusters": [steady]}).splitlines()) == 2
+
+
+def test_rollout_commands_parse() -> None:
+    parser = _parser()
+    assert parser.parse_args(["rollout", "status"]).cluster is None
+    args = parser.parse_args(["rollout", "back", "sparks"])
+    assert (args.command, args.rollout_command, args.cluster) == ("rollout", "back", "sparks")
+
+
+def with_check(cluster: ClusterSpec, **check: object) -> ClusterSpec:
+    checks = (RolloutCheck.model_validate({"prompt": "Capital of France?", **check}),)
+    return cluster.model_copy(
+        update={"rollout": cluster.rollout.model_copy(update={"checks": checks})}
+    )
+
+
+def test_a_failed_acceptance_check_rolls_back_before_acceptance() -> None:
+    run = serving()
+    good = run.memory.last_good
+    run.checks_pass = False
+    run.desired = with_check(with_args(run.desired, "--max-num-seqs", "8"), contains="Paris")
+    plans = [run.cycle() for _ in range(25)]
+    back = next(p for p in plans if p.rollback is not None)
+    assert back.rollback == "acceptance check 1 failed: answer lacks 'Paris'"
+    assert good is not None and run.toy.serve_spec == good.hash
+    assert run.memory.last_good == good
+
+
+def test_passed_acceptance_checks_let_the_rollout_be_accepted() -> None:
+    run = serving()
+    run.desired = with_check(with_args(run.desired, "--max-num-seqs", "8"), contains="Paris")
+    for _ in range(25):
+        run.cycle()
+    record = run.memory.rollout
+    assert record is not None and record.result == "accepted" and record.checked
+
+
+FIXTURE_PROBE = (FIXTURES / "chat-probe.json").read_text()
+FIXTURE_ANSWER = (FIXTURES / "chat-enable-thinking-false.json").read_text()
+
+
+def test_acceptance_checks_judge_real_answers_reasoning_aware() -> None:
+    def check(body: str, **fields: object) -> CheckResult:
+        spec = RolloutCheck.model_validate({"prompt": "p", "max_tokens": 50, **fields})
+        return judge_check(0, spec, 200, body)
+
+    # Reasoning only (content null, the budget spent): no answer to judge, healthy as the probe.
+    assert check(FIXTURE_PROBE, contains="hello").ok is True
+    assert check(FIXTURE_PROBE, min_completion_tokens=51).ok is False
+    content = json.loads(FIXTURE_ANSWER)["choices"][0]["message"]["content"].strip()
+    word = content.split()[0]
+    assert check(FIXTURE_ANSWER, contains=word).ok is True
+    assert check(FIXTURE_ANSWER, contains="Paris-" + word).ok is False
+    assert check(FIXTURE_ANSWER, regex=f"^{re.escape(word)}").ok is True
+    assert check(FIXTURE_ANSWER, regex="^$").ok is False
+    assert judge_check(0, RolloutCheck(prompt="p"), 500, "{}").ok is False
