@@ -24,9 +24,10 @@ from sparkd.core.images import judge_images
 from sparkd.core.judge import Context, Hold, Verdict, ago
 from sparkd.core.load import assess
 from sparkd.core.model_stage import judge_model
+from sparkd.core.power import judge_wedged
 from sparkd.core.probe_stage import judge_probe
 from sparkd.core.ray_stage import judge_ray
-from sparkd.core.triage import judge_memory, judge_wedged
+from sparkd.core.triage import judge_memory
 from sparkd.model.memory import LoadMark, Memory
 from sparkd.model.observed import Observed
 from sparkd.model.plan import Action, Phase, Plan, TriageClass
@@ -191,9 +192,9 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
     answering = endpoint is not None and endpoint.status == "http_error"
     load = assess(ctx, serving or answering)
     reach = judge_reachability(ctx)
-    wedged = judge_wedged(ctx)
-    pressure = judge_memory(ctx, load)
     fabric = judge_fabric(ctx)
+    wedged = judge_wedged(ctx, load, fabric_sound=not fabric.triage)
+    pressure = judge_memory(ctx, load)
     cleanup = judge_cleanup(ctx)
     images = judge_images(ctx)
     ray = judge_ray(ctx, images, load, serving)

@@ -101,6 +101,15 @@ class CommandRecord:
     container: str | None = None
 
 
+@dataclass(frozen=True)
+class PowerRecord:
+    """A power request the world obeyed (`sparkd sim power`, as a PDU's CLI would take it)."""
+
+    at: float
+    host: str
+    action: str
+
+
 @dataclass
 class HungCall:
     """A fake-tool call held by the `hang-tool` fault; `released` once its caller went away
@@ -238,6 +247,7 @@ class World:
         )
         self.serves: list[ServeProcess] = []
         self.command_log: list[CommandRecord] = []
+        self.power_log: list[PowerRecord] = []
         self.hung_calls: list[HungCall] = []
         # Per host, the latest requests its model servers answered, with their own times.
         self.served: dict[str, deque[Served]] = {}
@@ -930,6 +940,16 @@ class World:
                 for r in self.commands(target.name)
             ]
         raise ValueError(f"unknown query {name!r}; known: commands, requests")
+
+    async def power(self, action: str, host: str) -> str:
+        """A switched PDU's outlet: `cycle` cuts the host's power and restores it (a reboot
+        that nothing on the host can refuse, a wedged kernel included)."""
+        if action != "cycle":
+            raise ValueError(f"unknown power action {action!r}; known: cycle")
+        self.host(host)
+        self.power_log.append(PowerRecord(time.time(), host, action))
+        await self.reboot(host)
+        return f"{host}: outlet power cycled (off, on)"
 
     async def reboot(self, host: str) -> str:
         """Everything on the host dies; it comes back after `reboot_downtime` with a new boot id,
