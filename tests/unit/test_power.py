@@ -51,17 +51,20 @@ def wedged(
     silent: float = LIMIT + 5,
     kind: HostErrorKind = "timeout",
     command: tuple[str, ...] | None = COMMAND,
+    load_seconds: float | None = None,
 ) -> tuple[ClusterSpec, Observed, Memory, float]:
     """`victim` logged `sample`, then failed every look for `silent` seconds."""
     toy, memory = build(example)
+    if load_seconds is not None:
+        toy.load_seconds = load_seconds
     cluster = powered(toy.cluster, command)
     seen = host(toy.observe(), victim, kernel=log(sample))
     memory = remember(memory, seen, (), toy.now, plan(cluster, seen, memory, toy.now))
     error = HostError(kind=kind, detail="no answer")
     gone = host(toy.observe(), victim, error=error, kernel=None)
     memory = remember(memory, gone, (), toy.now, plan(cluster, gone, memory, toy.now))
-    now = toy.now + silent
-    return cluster, gone.model_copy(update={"observed_at": now}), memory, now
+    toy.advance(silent)
+    return cluster, host(toy.observe(), victim, error=error, kernel=None), memory, toy.now
 
 
 def cycles(result: Plan) -> list[str]:
@@ -124,7 +127,8 @@ def test_not_when_the_triage_does_not_say_wedged() -> None:
 
 
 def test_not_while_a_load_progresses_on_a_sound_fabric() -> None:
-    cluster, gone, memory, now = wedged("loading-40pct", silent=LIMIT + 1)
+    # A 30-minute load (within load_timeout), 10 minutes in when the worker went silent.
+    cluster, gone, memory, now = wedged("loading-40pct", silent=LIMIT + 1, load_seconds=1800)
     result = plan(cluster, gone, memory, now)
     assert cycles(result) == []
     assert "not power-cycling it while a load of sparks progresses on a sound fabric" in (
@@ -194,25 +198,33 @@ def wedges(draw: st.DrawFn) -> tuple[ClusterSpec, Observed, Memory, float, bool]
     )
     victim = draw(st.sampled_from(["spark-a", "spark-b"]))
     sample = draw(st.sampled_from(["nv-no-memory.txt", "aer-fatal.txt", "xid-45.txt"]))
-    kind = draw(st.sampled_from(HOST_ERROR_KINDS))
+    # Weighted towards the rule holding, so that most cases test a power cycle's presence.
+    kind = draw(st.sampled_from([*HOST_ERROR_KINDS, *SILENT_KINDS, *SILENT_KINDS]))
     silent = draw(st.floats(0, 3 * LIMIT))
-    command = draw(st.sampled_from([COMMAND, None]))
+    command = draw(st.sampled_from([COMMAND, COMMAND, COMMAND, None]))
+    load_seconds = draw(st.sampled_from([900.0, 1800.0, 3000.0]))
     cluster, gone, memory, now = wedged(
-        example, sample=sample, victim=victim, silent=silent, kind=kind, command=command
+        example,
+        sample=sample,
+        victim=victim,
+        silent=silent,
+        kind=kind,
+        command=command,
+        load_seconds=load_seconds,
     )
-    if draw(st.booleans()):
+    if draw(st.sampled_from([False, False, True])):
         other = "spark-a" if victim == "spark-b" else "spark-b"
         gone = host(gone, other, fabric=DOWN_PORT)
-    tried = draw(st.sampled_from([None, True, False]))
+    tried = draw(st.sampled_from([None, None, None, True, False]))
     if tried is not None:
         at = now - draw(st.floats(0, 2 * LIMIT))
         attempt = Attempt(key=f"power_cycle:{victim}:{victim}", at=at, ok=tried)
         memory = memory.evolve(attempts=(*memory.attempts, attempt))
         if draw(st.booleans()):
             memory = memory.evolve(backoff_reset_at=at + draw(st.floats(-60, 60)))
-    if draw(st.booleans()):
+    if draw(st.sampled_from([False, False, False, True])):
         memory = pause(memory, reason="window", by="maintenance window", now=now, until=None)
-    return cluster, gone, memory, now, draw(st.booleans())
+    return cluster, gone, memory, now, draw(st.sampled_from([False, False, False, True]))
 
 
 def rule_holds(cluster: ClusterSpec, seen: Observed, memory: Memory, now: float, name: str) -> bool:
@@ -224,7 +236,9 @@ def rule_holds(cluster: ClusterSpec, seen: Observed, memory: Memory, now: float,
     silent = since is not None and now - since >= cluster.power.unreachable_for
     wedged = error is not None and error.kind in SILENT_KINDS
     ctx = Context.of(cluster, seen, memory, now)
-    load = assess(ctx, serving=False)
+    endpoint = seen.endpoint
+    serving = endpoint is not None and endpoint.serves(ctx.model_name) and ctx.head_reachable
+    load = assess(ctx, serving)
     sound = all(h.fabric is None or h.fabric.port_state in (None, "ACTIVE") for h in seen.hosts)
     loading = sound and load.progressing(cluster.model.load_stall, cluster.model.load_timeout)
     key = f"power_cycle:{name}:{name}"
