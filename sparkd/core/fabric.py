@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 
 from sparkd.core.judge import MODEL_STARTS, RAY_STARTS, Context, Hold, Verdict
+from sparkd.core.load import launch_time
 from sparkd.core.text import printable
 from sparkd.model.observed import Fabric
 
@@ -193,7 +194,10 @@ def problems(ctx: Context) -> list[Problem]:
                 )
             )
     serve = ctx.observed.serve
-    launched = ctx.memory.launched_at
+    # The serve process's own age says when it started, whoever launched it (a model sparkd
+    # did not launch, or memory lost, has no launched_at); the later of the two is the launch.
+    known = [t for t in (launch_time(ctx), ctx.memory.launched_at) if t is not None]
+    launched = max(known) if known else None
     for name, (before, after, at) in sorted(ctx.memory.gid_moved.items()):
         # Only a model that opened NCCL before the move holds the old index.
         if serve is None or not serve.running or launched is None or launched >= at:
