@@ -18,7 +18,7 @@ from sparkd.core import policy
 from sparkd.core.cleanup import judge_cleanup, judge_reachability
 from sparkd.core.clock import bounded
 from sparkd.core.evidence import of_this_launch
-from sparkd.core.fabric import judge_fabric
+from sparkd.core.fabric import judge_fabric, judge_recovery
 from sparkd.core.horizon import horizon
 from sparkd.core.images import judge_images
 from sparkd.core.judge import Context, Hold, Verdict, ago
@@ -62,6 +62,7 @@ class _Draft:
     busy_streak: int | None = None
     serving_well: bool = False
     triage: tuple[TriageClass, ...] = ()
+    fabric_held: bool = False
 
     def carry(self) -> dict[str, object]:
         """What remember() learns from the judgement, whatever becomes of the actions."""
@@ -74,6 +75,7 @@ class _Draft:
             "busy_streak": self.busy_streak,
             "serving_well": self.serving_well,
             "triage": self.triage,
+            "fabric_held": self.fabric_held,
         }
 
     def horizon(
@@ -198,8 +200,9 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
     cleanup = judge_cleanup(ctx)
     images = judge_images(ctx)
     ray = judge_ray(ctx, images, load, serving)
+    recovery = judge_recovery(ctx, fabric, ray_busy=bool(ray.actions))
     model = judge_model(ctx, ray, load, serving, images)
-    stages: list[Verdict] = [reach, wedged, pressure, fabric, cleanup, images, ray, model]
+    stages: list[Verdict] = [reach, wedged, pressure, fabric, cleanup, images, ray, recovery, model]
     notes = [f"{host} rebooted (boot id changed)" for host in policy.rebooted(observed, memory)]
     probe_failures: int | None = None
     busy: int | None = None
@@ -238,6 +241,7 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
         probe_failures=probe_failures,
         busy_streak=busy,
         triage=found,
+        fabric_held=bool(fabric.holds),
         # Health that lasts closes an incident: healthy, or degraded only while the model
         # serves and answers (busy, a dead data link, Ray unread) with no failure counted.
         serving_well=phase == "healthy"

@@ -116,6 +116,9 @@ class Memory(Value):
     # (this incident's, bounded): a latch says which host kept dropping out.
     unreachable: tuple[str, ...] = ()
     went_unreachable: dict[str, tuple[float, ...]] = Field(default_factory=dict)
+    # Since when a fabric fault has held Ray and model (re)starts, while the model launched
+    # before it runs: once the fabric is sound, what hung over it is restarted (core.fabric).
+    fabric_held_since: float | None = None
 
     def evolve(self, **changes: Any) -> Memory:
         """This memory with `changes`, each a known field and validated as it would be when

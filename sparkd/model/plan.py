@@ -108,6 +108,8 @@ class Plan(Value):
     # or pause ending, a join or load deadline, a probe due): a recheck goes no later.
     recheck_at: float | None = None
     triage: tuple[TriageClass, ...] = ()
+    # A fabric fault held Ray and model (re)starts in this judgement, for remember().
+    fabric_held: bool = False
 
     @property
     def converged(self) -> bool:
