@@ -260,6 +260,8 @@ class World:
         self._control = ControlServer(self)
         # Head hosts whose model engine hangs because a Ray node it uses is frozen.
         self._engines_hung_by_ray: set[str] = set()
+        # Head hosts whose model engine hangs in NCCL over a broken link: until it exits.
+        self._engines_hung_by_link: set[str] = set()
         self.started = False
 
     # -- paths -----------------------------------------------------------------------------------
@@ -692,6 +694,20 @@ class World:
                     host.behaviour.engine = "hung"
                     self._engines_hung_by_ray.add(host.name)
 
+    def _hang_across(self, host: str) -> None:
+        """Every running model with a rank on `host` hangs (completions never finish)."""
+        h = self.host(host)
+        ids = set(h.state.containers)
+        for serve in self.serves:
+            if serve.engine is not h.engine and not any(
+                c.id in ids for _, c, _, _ in serve.workers
+            ):
+                continue
+            head = next(x for x in self.hosts.values() if x.engine is serve.engine)
+            if head.behaviour.engine == "ok":
+                head.behaviour.engine = "hung"
+                self._engines_hung_by_link.add(head.name)
+
     def _thaw(self, container: Container) -> None:
         if self.real_ray is not None:
             self.real_ray.thaw(container.id)
@@ -827,6 +843,12 @@ class World:
     def _forget(self, serve: ServeProcess) -> None:
         with contextlib.suppress(ValueError):
             self.serves.remove(serve)
+        # A broken link hung this process's NCCL, not the next launch's.
+        for host in self.hosts.values():
+            if host.engine is serve.engine and host.name in self._engines_hung_by_link:
+                self._engines_hung_by_link.discard(host.name)
+                if host.behaviour.engine == "hung":
+                    host.behaviour.engine = "ok"
 
     def _deliver_signal(self, state: HostState, pid: int, sig: int) -> bool:
         host = self.hosts[state.name]
@@ -1173,8 +1195,11 @@ class World:
         return f"{host}: the data IP's RoCE v2 GID is now at index {link.gid_start + 1}"
 
     async def mtu_mismatch(self, host: str, arg: str | None = None) -> str:
-        """A firmware update reset the data interface's MTU to `arg` (default 1500)."""
+        """A firmware update reset the data interface's MTU to `arg` (default 1500): the model
+        serving across it hangs in NCCL without an error, and stays hung after the MTU is set
+        back, until it is relaunched."""
         self.host(host).state.link.mtu = int(arg) if arg else 1500
+        self._hang_across(host)
         return f"{host}: data interface MTU {self.host(host).state.link.mtu}"
 
     async def rate_degraded(self, host: str, arg: str | None = None) -> str:

@@ -67,3 +67,37 @@ async def test_a_moved_gid_is_reported_and_its_flap_holds_the_relaunch(
     assert final[-1].phase == "healthy" and final[-1].triage == ()
     assert len(launches(healthy_world, since)) == 1
     assert sample(metrics, "sparkd_cluster_triage", **{"class": "fabric"}) == 0
+
+
+def docker_runs(world: World, host: str, since: float) -> list[str]:
+    return [r.command for r in mutations(world, host, since) if r.command.startswith("docker run")]
+
+
+async def test_a_model_hung_over_a_faulty_fabric_restarts_both_ranks_once_it_is_sound(
+    healthy_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    ctl, metrics = watched(healthy_world, pool, tmp_path / "state")
+    await converge(ctl, cycles=100)
+    since = time.time()
+    # The firmware reset spark-b's MTU: tensor-parallel NCCL hangs without an error.
+    await healthy_world.fault("mtu-mismatch", "spark-b")
+    plans = await cycle_until(ctl, "consecutive failed probes", limit=300)
+    assert "fabric: MTU mismatch on the data link (spark-a 9000, spark-b 1500)" in plans[-1].reason
+    assert plans[-1].phase == "blocked" and plans[-1].triage == ("fabric",)
+    # Held: no restart over the faulty fabric (it would hang again), no budget spent.
+    assert mutations(healthy_world, since=since) == []
+    healed = time.time()
+    await healthy_world.fault("heal", "spark-b")
+    plans = await cycle_until(ctl, "fabric sound again after a hold of")
+    assert [(a.kind, a.host) for a in plans[-1].actions] == [
+        ("restart_ray", "spark-a"),
+        ("restart_ray", "spark-b"),
+    ]
+    final = await converge(ctl, cycles=400)
+    assert final[-1].phase == "healthy" and final[-1].triage == ()
+    assert len(docker_runs(healthy_world, "spark-a", healed)) == 1
+    assert len(docker_runs(healthy_world, "spark-b", healed)) == 1
+    assert len(launches(healthy_world, healed)) == 1
+    labels = {"action": "restart_ray", "result": "ok"}
+    assert sample(metrics, "sparkd_remediations_total", **labels) == 2
+    assert sample(metrics, "sparkd_remediations_total", action="restart_model", result="ok") == 0
