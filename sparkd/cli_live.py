@@ -274,5 +274,6 @@ def print_forced_commands(settings: Settings, only: str | None) -> int:
             if number:
                 print()
             print(f"# ===== {cluster.name}/{host.name}: the wrapper for this host follows")
-        print(forced.wrapper(cluster, host, forced.public_key(cluster.ssh)), end="")
+        key = forced.public_key(cluster.ssh)
+        print(forced.wrapper(cluster, host, key, fenced=settings.ha is not None), end="")
     return 0

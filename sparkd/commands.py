@@ -108,6 +108,15 @@ def _parser() -> argparse.ArgumentParser:
         help="write the scanned keys to known_hosts_file (only after checking the fingerprints)",
     )
 
+    ha = sub.add_parser("ha", help="controller HA on etcd: operator steps")
+    ha_sub = ha.add_subparsers(dest="ha_command", required=True, metavar="ACTION")
+    refence = ha_sub.add_parser(
+        "refence",
+        help="after etcd was rebuilt: give the cluster's hosts the current owner's token",
+    )
+    _config_flag(refence)
+    refence.add_argument("cluster", metavar="CLUSTER")
+
     sim = sub.add_parser("sim", help="run the simulated Spark cluster", add_help=False)
     sim.add_argument("sim_args", nargs=argparse.REMAINDER)
 
@@ -158,6 +167,8 @@ def dispatch(argv: Sequence[str]) -> int:
         return demo_main(args)
     if args.command == "known-hosts":
         return known_hosts_scan(args.config, args.accept)
+    if args.command == "ha":
+        return ha_refence(args.config, args.cluster)
     if args.command in ("status", "pause", "resume", "reconcile"):
         from sparkd import cli_api
 
@@ -198,6 +209,17 @@ def known_hosts_scan(explicit: str | None, accept: bool) -> int:
     from sparkd.shell import known_hosts
 
     return asyncio.run(known_hosts.scan(settings, accept, sys.stdout, sys.stderr))
+
+
+def ha_refence(explicit: str | None, cluster: str) -> int:
+    settings = _settings(explicit)
+    if isinstance(settings, int):
+        return settings
+    import asyncio
+
+    from sparkd.ha.refence import refence
+
+    return asyncio.run(refence(settings, cluster, sys.stdout, sys.stderr))
 
 
 def check_config(explicit: str | None) -> int:

@@ -39,6 +39,9 @@ class HaSpec(BaseModel):
     prefix: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_./-]+/$")] = "sparkd/v1/"
     user: Annotated[str, Field(min_length=1, pattern=r"^[^\s:]+$")] | None = None
     password_file: Path | None = None
+    # Every mutating command carries the owner's token, checked on the host under `flock`.
+    # False only for tests and diagnosis: a paused former owner's command then runs.
+    host_fencing: bool = True
 
     @field_validator("etcd_endpoints")
     @classmethod

@@ -93,6 +93,9 @@ class EtcdClient:
         self.current = 0
         self._session: aiohttp.ClientSession | None = None
         self._token: str | None = None
+        # The etcd cluster's ID from the latest answer: a rebuilt etcd has another one (and
+        # revisions, so fencing tokens, from 1 again).
+        self.cluster_id: int | None = None
         self.log = logs.get().bind(component="etcd")
 
     def _http(self) -> aiohttp.ClientSession:
@@ -118,11 +121,16 @@ class EtcdClient:
         for _ in self.endpoints:
             endpoint = self.endpoint
             try:
-                return await self._authorized(endpoint, path, body)
+                answer = await self._authorized(endpoint, path, body)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 # Refused, reset, cut off mid-reply, timed out: the next endpoint may answer.
                 failures.append(f"{endpoint}: {type(exc).__name__}")
                 self._rotate()
+                continue
+            header = answer.get("result", answer).get("header") or {}
+            if "cluster_id" in header:
+                self.cluster_id = int(header["cluster_id"])
+            return answer
         raise EtcdUnavailable("; ".join(failures))
 
     async def _authorized(self, endpoint: str, path: str, body: dict[str, Any]) -> dict[str, Any]:

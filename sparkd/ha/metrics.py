@@ -26,11 +26,19 @@ class HaCollector(Collector):
             "The fencing token (the owner key's etcd create revision) while owner, else 0",
             labels=["cluster"],
         )
+        mismatch = GaugeMetricFamily(
+            "sparkd_ha_fence_mismatch",
+            "Hosts of the cluster whose fence refuses every token (another etcd cluster's "
+            "record, or an unreadable one) until `sparkd ha refence CLUSTER`",
+            labels=["cluster"],
+        )
         for name in sorted(ha.claims):
             owner.add_metric([name], 1.0 if ha.may_act(name) else 0.0)
             token.add_metric([name], float(ha.token(name) or 0))
+            mismatch.add_metric([name], float(len(ha.claims[name].mismatched)))
         yield owner
         yield token
+        yield mismatch
         yield GaugeMetricFamily(
             "sparkd_ha_lease_remaining_seconds",
             "Time until this instance's etcd lease may have expired, from its last good renewal",
@@ -48,4 +56,9 @@ class HaCollector(Collector):
             "sparkd_ha_takeovers",
             "Clusters this instance acquired after seeing another instance own them",
             value=ha.takeovers,
+        )
+        yield CounterMetricFamily(
+            "sparkd_ha_fenced",
+            "Mutating commands a host refused (exit 76): a newer owner's token was recorded there",
+            value=ha.fenced_total,
         )

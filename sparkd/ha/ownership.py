@@ -26,12 +26,13 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from sparkd.ha.config import HaSpec
 from sparkd.ha.etcd import EtcdClient, EtcdError, EtcdUnavailable, KeyValue
 from sparkd.runtime import logs
+from sparkd.shell.catalogue import FenceToken
 
 Role = Literal["owner", "standby", "no etcd"]
 
@@ -48,6 +49,10 @@ class Claim:
     # The instance that held it when last read, when not this one.
     holder: str | None = None
     holder_token: int | None = None
+    # The etcd cluster the token is from (the fence on the hosts compares it too).
+    etcd_cluster: int | None = None
+    # Hosts whose fence refuses every token: another etcd's record, or an unreadable one.
+    mismatched: dict[str, str] = field(default_factory=dict)
 
 
 class Ownership:
@@ -77,6 +82,8 @@ class Ownership:
         self.reachable = False
         self.renew_failures = 0
         self.takeovers = 0
+        # Mutating commands a host refused because a newer owner's token was recorded there.
+        self.fenced_total = 0
         self.revision = 0
         self.nonce = secrets.token_hex(8)
         self.log = logs.get().bind(component="ha", instance=spec.instance)
@@ -133,6 +140,34 @@ class Ownership:
     def token(self, cluster: str) -> int | None:
         claim = self.claims.get(cluster)
         return claim.token if claim is not None and self.may_act(cluster) else None
+
+    def fence(self, cluster: str) -> FenceToken | None:
+        """What this instance's commands on `cluster` carry, while it may act on it."""
+        claim = self.claims.get(cluster)
+        token = self.token(cluster)
+        if claim is None or token is None or claim.etcd_cluster is None:
+            return None
+        return FenceToken(cluster, token, claim.etcd_cluster, self.spec.instance)
+
+    def fenced(self, cluster: str, host: str, detail: str) -> None:
+        """A host refused this instance's token: a newer owner exists. Stop acting at once."""
+        self.fenced_total += 1
+        claim = self.claims.get(cluster)
+        if claim is not None:
+            self.log.warning("fenced", cluster=cluster, host=host, token=claim.token, detail=detail)
+            self._drop(claim, f"{host} refused token {claim.token}: {detail}")
+
+    def mismatch(self, cluster: str, host: str, detail: str | None) -> None:
+        """A host's fence names another etcd (or is unreadable); None once it takes the token."""
+        claim = self.claims.get(cluster)
+        if claim is None:
+            return
+        if detail is None:
+            claim.mismatched.pop(host, None)
+            return
+        if host not in claim.mismatched:
+            self.log.error("fence_mismatch", cluster=cluster, host=host, detail=detail)
+        claim.mismatched[host] = detail
 
     def lease_remaining(self) -> float:
         """Seconds until this instance's lease may have expired at etcd (0 when none)."""
@@ -239,6 +274,7 @@ class Ownership:
             if kv is not None and kv.lease == self.lease:
                 # Bound to this process's own lease: written by an acquire whose answer was lost.
                 claim.token = kv.create_revision
+                claim.etcd_cluster = self.client.cluster_id
                 fresh.append(name)
                 self.log.info("readopted", cluster=name, token=claim.token)
                 continue
@@ -261,6 +297,7 @@ class Ownership:
                     was_token=claim.holder_token,
                 )  # fmt: skip
                 claim.token, claim.holder, claim.holder_token = answer.revision, None, None
+                claim.etcd_cluster = self.client.cluster_id
                 fresh.append(name)
             elif answer.holder is not None:
                 self._note_holder(claim, answer.holder)

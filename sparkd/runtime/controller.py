@@ -39,6 +39,7 @@ from sparkd.runtime.state import StateDir
 from sparkd.settings import ClusterSpec
 from sparkd.shell.events import EventWatch
 from sparkd.shell.execute import Executor, ExecutorTiming
+from sparkd.shell.fencing import HostFence
 from sparkd.shell.observe import observe, observe_timeout
 from sparkd.shell.ssh import SshPool
 
@@ -125,6 +126,7 @@ class Controller:
         watch_events: bool = True,
         on_record: Callable[[Controller, CycleRecord], None] = lambda c, r: None,
         may_act: Callable[[], bool] = lambda: True,
+        fence: HostFence | None = None,
     ) -> None:
         self.cluster = cluster
         self.pool = pool
@@ -139,6 +141,8 @@ class Controller:
         self.on_record = on_record
         # False while another instance owns the cluster (HA): observe and export, never act.
         self.may_act = may_act
+        # HA: mutating commands carry the owner's token; hosts are swept before any action.
+        self.fence = fence
         self.view = ClusterView()
         self.wake = asyncio.Event()
         self.stopping = False
@@ -157,6 +161,7 @@ class Controller:
             wall_clock=self.clock.now,
             on_start=self._action_started,
             on_finish=self._action_finished,
+            fence=fence,
         )
         # Persisting: the latest error (None while writes succeed), since when, and the
         # events not yet written.
@@ -224,6 +229,12 @@ class Controller:
         ray_status = needs_ray_status(self.view.plan)
         known_ray = self._reusable_ray()
         self._stirred = False
+        swept = None
+        if self.fence is not None and self.may_act() and not self.dry_run:
+            # A new owner's first step, before it looks: the former owner's commands still
+            # running on a host finish first, and any later one of its is refused there.
+            await self.fence.sweep()
+            swept = self.fence.token()
         # A hung host makes a look last up to its command timeout, which may be several
         # intervals: within its own bound that is progress, so the watchdog keeps the daemon
         # (and every other cluster) running.
@@ -269,7 +280,12 @@ class Controller:
         self._cycle = cycle
         try:
             if plan.actions and not self.stopping and self.may_act():
-                await self.executor.run(plan, should_stop=self._hold_actions)
+                if self.fence is None or (swept is not None and swept == self.fence.token()):
+                    await self.executor.run(plan, should_stop=self._hold_actions)
+                else:
+                    # Owner since the look began: this look may predate a former owner's last
+                    # command. Sweep and look again first (at once: the loop sees it acted).
+                    self.log.info("fence_sweep_first", reason="became owner during the look")
         finally:
             self._cycle = None
         outcomes = cycle.outcomes
@@ -591,6 +607,13 @@ class Controller:
         saved = self._persist([self._event("resumed", by=by)])
         self.wake.set()
         return saved
+
+    def fenced(self, host: str, detail: str) -> None:
+        """A host refused this instance's token (HA): another instance owns the cluster now.
+        The action is skipped (no budget spent); ownership is already given up."""
+        self.log.warning("fenced", host=host, detail=detail)
+        self._persist([self._event("fenced", host=host, detail=detail)])
+        self.wake.set()
 
     def reconcile(self, by: str) -> None:
         self.log.info("reconcile_requested", by=by)

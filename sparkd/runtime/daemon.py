@@ -24,12 +24,14 @@ from sparkd.runtime.state import EVENTS_FILE, LOCK_FILE, StateDir
 from sparkd.settings import (
     EX_CANTCREAT,
     EX_CONFIG,
+    ClusterSpec,
     ConfigError,
     DaemonSettings,
     Settings,
     load_settings,
 )
 from sparkd.shell.execute import ExecutorTiming
+from sparkd.shell.fencing import HostFence
 from sparkd.shell.ssh import SshPool
 
 if TYPE_CHECKING:
@@ -137,9 +139,11 @@ class Daemon:
         self.metrics.track(cluster)
         self.maintenance.schedule(cluster)
         ha = self.ha
+        fence = None
         if ha is not None:
             ha.track(cluster_name)
-        return Controller(
+            fence = self._fence(cluster)
+        controller = Controller(
             cluster,
             self.pool,
             self.state,
@@ -150,6 +154,27 @@ class Daemon:
             on_plan=lambda controller: self.on_plan(controller),
             on_record=self.metrics.record,
             may_act=(lambda: ha.may_act(cluster_name)) if ha is not None else (lambda: True),
+            fence=fence,
+        )
+        if fence is not None and ha is not None:
+
+            def fenced(host: str, detail: str) -> None:
+                ha.fenced(cluster_name, host, detail)
+                controller.fenced(host, detail)
+
+            fence.on_fenced = fenced
+        return controller
+
+    def _fence(self, cluster: ClusterSpec) -> HostFence:
+        ha = self.ha
+        assert ha is not None and self.settings.ha is not None
+        name = cluster.name
+        return HostFence(
+            cluster,
+            self.pool,
+            token=lambda: ha.fence(name),
+            enforce=self.settings.ha.host_fencing,
+            on_mismatch=lambda host, detail: ha.mismatch(name, host, detail),
         )
 
     def _wake(self, cluster_name: str) -> None:

@@ -17,6 +17,7 @@ from sparkd.core.spec import container_name, key_fingerprint, model_spec_hashes,
 from sparkd.model.plan import Action, ActionOutcome, ActionResult, Plan
 from sparkd.settings import ClusterSpec, HostSpec
 from sparkd.shell import catalogue
+from sparkd.shell.fencing import HostFence, HostRefused
 from sparkd.shell.power import PowerFailed, power_argv, run_power
 from sparkd.shell.secrets import read_secret, redact
 from sparkd.shell.ssh import HostConnection, SshFailure, SshPool
@@ -50,6 +51,8 @@ class Executor:
     # Called as each action starts, so the daemon can show what is in flight.
     on_start: Callable[[Action], None] = lambda action: None
     on_finish: Callable[[ActionOutcome], None] = lambda outcome: None
+    # With `[ha]`: every mutating command carries the owner's token (None: sent as built).
+    fence: HostFence | None = None
 
     def action_timeout(self, action: Action) -> float:
         base = self.cluster.ssh.command_timeout
@@ -88,6 +91,9 @@ class Executor:
                 detail = await self._dispatch(action)
         except TimeoutError:
             result, detail = "timeout", f"did not finish within {limit:g}s"
+        except HostRefused as refused:
+            # Nothing ran: no attempt to count against the budget.
+            result, detail = "skipped", f"{refused.kind}: {refused.host}: {refused.detail}"
         except SshFailure as failure:
             result = "failed"
             detail = f"{failure.kind}: {failure.error.detail}"
@@ -111,9 +117,16 @@ class Executor:
         return self.pool.connection(host, self.cluster.ssh)
 
     async def _sh(self, host: HostSpec, remote: catalogue.Remote) -> str:
-        result = await self._conn(host).run(
-            remote.command, timeout=self.cluster.ssh.command_timeout, input=remote.stdin
-        )
+        seconds = self.cluster.ssh.command_timeout
+        sent = None
+        if remote.mutating and self.fence is not None:
+            remote, sent = self.fence.wrap(host, remote, seconds)
+        try:
+            result = await self._conn(host).run(remote.command, timeout=seconds, input=remote.stdin)
+        except SshFailure as failure:
+            if self.fence is not None and sent is not None:
+                self.fence.check(host, failure, sent)
+            raise
         return result.stdout
 
     def _dispatch(self, action: Action) -> Awaitable[str]:

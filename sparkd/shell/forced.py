@@ -19,6 +19,7 @@ import asyncssh
 
 from sparkd import __version__
 from sparkd.core.spec import key_fingerprint, model_spec_hash
+from sparkd.ha.config import INSTANCE
 from sparkd.settings import ClusterSpec, HostSpec, SshSpec
 from sparkd.shell import catalogue
 
@@ -44,6 +45,11 @@ class Allowed:
     exact: tuple[str, ...]
     patterns: tuple[str, ...]
     container_patterns: tuple[str, ...]
+    # With `[ha]`: the cluster whose fence prefix is accepted, and the mutating commands,
+    # which then pass only behind it (never bare) and run under the wrapper's own fence.
+    fence_cluster: str | None = None
+    fenced: tuple[str, ...] = ()
+    fenced_patterns: tuple[str, ...] = ()
 
 
 def _substitute(text: str, stand_in: str, first: str, again: str | None = None) -> str:
@@ -58,15 +64,19 @@ def _substitute(text: str, stand_in: str, first: str, again: str | None = None) 
     return result
 
 
-def allowed_commands(cluster: ClusterSpec, host: HostSpec) -> Allowed:
+def allowed_commands(cluster: ClusterSpec, host: HostSpec, fenced: bool = False) -> Allowed:
     """Every command sparkd may send `host`, from the catalogue with the timeouts it runs them
-    with (the actions' `ssh.command_timeout`, the fact script's share of it)."""
+    with (the actions' `ssh.command_timeout`, the fact script's share of it). With `fenced`
+    (an `[ha]` config), the mutating ones only behind the fence prefix."""
     seconds = cluster.ssh.command_timeout
-    exact: list[str] = []
-    patterns: list[str] = []
+    reads: list[str] = []
+    read_patterns: list[str] = []
+    writes: list[str] = ["true"] if fenced else []  # the fence sweep's no-op
+    write_patterns: list[str] = []
     for where, remote in catalogue.catalogue(cluster, seconds):
         if where.name != host.name:
             continue
+        exact, patterns = (writes, write_patterns) if remote.mutating else (reads, read_patterns)
         if remote.name == "kill_process":
             for signal in SIGNALS:
                 text = catalogue.kill_process(cluster, _PID, signal, seconds).command
@@ -85,10 +95,16 @@ def allowed_commands(cluster: ClusterSpec, host: HostSpec) -> Allowed:
             exact.append(catalogue.start_model(cluster, seconds, None).command)
         else:
             exact.append(remote.command)
+    if not fenced:
+        reads, read_patterns = reads + writes, read_patterns + write_patterns
+        writes, write_patterns = [], []
     return Allowed(
-        exact=tuple(dict.fromkeys(exact)),
-        patterns=tuple(dict.fromkeys(patterns)),
+        exact=tuple(dict.fromkeys(reads)),
+        patterns=tuple(dict.fromkeys(read_patterns)),
         container_patterns=tuple(cluster.cleanup.container_patterns),
+        fence_cluster=cluster.name if fenced else None,
+        fenced=tuple(dict.fromkeys(writes)),
+        fenced_patterns=tuple(dict.fromkeys(write_patterns)),
     )
 
 
@@ -120,9 +136,15 @@ def authorized_keys_line(
     return f"{','.join(options)} {key}"
 
 
-def wrapper(cluster: ClusterSpec, host: HostSpec, key: str, path: str = WRAPPER_PATH) -> str:
+def wrapper(
+    cluster: ClusterSpec,
+    host: HostSpec,
+    key: str,
+    path: str = WRAPPER_PATH,
+    fenced: bool = False,
+) -> str:
     """The wrapper program for `host`, its header saying how to install it."""
-    allowed = allowed_commands(cluster, host)
+    allowed = allowed_commands(cluster, host, fenced)
     line = authorized_keys_line(cluster, host, key, path)
     header = [
         "#!/usr/bin/python3",
@@ -148,6 +170,16 @@ def wrapper(cluster: ClusterSpec, host: HostSpec, key: str, path: str = WRAPPER_
         patterns=_tuple(allowed.patterns),
         container_patterns=_tuple(allowed.container_patterns),
         refused=REFUSED_EXIT,
+        fence_cluster=repr(allowed.fence_cluster),
+        fenced=_tuple(allowed.fenced),
+        fenced_patterns=_tuple(allowed.fenced_patterns),
+        fence_function=repr(catalogue.FENCE_FUNCTION),
+        fence_dir=repr(catalogue.FENCE_DIR),
+        fence_marker=repr(catalogue.FENCE_MARKER),
+        fenced_exit=catalogue.FENCED_EXIT,
+        mismatch_exit=catalogue.FENCE_MISMATCH_EXIT,
+        busy_exit=catalogue.FENCE_BUSY_EXIT,
+        instance=repr(INSTANCE),
     )
     return "\n".join(header) + "\n" + body
 
@@ -159,21 +191,39 @@ def _tuple(values: tuple[str, ...]) -> str:
 
 
 _BODY = """
+import fcntl
 import fnmatch
 import os
 import re
+import subprocess
 import sys
+import time
 
 EXACT = frozenset({exact})
 PATTERNS = {patterns}
 CONTAINER_PATTERNS = {container_patterns}
 REFUSED = {refused}
+# Host fencing (HA): the same compare-and-set the catalogue's shell prefix does, in Python.
+FENCE_CLUSTER = {fence_cluster}
+FENCED = frozenset({fenced})
+FENCED_PATTERNS = {fenced_patterns}
+FENCE_HEAD = {fence_function} + "; sparkd_fence "
+FENCE_ARGS = (
+    r"(?P<cluster>\\S+) (?P<token>[1-9][0-9]{{0,18}}) (?P<etcd>[0-9]{{1,20}}) "
+    r"(?P<instance>" + {instance}[1:-1] + r") (?P<wait>[1-9][0-9]{{0,5}})"
+    r"(?P<refence> refence)? && \\{{ (?P<inner>.*)\\n\\}} 9>&-"
+)
+FENCE_DIR = {fence_dir}
+MARKER = {fence_marker}
+FENCED_EXIT = {fenced_exit}
+MISMATCH_EXIT = {mismatch_exit}
+BUSY_EXIT = {busy_exit}
 
 
-def allowed(command):
-    if command in EXACT:
+def allowed(command, exact=EXACT, patterns=PATTERNS):
+    if command in exact:
         return True
-    for pattern in PATTERNS:
+    for pattern in patterns:
         match = re.fullmatch(pattern, command)
         if match is None:
             continue
@@ -218,13 +268,98 @@ def refuse(command):
     os._exit(REFUSED)
 
 
+def fence_parts(command):
+    if FENCE_CLUSTER is None or not command.startswith(FENCE_HEAD):
+        return None
+    match = re.fullmatch(FENCE_ARGS, command[len(FENCE_HEAD):], re.S)
+    if match is None or match.group("cluster") != FENCE_CLUSTER:
+        return None
+    if not allowed(match.group("inner"), FENCED, FENCED_PATTERNS):
+        return None
+    return match
+
+
+def say(cluster, text):
+    sys.stderr.write("%s %s: %s\\n" % (MARKER, cluster, text))
+    sys.stderr.flush()
+
+
+def fence(match):
+    \"\"\"0 with the lock held (its descriptor returned), else the refusal's exit status.\"\"\"
+    cluster, token, etcd = match.group("cluster"), int(match.group("token")), match.group("etcd")
+    instance, refence = match.group("instance"), match.group("refence") is not None
+    directory = os.path.join(os.path.expanduser("~"), FENCE_DIR)
+    path = os.path.join(directory, cluster)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        fd = os.open(path + ".lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    except OSError:
+        say(cluster, "cannot open %s.lock" % path)
+        return MISMATCH_EXIT, None
+    deadline = time.monotonic() + int(match.group("wait"))
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                say(cluster, "lock busy for %ss" % match.group("wait"))
+                return BUSY_EXIT, None
+            time.sleep(0.02)
+    if os.path.exists(path):
+        try:
+            with open(path) as handle:
+                words = handle.read().split()
+        except (OSError, UnicodeDecodeError):
+            words = []
+        stored = words[0] if words else ""
+        other = words[1] if len(words) > 1 else ""
+        holder = words[2] if len(words) > 2 else ""
+        if not (stored.isascii() and stored.isdigit()):
+            if not refence:
+                say(cluster, "unreadable %s: run sparkd ha refence %s" % (path, cluster))
+                return MISMATCH_EXIT, None
+            stored, other = "0", etcd
+        if other != etcd and not refence:
+            say(cluster, "token from etcd cluster %s, this is %s: run sparkd ha refence %s"
+                % (other, etcd, cluster))
+            return MISMATCH_EXIT, None
+        if other == etcd and int(stored) > token:
+            say(cluster, "refused token %d < %s (%s)" % (token, stored, holder))
+            return FENCED_EXIT, None
+        if other == etcd and int(stored) == token:
+            return 0, fd
+    temp = os.path.join(directory, "." + cluster + ".new")
+    try:
+        out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(out, ("%d %s %s\\n" % (token, etcd, instance)).encode())
+            os.fsync(out)
+        finally:
+            os.close(out)
+        os.replace(temp, path)
+    except OSError:
+        say(cluster, "cannot write %s" % path)
+        return MISMATCH_EXIT, None
+    return 0, fd
+
+
 def main():
     command = os.environ.get("SSH_ORIGINAL_COMMAND")
-    if command is None or not allowed(command):
+    match = fence_parts(command) if command is not None else None
+    if command is None or (match is None and not allowed(command)):
         refuse(command or "")
     if sys.argv[1:] == ["--check"]:
         sys.exit(0)
-    os.execv("/bin/sh", ["sh", "-c", command])
+    if match is None:
+        os.execv("/bin/sh", ["sh", "-c", command])
+    status, fd = fence(match)
+    if fd is None:
+        sys.exit(status)
+    # The lock stays with this process while the command runs; the command and anything it
+    # detaches never inherit it (close-on-exec, close_fds).
+    done = subprocess.run(["/bin/sh", "-c", match.group("inner")], close_fds=True)
+    sys.exit(done.returncode if done.returncode >= 0 else 128 - done.returncode)
 
 
 if __name__ == "__main__":

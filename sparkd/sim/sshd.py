@@ -12,10 +12,13 @@ import os
 import pwd
 import shutil
 import signal
+import time
 from collections.abc import Callable
 from typing import Any
 
 import asyncssh
+
+from sparkd.sim.owned import OwnedCommand, owner_of
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +115,10 @@ class SimSshHost:
         self._blackhole: asyncio.Server | None = None
         self._held: list[asyncio.StreamWriter] = []
         self._sessions: set[asyncio.subprocess.Process] = set()
+        # The `late-delivery` fault: the next owned command reaches the host this much later.
+        self.late: float | None = None
+        self.delayed = 0
+        self.owned: list[OwnedCommand] = []
 
     def resolve(self, dest_host: str) -> str | None:
         """Where a direct-tcpip request for `dest_host` goes; never outside loopback."""
@@ -199,6 +206,12 @@ class SimSshHost:
             process.stderr.write(b"This simulated host accepts commands only, no shell.\n")
             process.exit(1)
             return
+        owner = owner_of(command)
+        if owner is not None and self.late is not None:
+            delay, self.late = self.late, None
+            self.delayed += 1
+            await asyncio.sleep(delay)
+        started = time.time()
         self._record(command)
         try:
             proc = await self._spawn(command)
@@ -215,6 +228,8 @@ class SimSshHost:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 await proc.wait()
+        if owner is not None:
+            self.owned.append(OwnedCommand(started, self.address, owner, rc, command))
         with contextlib.suppress(Exception):
             process.exit(rc)
 

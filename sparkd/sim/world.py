@@ -38,6 +38,7 @@ from sparkd.sim.control import ControlServer
 from sparkd.sim.engine import HostEngine, graphics_processes, normalize_image
 from sparkd.sim.fake_docker import FakeDocker, image_id
 from sparkd.sim.openssh import OpenSshHost, find_sshd
+from sparkd.sim.owned import OwnedCommand
 from sparkd.sim.protocol import Done, Reply, Stream, ToolCall, fail
 from sparkd.sim.ray_runtime import RayWorld, StatusLayout
 from sparkd.sim.real_docker import RealDocker
@@ -935,6 +936,7 @@ class World:
             "gid-moved": self.gid_moved,
             "mtu-mismatch": self.mtu_mismatch,
             "rate-degraded": self.rate_degraded,
+            "late-delivery": self.late_delivery,
         }
         if name in with_arg:
             return await with_arg[name](target.name, arg)
@@ -1079,6 +1081,19 @@ class World:
             GpuProcess(pid=pid, name="/usr/bin/python3", used_mib=int(arg or 96073))
         )
         return f"stray GPU process {pid} on {host}"
+
+    async def late_delivery(self, host: str, arg: str | None = None) -> str:
+        """The next command naming its owner (HA: fenced, or tagged) reaches `host` `arg`
+        seconds late, as bytes a partition held back would; nothing is printed."""
+        if arg is None:
+            raise ValueError("late-delivery needs seconds")
+        self.host(host).ssh.late = float(arg)
+        return f"the next owned command reaches {host} {float(arg):g}s late"
+
+    def owned_commands(self) -> list[OwnedCommand]:
+        """Every command naming its owner that a host ran (or refused), oldest first."""
+        found = [c for h in self.hosts.values() for c in h.ssh.owned]
+        return sorted(found, key=lambda c: c.at)
 
     async def kill_container(self, host: str, arg: str | None = None) -> str:
         h = self.host(host)

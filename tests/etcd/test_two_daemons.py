@@ -285,8 +285,8 @@ async def test_sigstop_past_the_ttl_never_acts_again(
         return any(e.get("event") == "plan" and e.get("phase") == "loading" for e in a.events())
 
     # Frozen between actions (the model it launched loading). Frozen inside an action, its
-    # command could still reach a host after the takeover: only host fencing (not yet built)
-    # closes that window.
+    # command could still reach a host after the takeover: the host's fence refuses it
+    # (tests/etcd/test_fencing.py).
     await eventually(loading, within=60)
     stopped_at = a.signal(signal.SIGSTOP)
 

@@ -1,0 +1,89 @@
+"""`sparkd ha refence CLUSTER`: after etcd was rebuilt or restored (a new etcd cluster ID, its
+revisions from 1 again), the hosts' fence records name the old etcd and refuse every token, so
+the cluster's owner cannot act (it fails closed and alerts). An operator who has checked that
+no instance still talks to the old etcd runs this: the current owner's token, read from etcd,
+replaces each host's record. A record from the same etcd with a newer token is never replaced:
+refencing cannot revive a former owner."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import TextIO
+
+from sparkd.ha.etcd import EtcdClient, EtcdError, EtcdUnavailable
+from sparkd.settings import ClusterSpec, HostSpec, Settings
+from sparkd.shell import catalogue
+from sparkd.shell.catalogue import FenceToken
+from sparkd.shell.ssh import SshFailure, SshPool
+
+EX_UNAVAILABLE = 69
+
+
+async def owner_token(settings: Settings, cluster: str) -> FenceToken | str:
+    """The cluster's current owner's fencing token, or why there is none."""
+    ha = settings.ha
+    assert ha is not None
+    client = EtcdClient(ha.etcd_endpoints, ha.request_timeout, ha.user, ha.password_file)
+    try:
+        kv, _ = await client.get(f"{ha.prefix}owner/{cluster}")
+    except (EtcdUnavailable, EtcdError, OSError) as exc:
+        return f"etcd: {exc}"
+    finally:
+        await client.close()
+    if kv is None:
+        return f"no instance owns {cluster} now: start one, then refence"
+    if client.cluster_id is None:
+        return "etcd gave no cluster ID"
+    instance = "?"
+    with contextlib.suppress(ValueError, AttributeError):
+        instance = str(json.loads(kv.value).get("instance", "?"))
+    return FenceToken(cluster, kv.create_revision, client.cluster_id, instance)
+
+
+async def _one(pool: SshPool, cluster: ClusterSpec, host: HostSpec, fence: FenceToken) -> str:
+    seconds = cluster.ssh.command_timeout
+    remote = catalogue.fence_sweep(fence, seconds, refence=True)
+    try:
+        await pool.connection(host, cluster.ssh).run(
+            remote.command, timeout=2 * seconds + catalogue.KILL_GRACE
+        )
+    except SshFailure as failure:
+        said = failure.result.stderr.strip().splitlines()[-1:] if failure.result else []
+        return (
+            f"{host.name}: not refenced: {failure.kind}: {' '.join(said) or failure.error.detail}"
+        )
+    return ""
+
+
+async def refence(settings: Settings, name: str, out: TextIO, err: TextIO) -> int:
+    cluster = settings.cluster(name)
+    if settings.ha is None or cluster is None:
+        why = "the config has no [ha] section" if settings.ha is None else f"no cluster {name!r}"
+        print(f"sparkd ha refence: {why}", file=err)
+        return 64
+    fence = await owner_token(settings, name)
+    if isinstance(fence, str):
+        print(f"sparkd ha refence: {fence}", file=err)
+        return EX_UNAVAILABLE
+    pool = SshPool()
+    try:
+        failed = [
+            line
+            for line in await asyncio.gather(
+                *(_one(pool, cluster, h, fence) for h in cluster.hosts)
+            )
+            if line
+        ]
+    finally:
+        await pool.close()
+    for line in failed:
+        print(line, file=err)
+    done = len(cluster.hosts) - len(failed)
+    print(
+        f"{name}: {done} of {len(cluster.hosts)} hosts refenced with token {fence.token} of etcd "
+        f"cluster {fence.etcd_cluster} (owner {fence.instance})",
+        file=out,
+    )
+    return 0 if not failed else 1

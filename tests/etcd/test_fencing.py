@@ -1,0 +1,183 @@
+"""HA.md section 6, scenario 5, with real `sparkd run` processes and a real etcd (TTL 3 s): the
+owner sends an action, its bytes reach the host late (`late-delivery`, as a partition holding
+them would) and the owner is SIGSTOPped past its TTL meanwhile. The standby takes over and
+sweeps the hosts; when the stale command lands, the host's fence refuses it (exit 76) and
+nothing of it runs. With `host_fencing = false`, the same command runs, and the checker
+(tokens never go backwards in what the hosts ran) catches it: the test bites."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sparkd.shell import catalogue
+from sparkd.sim.owned import OwnedCommand
+from sparkd.sim.world import World
+from tests.e2e.conftest import eventually, mutations
+from tests.etcd.conftest import EtcdServer
+from tests.etcd.test_two_daemons import (
+    SPARKD,
+    TTL,
+    Instance,
+    cluster_name,
+    kill_worker,
+    seed_world,
+    start_owner_and_standby,
+)
+
+pytestmark = pytest.mark.etcd
+__all__ = ["seed_world"]
+# Longer than a takeover (TTL + 1 s), the new owner's sweep and its first action together.
+LATE = 14.0
+
+
+def backwards(world: World) -> list[str]:
+    """What the hosts ran (not refused) whose token was older than one already run for the
+    same cluster: a former owner acting after a newer one."""
+    problems = []
+    newest: dict[str, OwnedCommand] = {}
+    for command in world.owned_commands():
+        if command.refused:
+            continue
+        top = newest.get(command.owner.cluster)
+        if top is not None and command.owner.token < top.owner.token:
+            problems.append(
+                f"{command.owner.instance} token {command.owner.token} ran on {command.host} "
+                f"at {command.at:.3f}, after {top.owner.instance} token {top.owner.token}"
+            )
+        elif top is None or command.owner.token > top.owner.token:
+            newest[command.owner.cluster] = command
+    return problems
+
+
+@pytest.fixture
+async def unfenced_pair(
+    seed_world: World, etcd: EtcdServer, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[Instance, Instance]]:
+    fencing: bool = request.param
+    pair = (
+        Instance("ops-a", seed_world, etcd, tmp_path),
+        Instance("ops-b", seed_world, etcd, tmp_path),
+    )
+    for instance in pair:
+        if not fencing:  # [ha] is the config's last section
+            instance.config.write_text(instance.config.read_text() + "host_fencing = false\n")
+    try:
+        yield pair
+    finally:
+        for instance in pair:
+            await instance.stop()
+
+
+@pytest.mark.parametrize("unfenced_pair", [True, False], ids=["fenced", "unfenced"], indirect=True)
+async def test_a_paused_owners_late_command_is_refused_by_the_host(
+    seed_world: World, unfenced_pair: tuple[Instance, Instance], request: pytest.FixtureRequest
+) -> None:
+    fencing = request.node.callspec.id == "fenced"
+    a, b = unfenced_pair
+    cluster = cluster_name(seed_world)
+    await start_owner_and_standby(a, b, cluster)
+
+    async def healthy() -> bool:
+        clusters = (await a.status()).get("clusters") or []
+        return bool(clusters) and clusters[0]["phase"] == "healthy"
+
+    await eventually(healthy, within=120)
+    worker = seed_world.host("spark-b").ssh
+    await seed_world.fault("late-delivery", "spark-b", str(LATE))
+    await eventually(lambda: kill_worker(seed_world), within=30)
+    # The owner's restart of the worker is on its way to the host: the owner checked its lease
+    # and sent it. Frozen now, it cannot notice its lease running out.
+    await eventually(lambda: worker.delayed == 1, within=30, poll=0.005)
+    stopped_at = a.signal(signal.SIGSTOP)
+
+    async def b_owns() -> bool:
+        return await b.role(cluster) == "owner"
+
+    await eventually(b_owns, within=TTL + 2)
+
+    def landed() -> list[OwnedCommand]:
+        return [
+            c
+            for c in seed_world.owned_commands()
+            if c.owner.instance == a.name and c.at > stopped_at
+        ]
+
+    await eventually(landed, within=LATE + 10)
+    late = landed()[0]
+    a.signal(signal.SIGCONT)
+    by_b = [c for c in seed_world.owned_commands() if c.owner.instance == b.name]
+    # The new owner ran its commands before the stale one landed, with a newer token.
+    assert by_b and by_b[0].at < late.at and by_b[0].owner.token > late.owner.token
+    if not fencing:
+        assert not late.refused and late.status == 0
+        assert backwards(seed_world), "the checker missed a stale owner's command"
+        return
+    assert late.status == catalogue.FENCED_EXIT and late.refused
+    assert backwards(seed_world) == []
+    # The new owner's first command on each host was the sweep, before anything it changed.
+    for host in {c.host for c in by_b}:
+        mine = [c for c in by_b if c.host == host]
+        assert mine[0].command.endswith("true\n} 9>&-"), mine[0].command[-80:]
+    # The stale command changed nothing: no docker call on the worker came with it.
+    assert not [r for r in mutations(seed_world, "spark-b", since=late.at) if r.at < late.at + 0.5]
+
+    async def a_standby() -> bool:
+        return await a.role(cluster) == "standby"
+
+    await eventually(a_standby, within=15)
+    # Woken, it never started another action.
+    assert [s for s, _ in a.intervals(time.time()) if s > stopped_at] == []
+
+
+async def test_a_rebuilt_etcd_fails_closed_until_refenced(
+    seed_world: World, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """HA.md section 6, scenario 9: the hosts' records come from another etcd (this one is
+    fresh under running hosts). The owner acts on none of them and says so in its metrics;
+    `sparkd ha refence` gives them the owner's token, and the owner then acts."""
+    from sparkd.shell.catalogue import FenceToken
+
+    cluster = cluster_name(seed_world)
+    for host in ("spark-a", "spark-b"):
+        old = catalogue.fence_sweep(FenceToken(cluster, 90210, 1, "ops-old"), 5).command
+        status, _, err = await seed_world.host(host).ssh.run_local(old)
+        assert status == 0, err
+    a = Instance("ops-a", seed_world, etcd, tmp_path)
+    try:
+        await a.start()
+
+        async def refused() -> bool:
+            found = await a.metrics() if await a.role(cluster) == "owner" else {}
+            return found.get(f'sparkd_ha_fence_mismatch{{cluster="{cluster}"}}') == 2
+
+        await eventually(refused, within=30)
+        await asyncio.sleep(2)  # several cycles: the cold start it would make is held
+        assert mutations(seed_world) == []
+        assert any(e.get("event") == "fence_mismatch" for e in a.events())
+        shown = await asyncio.create_subprocess_exec(
+            *SPARKD, "ha", "refence", cluster, "--config", str(a.config),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await shown.communicate()
+        assert shown.returncode == 0, err.decode()
+        assert f"{cluster}: 2 of 2 hosts refenced with token" in out.decode()
+        assert "(owner ops-a)" in out.decode()
+
+        async def acting() -> bool:
+            return bool(mutations(seed_world))
+
+        await eventually(acting, within=30)
+        metrics = await a.metrics()
+        assert metrics[f'sparkd_ha_fence_mismatch{{cluster="{cluster}"}}'] == 0
+        token = int(metrics[f'sparkd_ha_token{{cluster="{cluster}"}}'])
+        home = Path(seed_world.host("spark-b").state.home)
+        record = (home / catalogue.FENCE_DIR / cluster).read_text().split()
+        assert record[0] == str(token) and record[2] == "ops-a" and record[1] != "1"
+    finally:
+        await a.stop()

@@ -1,0 +1,158 @@
+"""The forced-command wrapper with `[ha]`: mutating commands pass only behind the fence prefix,
+and the wrapper does the compare-and-set itself (Python's flock on the same files as the shell
+prefix), holding the lock while the command runs and never passing it on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sparkd.settings import ClusterSpec
+from sparkd.shell import catalogue, forced
+from sparkd.shell.catalogue import FenceToken
+from tests.toy import reference_cluster
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample sparkd"
+ETCD = 4242
+
+
+def program(tmp_path: Path, cluster: ClusterSpec, fenced: bool = True) -> Path:
+    path = tmp_path / "wrapper"
+    path.write_text(forced.wrapper(cluster, cluster.head, KEY, fenced=fenced))
+    return path
+
+
+def tools(tmp_path: Path) -> Path:
+    """`kill` and `docker` stand-ins that log their arguments."""
+    directory = tmp_path / "bin"
+    directory.mkdir(exist_ok=True)
+    for tool in ("kill", "docker", "systemctl"):
+        if (directory / tool).exists():
+            continue
+        (directory / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {tmp_path}/calls\n')
+        (directory / tool).chmod(0o755)
+    return directory
+
+
+def start(tmp_path: Path, wrapper: Path, command: str, *args: str) -> subprocess.Popen[str]:
+    env = {
+        "HOME": str(tmp_path),
+        "PATH": f"{tools(tmp_path)}:{os.environ['PATH']}",
+        "SSH_ORIGINAL_COMMAND": command,
+    }
+    return subprocess.Popen(
+        [sys.executable, str(wrapper), *args], env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def run(tmp_path: Path, wrapper: Path, command: str, *args: str) -> tuple[int, str]:
+    proc = start(tmp_path, wrapper, command, *args)
+    _, err = proc.communicate(timeout=30)
+    return proc.returncode, err
+
+
+def calls(tmp_path: Path) -> list[str]:
+    path = tmp_path / "calls"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def fence(value: int, cluster: ClusterSpec, instance: str = "ops-a") -> FenceToken:
+    return FenceToken(cluster.name, value, ETCD, instance)
+
+
+def test_a_fenced_wrapper_takes_mutations_only_behind_the_prefix(tmp_path: Path) -> None:
+    cluster = reference_cluster()
+    wrapper = program(tmp_path, cluster)
+    seconds = cluster.ssh.command_timeout
+    kill = catalogue.kill_process(cluster, 4100, "TERM", seconds)
+    assert run(tmp_path, wrapper, kill.command)[0] == forced.REFUSED_EXIT
+    facts = catalogue.fact_script(cluster, cluster.head, catalogue.tool_timeout(cluster))
+    assert run(tmp_path, wrapper, facts.command, "--check")[0] == 0  # reads pass bare
+    wrapped = catalogue.fenced(kill, fence(7, cluster), seconds).command
+    assert run(tmp_path, wrapper, wrapped, "--check")[0] == 0
+    # Another cluster's prefix, or a command outside the catalogue behind the prefix: refused.
+    other = catalogue.fenced(kill, FenceToken("elsewhere", 7, ETCD, "ops-a"), seconds)
+    assert run(tmp_path, wrapper, other.command, "--check")[0] == forced.REFUSED_EXIT
+    stray = catalogue.fenced(catalogue.Remote("x", "id", True), fence(7, cluster), seconds)
+    assert run(tmp_path, wrapper, stray.command, "--check")[0] == forced.REFUSED_EXIT
+    sweep = catalogue.fence_sweep(fence(7, cluster), seconds).command
+    assert run(tmp_path, wrapper, sweep, "--check")[0] == 0
+    # Unfenced (no [ha]): the bare form passes, the prefix does not.
+    (tmp_path / "plain").mkdir()
+    plain = program(tmp_path / "plain", cluster, fenced=False)
+    assert run(tmp_path, plain, kill.command, "--check")[0] == 0
+    assert run(tmp_path, plain, wrapped, "--check")[0] == forced.REFUSED_EXIT
+
+
+def test_the_wrapper_refuses_an_older_token_and_shares_the_shells_record(tmp_path: Path) -> None:
+    cluster = reference_cluster()
+    wrapper = program(tmp_path, cluster)
+    seconds = cluster.ssh.command_timeout
+    kill = catalogue.kill_process(cluster, 4100, "TERM", seconds)
+    assert (
+        run(tmp_path, wrapper, catalogue.fenced(kill, fence(9, cluster), seconds).command)[0] == 0
+    )
+    assert calls(tmp_path) == ["kill -TERM 4100"]
+    record = tmp_path / catalogue.FENCE_DIR / cluster.name
+    assert record.read_text() == f"9 {ETCD} ops-a\n"
+    status, err = run(
+        tmp_path, wrapper, catalogue.fenced(kill, fence(8, cluster, "ops-b"), seconds).command
+    )
+    assert status == catalogue.FENCED_EXIT
+    assert f"{catalogue.FENCE_MARKER} {cluster.name}: refused token 8 < 9 (ops-a)" in err
+    assert calls(tmp_path) == ["kill -TERM 4100"]
+    # The shell prefix (a host without the wrapper) reads the same record.
+    shell = subprocess.run(
+        ["bash", "-c", catalogue.fence_sweep(fence(8, cluster), seconds).command],
+        env={"HOME": str(tmp_path), "PATH": os.environ["PATH"]}, capture_output=True, text=True,
+    )  # fmt: skip
+    assert shell.returncode == catalogue.FENCED_EXIT
+    record.write_text(f"3 {ETCD + 1} ops-z\n")  # another etcd's record
+    status, err = run(tmp_path, wrapper, catalogue.fenced(kill, fence(9, cluster), seconds).command)
+    assert status == catalogue.FENCE_MISMATCH_EXIT and "refence" in err
+    refence = catalogue.fence_sweep(fence(9, cluster), seconds, refence=True).command
+    assert run(tmp_path, wrapper, refence)[0] == 0
+    assert record.read_text() == f"9 {ETCD} ops-a\n"
+
+
+def test_the_wrapper_holds_the_lock_while_the_command_runs_and_never_passes_it_on(
+    tmp_path: Path,
+) -> None:
+    cluster = reference_cluster()
+    wrapper = program(tmp_path, cluster)
+    seconds = cluster.ssh.command_timeout
+    bin_dir = tools(tmp_path)
+    # A `kill` that leaves a detached child behind and takes a while itself.
+    (bin_dir / "kill").write_text(
+        f"#!/bin/sh\nsetsid sleep 30 >/dev/null 2>&1 < /dev/null &\necho $! > {tmp_path}/child\n"
+        f'sleep 1.5; echo "kill $*" >> {tmp_path}/calls\n'
+    )
+    kill = catalogue.kill_process(cluster, 4100, "TERM", seconds)
+    old = start(tmp_path, wrapper, catalogue.fenced(kill, fence(5, cluster), seconds).command)
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "child").exists():  # the command runs, behind the fence
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    lock = tmp_path / catalogue.FENCE_DIR / f"{cluster.name}.lock"
+    assert subprocess.run(["flock", "-n", str(lock), "true"], check=False).returncode == 1
+    sweep = catalogue.fence_sweep(fence(6, cluster, "ops-b"), seconds).command
+    new = start(tmp_path, wrapper, sweep)
+    old.communicate(timeout=30)
+    new.communicate(timeout=30)
+    assert (old.returncode, new.returncode) == (0, 0)
+    child = int((tmp_path / "child").read_text())
+    try:
+        assert Path(f"/proc/{child}").exists()
+        assert subprocess.run(["flock", "-n", str(lock), "true"], check=False).returncode == 0
+        held = [os.readlink(f) for f in Path(f"/proc/{child}/fd").iterdir()]
+        assert str(lock) not in held
+    finally:
+        os.kill(child, 9)
+    assert calls(tmp_path) == ["kill -TERM 4100"]
+    # The sweep ran after the old command finished, so the old token is refused from now on.
+    status, _ = run(tmp_path, wrapper, catalogue.fenced(kill, fence(5, cluster), seconds).command)
+    assert status == catalogue.FENCED_EXIT
