@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from sparkd.model.probe import ProbeResult
 from sparkd.runtime import logs
 from sparkd.runtime.state import LockHeld, StateDir
 from sparkd.settings import EX_CONFIG, ClusterSpec, Settings
-from sparkd.shell import catalogue, forced, secrets
+from sparkd.shell import catalogue, forced, power, secrets
 from sparkd.shell.observe import observe, probe_once
 from sparkd.shell.ssh import SshPool
 
@@ -237,6 +238,11 @@ def print_commands(settings: Settings, sudoers: str | None) -> int:
                 kind = "changes" if remote.mutating else "reads"
                 print(f"## {remote.name} on {host.name} ({kind})")
                 print(remote.command.rstrip("\n"))
+                print()
+            for host in cluster.hosts if cluster.power.enabled else ():
+                # Run on this box, as an argv (shown quoted), never over SSH or through a shell.
+                print(f"## power_cycle of {host.name} on the ops box (changes)")
+                print(shlex.join(power.power_argv(cluster.power, host.name)))
                 print()
         rules, refused = catalogue.sudoers_rules(cluster)
         privileged.update(rules)

@@ -368,11 +368,34 @@ class FabricSpec(_Section):
 
 
 class PowerSpec(_Section):
-    """When a host that does not answer is taken for wedged."""
+    """When a host that does not answer is taken for wedged, and how it is power-cycled."""
 
     # Unreachable over SSH this long, whatever its last kernel log said: wedged, needs a power
     # cycle (a host that reboots comes back well within it).
     unreachable_for: Seconds = 600.0
+    # The argv run on the ops box (never through a shell, never over SSH) to power-cycle a host
+    # (a switched PDU's or a smart plug's CLI); every `{host}` in an element becomes the host's
+    # name, inside that one element. Unset: sparkd says a host needs a power cycle, and waits.
+    command: tuple[Annotated[str, Field(min_length=1)], ...] | None = None
+    timeout: Seconds = 60.0
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("needs at least the program to run")
+        if not any("{host}" in part for part in value):
+            raise ValueError("must name the host to cycle: put {host} in one of its elements")
+        if not value[0].startswith("/"):
+            # No PATH lookup: which program powers hosts off is not left to the environment.
+            raise ValueError(f"{value[0]!r}: the program must be an absolute path")
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        return self.command is not None
 
 
 class MaintenanceSpec(_Section):

@@ -17,7 +17,9 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from sparkd.core.judge import MODEL_STARTS, RAY_STARTS, Context, Hold, Verdict
+from sparkd.core.judge import MODEL_STARTS, RAY_STARTS, Context, Hold, Verdict, act, ago
+from sparkd.core.load import launch_time
+from sparkd.core.spec import container_name
 from sparkd.core.text import printable
 from sparkd.model.observed import Fabric
 
@@ -193,7 +195,10 @@ def problems(ctx: Context) -> list[Problem]:
                 )
             )
     serve = ctx.observed.serve
-    launched = ctx.memory.launched_at
+    # The serve process's own age says when it started, whoever launched it (a model sparkd
+    # did not launch, or memory lost, has no launched_at); the later of the two is the launch.
+    known = [t for t in (launch_time(ctx), ctx.memory.launched_at) if t is not None]
+    launched = max(known) if known else None
     for name, (before, after, at) in sorted(ctx.memory.gid_moved.items()):
         # Only a model that opened NCCL before the move holds the old index.
         if serve is None or not serve.running or launched is None or launched >= at:
@@ -231,3 +236,39 @@ def judge_fabric(ctx: Context) -> Verdict:
 
 def carrier_changed(previous: int | None, now: int | None) -> bool:
     return previous is not None and now is not None and now > previous
+
+
+def judge_recovery(ctx: Context, fabric: Verdict, *, ray_busy: bool) -> Verdict:
+    """Once the fabric is sound after a hold, what hung over it is restarted: both ranks. NCCL
+    opened over the faulty fabric stays hung when the link heals, in the head's Ray container
+    and the workers' alike, so every Ray container is restarted (the serve process and each
+    rank's actors with them) and the model relaunched on the new Ray. Only a model launched
+    before the hold began that has not answered since (its latest probe failed, not busy)."""
+    verdict = Verdict()
+    since = ctx.memory.fabric_held_since
+    serve = ctx.observed.serve
+    if since is None or fabric.holds or ray_busy or ctx.unreachable:
+        return verdict
+    if serve is None or not serve.running:
+        return verdict  # nothing hangs: the model stage starts one
+    known = [t for t in (launch_time(ctx), ctx.memory.launched_at) if t is not None]
+    if not known or max(known) >= since:
+        return verdict
+    probe = ctx.observed.probe or ctx.memory.last_probe
+    if probe is None or probe.at < since or probe.busy:
+        return verdict
+    if probe.verdict.healthy is not False or probe.verdict.outcome == "not_run":
+        return verdict
+    why = (
+        f"fabric sound again after a hold of {ago(ctx.now - since)}, and the model launched "
+        f"before it does not answer (probe {probe.verdict.outcome}): restarting both ranks' Ray "
+        "containers (NCCL opened over the faulty fabric stays hung); the model is relaunched "
+        "on the new Ray"
+    )
+    verdict.phase = "starting_ray"
+    verdict.notes.append(why)
+    for host in (ctx.desired.head, *ctx.desired.workers):
+        name = container_name(ctx.desired, host)
+        verdict.actions.append(act("restart_ray", host.name, name, why))
+    verdict.holds.append(Hold(why, MODEL_STARTS))
+    return verdict

@@ -18,15 +18,16 @@ from sparkd.core import acceptance, policy, rollout
 from sparkd.core.cleanup import judge_cleanup, judge_reachability
 from sparkd.core.clock import bounded
 from sparkd.core.evidence import of_this_launch
-from sparkd.core.fabric import judge_fabric
+from sparkd.core.fabric import judge_fabric, judge_recovery
 from sparkd.core.horizon import horizon
 from sparkd.core.images import judge_images
 from sparkd.core.judge import Context, Hold, Verdict, ago
 from sparkd.core.load import assess
 from sparkd.core.model_stage import judge_model
+from sparkd.core.power import judge_wedged
 from sparkd.core.probe_stage import judge_probe
 from sparkd.core.ray_stage import judge_ray
-from sparkd.core.triage import judge_memory, judge_wedged
+from sparkd.core.triage import judge_memory
 from sparkd.model.memory import LoadMark, Memory
 from sparkd.model.observed import Observed
 from sparkd.model.plan import Action, Phase, Plan, TriageClass
@@ -63,6 +64,7 @@ class _Draft:
     triage: tuple[TriageClass, ...] = ()
     # Evidence that the launch judged failed as it would again (core.rollout rolls back on it).
     failure: str | None = None
+    fabric_held: bool = False
 
     def carry(self) -> dict[str, object]:
         """What remember() learns from the judgement, whatever becomes of the actions."""
@@ -75,6 +77,7 @@ class _Draft:
             "busy_streak": self.busy_streak,
             "serving_well": self.serving_well,
             "triage": self.triage,
+            "fabric_held": self.fabric_held,
         }
 
     def horizon(
@@ -264,14 +267,15 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
     answering = endpoint is not None and endpoint.status == "http_error"
     load = assess(ctx, serving or answering)
     reach = judge_reachability(ctx)
-    wedged = judge_wedged(ctx)
-    pressure = judge_memory(ctx, load)
     fabric = judge_fabric(ctx)
+    wedged = judge_wedged(ctx, load, fabric_sound=not fabric.triage)
+    pressure = judge_memory(ctx, load)
     cleanup = judge_cleanup(ctx)
     images = judge_images(ctx)
     ray = judge_ray(ctx, images, load, serving)
+    recovery = judge_recovery(ctx, fabric, ray_busy=bool(ray.actions))
     model = judge_model(ctx, ray, load, serving, images)
-    stages: list[Verdict] = [reach, wedged, pressure, fabric, cleanup, images, ray, model]
+    stages: list[Verdict] = [reach, wedged, pressure, fabric, cleanup, images, ray, recovery, model]
     notes = [f"{host} rebooted (boot id changed)" for host in policy.rebooted(observed, memory)]
     probe_failures: int | None = None
     busy: int | None = None
@@ -314,6 +318,7 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
         busy_streak=busy,
         triage=found,
         failure=failure,
+        fabric_held=bool(fabric.holds),
         # Health that lasts closes an incident: healthy, or degraded only while the model
         # serves and answers (busy, a dead data link, Ray unread) with no failure counted.
         serving_well=phase == "healthy"

@@ -179,12 +179,24 @@ def remember(
             changes["ray_unsettled_since"] = None
         if not launched:
             changes["load_mark"] = plan.load_mark
+        relaunched = bool(launched) or ray_restarted
+        changes["fabric_held_since"] = _fabric_held(memory, plan, now, relaunched)
         changes["last_phase"] = plan.phase
         changes["last_reason"] = plan.reason
         paused = memory.paused
         if plan.phase != "paused" and paused is not None and not paused.active(wall_now):
             changes["paused"] = None
     return memory.evolve(**changes)
+
+
+def _fabric_held(memory: Memory, plan: Plan, now: float, relaunched: bool) -> float | None:
+    """Since when a fabric hold has lasted over the running model: kept until the model is
+    relaunched (by the recovery or otherwise) or serves well again (nothing hung)."""
+    if plan.fabric_held:
+        return memory.fabric_held_since if memory.fabric_held_since is not None else now
+    if relaunched or plan.serving_well:
+        return None
+    return memory.fabric_held_since
 
 
 def _reachability(memory: Memory, observed: Observed, now: float) -> dict[str, object]:

@@ -11,14 +11,11 @@ from dataclasses import dataclass
 
 from sparkd.core import kernel
 from sparkd.core.judge import (
-    EVERYTHING,
     MODEL_STARTS,
-    RAY_STARTS,
     START_MODEL,
     Context,
     Hold,
     Verdict,
-    ago,
 )
 from sparkd.core.load import Load
 from sparkd.model.observed import HostFacts, KernelLog
@@ -42,10 +39,11 @@ TABLE: tuple[Row, ...] = (
     ),
     Row(
         "host_wedged",
-        "the host stopped answering SSH after its last kernel log seen held NV_ERR_NO_MEMORY, a "
-        "fatal PCIe AER, an mlx5 PCI error or a soft lockup; or it has not answered for "
-        "power.unreachable_for (default 10 min)",
-        '`blocked` "HOST wedged: needs a power cycle"; nothing is done on the host',
+        "the host stopped answering SSH (silence, not a refused key) after its last kernel log "
+        "seen held NV_ERR_NO_MEMORY, a fatal PCIe AER, an mlx5 PCI error or a soft lockup; or "
+        "it has not answered for power.unreachable_for (default 10 min)",
+        '`blocked` "HOST wedged: needs a power cycle"; nothing is done on the host; with '
+        "`[clusters.power]`, power-cycled once its safety rule holds (core.power)",
     ),
     Row(
         "fabric",
@@ -84,28 +82,6 @@ def omens(log: KernelLog | None) -> str | None:
         return None
     found = [kernel.describe(e) for e in log.events if e.kind in kernel.WEDGE_OMENS]
     return "; ".join(found) or None
-
-
-def judge_wedged(ctx: Context) -> Verdict:
-    """An unreachable host whose last kernel log seen held a wedge omen: only a power cycle."""
-    verdict = Verdict()
-    limit = ctx.desired.power.unreachable_for
-    for host in ctx.unreachable:
-        omen = ctx.memory.kernel_omens.get(host.name)
-        since = ctx.memory.unreachable_since.get(host.name)
-        if omen is not None:
-            evidence = f"last kernel log seen: {omen}"
-        elif since is not None and ctx.now - since >= limit:
-            evidence = f"unreachable for {ago(ctx.now - since)}, past power.unreachable_for"
-        else:
-            continue
-        why = f"{host.name} wedged: needs a power cycle ({evidence})"
-        verdict.notes.append(why)
-        verdict.holds.append(Hold(why, EVERYTHING, frozenset({host.name})))
-        verdict.holds.append(Hold(why, RAY_STARTS | MODEL_STARTS))
-        verdict.phase = "blocked"
-        verdict.triage = ["host_wedged"]
-    return verdict
 
 
 def gib(value: int) -> str:

@@ -161,6 +161,9 @@ class Memory(Value):
     healthy_probes: int = 0
     # The last accepted rollout's downtime, seconds (elapsed: daemon time).
     rollout_downtime: float | None = None
+    # Since when a fabric fault has held Ray and model (re)starts, while the model launched
+    # before it runs: once the fabric is sound, what hung over it is restarted (core.fabric).
+    fabric_held_since: float | None = None
 
     def evolve(self, **changes: Any) -> Memory:
         """This memory with `changes`, each a known field and validated as it would be when

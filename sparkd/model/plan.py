@@ -45,6 +45,7 @@ ActionKind = Literal[
     "start_model",
     "restart_model",
     "kill_gpu_process",
+    "power_cycle",
 ]
 ACTION_KINDS: tuple[ActionKind, ...] = (
     "stop_unit",
@@ -55,6 +56,7 @@ ACTION_KINDS: tuple[ActionKind, ...] = (
     "start_model",
     "restart_model",
     "kill_gpu_process",
+    "power_cycle",
 )
 
 
@@ -108,6 +110,8 @@ class Plan(Value):
     triage: tuple[TriageClass, ...] = ()
     # Set when this plan starts a rollback to the last-good spec: why the new spec failed.
     rollback: str | None = None
+    # A fabric fault held Ray and model (re)starts in this judgement, for remember().
+    fabric_held: bool = False
 
     @property
     def converged(self) -> bool:

@@ -45,6 +45,8 @@ TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 RECONCILE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 ACTION_RESULTS = ("ok", "failed", "timeout", "skipped")
 CYCLE_RESULTS = ("ok", "error")
+# A power cycle is run or it is not: "skipped" never applies (the planner withholds it instead).
+POWER_RESULTS = ("ok", "failed", "timeout")
 
 
 def revision() -> str:
@@ -137,6 +139,12 @@ class Metrics:
             ["cluster", "host"],
             registry=r,
         )
+        self.power_cycles = Counter(
+            "sparkd_power_cycles",
+            "Power cycles of wedged hosts run through [clusters.power] command, by result",
+            ["cluster", "host", "result"],
+            registry=r,
+        )
         self._carriers: dict[tuple[str, str], tuple[str | None, int]] = {}
         # Per (cluster, host): the boot and the newest kernel timestamp counted so far.
         self._kernel_marks: dict[tuple[str, str], tuple[str | None, float | None]] = {}
@@ -156,6 +164,8 @@ class Metrics:
         for host in cluster.hosts:
             self.reboots.labels(name, host.name)
             self.flaps.labels(name, host.name)
+            for result in POWER_RESULTS:
+                self.power_cycles.labels(name, host.name, result)
             for event_kind in KERNEL_KINDS:
                 self.kernel_events.labels(name, host.name, event_kind)
             for kind in HOST_ERROR_KINDS:
@@ -182,6 +192,8 @@ class Metrics:
         self.rollouts.record(controller, record)
         for outcome in record.outcomes:
             self.remediations.labels(name, outcome.action.kind, outcome.result).inc()
+            if outcome.action.kind == "power_cycle" and outcome.result in POWER_RESULTS:
+                self.power_cycles.labels(name, outcome.action.host, outcome.result).inc()
         probe = record.probe
         if probe is not None:
             self.probes.labels(name, probe.outcome).inc()

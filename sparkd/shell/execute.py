@@ -18,6 +18,7 @@ from sparkd.model.plan import Action, ActionOutcome, ActionResult, Plan
 from sparkd.settings import ClusterSpec, HostSpec
 from sparkd.shell import catalogue
 from sparkd.shell.fencing import HostFence, HostRefused
+from sparkd.shell.power import PowerFailed, power_argv, run_power
 from sparkd.shell.secrets import read_secret, redact
 from sparkd.shell.ssh import HostConnection, SshFailure, SshPool
 
@@ -55,6 +56,9 @@ class Executor:
 
     def action_timeout(self, action: Action) -> float:
         base = self.cluster.ssh.command_timeout
+        if action.kind == "power_cycle":
+            # The command's own timeout, and the moment it takes to kill what it left.
+            return self.cluster.power.timeout + 5.0
         if action.kind in ("start_ray_head", "start_ray_worker", "restart_ray"):
             return base * 3
         if action.kind in ("start_model", "restart_model"):
@@ -95,7 +99,7 @@ class Executor:
             detail = f"{failure.kind}: {failure.error.detail}"
             if failure.result is not None and failure.result.stderr.strip():
                 detail += f": {failure.result.stderr.strip().splitlines()[-1][:200]}"
-        except ActionFailed as exc:
+        except (ActionFailed, PowerFailed) as exc:
             result, detail = "failed", str(exc)
         except Exception as exc:  # a failed action is a value: recorded, budgeted, backed off
             result, detail = "failed", f"{type(exc).__name__}: {exc}"[:300]
@@ -136,6 +140,7 @@ class Executor:
             "start_model": self._start_model,
             "restart_model": self._start_model,
             "kill_gpu_process": self._kill_gpu_process,
+            "power_cycle": self._power_cycle,
         }
         return handlers[action.kind](host, action)
 
@@ -298,3 +303,9 @@ class Executor:
         return any(
             p.pid == pid and (not name or p.name == name) for p in facts.parse_compute_apps(out)
         )
+
+    async def _power_cycle(self, host: HostSpec, action: Action) -> str:
+        """The operator's power command for the host, on this box: the host answers nothing."""
+        argv = power_argv(self.cluster.power, host.name)
+        said = await run_power(argv, self.cluster.power.timeout)
+        return f"{argv[0]} done for {host.name}: {said}"

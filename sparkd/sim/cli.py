@@ -3,6 +3,7 @@
 sparkd sim --scenario seed-morning [--hosts N] [--clusters N] [--dir PATH] [--realistic]
            [--scale F] [--first-address IP]
 sparkd sim fault NAME HOST [ARG] [--dir PATH]
+sparkd sim power cycle HOST [--dir PATH]
 
 With `--scenario healthy` the world is printed once its models are launched; with `spec_labels`
 (see `main`) what it starts carries sparkd's own spec hashes for the config it prints, so a
@@ -21,6 +22,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from sparkd.sim import power
 from sparkd.sim.control import send_fault
 from sparkd.sim.timing import Timing
 from sparkd.sim.world import SCENARIOS, World
@@ -87,6 +89,8 @@ def main(argv: list[str], *, spec_labels: SpecLabels | None = None) -> int:
     try:
         if argv[:1] == ["fault"]:
             return _fault(_fault_parser().parse_args(argv[1:]))
+        if argv[:1] == ["power"]:
+            return power.main(argv[1:])
         run_args = _run_parser().parse_args(argv)
     except SystemExit as exc:  # argparse's --help and usage errors
         return exc.code if isinstance(exc.code, int) else 2

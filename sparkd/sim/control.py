@@ -2,6 +2,7 @@
 
 {"fault": "reboot", "host": "spark-b", "arg": null}  ->  {"ok": true, "message": "..."}
 {"query": "requests", "host": "spark-a"}             ->  {"ok": true, "answer": [...]}
+{"power": "cycle", "host": "spark-b"}                ->  {"ok": true, "message": "..."}
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class ControlServer:
     async def _answer(self, line: bytes) -> dict[str, Any]:
         try:
             request = json.loads(line)
+            if "power" in request:
+                message = await self._world.power(str(request["power"]), str(request["host"]))
+                return {"ok": True, "message": message}
             if "query" in request:
                 answer = self._world.query(str(request["query"]), str(request["host"]))
                 return {"ok": True, "answer": answer}
@@ -86,3 +90,14 @@ async def send_query(path: Path, query: str, host: str) -> list[dict[str, Any]]:
         raise ValueError(str(answer.get("message", "query failed")))
     result: list[dict[str, Any]] = answer["answer"]
     return result
+
+
+async def send_power(path: Path, action: str, host: str) -> dict[str, Any]:
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    try:
+        writer.write(json.dumps({"power": action, "host": host}).encode() + b"\n")
+        await writer.drain()
+        answer: dict[str, Any] = json.loads(await reader.readline())
+        return answer
+    finally:
+        writer.close()

@@ -102,6 +102,15 @@ class CommandRecord:
     container: str | None = None
 
 
+@dataclass(frozen=True)
+class PowerRecord:
+    """A power request the world obeyed (`sparkd sim power`, as a PDU's CLI would take it)."""
+
+    at: float
+    host: str
+    action: str
+
+
 @dataclass
 class HungCall:
     """A fake-tool call held by the `hang-tool` fault; `released` once its caller went away
@@ -239,6 +248,7 @@ class World:
         )
         self.serves: list[ServeProcess] = []
         self.command_log: list[CommandRecord] = []
+        self.power_log: list[PowerRecord] = []
         self.hung_calls: list[HungCall] = []
         # Per host, the latest requests its model servers answered, with their own times.
         self.served: dict[str, deque[Served]] = {}
@@ -251,6 +261,8 @@ class World:
         self._control = ControlServer(self)
         # Head hosts whose model engine hangs because a Ray node it uses is frozen.
         self._engines_hung_by_ray: set[str] = set()
+        # Head hosts whose model engine hangs in NCCL over a broken link: until it exits.
+        self._engines_hung_by_link: set[str] = set()
         self.started = False
 
     # -- paths -----------------------------------------------------------------------------------
@@ -683,6 +695,20 @@ class World:
                     host.behaviour.engine = "hung"
                     self._engines_hung_by_ray.add(host.name)
 
+    def _hang_across(self, host: str) -> None:
+        """Every running model with a rank on `host` hangs (completions never finish)."""
+        h = self.host(host)
+        ids = set(h.state.containers)
+        for serve in self.serves:
+            if serve.engine is not h.engine and not any(
+                c.id in ids for _, c, _, _ in serve.workers
+            ):
+                continue
+            head = next(x for x in self.hosts.values() if x.engine is serve.engine)
+            if head.behaviour.engine == "ok":
+                head.behaviour.engine = "hung"
+                self._engines_hung_by_link.add(head.name)
+
     def _thaw(self, container: Container) -> None:
         if self.real_ray is not None:
             self.real_ray.thaw(container.id)
@@ -818,6 +844,12 @@ class World:
     def _forget(self, serve: ServeProcess) -> None:
         with contextlib.suppress(ValueError):
             self.serves.remove(serve)
+        # A broken link hung this process's NCCL, not the next launch's.
+        for host in self.hosts.values():
+            if host.engine is serve.engine and host.name in self._engines_hung_by_link:
+                self._engines_hung_by_link.discard(host.name)
+                if host.behaviour.engine == "hung":
+                    host.behaviour.engine = "ok"
 
     def _deliver_signal(self, state: HostState, pid: int, sig: int) -> bool:
         host = self.hosts[state.name]
@@ -933,6 +965,16 @@ class World:
                 for r in self.commands(target.name)
             ]
         raise ValueError(f"unknown query {name!r}; known: commands, requests")
+
+    async def power(self, action: str, host: str) -> str:
+        """A switched PDU's outlet: `cycle` cuts the host's power and restores it (a reboot
+        that nothing on the host can refuse, a wedged kernel included)."""
+        if action != "cycle":
+            raise ValueError(f"unknown power action {action!r}; known: cycle")
+        self.host(host)
+        self.power_log.append(PowerRecord(time.time(), host, action))
+        await self.reboot(host)
+        return f"{host}: outlet power cycled (off, on)"
 
     async def reboot(self, host: str) -> str:
         """Everything on the host dies; it comes back after `reboot_downtime` with a new boot id,
@@ -1170,8 +1212,11 @@ class World:
         return f"{host}: the data IP's RoCE v2 GID is now at index {link.gid_start + 1}"
 
     async def mtu_mismatch(self, host: str, arg: str | None = None) -> str:
-        """A firmware update reset the data interface's MTU to `arg` (default 1500)."""
+        """A firmware update reset the data interface's MTU to `arg` (default 1500): the model
+        serving across it hangs in NCCL without an error, and stays hung after the MTU is set
+        back, until it is relaunched."""
         self.host(host).state.link.mtu = int(arg) if arg else 1500
+        self._hang_across(host)
         return f"{host}: data interface MTU {self.host(host).state.link.mtu}"
 
     async def rate_degraded(self, host: str, arg: str | None = None) -> str:

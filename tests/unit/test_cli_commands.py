@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.toy import EXAMPLE_CONFIG
 
@@ -32,6 +33,25 @@ def test_lists_every_kind_of_command() -> None:
     assert "## facts on spark-b (reads)" in out
     assert "docker run -d --name sparkd-sparks-ray-worker" in out
     assert "--pull=never" in out and "--restart=no" in out
+
+
+def test_the_power_command_is_listed_per_host_when_configured(tmp_path: Path) -> None:
+    assert "power_cycle" not in run().stdout
+    text = EXAMPLE_CONFIG.read_text().replace(
+        "[clusters.power]\n",
+        '[clusters.power]\n  command = ["/usr/local/bin/spark-power", "cycle", "{host}"]\n',
+        1,
+    )
+    config = tmp_path / "sparkd.toml"
+    config.write_text(text)
+    out = subprocess.run(
+        [sys.executable, "-m", "sparkd.cli", "commands", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "## power_cycle of spark-b on the ops box (changes)\n" in out
+    assert "/usr/local/bin/spark-power cycle spark-b\n" in out
 
 
 def test_sudoers_snippet_names_only_the_privileged_commands() -> None:

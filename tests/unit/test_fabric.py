@@ -177,3 +177,20 @@ def test_a_gid_moved_after_the_launch_is_reported_and_holds_nothing() -> None:
     assert "restart_model" in kinds(result) and result.triage == ("fabric",)
     relaunched = memory.model_copy(update={"launched_at": moved.observed_at + 1})
     assert "GID moved" not in plan(toy.cluster, moved, relaunched, toy.now).reason
+
+
+def test_a_gid_moved_under_a_model_sparkd_did_not_launch_is_reported_too() -> None:
+    """No launched_at (the model was running when sparkd first looked, or memory was lost):
+    the serve process's own age says it opened NCCL before the move."""
+    toy, memory = next(e for e in EXAMPLE_SET if e.name == "three-failed-probes").build()
+    memory = memory.evolve(launched_at=None)
+    first = host(toy.observe(), "spark-a", fabric=read("healthy.txt"))
+    memory = remember(memory, first, (), toy.now)
+    quiet = read("gid-moved.txt").model_copy(update={"carrier_changes": 2})
+    moved = host(toy.observe(), "spark-a", fabric=quiet)
+    memory = remember(memory, moved, (), toy.now)
+    assert memory.launched_at is None
+    result = plan(toy.cluster, moved, memory, toy.now)
+    assert "the data IP's RoCE v2 GID moved from index 3 to 5 after the model launched" in (
+        result.reason
+    )

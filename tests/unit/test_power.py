@@ -1,0 +1,292 @@
+"""The power cycle of a wedged host (core.power): a named planner case where each part of the
+safety rule fails in turn, and properties over generated snapshots and memories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sparkd.core import kernel
+from sparkd.core.judge import Context
+from sparkd.core.load import assess
+from sparkd.core.planner import plan
+from sparkd.core.remember import pause, remember
+from sparkd.model.memory import Attempt, Blocked, Memory
+from sparkd.model.observed import HOST_ERROR_KINDS, Fabric, HostError, HostErrorKind, Observed
+from sparkd.model.plan import ActionOutcome, Plan
+from sparkd.settings import ClusterSpec, PowerSpec
+from tests.examples import EXAMPLE_SET
+from tests.toy import Toy
+from tests.unit.test_invariants_applicable import COMMON, host
+
+KERNEL = Path(__file__).resolve().parent.parent / "fixtures" / "kernel"
+COMMAND = ("/usr/local/bin/spark-power", "cycle", "{host}")
+LIMIT = 600.0
+SILENT_KINDS = ("unreachable", "refused", "timeout", "conn_lost")
+DOWN_PORT = Fabric(
+    mtu=9000, rdma_device="rocep1s0f0", port=1, port_state="DOWN", phys_state="Disabled"
+)
+
+
+def log(name: str) -> kernel.KernelLog:
+    return kernel.parse_kernel_log((KERNEL / name).read_text())
+
+
+def powered(cluster: ClusterSpec, command: tuple[str, ...] | None = COMMAND) -> ClusterSpec:
+    return cluster.model_copy(update={"power": PowerSpec(command=command)})
+
+
+def build(name: str) -> tuple[Toy, Memory]:
+    return next(e for e in EXAMPLE_SET if e.name == name).build()
+
+
+def wedged(
+    example: str = "healthy-reasoning-only",
+    *,
+    sample: str = "nv-no-memory.txt",
+    victim: str = "spark-b",
+    silent: float = LIMIT + 5,
+    kind: HostErrorKind = "timeout",
+    command: tuple[str, ...] | None = COMMAND,
+    load_seconds: float | None = None,
+) -> tuple[ClusterSpec, Observed, Memory, float]:
+    """`victim` logged `sample`, then failed every look for `silent` seconds."""
+    toy, memory = build(example)
+    if load_seconds is not None:
+        toy.load_seconds = load_seconds
+    cluster = powered(toy.cluster, command)
+    seen = host(toy.observe(), victim, kernel=log(sample))
+    memory = remember(memory, seen, (), toy.now, plan(cluster, seen, memory, toy.now))
+    error = HostError(kind=kind, detail="no answer")
+    gone = host(toy.observe(), victim, error=error, kernel=None)
+    memory = remember(memory, gone, (), toy.now, plan(cluster, gone, memory, toy.now))
+    toy.advance(silent)
+    return cluster, host(toy.observe(), victim, error=error, kernel=None), memory, toy.now
+
+
+def cycles(result: Plan) -> list[str]:
+    return [a.host for a in result.actions if a.kind == "power_cycle"]
+
+
+def test_a_wedged_host_silent_past_unreachable_for_is_power_cycled_naming_its_evidence() -> None:
+    cluster, gone, memory, now = wedged()
+    result = plan(cluster, gone, memory, now)
+    assert cycles(result) == ["spark-b"]
+    [action] = result.actions
+    assert action.target == "spark-b"
+    assert action.reason.startswith(
+        "power-cycling spark-b: last kernel log seen: NVRM NV_ERR_NO_MEMORY x3 at 9312s after "
+        "boot; every look failed for 10m05s (timeout: no answer), past power.unreachable_for "
+        "(10m00s)"
+    )
+    assert result.phase == "unreachable" and result.triage == ("host_wedged",)
+
+
+def test_a_quiet_host_silent_past_the_deadline_is_power_cycled_too() -> None:
+    cluster, gone, memory, now = wedged(sample="xid-45.txt")
+    result = plan(cluster, gone, memory, now)
+    assert cycles(result) == ["spark-b"]
+    assert "unreachable for 10m05s, past power.unreachable_for" in result.actions[0].reason
+
+
+# -- each part of the safety rule failing in turn -----------------------------------------------
+
+
+def test_without_a_power_command_the_same_evidence_only_blocks() -> None:
+    cluster, gone, memory, now = wedged(command=None)
+    result = plan(cluster, gone, memory, now)
+    assert result.actions == () and result.phase == "blocked"
+    assert "spark-b wedged: needs a power cycle (last kernel log seen: NVRM" in result.reason
+
+
+def test_not_before_unreachable_for_has_passed() -> None:
+    cluster, gone, memory, now = wedged(silent=LIMIT - 1)
+    result = plan(cluster, gone, memory, now)
+    assert cycles(result) == []
+    assert result.triage == ("host_wedged",) and result.phase == "unreachable"
+    assert "power-cycling it once it has been unreachable for power.unreachable_for" in (
+        result.reason
+    )
+
+
+def test_not_when_the_triage_does_not_say_wedged() -> None:
+    # Quiet log and not yet past the deadline: only unreachable.
+    cluster, gone, memory, now = wedged(sample="xid-45.txt", silent=LIMIT - 1)
+    result = plan(cluster, gone, memory, now)
+    assert cycles(result) == [] and result.triage == ()
+    # Omens and long past the deadline, but the host answers SSH (a refused key, a changed
+    # host key): it is up, and the fault is in sparkd's access to it.
+    for kind in ("auth", "host_key", "exit_nonzero"):
+        cluster, gone, memory, now = wedged(kind=kind, silent=3 * LIMIT)
+        result = plan(cluster, gone, memory, now)
+        assert cycles(result) == [] and "wedged" not in result.reason, kind
+        assert result.phase == "unreachable" and result.triage == ()
+
+
+def test_not_while_a_load_progresses_on_a_sound_fabric() -> None:
+    # A 30-minute load (within load_timeout), 10 minutes in when the worker went silent.
+    cluster, gone, memory, now = wedged("loading-40pct", silent=LIMIT + 1, load_seconds=1800)
+    result = plan(cluster, gone, memory, now)
+    assert cycles(result) == []
+    assert "not power-cycling it while a load of sparks progresses on a sound fabric" in (
+        result.reason
+    )
+    # The same load over a faulty fabric hangs anyway: the power cycle goes ahead.
+    faulty = host(gone, "spark-a", fabric=DOWN_PORT)
+    assert cycles(plan(cluster, faulty, memory, now)) == ["spark-b"]
+
+
+def test_at_most_once_per_host_per_incident_then_blocked() -> None:
+    cluster, gone, memory, now = wedged()
+    key = "power_cycle:spark-b:spark-b"
+    done = memory.evolve(attempts=(*memory.attempts, Attempt(key=key, at=now - 30, ok=True)))
+    booting = plan(cluster, gone, done, now)
+    assert cycles(booting) == [] and booting.phase == "unreachable"
+    assert "power-cycled 30s ago, waiting up to power.unreachable_for (10m00s)" in booting.reason
+    late = plan(cluster, gone, done, now + LIMIT)
+    assert cycles(late) == [] and late.phase == "blocked"
+    assert "still unreachable 10m30s after its power cycle" in late.reason
+    failed = memory.evolve(attempts=(*memory.attempts, Attempt(key=key, at=now - 30, ok=False)))
+    result = plan(cluster, gone, failed, now)
+    assert cycles(result) == [] and result.phase == "blocked"
+    assert "its power cycle 30s ago did not succeed" in result.reason
+    # A new incident (health lasted since) may power-cycle again.
+    forgiven = done.evolve(backoff_reset_at=now - 10)
+    assert cycles(plan(cluster, gone, forgiven, now)) == ["spark-b"]
+
+
+def test_never_while_paused_or_in_a_maintenance_window() -> None:
+    cluster, gone, memory, now = wedged()
+    # A maintenance window reaches the planner as a pause (Controller._effective).
+    paused = pause(memory, reason="PDU firmware", by="maintenance window", now=now, until=None)
+    result = plan(cluster, gone, paused, now)
+    assert result.phase == "paused" and result.actions == ()
+    assert [a.kind for a in result.withheld] == ["power_cycle"]
+
+
+def test_never_with_dry_run() -> None:
+    cluster, gone, memory, now = wedged()
+    result = plan(cluster, gone, memory, now, dry_run=True)
+    assert result.actions == () and [a.kind for a in result.withheld] == ["power_cycle"]
+
+
+def test_never_while_latched_blocked() -> None:
+    cluster, gone, memory, now = wedged()
+    latched = memory.evolve(blocked=Blocked(reason="budget spent", since=now - 5))
+    assert plan(cluster, gone, latched, now).actions == ()
+
+
+def test_a_command_must_name_the_host_by_an_absolute_program() -> None:
+    for bad in ((), ("/usr/bin/pdu", "cycle"), ("pdu", "cycle", "{host}")):
+        with pytest.raises(ValueError):
+            PowerSpec(command=bad)
+    assert PowerSpec().enabled is False
+
+
+# -- properties --------------------------------------------------------------------------------
+
+
+@st.composite
+def wedges(draw: st.DrawFn) -> tuple[ClusterSpec, Observed, Memory, float, bool]:
+    example = draw(
+        st.sampled_from(
+            ["healthy-reasoning-only", "loading-40pct", "load-stalled", "three-failed-probes"]
+        )
+    )
+    victim = draw(st.sampled_from(["spark-a", "spark-b"]))
+    sample = draw(st.sampled_from(["nv-no-memory.txt", "aer-fatal.txt", "xid-45.txt"]))
+    # Weighted towards the rule holding, so that most cases test a power cycle's presence.
+    kind = draw(st.sampled_from([*HOST_ERROR_KINDS, *SILENT_KINDS, *SILENT_KINDS]))
+    silent = draw(st.floats(0, 3 * LIMIT))
+    command = draw(st.sampled_from([COMMAND, COMMAND, COMMAND, None]))
+    load_seconds = draw(st.sampled_from([900.0, 1800.0, 3000.0]))
+    cluster, gone, memory, now = wedged(
+        example,
+        sample=sample,
+        victim=victim,
+        silent=silent,
+        kind=kind,
+        command=command,
+        load_seconds=load_seconds,
+    )
+    if draw(st.sampled_from([False, False, True])):
+        other = "spark-a" if victim == "spark-b" else "spark-b"
+        gone = host(gone, other, fabric=DOWN_PORT)
+    tried = draw(st.sampled_from([None, None, None, True, False]))
+    if tried is not None:
+        at = now - draw(st.floats(0, 2 * LIMIT))
+        attempt = Attempt(key=f"power_cycle:{victim}:{victim}", at=at, ok=tried)
+        memory = memory.evolve(attempts=(*memory.attempts, attempt))
+        if draw(st.booleans()):
+            memory = memory.evolve(backoff_reset_at=at + draw(st.floats(-60, 60)))
+    if draw(st.sampled_from([False, False, False, True])):
+        memory = pause(memory, reason="window", by="maintenance window", now=now, until=None)
+    return cluster, gone, memory, now, draw(st.sampled_from([False, False, False, True]))
+
+
+def rule_holds(cluster: ClusterSpec, seen: Observed, memory: Memory, now: float, name: str) -> bool:
+    """The safety rule, read off the inputs (core.power's docstring)."""
+    facts = seen.host(name)
+    assert facts is not None
+    error = facts.error
+    since = memory.unreachable_since.get(name)
+    silent = since is not None and now - since >= cluster.power.unreachable_for
+    wedged = error is not None and error.kind in SILENT_KINDS
+    ctx = Context.of(cluster, seen, memory, now)
+    endpoint = seen.endpoint
+    serving = endpoint is not None and endpoint.serves(ctx.model_name) and ctx.head_reachable
+    load = assess(ctx, serving)
+    sound = all(h.fabric is None or h.fabric.port_state in (None, "ACTIVE") for h in seen.hosts)
+    loading = sound and load.progressing(cluster.model.load_stall, cluster.model.load_timeout)
+    key = f"power_cycle:{name}:{name}"
+    tried = any(a.key == key and a.at >= memory.backoff_reset_at for a in memory.attempts)
+    paused = memory.paused is not None and memory.paused.active(now)
+    return (
+        cluster.power.command is not None
+        and silent
+        and wedged
+        and not loading
+        and not tried
+        and not paused
+        and memory.blocked is None
+    )
+
+
+@COMMON
+@given(wedges())
+def test_a_power_cycle_only_ever_when_every_condition_holds(
+    case: tuple[ClusterSpec, Observed, Memory, float, bool],
+) -> None:
+    cluster, seen, memory, now, dry_run = case
+    result = plan(cluster, seen, memory, now, dry_run=dry_run)
+    powered_hosts = cycles(result)
+    assert len(powered_hosts) == len(set(powered_hosts))
+    assert not (dry_run and powered_hosts)
+    for name in powered_hosts:
+        assert rule_holds(cluster, seen, memory, now, name)
+
+
+@COMMON
+@given(
+    st.sampled_from(["nv-no-memory.txt", "xid-45.txt"]), st.lists(st.floats(1, 120), max_size=40)
+)
+def test_at_most_one_power_cycle_per_host_per_incident(sample: str, steps: list[float]) -> None:
+    """However long a host stays silent, cycle after cycle, it is power-cycled once."""
+    cluster, gone, memory, now = wedged(sample=sample, silent=0)
+    ran = 0
+    for step in steps:
+        now += step
+        seen = gone.model_copy(update={"observed_at": now})
+        result = plan(cluster, seen, memory, now)
+        outcomes = [
+            ActionOutcome(action=a, result="ok", started_at=now, finished_at=now + 1)
+            for a in result.actions
+        ]
+        ran += sum(o.action.kind == "power_cycle" for o in outcomes)
+        memory = remember(memory, seen, outcomes, now + 1, result)
+    assert ran <= 1
+    if sum(steps) >= LIMIT:
+        assert ran == 1

@@ -1,0 +1,82 @@
+"""The power command as the executor runs it on the ops box: argv only, `{host}` inside its own
+element, its output redacted, killed with everything it started at its timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkd.settings import PowerSpec
+from sparkd.shell.power import PowerFailed, power_argv, run_power
+
+
+def script(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "pdu.py"
+    path.write_text(body)
+    return str(path)
+
+
+def test_the_host_is_substituted_inside_its_element_and_no_shell_reads_it(tmp_path: Path) -> None:
+    marker = tmp_path / "touched"
+    pdu = script(tmp_path, "import sys\nprint(repr(sys.argv[1:]))\n")
+    spec = PowerSpec(command=(sys.executable, pdu, "--outlet={host}", f"$(touch {marker})"))
+    argv = power_argv(spec, "spark-b")
+    said = asyncio.run(run_power(argv, 10.0))
+    assert said == f"['--outlet=spark-b', '$(touch {marker})']"
+    assert not marker.exists()
+
+
+def test_a_non_zero_exit_fails_with_the_output_redacted(tmp_path: Path) -> None:
+    pdu = script(
+        tmp_path,
+        "import sys\nprint('login admin password=hunter2 token: abc123')\n"
+        "print('outlet 7: no such outlet', file=sys.stderr)\nsys.exit(4)\n",
+    )
+    with pytest.raises(PowerFailed) as caught:
+        asyncio.run(run_power([sys.executable, pdu], 10.0))
+    text = str(caught.value)
+    assert "exited 4" in text and "outlet 7: no such outlet" in text
+    assert "hunter2" not in text and "abc123" not in text
+    assert "password=***" in text
+
+
+def test_at_its_timeout_the_command_and_what_it_started_are_killed(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    pdu = script(
+        tmp_path,
+        "import os, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+        "time.sleep(60)\n",
+    )
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        asyncio.run(run_power([sys.executable, pdu], 3.0))
+    assert time.monotonic() - started < 30
+    for pid in map(int, pids.read_text().split()):
+        deadline = time.monotonic() + 5
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid), pid
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie not yet reaped by its parent (init, here) has ended too.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def test_a_missing_program_fails_without_a_traceback(tmp_path: Path) -> None:
+    with pytest.raises(PowerFailed, match="No such file"):
+        asyncio.run(run_power([str(tmp_path / "nope"), "cycle", "spark-b"], 5.0))
