@@ -253,10 +253,18 @@ class ModelSpec(_Section):
     # Below this many bytes free on log_dir's file system nothing is started (a full disk
     # freezes the log and fails the launch; waiting on it is not a stalled load).
     min_disk_free: int = Field(default=1 << 30, ge=0)
+    # vLLM's compile caches (VLLM_CACHE_ROOT) on each host, bind-mounted into the Ray
+    # containers so a restart of the same image and model loads them instead of compiling
+    # again. None: `cache` under log_dir. Each image and model gets an entry of its own; each
+    # host keeps the `cache_keep` newest (the one in use among them), the rest are pruned.
+    cache_dir: Path | None = None
+    cache_keep: int = Field(default=2, ge=1)
 
-    @field_validator("log_dir")
+    @field_validator("log_dir", "cache_dir")
     @classmethod
-    def _log_dir(cls, value: Path) -> Path:
+    def _log_dir(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
         if not value.is_absolute():
             raise ValueError("must be an absolute path")
         if ":" in str(value):
@@ -278,6 +286,10 @@ class ModelSpec(_Section):
         if given and (not given[0] or not all(n.strip() for n in given[0])):
             raise ValueError(f"{SERVED_NAME_FLAG} needs a name")
         return value
+
+    @property
+    def cache_root(self) -> Path:
+        return self.cache_dir if self.cache_dir is not None else self.log_dir / "cache"
 
     @property
     def served_name(self) -> str:

@@ -45,6 +45,7 @@ ActionKind = Literal[
     "start_model",
     "restart_model",
     "kill_gpu_process",
+    "prune_cache",
 ]
 ACTION_KINDS: tuple[ActionKind, ...] = (
     "stop_unit",
@@ -55,6 +56,7 @@ ACTION_KINDS: tuple[ActionKind, ...] = (
     "start_model",
     "restart_model",
     "kill_gpu_process",
+    "prune_cache",
 )
 
 
