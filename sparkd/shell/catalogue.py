@@ -383,13 +383,15 @@ def start_model(cluster: ClusterSpec, seconds: float, api_key: str | None = None
     return Remote("start_model", " && ".join(steps), mutating=True, stdin=api_key)
 
 
-def prune_cache(cluster: ClusterSpec, entry: str, seconds: float) -> Remote:
+def prune_cache(cluster: ClusterSpec, host: HostSpec, entry: str, seconds: float) -> Remote:
     """Remove one compile cache entry (core.cache.judge_cache decides which); gone already is
-    done."""
+    done. Inside the host's Ray container, which mounts the cache at the same path: vLLM
+    writes the entry as the container's root, so the SSH user could not remove it."""
     if not cache.ENTRY.fullmatch(entry):
         raise ValueError(f"not a cache entry of sparkd's naming: {entry!r}")
     target = str(cluster.model.cache_root / entry)
-    return Remote("prune_cache", _line(["rm", "-rf", "--", target], seconds), mutating=True)
+    argv = ["docker", "exec", container_name(cluster, host), "rm", "-rf", "--", target]
+    return Remote("prune_cache", _line(argv, seconds), mutating=True)
 
 
 KERNEL_LOG = (
@@ -531,7 +533,7 @@ def catalogue(cluster: ClusterSpec, seconds: float) -> list[tuple[HostSpec, Remo
     entries.append((head, signal_serve(cluster, "TERM", seconds)))
     entries.append((head, read_serve_spec(cluster, seconds)))
     for host in cluster.hosts:
-        entries.append((host, prune_cache(cluster, CACHE_ENTRY_EXAMPLE, seconds)))
+        entries.append((host, prune_cache(cluster, host, CACHE_ENTRY_EXAMPLE, seconds)))
     for host in cluster.hosts:
         entries.append((host, inspect_container(container_name(cluster, host), seconds)))
     return entries

@@ -267,7 +267,7 @@ class Executor:
 
     async def _prune_cache(self, host: HostSpec, action: Action) -> str:
         seconds = self.cluster.ssh.command_timeout
-        await self._sh(host, catalogue.prune_cache(self.cluster, action.target, seconds))
+        await self._sh(host, catalogue.prune_cache(self.cluster, host, action.target, seconds))
         return f"compile cache entry {action.target} removed"
 
     async def _kill_gpu_process(self, host: HostSpec, action: Action) -> str:

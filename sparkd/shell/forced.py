@@ -78,7 +78,8 @@ def allowed_commands(cluster: ClusterSpec, host: HostSpec) -> Allowed:
             text = catalogue.remove_container(_CONTAINER, seconds).command
             patterns.append(_substitute(text, _CONTAINER, CONTAINER_PATTERN))
         elif remote.name == "prune_cache":
-            text = catalogue.prune_cache(cluster, catalogue.CACHE_ENTRY_EXAMPLE, seconds).command
+            example = catalogue.CACHE_ENTRY_EXAMPLE
+            text = catalogue.prune_cache(cluster, host, example, seconds).command
             patterns.append(_substitute(text, catalogue.CACHE_ENTRY_EXAMPLE, CACHE_PATTERN))
         elif remote.name == "signal_serve":
             exact += [catalogue.signal_serve(cluster, s, seconds).command for s in SIGNALS]

@@ -17,6 +17,7 @@ from sparkd.model.plan import Plan
 from sparkd.settings import ClusterSpec
 from sparkd.shell import catalogue
 from tests.toy import Toy, reference_cluster
+from tests.unit.test_forced_command import decide
 
 IMAGE_ID = "sha256:" + "ab12cd34ef56" + "0" * 52
 OTHER_ID = "sha256:" + "99aa88bb77cc" + "1" * 52
@@ -75,15 +76,24 @@ def test_key_names_image_and_model() -> None:
 def test_every_key_is_one_entry_of_sparkds_naming(model_id: str) -> None:
     key = cache.cache_key(IMAGE_ID, model_id)
     assert key is not None and cache.ENTRY.fullmatch(key)
-    assert catalogue.prune_cache(reference_cluster(), key, 30).command.endswith(
-        shlex.quote(str(reference_cluster().model.cache_root / key))
-    )
+    cluster = reference_cluster()
+    words = shlex.split(catalogue.prune_cache(cluster, cluster.head, key, 30).command)
+    target = str(cluster.model.cache_root / key)
+    assert words[4:] == [
+        "docker",
+        "exec",
+        container_name(cluster, cluster.head),
+        "rm",
+        "-rf",
+        "--",
+        target,
+    ]
 
 
 def test_prune_refuses_what_is_not_an_entry() -> None:
     for name in ("..", ".", "a/b", "../../etc", "serve.log", "ab12cd34ef56-../x"):
         try:
-            catalogue.prune_cache(reference_cluster(), name, 30)
+            catalogue.prune_cache(reference_cluster(), reference_cluster().head, name, 30)
         except ValueError:
             continue
         raise AssertionError(name)
@@ -253,3 +263,16 @@ def test_property_pruning_is_bounded_and_spares_the_entry_in_use(
 
 def test_facts_without_the_cache_read_are_unknown_not_empty() -> None:
     assert HostFacts(name="x").cache_entries is None
+
+
+def test_the_forced_command_lets_through_prunes_of_sparkds_entries_only() -> None:
+    cluster = reference_cluster()
+    seconds = cluster.ssh.command_timeout
+    for host in cluster.hosts:
+        allowed = decide(cluster, host)
+        key = cache.cache_key(OTHER_ID, "Qwen/Qwen3-8B")
+        assert key is not None
+        assert allowed(catalogue.prune_cache(cluster, host, key, seconds).command)
+        good = catalogue.prune_cache(cluster, host, "0123456789ab-model", seconds).command
+        for bad in ("..", "0123456789ab-x/../../etc", "notes", "0123456789ab-model -r /"):
+            assert not allowed(good.replace("0123456789ab-model", bad)), bad
