@@ -78,3 +78,24 @@ async def test_containers_mount_the_cache_and_old_entries_are_pruned(
     assert mutations(seed_world, since=since) == []
     plans = await converge(ctl)
     assert plans[-1].phase == "healthy"
+
+
+async def test_an_upgrade_restarts_no_container_made_without_the_mount(
+    healthy_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    """The world's containers were made as an older sparkd made them (labels of today's spec
+    hash, no cache mount): with a cache_dir configured, nothing is restarted."""
+    cache_dir = tmp_path / "vllm-cache"
+    ctl = controller(
+        healthy_world, pool, tmp_path / "state", cluster={"model": {"cache_dir": cache_dir}}
+    )
+    await eventually(lambda: bool(mutations(healthy_world)), within=10)
+    since = time.time()
+    plans = await converge(ctl)
+    assert all(p.actions == () for p in plans)
+    assert plans[-1].phase == "healthy"
+    assert mutations(healthy_world, since=since) == []
+    for host in ctl.cluster.hosts:
+        box = healthy_world.hosts[host.name].state.container(container_name(ctl.cluster, host))
+        assert box is not None and box.running
+        assert str(cache_dir) not in {m.source for m in box.mounts}
