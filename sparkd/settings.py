@@ -596,6 +596,7 @@ def conflicts(settings: Settings) -> list[str]:
     problems: list[str] = []
     seen: dict[tuple[str, int], tuple[int, HostSpec]] = {}
     log_dirs: dict[Path, int] = {}
+    cache_roots: dict[Path, int] = {}
     for index, cluster in enumerate(settings.clusters):
         where = f"clusters.{index}"
         shared: set[int] = set()
@@ -634,13 +635,23 @@ def conflicts(settings: Settings) -> list[str]:
                     f"cluster {rival.name!r} on the shared head {name}"
                 )
         log_dir = cluster.model.log_dir
-        if log_dir in log_dirs:
+        shared_log = log_dir in log_dirs
+        if shared_log:
             problems.append(
                 f"{where}.model.log_dir: {log_dir} is also the log_dir of cluster "
                 f"{settings.clusters[log_dirs[log_dir]].name!r}; each cluster needs its own"
             )
         else:
             log_dirs[log_dir] = index
+        # Each cluster prunes its own cache's entries: a shared one would lose the other's.
+        cache_root = cluster.model.cache_root
+        if cache_root in cache_roots and not shared_log:
+            problems.append(
+                f"{where}.model.cache_dir: {cache_root} is also the cache of cluster "
+                f"{settings.clusters[cache_roots[cache_root]].name!r}; each cluster needs its own"
+            )
+        else:
+            cache_roots[cache_root] = index
     return problems
 
 
