@@ -6,6 +6,7 @@ bound the pace) and 5 idle minutes; `--quick` runs a minute of each."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
 import socket
@@ -143,6 +144,9 @@ async def main(quick: bool = False) -> None:
         "idle_seconds": idle_seconds,
         "idle_cpu_share": idle_cpu,
         "idle_rss_mb": median([s["rss_mb"] for s in idle]),
+        # The daemon inherits the environment: `MALLOC_ARENA_MAX=2 python -m bench footprint`
+        # measures glibc's allocator with that limit.
+        "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX"),
     }
     text = table(
         f"footprint: sparkd run on 2 hosts, {summary['cycles']} fast cycles in "
@@ -157,6 +161,7 @@ async def main(quick: bool = False) -> None:
             ["open fds, cycle 10 -> end", f"{first['fds']} -> {last['fds']}"],
             ["threads, cycle 10 -> end", f"{first['threads']} -> {last['threads']}"],
             ["idle CPU (% of a core)", f"{100 * idle_cpu:.2f}"],
+            ["MALLOC_ARENA_MAX", summary["malloc_arena_max"] or "unset (glibc default)"],
         ],
     )
     write_result("footprint", {"summary": summary, "busy": busy, "idle": idle}, text)

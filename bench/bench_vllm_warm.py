@@ -1,7 +1,8 @@
 """`vllm_warm`: launch to listening of real vLLM 0.32.0 (CPU build, the real-vLLM tier's venv)
-serving the tier's tiny model, cold (an empty `VLLM_CACHE_ROOT`) and warm (the same cache root
-again, as a restart that keeps it mounted does): what a persistent compile cache saves a
-relaunch. Needs `.venv-vllm` (`make test` builds it); skipped with a line when it is missing."""
+serving the tier's tiny model, cold (an empty `VLLM_CACHE_ROOT`), warm (the same cache entry
+again, as a restart of the same image and model under `model.cache_dir` does), and with another
+image's entry (a new key starts clean): what a persistent compile cache saves a relaunch.
+Needs `.venv-vllm` (`make test` builds it); skipped with a line when it is missing."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ import time
 from pathlib import Path
 
 from bench.common import median, table, write_result
+from sparkd.core import cache
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("SPARKD_VLLM_VENV", ROOT / ".venv-vllm"))
 MAKE_MODEL = ROOT / "tests" / "realvllm" / "make_tiny_model.py"
+# Two image IDs standing in for the head container's (there is no Docker here).
+IMAGES = ("sha256:" + "5ac1e0c0ffee" + "0" * 52, "sha256:" + "b0a710ad0000" + "1" * 52)
 ADDRESS = "127.0.98.2"
 
 
@@ -37,7 +41,7 @@ def listening(port: int) -> bool:
         return False
 
 
-def launch(model: Path, cache: Path, work: Path) -> float:
+def launch(model: Path, entry: Path, work: Path) -> float:
     """Seconds from `vllm serve` to its port accepting connections; the server is then ended
     with every process of its session."""
     port = free_port()
@@ -46,7 +50,7 @@ def launch(model: Path, cache: Path, work: Path) -> float:
         "PATH": f"{VENV / 'bin'}:/usr/bin:/bin",
         "HOME": str(work),
         "TMPDIR": str(tmp),
-        "VLLM_CACHE_ROOT": str(cache),
+        "VLLM_CACHE_ROOT": str(entry),
         "HF_HUB_OFFLINE": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_NO_USAGE_STATS": "1",
@@ -78,7 +82,7 @@ def launch(model: Path, cache: Path, work: Path) -> float:
             process.wait()
 
 
-def measure(runs: int) -> tuple[list[float], list[float]]:
+def measure(runs: int) -> tuple[list[float], list[float], list[float]]:
     with tempfile.TemporaryDirectory(prefix="sparkd-vllm-warm-") as scratch:
         work = Path(scratch)
         model = work / "tiny-qwen3"
@@ -90,12 +94,16 @@ def measure(runs: int) -> tuple[list[float], list[float]]:
         )
         cold: list[float] = []
         warm: list[float] = []
+        fresh: list[float] = []
         for run in range(runs):
-            cache = work / f"cache-{run}"
-            cache.mkdir()
-            cold.append(launch(model, cache, work))
-            warm.append(launch(model, cache, work))
-    return cold, warm
+            # Laid out as sparkd lays out model.cache_dir: one entry per image ID and model.
+            root = work / f"cache-{run}"
+            entry, other = (cache.cache_key(image, str(model)) for image in IMAGES)
+            assert entry is not None and other is not None
+            cold.append(launch(model, root / entry, work))
+            warm.append(launch(model, root / entry, work))
+            fresh.append(launch(model, root / other, work))
+    return cold, warm, fresh
 
 
 def row(what: str, seconds: list[float]) -> tuple[str, str, str]:
@@ -106,8 +114,13 @@ async def main(quick: bool = False) -> None:
     if not (VENV / "bin" / "vllm").exists():
         print(f"   skipped: no vLLM venv at {VENV} (make test builds it)")
         return
-    cold, warm = await asyncio.to_thread(measure, 1 if quick else 2)
-    rows = [row("cold (empty VLLM_CACHE_ROOT)", cold), row("warm (the same cache root)", warm)]
+    cold, warm, fresh = await asyncio.to_thread(measure, 1 if quick else 2)
+    rows = [
+        row("cold (an empty cache entry)", cold),
+        row("warm (the same entry again)", warm),
+        row("another image's entry (starts clean)", fresh),
+    ]
     text = table("vLLM launch to listening", ("start", "median", "runs (s)"), rows)
     print(text)
-    write_result("vllm_warm", {"cold_seconds": cold, "warm_seconds": warm}, text)
+    result = {"cold_seconds": cold, "warm_seconds": warm, "new_key_seconds": fresh}
+    write_result("vllm_warm", result, text)

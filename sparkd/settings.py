@@ -253,10 +253,18 @@ class ModelSpec(_Section):
     # Below this many bytes free on log_dir's file system nothing is started (a full disk
     # freezes the log and fails the launch; waiting on it is not a stalled load).
     min_disk_free: int = Field(default=1 << 30, ge=0)
+    # vLLM's compile caches (VLLM_CACHE_ROOT) on each host, bind-mounted into the Ray
+    # containers so a restart of the same image and model loads them instead of compiling
+    # again. None: `cache` under log_dir. Each image and model gets an entry of its own; each
+    # host keeps the `cache_keep` newest (the one in use among them), the rest are pruned.
+    cache_dir: Path | None = None
+    cache_keep: int = Field(default=2, ge=1)
 
-    @field_validator("log_dir")
+    @field_validator("log_dir", "cache_dir")
     @classmethod
-    def _log_dir(cls, value: Path) -> Path:
+    def _log_dir(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
         if not value.is_absolute():
             raise ValueError("must be an absolute path")
         if ":" in str(value):
@@ -278,6 +286,10 @@ class ModelSpec(_Section):
         if given and (not given[0] or not all(n.strip() for n in given[0])):
             raise ValueError(f"{SERVED_NAME_FLAG} needs a name")
         return value
+
+    @property
+    def cache_root(self) -> Path:
+        return self.cache_dir if self.cache_dir is not None else self.log_dir / "cache"
 
     @property
     def served_name(self) -> str:
@@ -641,6 +653,7 @@ def conflicts(settings: Settings) -> list[str]:
     problems: list[str] = []
     seen: dict[tuple[str, int], tuple[int, HostSpec]] = {}
     log_dirs: dict[Path, int] = {}
+    cache_roots: dict[Path, int] = {}
     for index, cluster in enumerate(settings.clusters):
         where = f"clusters.{index}"
         shared: set[int] = set()
@@ -679,13 +692,23 @@ def conflicts(settings: Settings) -> list[str]:
                     f"cluster {rival.name!r} on the shared head {name}"
                 )
         log_dir = cluster.model.log_dir
-        if log_dir in log_dirs:
+        shared_log = log_dir in log_dirs
+        if shared_log:
             problems.append(
                 f"{where}.model.log_dir: {log_dir} is also the log_dir of cluster "
                 f"{settings.clusters[log_dirs[log_dir]].name!r}; each cluster needs its own"
             )
         else:
             log_dirs[log_dir] = index
+        # Each cluster prunes its own cache's entries: a shared one would lose the other's.
+        cache_root = cluster.model.cache_root
+        if cache_root in cache_roots and not shared_log:
+            problems.append(
+                f"{where}.model.cache_dir: {cache_root} is also the cache of cluster "
+                f"{settings.clusters[cache_roots[cache_root]].name!r}; each cluster needs its own"
+            )
+        else:
+            cache_roots[cache_root] = index
     return problems
 
 

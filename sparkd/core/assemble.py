@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from sparkd.core import fabric, facts, kernel
+from sparkd.core import cache, fabric, facts, kernel
 from sparkd.core.spec import container_name, model_spec_hashes, normalize_image
 from sparkd.model.observed import GpuProcess, HostError, HostFacts, RayState, ServeState
 from sparkd.settings import ClusterSpec, HostSpec
@@ -159,7 +159,13 @@ def host_facts(
     containers_text = body("containers")
     apps_text = body("gpu_apps")
     iface_text = body("iface")
-    disk_text = body("disk")
+    disk_paths = [str(cluster.model.log_dir), str(cluster.model.cache_root)]
+    disk_section = sections.get("disk")
+    free = (
+        facts.parse_df_paths(disk_section.body, disk_paths)
+        if disk_section is not None and disk_section.rc in (0, 1)
+        else dict.fromkeys(disk_paths)
+    )
     docker_disk = body("docker_disk")
     image = sections.get("image")
     images: tuple[str, ...] | None = None
@@ -183,6 +189,7 @@ def host_facts(
         gpu = tuple(
             p.model_copy(update={"owner_unknown": True}) if p.container is None else p for p in gpu
         )
+    listing = body("cache")
     kernel_text = body("kernel")
     kernel_error = error("kernel")
     if kernel_text is not None:
@@ -201,7 +208,7 @@ def host_facts(
         interface_error=error("iface"),
         docker_error=docker,
         interface=facts.parse_ip_addr(iface_text) if iface_text is not None else None,
-        disk_free_bytes=facts.parse_df_avail(disk_text) if disk_text is not None else None,
+        disk_free_bytes=free[disk_paths[0]],
         docker_disk_free_bytes=facts.parse_df_avail(docker_disk) if docker_disk else None,
         images=images,
         image_id=image_id,
@@ -212,6 +219,8 @@ def host_facts(
         memory_available_bytes=available,
         memory_total_bytes=total,
         fabric=fabric.parse_fabric(links.body, host.ip) if links is not None else None,
+        cache_entries=cache.parse_listing(listing) if listing is not None else None,
+        cache_free_bytes=free[disk_paths[1]],
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -258,6 +258,26 @@ def parse_df_avail(text: str) -> int | None:
         if _is_count(line.strip()):
             return int(line.strip())
     return None
+
+
+def parse_df_paths(text: str, paths: Sequence[str]) -> dict[str, int | None]:
+    """`df -B1 --output=avail PATH...` (stderr merged): one row per path in order, except a
+    path that does not exist, which df names in an error line instead (and exits 1)."""
+    errors = [line for line in text.splitlines() if line.startswith("df: ")]
+    # The message is in the host's language; the path it names is not (quoted when odd).
+    named = ("df: {}:", "df: '{}':", "df: \u2018{}\u2019:")
+    missing = {p for p in paths for e in errors if any(e.startswith(n.format(p)) for n in named)}
+    rows = [
+        int(line.strip())
+        for line in text.splitlines()
+        if not line.startswith("df:") and _is_count(line.strip())
+    ]
+    present = [p for p in paths if p not in missing]
+    if len(rows) != len(present):
+        return dict.fromkeys(paths)
+    found: dict[str, int | None] = dict.fromkeys(paths)
+    found.update(zip(present, rows, strict=True))
+    return found
 
 
 NO_RESOURCES = "No resource in the cluster"

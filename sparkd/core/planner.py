@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sparkd.core import acceptance, policy, rollout
+from sparkd.core.cache import judge_cache
 from sparkd.core.cleanup import judge_cleanup, judge_reachability
 from sparkd.core.clock import bounded
 from sparkd.core.evidence import of_this_launch
@@ -172,6 +173,10 @@ def plan(
             withheld.append(action)
             continue
         used = policy.budget_used(memory, action.key, desired.policy, now)
+        if used >= desired.policy.budget and action.kind == "prune_cache":
+            # A cache entry that will not go is no reason to stop keeping the cluster alive.
+            withheld.append(action)
+            continue
         if used >= desired.policy.budget and not dry_run:
             latch = _latch(action, memory, now, used)
             return Plan.model_validate(
@@ -302,6 +307,11 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
                 held.append(veto.reason)
     notes.extend(f"holding back: {why}" for why in held if not any(why in n for n in notes))
     phase = _phase(stages)
+    if phase == "healthy" and not actions:
+        # Housekeeping only while all is well: the serve process is then the desired one.
+        pruning, note = judge_cache(desired, ctx.facts)
+        actions.extend(pruning)
+        notes.append(note)
     failures = probe_failures if probe_failures is not None else memory.consecutive_failures
     latest = observed.probe or memory.last_probe
     answered = latest is not None and (latest.verdict.healthy is True or latest.busy)

@@ -140,6 +140,14 @@ class Fabric(Value):
     gid_index: int | None = None
 
 
+class CacheEntry(Value):
+    """One entry of `model.cache_root` on a host: its name, and its modification time by the
+    host's own clock (only ever compared with the same host's other entries)."""
+
+    name: str
+    mtime: float
+
+
 class HostFacts(Value):
     name: str
     error: HostError | None = None
@@ -171,6 +179,10 @@ class HostFacts(Value):
     memory_available_bytes: int | None = None
     memory_total_bytes: int | None = None
     fabric: Fabric | None = None
+    # `model.cache_root`: its entries (None when unread or missing) and its file system's free
+    # bytes (`df`, in the same call as log_dir's).
+    cache_entries: tuple[CacheEntry, ...] | None = None
+    cache_free_bytes: int | None = None
 
     @property
     def reachable(self) -> bool:

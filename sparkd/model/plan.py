@@ -46,6 +46,7 @@ ActionKind = Literal[
     "restart_model",
     "kill_gpu_process",
     "power_cycle",
+    "prune_cache",
 ]
 ACTION_KINDS: tuple[ActionKind, ...] = (
     "stop_unit",
@@ -57,6 +58,7 @@ ACTION_KINDS: tuple[ActionKind, ...] = (
     "restart_model",
     "kill_gpu_process",
     "power_cycle",
+    "prune_cache",
 )
 
 

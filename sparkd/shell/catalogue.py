@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkd.core import facts, kernel
+from sparkd.core import cache, facts, kernel
 from sparkd.core.assemble import LAUNCH_MARKER
 from sparkd.core.spec import (
     LABEL_CLUSTER,
@@ -40,6 +40,11 @@ LOG_TAIL_BYTES = 65536
 # Docker's default data root (`data-root` in daemon.json moves it; then the read is unknown).
 DOCKER_ROOT = "/var/lib/docker"
 API_KEY_FILE = "api_key"
+# The cache root's entries: modification time and name (core.cache.parse_listing).
+CACHE_LISTING = ("-mindepth", "1", "-maxdepth", "1", "-printf", "%T@ %f\\n")
+CACHE_ENTRY_EXAMPLE = "0123456789ab-model"
+# Where the launch puts the image's digits in the cache entry's name (see start_model).
+CACHE_STAND_IN = "sparkd-cache-image"
 
 
 @dataclass(frozen=True)
@@ -160,7 +165,12 @@ def fact_script(
         )
     )
     lines.append(section("iface", ["ip", "-j", "addr", "show", "dev", host.interface]))
-    lines.append(section("disk", ["df", "-B1", "--output=avail", str(cluster.model.log_dir)]))
+    # The compile cache's file system in the same call (a missing cache directory, before the
+    # first container with its mount, leaves log_dir's row: core.facts.parse_df_paths).
+    cache_root = str(cluster.model.cache_root)
+    disk = ["df", "-B1", "--output=avail", str(cluster.model.log_dir), cache_root]
+    lines.append(section("disk", disk))
+    lines.append(section("cache", ["find", cache_root, *CACHE_LISTING]))
     # Docker's own file system too: a full one fails `docker run` and `docker exec`.
     lines.append(section("docker_disk", ["df", "-B1", "--output=avail", DOCKER_ROOT]))
     # This boot's kernel log, the last lines only: the text is the same every cycle (so the
@@ -256,6 +266,10 @@ def docker_run_argv(cluster: ClusterSpec, host: HostSpec) -> list[str]:
     if host.role == "head":
         log_dir = str(cluster.model.log_dir)
         argv += ["-v", f"{log_dir}:{log_dir}"]
+    # Not part of the spec hash: containers made before the mount existed are not drift; it
+    # takes effect when a container is next created for another reason.
+    cache_root = str(cluster.model.cache_root)
+    argv += ["-v", f"{cache_root}:{cache_root}"]
     argv += ["--network", "host", "--gpus", "all", "--shm-size", ray.shm_size]
     argv += ["--restart=no", "--pull=never", *ray.extra_docker_args, ray.image]
     return argv + ray_command(cluster, host)
@@ -293,6 +307,8 @@ def start_ray(cluster: ClusterSpec, host: HostSpec, seconds: float) -> Remote:
     prepare = ""
     if host.role == "head":
         prepare = own_dir(str(cluster.model.log_dir), seconds) + " && "
+    # Made by the SSH user before `docker run` would make it root's.
+    prepare += own_dir(str(cluster.model.cache_root), seconds) + " && "
     return Remote("start_ray", f"{prepare}{{ {remove} >/dev/null 2>&1; {run}; }}", mutating=True)
 
 
@@ -351,9 +367,31 @@ def start_model(cluster: ClusterSpec, seconds: float, api_key: str | None = None
     if api_key is not None:
         target = cluster.model.log_dir / API_KEY_FILE
         steps.append(_write_new(target, shlex.join(timed(["cat"], seconds)), seconds))
-    exec_argv = ["docker", "exec", "-d", head, "sh", "-c", serve_shell(cluster)]
-    steps.append(_line(exec_argv, seconds))
+    # The cache entry is named on the host from the image the head container runs (as
+    # core.cache.cache_key names it): the text stays the same whatever the image.
+    inspect = ["docker", "inspect", "--format", "{{.Image}}", "--", head]
+    digits = f"%.{cache.IMAGE_DIGITS}s"
+    steps.append(f'i="$({_line(inspect, seconds)})" && k="$(printf {digits} "${{i#sha256:}}")"')
+    steps.append('case "$k" in *[!0-9a-f]*|"") false ;; esac')
+    root = cluster.model.cache_root
+    env = f"VLLM_CACHE_ROOT={root}/{CACHE_STAND_IN}-{cache.model_slug(cluster.model.id)}"
+    exec_argv = ["docker", "exec", "-d", "-e", env, head, "sh", "-c", serve_shell(cluster)]
+    launch = _line(exec_argv, seconds)
+    quoted = shlex.quote(env)
+    left, right = (shlex.quote(part) for part in env.split(CACHE_STAND_IN))
+    steps.append(launch.replace(quoted, f'{left}"$k"{right}'))
     return Remote("start_model", " && ".join(steps), mutating=True, stdin=api_key)
+
+
+def prune_cache(cluster: ClusterSpec, host: HostSpec, entry: str, seconds: float) -> Remote:
+    """Remove one compile cache entry (core.cache.judge_cache decides which); gone already is
+    done. Inside the host's Ray container, which mounts the cache at the same path: vLLM
+    writes the entry as the container's root, so the SSH user could not remove it."""
+    if not cache.ENTRY.fullmatch(entry):
+        raise ValueError(f"not a cache entry of sparkd's naming: {entry!r}")
+    target = str(cluster.model.cache_root / entry)
+    argv = ["docker", "exec", container_name(cluster, host), "rm", "-rf", "--", target]
+    return Remote("prune_cache", _line(argv, seconds), mutating=True)
 
 
 KERNEL_LOG = (
@@ -494,6 +532,8 @@ def catalogue(cluster: ClusterSpec, seconds: float) -> list[tuple[HostSpec, Remo
     entries.append((head, serve_processes(cluster, seconds)))
     entries.append((head, signal_serve(cluster, "TERM", seconds)))
     entries.append((head, read_serve_spec(cluster, seconds)))
+    for host in cluster.hosts:
+        entries.append((host, prune_cache(cluster, host, CACHE_ENTRY_EXAMPLE, seconds)))
     for host in cluster.hosts:
         entries.append((host, inspect_container(container_name(cluster, host), seconds)))
     return entries

@@ -141,6 +141,7 @@ class Executor:
             "restart_model": self._start_model,
             "kill_gpu_process": self._kill_gpu_process,
             "power_cycle": self._power_cycle,
+            "prune_cache": self._prune_cache,
         }
         return handlers[action.kind](host, action)
 
@@ -281,6 +282,11 @@ class Executor:
                 )
             await asyncio.sleep(pause)
             pause = min(pause * 2, self.timing.poll)
+
+    async def _prune_cache(self, host: HostSpec, action: Action) -> str:
+        seconds = self.cluster.ssh.command_timeout
+        await self._sh(host, catalogue.prune_cache(self.cluster, host, action.target, seconds))
+        return f"compile cache entry {action.target} removed"
 
     async def _kill_gpu_process(self, host: HostSpec, action: Action) -> str:
         """Only a compute process `nvidia-smi` lists right now, by the name it was judged by;

@@ -18,6 +18,7 @@ from pathlib import Path
 import asyncssh
 
 from sparkd import __version__
+from sparkd.core import cache
 from sparkd.core.spec import key_fingerprint, model_spec_hash
 from sparkd.ha.config import INSTANCE
 from sparkd.settings import ClusterSpec, HostSpec, SshSpec
@@ -32,6 +33,8 @@ PID_PATTERN = f"(?P<pid>{catalogue.PID_DIGITS})"
 # Docker's own rule for container names; the wrapper also checks cleanup.container_patterns.
 CONTAINER_PATTERN = r"(?P<container>[A-Za-z0-9][A-Za-z0-9_.-]{0,254})"
 SPEC_PATTERN = r"(?P<spec>[0-9a-f]{12})"
+# A compile cache entry of sparkd's naming (core.cache.ENTRY): no `/`, never `.` or `..`.
+CACHE_PATTERN = f"(?P<entry>{cache.ENTRY.pattern})"
 # Stand-ins put where the variable parts go, then replaced by the patterns above.
 _PID = 4_194_303
 _CONTAINER = "sparkd-forced-container-stand-in"
@@ -84,6 +87,10 @@ def allowed_commands(cluster: ClusterSpec, host: HostSpec, fenced: bool = False)
         elif remote.name == "remove_container":
             text = catalogue.remove_container(_CONTAINER, seconds).command
             patterns.append(_substitute(text, _CONTAINER, CONTAINER_PATTERN))
+        elif remote.name == "prune_cache":
+            example = catalogue.CACHE_ENTRY_EXAMPLE
+            text = catalogue.prune_cache(cluster, host, example, seconds).command
+            patterns.append(_substitute(text, catalogue.CACHE_ENTRY_EXAMPLE, CACHE_PATTERN))
         elif remote.name == "signal_serve":
             exact += [catalogue.signal_serve(cluster, s, seconds).command for s in SIGNALS]
         elif remote.name == "start_model" and cluster.model.api_key_file is not None:

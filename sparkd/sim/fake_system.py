@@ -466,10 +466,13 @@ def df(host: HostState, args: list[str]) -> Done:
         else:
             paths.append(arg)
         i += 1
-    for path in paths:
-        # Docker's data root exists on every simulated host (it runs Docker); one file system.
-        if not os.path.exists(path) and path != DOCKER_ROOT:
-            return fail(f"df: {path}: No such file or directory", 1)
+    # As GNU df: a path that does not exist is an error line (exit 1), the others still get
+    # their rows. Docker's data root exists on every simulated host (it runs Docker).
+    missing = [p for p in paths if not os.path.exists(p) and p != DOCKER_ROOT]
+    errors = "".join(f"df: {p}: No such file or directory\n" for p in missing)
+    paths = [p for p in paths if p not in missing]
+    if missing and not paths:
+        return fail(errors.rstrip("\n"), 1)
     total, avail = host.disk_total_bytes, host.disk_avail_bytes
     used = total - avail
     if output is not None:
@@ -512,7 +515,7 @@ def df(host: HostState, args: list[str]) -> Done:
             + "\n"
             for row in rows
         )
-        return Done(stdout=text)
+        return Done(stdout=text, stderr=errors, rc=1 if missing else 0)
     header = (
         "Filesystem     1024-blocks       Used  Available Capacity Mounted on\n"
         if posix or block == 1024
@@ -522,7 +525,7 @@ def df(host: HostState, args: list[str]) -> Done:
         f"/dev/nvme0n1p2 {total // block:>11} {used // block:>10} {avail // block:>10} "
         f"{-(-used * 100 // total):>7}% /\n"
     )
-    return Done(stdout=header + line * max(1, len(paths)))
+    return Done(stdout=header + line * max(1, len(paths)), stderr=errors, rc=1 if missing else 0)
 
 
 def _block_size(value: str) -> int:

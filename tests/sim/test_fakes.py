@@ -216,6 +216,11 @@ async def test_ip_df_and_kill(world: World, head: asyncssh.SSHClientConnection) 
     df = await run(head, "df -B1 --output=avail /tmp")
     header, value = df.stdout.splitlines()
     assert header.strip() == "Avail" and int(value) == world.hosts["spark-a"].state.disk_avail_bytes
+    # As GNU df: a missing path is an error line and exit 1; the others keep their rows.
+    partly = await run(head, "df -B1 --output=avail /tmp /nonexistent/x")
+    assert partly.exit_status == 1
+    assert partly.stderr == "df: /nonexistent/x: No such file or directory\n"
+    assert [line.strip() for line in partly.stdout.splitlines()] == ["Avail", value]
     posix = await run(head, "df -P /")
     assert posix.stdout.splitlines()[0].split()[:2] == ["Filesystem", "1024-blocks"]
     nosuch = await run(head, "kill -9 999999")

@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sparkd.core import cache
 from sparkd.core.spec import container_name, serve_log_path
 from sparkd.settings import ClusterSpec
 from sparkd.shell import catalogue
@@ -41,9 +42,10 @@ def test_every_tool_runs_under_timeout() -> None:
                     assert words[2] == "timeout", line
             continue
         for words in top_level_steps(remote.command):
-            if words and words[0].startswith("t=$("):  # a temporary file's name, from mktemp
-                words = shlex.split(words[0].removeprefix("t=$(").removesuffix(")"))
-            if not words or words[0] in ("printf", "umask", "[", "echo", "false"):
+            # A variable set from a command: a temporary file's name (mktemp), an image ID.
+            if words and words[0][:4] in ("t=$(", "i=$(", "k=$("):
+                words = shlex.split(words[0][4:].removesuffix(")"))
+            if not words or words[0] in ("printf", "umask", "[", "echo", "false", "case"):
                 continue  # shell builtins: nothing that can hang
             assert words[:3] == ["timeout", "-k", "2"], (remote.name, words)
 
@@ -92,7 +94,8 @@ def test_start_model_two_layers(model_id: str, extra: list[str], env: dict[str, 
     *_, launch = remote.command.split(" && ")
     outer = shlex.split(launch)
     head = container_name(cluster, cluster.head)
-    assert outer[:11] == [
+    root = cluster.model.cache_root
+    assert outer[:13] == [
         "timeout",
         "-k",
         "2",
@@ -100,12 +103,15 @@ def test_start_model_two_layers(model_id: str, extra: list[str], env: dict[str, 
         "docker",
         "exec",
         "-d",
+        "-e",
+        f"VLLM_CACHE_ROOT={root}/$k-{cache.model_slug(model_id)}",
         head,
         "sh",
         "-c",
-        outer[10],
+        outer[12],
     ]
-    record_pid, launch = outer[10].split("; ", 1)
+    assert "/" not in cache.model_slug(model_id)
+    record_pid, launch = outer[12].split("; ", 1)
     assert record_pid.startswith("echo $$ > ")
     inner = shlex.split(launch)
     assert inner == ["exec", *catalogue.serve_argv(cluster), f">>{serve_log_path(cluster)}", "2>&1"]

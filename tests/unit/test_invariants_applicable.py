@@ -214,7 +214,7 @@ def test_docker_roots_free_space_is_read_beside_the_log_dirs() -> None:
             ("boot_id", "b1", 0),
             ("containers", "", 0),
             ("running", "", 0),
-            ("disk", "Avail\n512000000000", 0),
+            ("disk", "Avail\n512000000000\n512000000000", 0),
             ("docker_disk", "Avail\n40960", 0),
         )
     )

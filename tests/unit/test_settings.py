@@ -351,6 +351,19 @@ CONFLICTS = [
             "'sparks'; each cluster needs its own"
         ],
     ),
+    (
+        "same_cache_dir",
+        (
+            (
+                'log_dir = "/var/lib/sparkd-serve-lab"',
+                'log_dir = "/var/lib/sparkd-serve-lab"\ncache_dir = "/var/lib/sparkd-serve/cache"',
+            ),
+        ),
+        [
+            "clusters.1.model.cache_dir: /var/lib/sparkd-serve/cache is also the cache of "
+            "cluster 'sparks'; each cluster needs its own"
+        ],
+    ),
 ]
 
 
