@@ -349,6 +349,12 @@ class PolicySpec(_Section):
     # Below this MemAvailable (bytes) on a host, memory pressure is reported, and during a load
     # the model is not started into it (GB10's GPU allocations come out of host memory).
     min_memory_available: int = Field(default=4 << 30, ge=0)
+    # Requests running and vLLM's generation-token counter still this long (core.hang): a hung
+    # engine, restarted without waiting for `failure_threshold` probes.
+    hang_window: Seconds = 60.0
+    # A just-ready engine's stall clock starts this long after it was ready: vLLM's first-shape
+    # compiles stall it for 30-70 s, with requests running and no token.
+    hang_ready_grace: Seconds = 70.0
 
     @model_validator(mode="after")
     def _backoff(self) -> PolicySpec:

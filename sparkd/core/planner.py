@@ -19,6 +19,7 @@ from sparkd.core.cleanup import judge_cleanup, judge_reachability
 from sparkd.core.clock import bounded
 from sparkd.core.evidence import of_this_launch
 from sparkd.core.fabric import judge_fabric
+from sparkd.core.hang import deadline, judge_hang, track
 from sparkd.core.horizon import horizon
 from sparkd.core.images import judge_images
 from sparkd.core.judge import Context, Hold, Verdict, ago
@@ -27,7 +28,7 @@ from sparkd.core.model_stage import judge_model
 from sparkd.core.probe_stage import judge_probe
 from sparkd.core.ray_stage import judge_ray
 from sparkd.core.triage import judge_memory, judge_wedged
-from sparkd.model.memory import LoadMark, Memory
+from sparkd.model.memory import LoadMark, Memory, TokenMark
 from sparkd.model.observed import Observed
 from sparkd.model.plan import Action, Phase, Plan, TriageClass
 from sparkd.settings import ClusterSpec
@@ -61,6 +62,8 @@ class _Draft:
     busy_streak: int | None = None
     serving_well: bool = False
     triage: tuple[TriageClass, ...] = ()
+    token_mark: TokenMark | None = None
+    hang_at: float | None = None
 
     def carry(self) -> dict[str, object]:
         """What remember() learns from the judgement, whatever becomes of the actions."""
@@ -73,6 +76,7 @@ class _Draft:
             "busy_streak": self.busy_streak,
             "serving_well": self.serving_well,
             "triage": self.triage,
+            "token_mark": self.token_mark,
         }
 
     def horizon(
@@ -93,6 +97,7 @@ class _Draft:
             ray_unsettled=self.ray_unsettled,
             load_mark=self.load_mark,
             model_ready=self.model_ready,
+            hang_at=self.hang_at,
         )
 
 
@@ -202,9 +207,16 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
     notes = [f"{host} rebooted (boot id changed)" for host in policy.rebooted(observed, memory)]
     probe_failures: int | None = None
     busy: int | None = None
+    # The token counter is followed only while the model is past its load.
+    token_mark = track(ctx) if model.to_probe else None
     if model.to_probe:
         links = [n for n in ray.notes if "waiting for data link" in n]
-        stages.append(judge_probe(ctx, load, serving, links))
+        probed = judge_probe(ctx, load, serving, links)
+        stages.append(probed)
+        hung = judge_hang(ctx, token_mark)
+        if any(a.kind == "restart_model" for a in probed.actions):
+            hung.actions.clear()  # one restart, however many reasons
+        stages.append(hung)
         if observed.probe is not None and policy.is_new_probe(memory, observed.probe):
             threshold = desired.policy.failure_threshold
             probe_failures = policy.failures_after(memory, observed.probe, threshold)
@@ -237,6 +249,8 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
         probe_failures=probe_failures,
         busy_streak=busy,
         triage=found,
+        token_mark=token_mark,
+        hang_at=deadline(ctx, token_mark),
         # Health that lasts closes an incident: healthy, or degraded only while the model
         # serves and answers (busy, a dead data link, Ray unread) with no failure counted.
         serving_well=phase == "healthy"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from sparkd.model.base import BoundedText, Value
-from sparkd.model.memory import LoadMark
+from sparkd.model.memory import LoadMark, TokenMark
 
 Phase = Literal[
     "paused",
@@ -106,6 +106,8 @@ class Plan(Value):
     # or pause ending, a join or load deadline, a probe due): a recheck goes no later.
     recheck_at: float | None = None
     triage: tuple[TriageClass, ...] = ()
+    # The token counter's reading, for remember() to keep while the model serves.
+    token_mark: TokenMark | None = None
 
     @property
     def converged(self) -> bool:
