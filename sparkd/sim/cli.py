@@ -32,7 +32,7 @@ FAULTS = (
     "docker-down", "docker-hung", "rename-iface", "hand-restart-serve",
     "full-disk", "lost-gpu", "orphan-engine", "hang-capture", "pull-image",
     "xid-79", "xid-13", "xid-45", "nv-no-memory-wedge", "aer-fatal", "memory-pressure",
-    "gid-moved", "mtu-mismatch", "rate-degraded", "link-flap",
+    "gid-moved", "mtu-mismatch", "rate-degraded", "link-flap", "hang-under-load",
 )  # fmt: skip
 
 
