@@ -34,9 +34,11 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+# config_path is read from here too; the CLI's daemon commands use it without this module.
+from sparkd.config_file import DEFAULT_CONFIG_PATH
+from sparkd.config_file import config_path as config_path
 from sparkd.ha.config import HaSpec
 
-DEFAULT_CONFIG_PATH = Path("/etc/sparkd/sparkd.toml")
 EX_CONFIG = 78
 EX_CANTCREAT = 73
 
@@ -524,12 +526,6 @@ class ConfigError(Exception):
     def __init__(self, problems: list[str]) -> None:
         super().__init__("\n".join(problems))
         self.problems = problems
-
-
-def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
-    if explicit is not None:
-        return Path(explicit)
-    return Path(os.environ.get("SPARKD_CONFIG", str(DEFAULT_CONFIG_PATH)))
 
 
 def load_settings(path: Path) -> Settings:
