@@ -19,7 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparkd.core.judge import Context, Verdict, act, ago
-from sparkd.model.memory import TokenMark
+from sparkd.model.memory import Memory, TokenMark
+from sparkd.model.observed import ModelEndpoint
+from sparkd.settings import ClusterSpec
 
 COUNTER = "vllm:generation_tokens_total"
 
@@ -32,7 +34,10 @@ class Reading:
 
 def reading(ctx: Context) -> Reading | None:
     """This look's requests running and token counter, when /metrics gave both."""
-    endpoint = ctx.observed.endpoint
+    return _reading(ctx.observed.endpoint)
+
+
+def _reading(endpoint: ModelEndpoint | None) -> Reading | None:
     if endpoint is None or endpoint.status != "up":
         return None
     running, tokens = endpoint.requests_running, endpoint.generation_tokens_total
@@ -63,11 +68,28 @@ def track(ctx: Context) -> TokenMark | None:
 
 
 def stall_start(ctx: Context, mark: TokenMark) -> float:
+    return _stall_start(ctx.desired, ctx.memory, mark, ctx.now)
+
+
+def _stall_start(desired: ClusterSpec, memory: Memory, mark: TokenMark, now: float) -> float:
     """When the stall clock started: the mark's look, or the end of the first-shape grace
     (from when sparkd first saw the model ready, daemon time; this look if not yet)."""
-    ready = ctx.memory.model_ready_at
-    grace_end = (ready if ready is not None else ctx.now) + ctx.desired.policy.hang_ready_grace
+    ready = memory.model_ready_at
+    grace_end = (ready if ready is not None else now) + desired.policy.hang_ready_grace
     return max(mark.since, grace_end)
+
+
+def stands(
+    desired: ClusterSpec, memory: Memory, endpoint: ModelEndpoint | None, now: float
+) -> bool:
+    """Whether this endpoint reading, with what memory holds, is a hang under load: a probe
+    sent now would only time out (30 s at the defaults) before the restart it cannot avert."""
+    mark, seen = memory.token_mark, _reading(endpoint)
+    if mark is None or seen is None or not mark.running or seen.running <= 0:
+        return False
+    if seen.tokens != mark.tokens:
+        return False
+    return now - _stall_start(desired, memory, mark, now) >= desired.policy.hang_window
 
 
 def deadline(ctx: Context, mark: TokenMark | None) -> float | None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkd.core import hang
 from sparkd.core.clock import STEP_NOTICED, bounded
 from sparkd.core.planner import plan as make_plan
 from sparkd.core.policy import is_new_probe, rebooted
@@ -193,6 +194,10 @@ class Controller:
     # -- one cycle ----------------------------------------------------------------------
 
     def _probe_due(self, endpoint: ModelEndpoint) -> bool:
+        if hang.stands(self.cluster, self.memory, endpoint, self.clock.now()):
+            # The plan restarts a hung engine on this reading: a probe would only hold the
+            # look up for its whole timeout first.
+            return False
         ready_before = self.memory.model_ready_at is not None
         if endpoint.status != "up" and not ready_before:
             return False

@@ -6,6 +6,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sparkd.core.hang import stands
 from sparkd.core.planner import plan
 from sparkd.core.remember import remember
 from sparkd.model.memory import Attempt, Memory
@@ -183,6 +184,27 @@ def test_a_stall_stamped_in_the_future_is_timed_from_now() -> None:
     ahead = memory.evolve(token_mark=memory.token_mark.model_copy(update={"since": toy.now + 3600}))
     plans = walk(toy, ahead, looks=10)
     assert len(plans) == 3 and restarts(plans)
+
+
+def test_no_probe_is_sent_into_a_hang_the_plan_will_restart() -> None:
+    """The look that finds the hang skips its probe: it would only time out first (30 s at
+    the defaults) and change nothing."""
+    toy, memory = served()
+    toy.hung_under_load = True
+    window = toy.cluster.policy.hang_window
+    _, memory = look(toy, memory)
+    seen = toy.observe().endpoint
+    assert not stands(toy.cluster, memory, seen, toy.now + window - 1)
+    assert stands(toy.cluster, memory, seen, toy.now + window)
+    toy.advance(window)
+    result, _ = look(toy, memory)
+    assert restarts([result])
+    moved = seen.model_copy(update={"generation_tokens_total": toy.tokens + 1}) if seen else None
+    assert not stands(toy.cluster, memory, moved, toy.now)
+    idle = seen.model_copy(update={"requests_running": 0.0}) if seen else None
+    assert not stands(toy.cluster, memory, idle, toy.now)
+    fresh = memory.evolve(model_ready_at=toy.now)
+    assert not stands(toy.cluster, fresh, seen, toy.now)
 
 
 # -- properties -------------------------------------------------------------------------------
