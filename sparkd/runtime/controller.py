@@ -490,12 +490,15 @@ class Controller:
         ahead = [
             t
             for t in (plan.recheck_at, None if window_end is None else now + window_end - wall)
-            if t is not None and t > now
+            if t is not None
         ]
         if ahead:
-            # Just past the deadline: the planner's limits are strict (`> load_stall`).
+            # Just past the deadline: the planner's limits are strict (`> load_stall`). One
+            # that passed while this cycle ran (a look held up by a probe's timeout) is due now,
+            # not an interval later.
+            due = min(ahead)
             margin = 0.01 * self.cluster.recheck_interval
-            delay = min(delay, min(ahead) - now + margin)
+            delay = min(delay, due - now + margin if due > now else 0.0)
         return delay
 
     def _window_end(self, now: float) -> float | None:
