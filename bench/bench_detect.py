@@ -1,7 +1,12 @@
 """`detect`: kill the serve process, kill the worker's Ray container, reboot the worker; the time
 from the fault to the controller's first plan that remediates it, with the docker events streams
 and with the interval cycle only (`watch_events=False`, interval 30 s). The fault lands at a
-random point of the interval, as a real one does."""
+random point of the interval, as a real one does.
+
+Then a hang under load (`hang-under-load`: requests running, the token counter still; no event
+announces it) at the defaults (interval 30 s, `policy.hang_window` 60 s, `probe_interval` 60 s):
+from the fault, and from the first look that saw the counter where it stands, to the restart;
+`hang_main` runs only that part."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    FIRST_ADDRESS,
     SimWorld,
     median,
     sim_world,
@@ -47,6 +53,7 @@ def bench_cluster(cluster: ClusterSpec) -> ClusterSpec:
 
 
 MODES = ("events", "interval")
+HANG = ("hang-under-load", "spark-a", None)
 
 
 async def one_run(
@@ -130,5 +137,77 @@ async def main(quick: bool = False) -> None:
     write_result(
         "detect",
         {"runs": runs, "interval": 30.0, "faults": results, "summary": summaries},
+        text,
+    )
+    await hang_main(quick)
+
+
+async def hang_run(world: SimWorld, pool: SshPool) -> dict[str, Any]:
+    """A hang under load at a random point of the interval, past the just-ready grace."""
+    cluster = bench_cluster(world.settings.clusters[0])
+    faulted_at: list[float] = []
+    remediated: list[tuple[float, str, float | None]] = []
+
+    def on_plan(controller: Controller) -> None:
+        plan = controller.view.plan
+        if not faulted_at or plan is None or remediated:
+            return
+        if plan.actions:
+            mark = controller.memory.token_mark
+            since = mark.since if mark is not None else None
+            # The stall's first look, in monotonic time (daemon time is monotonic + offset).
+            first = None if since is None else time.monotonic() - (controller.clock.now() - since)
+            remediated.append((time.monotonic(), plan.actions[0].reason, first))
+
+    with tempfile.TemporaryDirectory() as state:
+        controller = Controller(cluster, pool, StateDir(Path(state)), on_plan=on_plan)
+        task = asyncio.create_task(controller.run())
+        try:
+            async with asyncio.timeout(600):
+                await until(lambda: controller.view.plan and controller.view.plan.converged, 0.1)
+                # A model that has served a while: past the first-shape grace.
+                await asyncio.sleep(cluster.policy.hang_ready_grace)
+                await asyncio.sleep(random.uniform(0.5, cluster.interval))
+                faulted_at.append(time.monotonic())
+                await world.fault(*HANG)
+                await until(lambda: remediated)
+                await until(lambda: controller.view.plan and controller.view.plan.converged, 0.1)
+        finally:
+            controller.stop()
+            await asyncio.wait_for(task, 60)
+    at, reason, first = remediated[0]
+    return {
+        "remediation_s": at - faulted_at[0],
+        "from_first_still_look_s": None if first is None else at - first,
+        "reason": reason,
+        "cycles": controller.view.cycles,
+    }
+
+
+async def hang_main(quick: bool = False, first_address: str = FIRST_ADDRESS) -> None:
+    runs = 1 if quick else 3
+    async with sim_world("healthy", first_address=first_address) as world:
+        await wait_healthy(world)
+        pool = SshPool()
+        try:
+            results = [await hang_run(world, pool) for _ in range(runs)]
+        finally:
+            await pool.close()
+    cluster = bench_cluster(world.settings.clusters[0])
+    fault_s = [r["remediation_s"] for r in results]
+    looked_s = [r["from_first_still_look_s"] for r in results if r["from_first_still_look_s"]]
+    text = table(
+        f"detect: hang under load -> first remediating plan (s), {runs} runs; interval "
+        f"{cluster.interval:g} s, hang_window {cluster.policy.hang_window:g} s",
+        ["from", "median", "min", "max"],
+        [
+            ["the fault", median(fault_s), min(fault_s), max(fault_s)],
+            ["the first look of the stall", median(looked_s), min(looked_s), max(looked_s)],
+        ],
+    )
+    text += "\n(the first look after the hang still sees the tokens made before it)"
+    write_result(
+        "detect_hang",
+        {"runs": runs, "interval": cluster.interval, "results": results},
         text,
     )

@@ -13,6 +13,11 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"sparkd {__version__}")
         return 0
+    from sparkd import cli_api
+
+    if args[:1] and args[0] in cli_api.COMMANDS:
+        # The daemon's API only: none of the settings model, SSH or the planner.
+        return cli_api.run(args)
     from sparkd.commands import dispatch
 
     return dispatch(args)

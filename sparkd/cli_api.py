@@ -1,76 +1,153 @@
 """The subcommands that talk to the running daemon's API: status, pause, resume, reconcile,
-rollout."""
+rollout.
+
+They read the daemon's address from the config file and make one HTTP request to loopback:
+standard library only, so a command costs little more than Python's own start (no settings
+model, no SSH library, no HTTP client library). `sparkd.cli` dispatches them here first.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import getpass
+import http.client
 import json
 import sys
 import urllib.parse
+from collections.abc import Sequence
 from typing import Any
 
-import aiohttp
-
-from sparkd.settings import ConfigError, Settings, config_path, load_settings, parse_duration
-from sparkd.shell.secrets import SecretFileError, read_secret
+from sparkd.config_file import DaemonAddress, config_path, daemon_address
 
 BAR = 20
+COMMANDS = ("status", "pause", "resume", "reconcile", "rollout")
+# As long as the whole request may take (connect, send, answer).
+TIMEOUT = 15.0
+EX_UNAVAILABLE = 69
 
 
-def _settings(args: argparse.Namespace) -> Settings | None:
-    try:
-        return load_settings(config_path(args.config))
-    except ConfigError:
-        return None
+def config_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        help="config file (default: $SPARKD_CONFIG or /etc/sparkd/sparkd.toml)",
+    )
 
 
-def _url(args: argparse.Namespace, settings: Settings | None) -> str:
+def add_commands(sub: Any) -> None:
+    """The daemon commands' parsers, on `sparkd`'s subparsers (`sub`)."""
+    status = sub.add_parser("status", help="what the running daemon sees and does")
+    config_flag(status)
+    status.add_argument("--url", help="the daemon's API (default: from daemon.listen)")
+    status.add_argument("--json", action="store_true")
+
+    for name, text in (
+        ("pause", "stop acting on a cluster (it is still observed)"),
+        ("resume", "act again; also clears a blocked latch"),
+        ("reconcile", "run a cycle now"),
+    ):
+        control = sub.add_parser(name, help=text)
+        config_flag(control)
+        control.add_argument("cluster")
+        control.add_argument("--url", help="the daemon's API (default: from daemon.listen)")
+        if name == "pause":
+            control.add_argument("--reason", required=True)
+            control.add_argument("--for", dest="duration", help="expiry, e.g. 30m, 2h, 1d")
+
+    rollout = sub.add_parser("rollout", help="the latest rollout of a spec change; retry, back")
+    rollout_sub = rollout.add_subparsers(dest="rollout_command", required=True, metavar="ACTION")
+    for name, text in (
+        ("status", "desired, running and last-good specs, what differs, the latest rollout"),
+        ("retry", "roll the desired spec out again after a rollback"),
+        ("back", "go to the last-good spec now, and hold it"),
+    ):
+        action = rollout_sub.add_parser(name, help=text)
+        config_flag(action)
+        action.add_argument("cluster", nargs="?" if name == "status" else None)
+        action.add_argument("--url", help="the daemon's API (default: from daemon.listen)")
+        if name == "status":
+            action.add_argument("--json", action="store_true")
+
+
+def run(argv: Sequence[str]) -> int:
+    """`sparkd COMMAND ...` for a daemon command, parsed without the rest of sparkd."""
+    parser = argparse.ArgumentParser(prog="sparkd")
+    add_commands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    return main(parser.parse_args(list(argv)))
+
+
+def _url(args: argparse.Namespace, daemon: DaemonAddress) -> str:
     if args.url:
         return str(args.url).rstrip("/")
-    listen = settings.daemon.listen if settings is not None else "127.0.0.1:9810"
-    host, _, port = listen.rpartition(":")
+    host, _, port = daemon.listen.rpartition(":")
     if host in ("0.0.0.0", "::", "[::]"):
         host = "127.0.0.1"
     return f"http://{host}:{port}"
 
 
-def main(args: argparse.Namespace) -> int:
-    return asyncio.run(_main(args))
+class _Unreachable(Exception):
+    pass
 
 
-async def _main(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    url = _url(args, settings)
-    timeout = aiohttp.ClientTimeout(total=15)
+def _request(
+    url: str,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, bytes]:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise _Unreachable(f"not an http(s) URL: {url!r}")
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = kind(parts.hostname, parts.port, timeout=TIMEOUT)
+    sent = dict(headers or {})
+    if body is not None:
+        sent["Content-Type"] = "application/json"
     try:
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            if args.command == "status":
-                async with session.get(f"{url}/status") as response:
-                    body = await response.json()
-                if args.json:
-                    print(json.dumps(body, indent=2))
-                else:
-                    print(render_status(body))
-                return 0
-            if args.command == "rollout" and args.rollout_command == "status":
-                async with session.get(f"{url}/status") as response:
-                    body = await response.json()
-                return print_rollouts(body, args.cluster, args.json)
-            return await _control(session, url, args, settings)
-    except (aiohttp.ClientError, TimeoutError) as exc:
+        connection.request(method, f"{parts.path.rstrip('/')}{path}", body=body, headers=sent)
+        response = connection.getresponse()
+        return response.status, response.read()
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise _Unreachable(str(exc) or type(exc).__name__) from None
+    finally:
+        connection.close()
+
+
+def main(args: argparse.Namespace) -> int:
+    daemon = daemon_address(config_path(args.config))
+    url = _url(args, daemon)
+    try:
+        if args.command == "status":
+            status, raw = _request(url, "GET", "/status")
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                raise _Unreachable(f"HTTP {status}: not a JSON answer") from None
+            if args.json:
+                print(json.dumps(body, indent=2))
+            else:
+                print(render_status(body))
+            return 0
+        if args.command == "rollout" and args.rollout_command == "status":
+            status, raw = _request(url, "GET", "/status")
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                raise _Unreachable(f"HTTP {status}: not a JSON answer") from None
+            return print_rollouts(body, args.cluster, args.json)
+        return _control(url, args, daemon)
+    except _Unreachable as exc:
         print(f"sparkd {args.command}: cannot reach the daemon at {url}: {exc}", file=sys.stderr)
-        return 69
+        return EX_UNAVAILABLE
 
 
-async def _control(
-    session: aiohttp.ClientSession, url: str, args: argparse.Namespace, settings: Settings | None
-) -> int:
+def _control(url: str, args: argparse.Namespace, daemon: DaemonAddress) -> int:
     headers = {}
-    token_file = settings.daemon.control_token_file if settings is not None else None
+    token_file = daemon.control_token_file
     if token_file is not None:
+        from sparkd.shell.secrets import SecretFileError, read_secret
+
         try:
             token = read_secret(token_file)
         except SecretFileError as exc:
@@ -81,6 +158,8 @@ async def _control(
     if args.command == "pause":
         body["reason"] = args.reason
         if args.duration:
+            from sparkd.settings import parse_duration
+
             try:
                 body["for_seconds"] = parse_duration(args.duration)
             except ValueError as exc:
@@ -90,17 +169,19 @@ async def _control(
     verb = args.command
     if verb == "rollout":
         verb = f"rollout/{args.rollout_command}"
-    async with session.post(
-        f"{url}/clusters/{name}/{verb}", json=body, headers=headers
-    ) as response:
-        text = await response.text()
-        if response.status != 200:
-            print(f"sparkd {args.command}: HTTP {response.status}: {text}", file=sys.stderr)
-            return 1
-    with contextlib.suppress(ValueError):
+    status, raw = _request(
+        url, "POST", f"/clusters/{name}/{verb}", json.dumps(body).encode(), headers
+    )
+    text = raw.decode("utf-8", "replace")
+    if status != 200:
+        print(f"sparkd {args.command}: HTTP {status}: {text}", file=sys.stderr)
+        return 1
+    try:
         answer = json.loads(text)
-        if isinstance(answer, dict) and answer.get("persisted") is False:
-            print(f"sparkd {args.command}: {answer.get('warning')}", file=sys.stderr)
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict) and answer.get("persisted") is False:
+        print(f"sparkd {args.command}: {answer.get('warning')}", file=sys.stderr)
     print(f"{args.cluster}: {verb.replace('/', ' ')} done")
     return 0
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from sparkd import __version__
+from sparkd import __version__, cli_api
 from sparkd.model.plan import Plan
 from sparkd.settings import EX_CONFIG, ConfigError, Settings, config_path, load_settings
 
@@ -64,37 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     _config_flag(run)
     run.add_argument("--dry-run", action="store_true", help="observe and plan, change nothing")
 
-    status = sub.add_parser("status", help="what the running daemon sees and does")
-    _config_flag(status)
-    status.add_argument("--url", help="the daemon's API (default: from daemon.listen)")
-    status.add_argument("--json", action="store_true")
-
-    for name, text in (
-        ("pause", "stop acting on a cluster (it is still observed)"),
-        ("resume", "act again; also clears a blocked latch"),
-        ("reconcile", "run a cycle now"),
-    ):
-        control = sub.add_parser(name, help=text)
-        _config_flag(control)
-        control.add_argument("cluster")
-        control.add_argument("--url", help="the daemon's API (default: from daemon.listen)")
-        if name == "pause":
-            control.add_argument("--reason", required=True)
-            control.add_argument("--for", dest="duration", help="expiry, e.g. 30m, 2h, 1d")
-
-    rollout = sub.add_parser("rollout", help="the latest rollout of a spec change; retry, back")
-    rollout_sub = rollout.add_subparsers(dest="rollout_command", required=True, metavar="ACTION")
-    for name, text in (
-        ("status", "desired, running and last-good specs, what differs, the latest rollout"),
-        ("retry", "roll the desired spec out again after a rollback"),
-        ("back", "go to the last-good spec now, and hold it"),
-    ):
-        action = rollout_sub.add_parser(name, help=text)
-        _config_flag(action)
-        action.add_argument("cluster", nargs="?" if name == "status" else None)
-        action.add_argument("--url", help="the daemon's API (default: from daemon.listen)")
-        if name == "status":
-            action.add_argument("--json", action="store_true")
+    cli_api.add_commands(sub)
 
     commands = sub.add_parser("commands", help="every remote command sparkd may run")
     _config_flag(commands)
@@ -142,12 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        metavar="PATH",
-        help="config file (default: $SPARKD_CONFIG or /etc/sparkd/sparkd.toml)",
-    )
+_config_flag = cli_api.config_flag
 
 
 def sparkd_spec_labels(config: Path) -> Mapping[str, str]:
@@ -183,9 +148,7 @@ def dispatch(argv: Sequence[str]) -> int:
         return known_hosts_scan(args.config, args.accept)
     if args.command == "ha":
         return ha_refence(args.config, args.cluster)
-    if args.command in ("status", "pause", "resume", "reconcile", "rollout"):
-        from sparkd import cli_api
-
+    if args.command in cli_api.COMMANDS:
         return cli_api.main(args)
     from sparkd import cli_live
 

@@ -34,9 +34,11 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+# config_path is read from here too; the CLI's daemon commands use it without this module.
+from sparkd.config_file import DEFAULT_CONFIG_PATH
+from sparkd.config_file import config_path as config_path
 from sparkd.ha.config import HaSpec
 
-DEFAULT_CONFIG_PATH = Path("/etc/sparkd/sparkd.toml")
 EX_CONFIG = 78
 EX_CANTCREAT = 73
 
@@ -361,6 +363,12 @@ class PolicySpec(_Section):
     # Below this MemAvailable (bytes) on a host, memory pressure is reported, and during a load
     # the model is not started into it (GB10's GPU allocations come out of host memory).
     min_memory_available: int = Field(default=4 << 30, ge=0)
+    # Requests running and vLLM's generation-token counter still this long (core.hang): a hung
+    # engine, restarted without waiting for `failure_threshold` probes.
+    hang_window: Seconds = 60.0
+    # A just-ready engine's stall clock starts this long after it was ready: vLLM's first-shape
+    # compiles stall it for 30-70 s, with requests running and no token.
+    hang_ready_grace: Seconds = 70.0
 
     @model_validator(mode="after")
     def _backoff(self) -> PolicySpec:
@@ -587,12 +595,6 @@ class ConfigError(Exception):
     def __init__(self, problems: list[str]) -> None:
         super().__init__("\n".join(problems))
         self.problems = problems
-
-
-def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
-    if explicit is not None:
-        return Path(explicit)
-    return Path(os.environ.get("SPARKD_CONFIG", str(DEFAULT_CONFIG_PATH)))
 
 
 def load_settings(path: Path) -> Settings:

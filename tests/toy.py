@@ -77,6 +77,10 @@ class Toy:
     probe_busy: bool = False
     probe_interval: float = 60.0
     log_tail: tuple[str, ...] = ()
+    # vLLM's generation-token counter: it moves while the engine is busy, unless hung (requests
+    # stay running, the counter stands still).
+    tokens: float = 12345.0
+    hung_under_load: bool = False
 
     # -- construction -------------------------------------------------------------------
 
@@ -193,6 +197,8 @@ class Toy:
                 self.progress_at = self.now
             if elapsed >= self.load_seconds and not frozen:
                 self.ready = True
+        if self.ready and self.probe_busy and not self.hung_under_load:
+            self.tokens += 20.0 * seconds
         if self.ready and (self.probe_at is None or self.now - self.probe_at >= 0):
             self.probe_at = self.now
 
@@ -301,8 +307,8 @@ class Toy:
             status="up",
             health_status=200,
             models=(self.cluster.model.served_name,),
-            requests_running=1.0 if self.probe_busy else 0.0,
-            generation_tokens_total=12345.0,
+            requests_running=1.0 if self.probe_busy or self.hung_under_load else 0.0,
+            generation_tokens_total=self.tokens,
         )
 
     def _probe(self) -> ProbeResult | None:

@@ -72,6 +72,9 @@ def bounded(memory: Memory, now: float) -> Memory:
             cpu_seconds=mark.cpu_seconds,
             at=at(mark.at),
         ),
+        token_mark=None
+        if memory.token_mark is None
+        else memory.token_mark.model_copy(update={"since": at(memory.token_mark.since)}),
     )
 
 
@@ -91,6 +94,7 @@ def _latest(memory: Memory) -> float:
         memory.last_probe.at if memory.last_probe is not None else None,
         memory.load_mark.at if memory.load_mark is not None else None,
         memory.load_mark.launch if memory.load_mark is not None else None,
+        memory.token_mark.since if memory.token_mark is not None else None,
     ):
         if value is not None:
             stamps.append(value)

@@ -26,6 +26,7 @@ def horizon(
     ray_unsettled: bool = False,
     load_mark: LoadMark | None = None,
     model_ready: bool = False,
+    hang_at: float | None = None,
 ) -> float | None:
     """The earliest deadline after `now` among those this plan waits on, or None."""
     deadlines = list(backoffs)
@@ -43,5 +44,8 @@ def horizon(
             deadlines.append(load_mark.entered + cap)
     if model_ready and memory.last_probe_at is not None:
         deadlines.append(memory.last_probe_at + desired.probe_interval)
+    if hang_at is not None:
+        # A counter standing still under load becomes a hang at this moment (core.hang).
+        deadlines.append(hang_at)
     ahead = [d for d in deadlines if d > now]
     return min(ahead) if ahead else None

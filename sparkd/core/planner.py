@@ -20,6 +20,7 @@ from sparkd.core.cleanup import judge_cleanup, judge_reachability
 from sparkd.core.clock import bounded
 from sparkd.core.evidence import of_this_launch
 from sparkd.core.fabric import judge_fabric, judge_recovery
+from sparkd.core.hang import deadline, judge_hang, track
 from sparkd.core.horizon import horizon
 from sparkd.core.images import judge_images
 from sparkd.core.judge import Context, Hold, Verdict, ago
@@ -29,7 +30,7 @@ from sparkd.core.power import judge_wedged
 from sparkd.core.probe_stage import judge_probe
 from sparkd.core.ray_stage import judge_ray
 from sparkd.core.triage import judge_memory
-from sparkd.model.memory import LoadMark, Memory
+from sparkd.model.memory import LoadMark, Memory, TokenMark
 from sparkd.model.observed import Observed
 from sparkd.model.plan import Action, Phase, Plan, TriageClass
 from sparkd.settings import ClusterSpec
@@ -66,6 +67,8 @@ class _Draft:
     # Evidence that the launch judged failed as it would again (core.rollout rolls back on it).
     failure: str | None = None
     fabric_held: bool = False
+    token_mark: TokenMark | None = None
+    hang_at: float | None = None
 
     def carry(self) -> dict[str, object]:
         """What remember() learns from the judgement, whatever becomes of the actions."""
@@ -79,6 +82,7 @@ class _Draft:
             "serving_well": self.serving_well,
             "triage": self.triage,
             "fabric_held": self.fabric_held,
+            "token_mark": self.token_mark,
         }
 
     def horizon(
@@ -99,6 +103,7 @@ class _Draft:
             ray_unsettled=self.ray_unsettled,
             load_mark=self.load_mark,
             model_ready=self.model_ready,
+            hang_at=self.hang_at,
         )
 
 
@@ -285,11 +290,18 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
     probe_failures: int | None = None
     busy: int | None = None
     failure = model.failed
+    # The token counter is followed only while the model is past its load.
+    token_mark = track(ctx) if model.to_probe else None
     if model.to_probe:
         links = [n for n in ray.notes if "waiting for data link" in n]
-        probe = judge_probe(ctx, load, serving, links)
-        stages.append(probe)
-        failure = next((a.reason for a in probe.actions if a.kind == "restart_model"), failure)
+        probed = judge_probe(ctx, load, serving, links)
+        stages.append(probed)
+        hung = judge_hang(ctx, token_mark)
+        if any(a.kind == "restart_model" for a in probed.actions):
+            hung.actions.clear()  # one restart, however many reasons
+        stages.append(hung)
+        restarts = (a.reason for a in (*probed.actions, *hung.actions) if a.kind == "restart_model")
+        failure = next(restarts, failure)
         if observed.probe is not None and policy.is_new_probe(memory, observed.probe):
             threshold = desired.policy.failure_threshold
             probe_failures = policy.failures_after(memory, observed.probe, threshold)
@@ -329,6 +341,8 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
         triage=found,
         failure=failure,
         fabric_held=bool(fabric.holds),
+        token_mark=token_mark,
+        hang_at=deadline(ctx, token_mark),
         # Health that lasts closes an incident: healthy, or degraded only while the model
         # serves and answers (busy, a dead data link, Ray unread) with no failure counted.
         serving_well=phase == "healthy"

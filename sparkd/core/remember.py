@@ -149,6 +149,7 @@ def remember(
             last_probe_at=launched[-1].finished_at,
             last_probe=None,
             load_mark=None,
+            token_mark=None,
         )
     elif ray_restarted:
         # The model's Ray actors die with Ray; launch_nodes stays, so the planner sees the
@@ -179,6 +180,7 @@ def remember(
             changes["ray_unsettled_since"] = None
         if not launched:
             changes["load_mark"] = plan.load_mark
+            changes["token_mark"] = plan.token_mark
         relaunched = bool(launched) or ray_restarted
         changes["fabric_held_since"] = _fabric_held(memory, plan, now, relaunched)
         changes["last_phase"] = plan.phase

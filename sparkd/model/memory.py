@@ -53,6 +53,18 @@ class LoadMark(Value):
     entered: float | None = None
 
 
+class TokenMark(Value):
+    """vLLM's generation-token counter as last read from one serve process, and since when
+    (daemon time) it has stood still with requests running."""
+
+    pid: int | None = None
+    tokens: float
+    # The first look of the current run of looks with requests running and the counter still;
+    # the look itself when the counter moved, the engine was idle, or the counter was first read.
+    since: float
+    running: bool = False
+
+
 class ClockAnchor(Value):
     """How daemon time is read on the ops box: `monotonic() + offset`, valid while the box has
     not rebooted (its boot id, and a monotonic clock that never reads below `mono_at`). A
@@ -164,6 +176,9 @@ class Memory(Value):
     # Since when a fabric fault has held Ray and model (re)starts, while the model launched
     # before it runs: once the fabric is sound, what hung over it is restarted (core.fabric).
     fabric_held_since: float | None = None
+    # The model's token counter while it serves (core.hang): a hang under load is its standing
+    # still with requests running.
+    token_mark: TokenMark | None = None
 
     def evolve(self, **changes: Any) -> Memory:
         """This memory with `changes`, each a known field and validated as it would be when

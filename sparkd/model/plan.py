@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from sparkd.model.base import BoundedText, Value
-from sparkd.model.memory import LoadMark
+from sparkd.model.memory import LoadMark, TokenMark
 
 Phase = Literal[
     "paused",
@@ -114,6 +114,8 @@ class Plan(Value):
     rollback: str | None = None
     # A fabric fault held Ray and model (re)starts in this judgement, for remember().
     fabric_held: bool = False
+    # The token counter's reading, for remember() to keep while the model serves.
+    token_mark: TokenMark | None = None
 
     @property
     def converged(self) -> bool:

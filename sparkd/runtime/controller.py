@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkd.core import rollout
+from sparkd.core import hang, rollout
 from sparkd.core.clock import STEP_NOTICED, bounded
 from sparkd.core.planner import plan as make_plan
 from sparkd.core.policy import is_new_probe, rebooted
@@ -210,6 +210,10 @@ class Controller:
     # -- one cycle ----------------------------------------------------------------------
 
     def _probe_due(self, endpoint: ModelEndpoint) -> bool:
+        if hang.stands(self.cluster, self.memory, endpoint, self.clock.now()):
+            # The plan restarts a hung engine on this reading: a probe would only hold the
+            # look up for its whole timeout first.
+            return False
         ready_before = self.memory.model_ready_at is not None
         if endpoint.status != "up" and not ready_before:
             return False
@@ -536,12 +540,15 @@ class Controller:
         ahead = [
             t
             for t in (plan.recheck_at, None if window_end is None else now + window_end - wall)
-            if t is not None and t > now
+            if t is not None
         ]
         if ahead:
-            # Just past the deadline: the planner's limits are strict (`> load_stall`).
+            # Just past the deadline: the planner's limits are strict (`> load_stall`). One
+            # that passed while this cycle ran (a look held up by a probe's timeout) is due now,
+            # not an interval later.
+            due = min(ahead)
             margin = 0.01 * self.cluster.recheck_interval
-            delay = min(delay, min(ahead) - now + margin)
+            delay = min(delay, due - now + margin if due > now else 0.0)
         return delay
 
     def _window_end(self, now: float) -> float | None:

@@ -918,6 +918,7 @@ class World:
             "xid-13": self.xid_13,
             "xid-45": self.xid_45,
             "link-flap": self.link_flap,
+            "hang-under-load": self.hang_under_load,
         }
         with_arg: dict[str, Callable[[str, str | None], Awaitable[str]]] = {
             "stray-gpu": self.stray_gpu,
@@ -1065,6 +1066,25 @@ class World:
     async def hang_engine(self, host: str) -> str:
         self.host(host).behaviour.engine = "hung"
         return f"engine on {host} hung: /health 200, completions never finish"
+
+    async def hang_under_load(self, host: str) -> str:
+        """Other clients' requests running when the engine hangs: vLLM's API server still
+        answers /metrics with the engine's last figures, requests running and the token counter
+        standing still. The hang, and the load, are this serve process's: the next one serves
+        as the host did before."""
+        h = self.host(host)
+        serve = self._serve_on(host)
+        style = h.behaviour.style
+        h.behaviour.style = "busy"
+        h.behaviour.engine = "hung"
+
+        def recover(_: object) -> None:
+            if h.behaviour.engine == "hung":
+                h.behaviour.engine = "ok"
+                h.behaviour.style = style
+
+        serve.stream.exit_code.add_done_callback(recover)
+        return f"engine on {host} hung under load: requests running, no token generated"
 
     async def oom_capture(self, host: str) -> str:
         self.host(host).faults.oom_capture = True

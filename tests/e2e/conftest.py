@@ -71,7 +71,14 @@ def fast_cluster(cluster: ClusterSpec, **changes: Any) -> ClusterSpec:
             }
         ),
         "policy": cluster.policy.model_copy(
-            update={"backoff_initial": 0.1, "backoff_max": 0.5, "healthy_reset": 5.0}
+            update={
+                "backoff_initial": 0.1,
+                "backoff_max": 0.5,
+                "healthy_reset": 5.0,
+                # Two intervals, and the first-shape grace, at their real ratio (30 s interval).
+                "hang_window": 2.0,
+                "hang_ready_grace": 70.0 / 30.0,
+            }
         ),
         # Below vLLM: the flap window and the wedge's unreachable time keep their real ratio.
         "fabric": cluster.fabric.model_copy(update={"flap_window": 600.0 * FAST_FACTOR}),

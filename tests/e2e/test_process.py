@@ -259,6 +259,13 @@ async def test_a_host_and_a_client_cannot_paint_the_terminal(
             "pause", "--config", str(config), "sparks", "--reason", f"mine {PAINT}"
         )
         assert code == 0, err
+
+        async def paused() -> bool:
+            body = await status(port)
+            return "mine" in body["clusters"][0]["reason"]
+
+        # The pause is in the plan from the daemon's next cycle on.
+        await eventually(paused, within=20)
         code, out, err = await sparkd("status", "--config", str(config))
         assert code == 0, err
         assert "mine" in out and not unsafe(out + err), repr(out)

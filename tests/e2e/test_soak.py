@@ -66,6 +66,14 @@ CHOICES = (
     Fault("rename-iface", "worker", None, frozenset(), launches=0, lasts=2.0),
     Fault("hang-capture+crash-model", "head", None, frozenset(), launches=2),
     Fault("orphan-engine", "head", None, frozenset({("restart_ray", "head"), *HEAD_RAY})),
+    # A hung vLLM's API server outlives SIGTERM and its engine a SIGKILL: Ray's restart ends it.
+    Fault(
+        "hang-under-load",
+        "head",
+        None,
+        frozenset({("restart_ray", "head"), *HEAD_RAY}),
+        launches=2,
+    ),
     Fault("full-disk+crash-model", "head", None, frozenset(), fixed_by="heal"),
     Fault("lost-gpu", "worker", None, WORKER_RAY | AFTER_REBOOT, fixed_by="reboot"),
     # The ops box's wall clock steps (NTP, an RTC wrong at boot, `date -s`): nothing to do.

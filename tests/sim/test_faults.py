@@ -134,6 +134,39 @@ async def test_crash_model(healthy: World) -> None:
     assert "EngineDeadError" in log_text(healthy)
 
 
+async def test_hang_under_load_keeps_requests_running_and_the_counter_still(
+    healthy: World,
+) -> None:
+    from sparkd.shell.model_http import parse_vllm_metrics
+
+    await healthy.fault("hang-under-load", "spark-a")
+    async with await connect(healthy, "spark-a") as head:
+        status, _ = await http(head, "localhost", 30000, "GET", "/health")
+        assert status == 200
+        _, before = await http(head, "localhost", 30000, "GET", "/metrics")
+        await asyncio.sleep(0.3)
+        _, after = await http(head, "localhost", 30000, "GET", "/metrics")
+        # vLLM's own names and types (tests/fixtures/vllm-real/metrics-busy-4-running.txt).
+        assert "# TYPE vllm:num_requests_running gauge" in after
+        assert "# TYPE vllm:generation_tokens_total counter" in after
+        first, second = parse_vllm_metrics(before), parse_vllm_metrics(after)
+        assert second.running is not None and second.running > 0
+        assert first.generation_tokens == second.generation_tokens is not None
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(
+                http(head, "localhost", 30000, "POST", "/v1/chat/completions", PROBE), 0.3
+            )
+    # The hang is that serve process's: once it is gone, the host serves as it did.
+    healthy._serve_on("spark-a").kill_hard()
+    behaviour = healthy.hosts["spark-a"].behaviour
+
+    async def recovered() -> bool:
+        return behaviour.engine == "ok"
+
+    await eventually(recovered, within=5)
+    assert behaviour.style == "reasoning_only"
+
+
 async def test_hang_engine_keeps_health_green_but_completions_hang(healthy: World) -> None:
     await healthy.fault("hang-engine", "spark-a")
     async with await connect(healthy, "spark-a") as head:

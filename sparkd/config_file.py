@@ -1,0 +1,49 @@
+"""Where the config file is, and the little of it a command that only talks to the daemon needs.
+
+Standard library only: `sparkd status` and the control commands read the daemon's address from
+here without loading the settings model (pydantic) or anything that speaks SSH.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_CONFIG_PATH = Path("/etc/sparkd/sparkd.toml")
+DEFAULT_LISTEN = "127.0.0.1:9810"
+
+
+def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
+    if explicit is not None:
+        return Path(explicit)
+    return Path(os.environ.get("SPARKD_CONFIG", str(DEFAULT_CONFIG_PATH)))
+
+
+@dataclass(frozen=True)
+class DaemonAddress:
+    listen: str = DEFAULT_LISTEN
+    control_token_file: Path | None = None
+
+
+def daemon_address(path: Path) -> DaemonAddress:
+    """`[daemon] listen` and `control_token_file` as the settings read them (the environment's
+    `SPARKD_DAEMON__LISTEN` and `SPARKD_DAEMON__CONTROL_TOKEN_FILE` first, then the file); the
+    defaults when the file cannot be read. The daemon validates the rest."""
+    table: dict[str, object] = {}
+    try:
+        with path.open("rb") as handle:
+            document = tomllib.load(handle)
+        daemon = document.get("daemon")
+        if isinstance(daemon, dict):
+            table = daemon
+    except (OSError, ValueError, RecursionError):
+        pass
+    env = {name.upper(): value for name, value in os.environ.items()}
+    listen = env.get("SPARKD_DAEMON__LISTEN", table.get("listen"))
+    token = env.get("SPARKD_DAEMON__CONTROL_TOKEN_FILE", table.get("control_token_file"))
+    return DaemonAddress(
+        listen=listen if isinstance(listen, str) and ":" in listen else DEFAULT_LISTEN,
+        control_token_file=Path(token) if isinstance(token, str) and token else None,
+    )
