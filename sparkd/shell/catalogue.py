@@ -29,7 +29,7 @@ from sparkd.core.spec import (
     serve_pid_path,
     serve_spec_path,
 )
-from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.settings import DEFAULT_DASHBOARD_PORT, ClusterSpec, HostSpec
 
 KILL_GRACE = 2
 # A `docker events` stream is renewed this often, so no remote process outlives sparkd by more.
@@ -193,7 +193,7 @@ def fact_script(
             )
         # Each `ray` call costs the head 0.6-3 s of a core: `ray status` only when the node
         # list could not be had (no dashboard, or it failed).
-        status = section("ray_status", ["docker", "exec", head, "ray", "status"])
+        status = _ray_status_section(cluster, t)
         if cluster.ray.dashboard and not ray_status:
             ray_lines.append(f'if [ "$rc" != 0 ]; then {status}; fi')
         else:
@@ -206,6 +206,20 @@ def fact_script(
         )
         lines.append(section("serve_log_mtime", ["stat", "-c", "%y", serve_log_path(cluster)]))
     return Remote("facts", "\n".join(lines) + "\n", mutating=False)
+
+
+def _ray_status_section(cluster: ClusterSpec, seconds: float) -> str:
+    head = container_name(cluster, cluster.head)
+    argv = ["docker", "exec", head, "ray", "status"]
+    return shlex.join(["s", "ray_status", *timed(argv, seconds)])
+
+
+def ray_cli(cluster: ClusterSpec, tool_timeout: float) -> Remote:
+    """`ray status` alone, in a section, for when the head's dashboard did not answer (then
+    `ray list nodes`, a client of the same dashboard, cannot answer either): Ray read from its
+    GCS, without node IPs."""
+    text = f"{_SECTION_FUNCTION}\n{_ray_status_section(cluster, tool_timeout)}\n"
+    return Remote("ray_cli", text, mutating=False)
 
 
 # -- write path ----------------------------------------------------------------------------
@@ -230,6 +244,8 @@ def ray_command(cluster: ClusterSpec, host: HostSpec) -> list[str]:
         ]  # fmt: skip
         if ray.dashboard:
             argv.append("--dashboard-host=127.0.0.1")
+            if ray.dashboard_port != DEFAULT_DASHBOARD_PORT:
+                argv.append(f"--dashboard-port={ray.dashboard_port}")
         else:
             argv.append("--include-dashboard=false")
         return argv
@@ -464,13 +480,18 @@ def sudoers_rules(cluster: ClusterSpec) -> tuple[list[str], list[str]]:
 
 def fact_scripts(cluster: ClusterSpec, host: HostSpec) -> list[Remote]:
     """Every variant of the fact script observing may send `host`: with and without `ray
-    status`, and with Ray's last reading reused (no `ray` call). One text each."""
+    status`, and with Ray's last reading reused (no `ray` call); with the dashboard, the script
+    without `ray` and the head's `ray status` alone (`ray_cli`). One text each."""
     t = tool_timeout(cluster)
-    scripts = (
+    # With the dashboard, Ray is read over HTTP, and through `ray status` when it is silent.
+    reads = (False,) if cluster.ray.dashboard else (True, False)
+    scripts = [
         fact_script(cluster, host, t, ray_status, read_ray)
-        for read_ray in (True, False)
+        for read_ray in reads
         for ray_status in (False, True)
-    )
+    ]
+    if cluster.ray.dashboard and host.role == "head":
+        scripts.append(ray_cli(cluster, t))
     return list({script.command: script for script in scripts}.values())
 
 

@@ -78,23 +78,25 @@ async def test_one_ssh_exec_per_host_per_cycle(healthy: Live, pool: SshPool) -> 
         assert len(tools) >= 5  # the one script really ran every tool
 
 
-async def test_one_ray_call_per_cycle_on_the_head(healthy: Live, pool: SshPool) -> None:
-    """Each real `ray` call costs the head 0.6-3 s of a core: the node list suffices."""
+async def test_no_ray_call_on_the_head_the_dashboard_answers(healthy: Live, pool: SshPool) -> None:
+    """Each real `ray` call costs the head 0.6-3 s of a core: the dashboard serves the same."""
     import time
 
     world = healthy.world
     since = time.time()
     observed = await observe(healthy.cluster, pool, ray_status=False)
     assert observed.ray is not None and observed.ray.up and observed.ray.ips_known
+    assert {n.ip for n in observed.ray.nodes} == {h.state.data_ip for h in world.hosts.values()}
+    assert observed.ray.gpus_total == 2.0 and observed.ray.gpus_usable is None
+    # While Ray settles, the cluster status is read too: when a listed node's GPU is usable.
+    observed = await observe(healthy.cluster, pool, ray_status=True)
+    assert observed.ray is not None and observed.ray.gpus_usable == 2.0
     calls = [
         r.command
         for r in world.commands("spark-a")
         if r.at >= since and r.command.split()[:1] == ["ray"]
     ]
-    assert calls == ["ray list nodes --format=json --filter state=ALIVE"], calls
-    # While Ray settles, `ray status` is read too: when a listed node's GPU is usable.
-    observed = await observe(healthy.cluster, pool, ray_status=True)
-    assert observed.ray is not None and observed.ray.gpus_usable == 2.0
+    assert calls == [], calls
 
 
 async def test_a_known_ray_reading_spares_the_head_every_ray_call(
@@ -115,11 +117,20 @@ async def test_a_known_ray_reading_spares_the_head_every_ray_call(
     assert called and not [c for c in called if c.split()[:1] == ["ray"]], called
 
 
-async def test_ray_status_only_when_the_node_list_fails(healthy: Live, pool: SshPool) -> None:
+async def test_ray_status_only_when_the_dashboard_is_silent(healthy: Live, pool: SshPool) -> None:
+    import time
+
     world = healthy.world
-    cluster = cluster_of(world, ssh={"command_timeout": 3.0})
-    await world.fault("hang-tool", "spark-a", "ray list")
+    # Nothing listens on this port of the head: the channel is refused.
+    cluster = cluster_of(world, ray={"dashboard_port": world.dashboard_port + 1})
+    since = time.time()
     observed = await observe(cluster, pool)
     assert observed.ray is not None and observed.ray.up
     assert not observed.ray.ips_known  # read from `ray status`, which names no IPs
     assert observed.ray.gpus_total == 2.0
+    calls = [
+        r.command
+        for r in world.commands("spark-a")
+        if r.at >= since and r.command.split()[:1] == ["ray"]
+    ]
+    assert calls == ["ray status"], calls
