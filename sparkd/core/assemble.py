@@ -53,7 +53,8 @@ def _host_clock(sections: dict[str, facts.Section], observed_at: float) -> float
     now = sections.get("now")
     if now is not None and now.ok:
         try:
-            clock = float(now.body.strip())
+            # bash's $EPOCHREALTIME writes the locale's decimal mark.
+            clock = float(now.body.strip().replace(",", "."))
             if math.isfinite(clock):
                 return clock
         except ValueError:

@@ -80,6 +80,33 @@ _SECTION_FUNCTION = (
     's() { n=$1; shift; printf \'@@sparkd %s\\n\' "$n"; "$@" 2>&1; rc=$?; '
     'printf \'\\n@@sparkd-end %s %s\\n\' "$n" "$rc"; }'
 )
+# A section whose output the script reads again (in `$o`); then `N`, a newline, to split that
+# output into lines with the shell alone (POSIX sh: the forced command runs `/bin/sh -c`).
+_CAPTURE_FUNCTION = (
+    'c() { n=$1; shift; o=$("$@" 2>&1); rc=$?; '
+    'printf \'@@sparkd %s\\n%s\\n@@sparkd-end %s %s\\n\' "$n" "$o" "$n" "$rc"; }; N=\'\n\''
+)
+# `$1`..., `$o`'s lines, `IFS` as given: the loops below read captured output without a tool.
+_LINES = "set -f; IFS=$N; for l in {text}; do {body}; done; unset IFS; set +f"
+# The running containers' names from `docker ps -a`'s JSON lines (what `docker ps` lists: the
+# states where Docker counts a container running), one a line. Docker escapes quotes inside
+# values, so `"State":"running"` and `"Names":"` match the fields themselves.
+_RUNNING_NAMES = "r=; " + _LINES.format(
+    text="$k",
+    body=(
+        'case $l in *\'"State":"running"\'*|*\'"State":"restarting"\'*|*\'"State":"paused"\'*) '
+        'case $l in *\'"Names":"\'*) n=${l#*\'"Names":"\'}; n=${n%%\'"\'*}; '
+        'r="$r$n$N";; esac;; esac'
+    ),
+)
+# The PIDs of a container's `top` (first column), added to `$t`.
+_TOP_PIDS = _LINES.format(text="$o", body="IFS=' '; set -- $l; t=\"$t $1 \"; IFS=$N")
+# Whether `nvidia-smi` listed a process no container's `top` holds (u=1): only such a process is
+# judged (foreign), and only once seen in a second read too.
+_UNATTRIBUTED = "u=0; " + _LINES.format(
+    text="$a",
+    body='IFS=\', \'; set -- $l; IFS=$N; case "$t" in *" $1 "*) ;; *) [ -n "$1" ] && u=1;; esac',
+)
 
 
 def fact_script(
@@ -100,8 +127,17 @@ def fact_script(
     def section(name: str, argv: Sequence[str]) -> str:
         return shlex.join(["s", name, *timed(argv, t)])
 
-    lines = [_SECTION_FUNCTION]
-    lines.append(section("now", ["date", "+%s.%N"]))
+    def capture(name: str, argv: Sequence[str]) -> str:
+        return shlex.join(["c", name, *timed(argv, t)])
+
+    lines = [_SECTION_FUNCTION, _CAPTURE_FUNCTION]
+    # bash's own clock (5.0 and later) spares a `date` process; `date` where it has none.
+    now = section("now", ["date", "+%s.%N"])
+    lines.append(
+        'if [ -n "$EPOCHREALTIME" ]; then '
+        "printf '@@sparkd now\\n%s\\n@@sparkd-end now 0\\n' \"$EPOCHREALTIME\"; "
+        f"else {now}; fi"
+    )
     lines.append(section("boot_id", ["cat", "/proc/sys/kernel/random/boot_id"]))
     if cluster.cleanup.units:
         lines.append(
@@ -113,8 +149,8 @@ def fact_script(
     # script its SSH timeout (the host would read as unreachable): once `docker ps` timed out
     # (d=124), no other `docker` call is made; the host still reports everything else.
     lines.append(
-        section("containers", ["docker", "ps", "-a", "--no-trunc", "--format", "{{json .}}"])
-        + "; d=$rc"
+        capture("containers", ["docker", "ps", "-a", "--no-trunc", "--format", "{{json .}}"])
+        + "; d=$rc; k=$o"
     )
 
     def docker(line: str) -> str:
@@ -127,22 +163,26 @@ def fact_script(
             )
         )
     )
-    lines.append(section("gpu_apps", GPU_APPS) + "; g=$rc")
+    lines.append(capture("gpu_apps", GPU_APPS) + "; g=$rc; a=$o")
     # The running containers' names are a section too, so a failed listing is seen as such
-    # rather than as "no processes in any container"; each named one then gets its `top`.
-    running = shlex.join(timed(["docker", "ps", "--format", "{{.Names}}"], t))
+    # rather than as "no processes in any container"; each named one then gets its `top`,
+    # whose PIDs (in `$t`) tell which GPU processes are the containers'.
     top = shlex.join(timed(["docker", "top"], t))
     lines.append(
         docker(
-            f"r=$({running} 2>&1); rc=$?; "
-            'printf \'@@sparkd running\\n%s\\n@@sparkd-end running %s\\n\' "$r" "$rc"; '
-            f'if [ "$rc" = 0 ]; then for c in $r; do s "top $c" {top} "$c" -eo {TOP_FORMAT}; '
-            "done; fi"
+            f"{_RUNNING_NAMES}; printf '@@sparkd running\\n%s\\n@@sparkd-end running %s\\n' "
+            '"$r" "$d"; t=; '
+            f'if [ "$d" = 0 ]; then for n in $r; do c "top $n" {top} "$n" -eo {TOP_FORMAT}; '
+            f'if [ "$rc" = 0 ]; then {_TOP_PIDS}; fi; done; fi'
         )
     )
-    # Asked again after the `top`s (unless it failed the first time): only a process seen both
-    # times is judged, so one that started or ended in between is never taken for foreign.
-    lines.append(f'if [ "$g" = 0 ]; then {section("gpu_apps_after", GPU_APPS)}; fi')
+    # Asked again after the `top`s (unless it failed the first time) when it listed a process
+    # no container holds: only a process seen both times is judged, so one that started or
+    # ended in between is never taken for foreign.
+    lines.append(
+        f'if [ "$g" = 0 ]; then {_UNATTRIBUTED}; '
+        f'if [ "$u" = 1 ]; then {section("gpu_apps_after", GPU_APPS)}; fi; fi'
+    )
     # The image sparkd's container runs, by ID: a re-pulled tag is a new image.
     lines.append(
         docker(

@@ -134,3 +134,40 @@ async def test_ray_status_only_when_the_dashboard_is_silent(healthy: Live, pool:
         if r.at >= since and r.command.split()[:1] == ["ray"]
     ]
     assert calls == ["ray status"], calls
+
+
+async def test_a_look_runs_one_docker_ps_and_one_nvidia_smi_when_the_containers_hold_the_gpu(
+    healthy: Live, pool: SshPool
+) -> None:
+    import time
+
+    world = healthy.world
+    since = time.time()
+    observed = await observe(healthy.cluster, pool, ray_status=False)
+    for host, facts in zip(("spark-a", "spark-b"), observed.hosts, strict=True):
+        tools = [r.command for r in world.commands(host) if r.at >= since and r.source == "tool"]
+        # The running names come from the one `docker ps -a`; every GPU process is in a
+        # container's `top`, so nothing is judged and nvidia-smi is not asked again.
+        assert [c for c in tools if c.startswith("docker ps")] == [
+            "docker ps -a --no-trunc --format {{json .}}"
+        ], tools
+        assert sum(c.startswith("nvidia-smi") for c in tools) == 1, tools
+        running = [c.name for c in facts.containers if c.running]
+        assert sorted(c.split()[2] for c in tools if c.startswith("docker top")) == sorted(running)
+        assert facts.gpu_processes and all(p.container for p in facts.gpu_processes), facts
+
+
+async def test_a_gpu_process_no_container_holds_is_read_twice_before_it_is_judged(
+    healthy: Live, pool: SshPool
+) -> None:
+    import time
+
+    world = healthy.world
+    await world.fault("stray-gpu", "spark-b", "4096")
+    since = time.time()
+    observed = await observe(healthy.cluster, pool, ray_status=False)
+    tools = [r.command for r in world.commands("spark-b") if r.at >= since and r.source == "tool"]
+    assert sum(c.startswith("nvidia-smi") for c in tools) == 2, tools
+    worker = next(h for h in observed.hosts if h.name == "spark-b")
+    foreign = [p for p in worker.gpu_processes if p.container is None]
+    assert [p.used_memory_mib for p in foreign] == [4096], worker.gpu_processes
