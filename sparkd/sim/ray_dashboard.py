@@ -165,12 +165,19 @@ class DashboardServer:
     """Serves the head's dashboard for whichever Ray head `find` names on its host."""
 
     def __init__(
-        self, address: str, port: int, find: Callable[[], RayCluster | None], timing: Timing
+        self,
+        address: str,
+        port: int,
+        find: Callable[[], RayCluster | None],
+        timing: Timing,
+        stalled: Callable[[], bool] = lambda: False,
     ) -> None:
         self.address = address
         self.port = port
         self.find = find
         self.timing = timing
+        # Ray's GCS hung (`hang-tool ray`): the state API waits on it, as `ray status` does.
+        self.stalled = stalled
         self._server: asyncio.Server | None = None
 
     async def start(self) -> int:
@@ -191,6 +198,9 @@ class DashboardServer:
             if len(head) > MAX_REQUEST_HEAD:
                 return
             target = head.split(b"\r\n", 1)[0].split(b" ")[1].decode("ascii", "replace")
+            if self.stalled():
+                await reader.read()  # no answer, ever: until the client goes away
+                return
             cluster = self.find()
             if cluster is None:
                 return  # the head went away since the channel was routed: closed, no answer

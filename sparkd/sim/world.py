@@ -351,7 +351,8 @@ class World:
                 # A real sshd dials the port itself; the simulated one asks `_real_port`.
                 fixed = DEFAULT_DASHBOARD if self.ssh_server == "openssh" else 0
                 find = functools.partial(self._dashboard_head, name)
-                server = DashboardServer(host.address, fixed, find, self.timing)
+                stalled = functools.partial(lambda h: ("ray",) in h.hung_tools, host)
+                server = DashboardServer(host.address, fixed, find, self.timing, stalled)
                 await server.start()
                 self._dashboards[name] = server
         ports = await asyncio.gather(*(h.ssh.listen() for h in self.hosts.values()))
@@ -1225,7 +1226,8 @@ class World:
     async def hang_tool(self, host: str, arg: str | None = None) -> str:
         """Calls of fake tool `arg` on `host` (inside its containers too) never answer, as a
         wedged `nvidia-smi` or a `ray status` stuck on a dead GCS does. `arg` may go on with
-        arguments (`docker ps`): then only calls starting with those words hang."""
+        arguments (`docker ps`): then only calls starting with those words hang. `ray` alone
+        also stalls the host's Ray dashboard (its state API waits on the same GCS)."""
         words = tuple(shlex.split(arg or ""))
         tools = [t for t in TOOLS if t != "sudo"]
         if not words or words[0] not in tools:
