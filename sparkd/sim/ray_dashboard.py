@@ -20,6 +20,8 @@ from sparkd.sim.state import RayCluster, RayNode
 from sparkd.sim.timing import Timing
 
 Answer = tuple[int, dict[str, object]]
+# Ray's own default `--dashboard-port`.
+DEFAULT_DASHBOARD = 8265
 GIB = float(1 << 30)
 MAX_REQUEST_HEAD = 16 << 10
 

@@ -32,7 +32,6 @@ from typing import Any, Literal
 
 import asyncssh
 
-from sparkd.settings import DEFAULT_DASHBOARD_PORT as DEFAULT_DASHBOARD
 from sparkd.sim import fake_fabric, fake_kernel, fake_system
 from sparkd.sim.config import render_config
 from sparkd.sim.control import ControlServer
@@ -40,7 +39,7 @@ from sparkd.sim.engine import HostEngine, graphics_processes, normalize_image
 from sparkd.sim.fake_docker import FakeDocker, image_id
 from sparkd.sim.openssh import OpenSshHost, find_sshd
 from sparkd.sim.protocol import Done, Reply, Stream, ToolCall, fail
-from sparkd.sim.ray_dashboard import DashboardServer
+from sparkd.sim.ray_dashboard import DEFAULT_DASHBOARD, DashboardServer
 from sparkd.sim.ray_runtime import RayWorld, StatusLayout
 from sparkd.sim.real_docker import RealDocker
 from sparkd.sim.real_docker import cli as docker_cli
