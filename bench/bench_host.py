@@ -4,8 +4,10 @@ of one host at a time: the head's script with `ray list nodes` (the steady state
 status` beside it (while Ray settles), with no `ray` call (Ray's last reading reused between
 probes), and the worker's. The simulated `ray` answers from a model: a real `ray` CLI call costs
 0.6-3 s of a core on the head (shared/samples/ray-real), which the projection adds per call.
-Where real Ray can run (root, unshare, the `realray` extra), the head's script is also measured
-against Ray 2.60 itself, with Ray read and with Ray's last reading reused (`host_real_ray`)."""
+Processes per look (every fork and exec, `strace -f`) are counted for the scripts observing sends
+(`host_processes`). Where real Ray can run (root, unshare, the `realray` extra), the head's script
+is also measured against Ray 2.60 itself: Ray read by `ray list nodes`, over the dashboard's HTTP
+API as observing now reads it, reused, and the HTTP reads alone (`host_real_ray`)."""
 
 from __future__ import annotations
 
@@ -14,11 +16,13 @@ import re
 import time
 from typing import Any
 
-from bench import host_real_ray
+from bench import host_processes, host_real_ray
 from bench.common import median, sim_world, table, wait_healthy, write_result
 from sparkd.shell import catalogue
 from sparkd.shell.observe import tool_timeout
 from sparkd.shell.ssh import SshPool
+
+SHELLS = ("sh", "bash")
 
 REAL_RAY_CALL_CPU = (0.6, 3.0)  # seconds of a core per real `ray` CLI call (samples/ray-real)
 INTERVAL = 30.0
@@ -55,7 +59,27 @@ async def main(quick: bool = False) -> None:
         }
         pool = SshPool()
         results: dict[str, Any] = {}
+        # Processes per look: the scripts observing sends (with the dashboard, no `ray` in the
+        # head's), counted under each shell.
+        looks = {
+            "head (Ray over HTTP: no `ray` call)": (
+                head,
+                catalogue.fact_script(cluster, head, t, read_ray=False),
+            ),
+            "head, `ray list nodes` (no dashboard)": (
+                head,
+                catalogue.fact_script(cluster, head, t, read_ray=True),
+            ),
+            "worker": (worker, catalogue.fact_script(cluster, worker, t)),
+        }
+        counted: dict[str, dict[str, tuple[int, int]]] = {}
         try:
+            for name, (host, remote) in looks.items():
+                conn = pool.connection(host, cluster.ssh)
+                counted[name] = {
+                    shell: await host_processes.processes(conn, remote.command, shell, shell)
+                    for shell in SHELLS
+                }
             for name, (host, remote, rays) in variants.items():
                 script = remote.command
                 conn = pool.connection(host, cluster.ssh)
@@ -96,26 +120,51 @@ async def main(quick: bool = False) -> None:
         ["script", "sim CPU ms", "wall ms", "ray calls", "real CPU s/cycle", "% core @30s"],
         rows,
     )
-    real = await host_real_ray.measure(3 if quick else 7)
+    text += "\n\n" + table(
+        "host: processes one look starts on a simulated host (strace -f: forks and execs)",
+        ["script", *(f"{s}: processes / execs" for s in SHELLS)],
+        [[name, *(f"{by[s][0]} / {by[s][1]}" for s in SHELLS)] for name, by in counted.items()],
+    )
+    real = await host_real_ray.measure(5 if quick else 15)
     measured: dict[str, Any] = {}
     if real is not None:
+        # /proc counts CPU in 10 ms ticks: the mean over the runs, less Ray's own background
+        # over the same window (the idle row), is a read's cost.
+        idle = real[host_real_ray.IDLE]
+        background = sum(cpu for cpu, _ in idle) / len(idle)
         for name, samples in real.items():
+            mean = sum(cpu for cpu, _ in samples) / len(samples)
             measured[name] = {
                 "cpu_s": median([cpu for cpu, _ in samples]),
+                "cpu_s_mean": mean,
+                "cpu_s_net": mean - background,
                 "wall_s": median([wall for _, wall in samples]),
                 "samples": samples,
             }
         text += "\n\n" + table(
             "host, real Ray 2.60: the head's fact script, host CPU (script, `ray` CLI, Ray's "
-            "daemons answering it), median",
-            ["script", "CPU s", "wall s", "% core @30s"],
+            "daemons answering it): median, mean, and mean less the idle row",
+            ["script", "CPU s", "mean s", "net ms", "wall s", "% core @30s"],
             [
-                [name, m["cpu_s"], m["wall_s"], f"{100 * m['cpu_s'] / INTERVAL:.1f}"]
+                [
+                    name,
+                    m["cpu_s"],
+                    m["cpu_s_mean"],
+                    m["cpu_s_net"] * 1000,
+                    m["wall_s"],
+                    f"{100 * m['cpu_s'] / INTERVAL:.1f}",
+                ]
                 for name, m in measured.items()
             ],
         )
     write_result(
         "host",
-        {"runs": runs, "interval": INTERVAL, "scripts": results, "real_ray": measured},
+        {
+            "runs": runs,
+            "interval": INTERVAL,
+            "scripts": results,
+            "processes": counted,
+            "real_ray": measured,
+        },
         text,
     )

@@ -1,6 +1,7 @@
 """Part of `host`: what the head's fact script costs with a real Ray 2.60 behind `docker exec
 HEAD ray ...` (the real-Ray tier's world, run in this process), with Ray read and with Ray's last
-reading reused (a quiet converged cluster between probes).
+reading reused (a quiet converged cluster between probes), and with Ray read from the head's
+dashboard over HTTP as observing now does (and those reads alone: the head's cost of a Ray read).
 
 The cost is every process's CPU on the host side: the fact script's processes and the `ray` CLI
 (children of this process once they end) and Ray's own daemons answering it (the dashboard, the
@@ -13,14 +14,16 @@ import os
 import resource
 import tempfile
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
+from sparkd.model.observed import RayState
 from sparkd.runtime.controller import Controller
 from sparkd.runtime.state import StateDir
 from sparkd.settings import load_settings
-from sparkd.shell import catalogue
-from sparkd.shell.observe import tool_timeout
+from sparkd.shell import catalogue, ray_http
+from sparkd.shell.observe import channel, tool_timeout
 from sparkd.shell.ssh import SshPool
 from sparkd.sim import real_ray
 from sparkd.sim.openssh import descendants
@@ -28,6 +31,7 @@ from sparkd.sim.timing import Timing
 from sparkd.sim.world import World
 
 TICK = os.sysconf("SC_CLK_TCK")
+IDLE = "nothing read (Ray's own background in the same window)"
 FIRST_ADDRESS = "127.78.0.2"
 
 
@@ -83,18 +87,40 @@ async def measure(runs: int) -> dict[str, Any] | None:
                 head = cluster.head
                 conn = pool.connection(head, cluster.ssh)
                 t = tool_timeout(cluster)
-                variants = {
-                    "head, Ray read (1 `ray` call)": catalogue.fact_script(cluster, head, t),
-                    "head, Ray reused (no `ray` call)": catalogue.fact_script(
-                        cluster, head, t, read_ray=False
+                bare = catalogue.fact_script(cluster, head, t, read_ray=False)
+                port = cluster.ray.dashboard_port
+                dashboard = channel(conn, ray_http.DASHBOARD_HOST, port)
+
+                async def over_http(settling: bool) -> None:
+                    ray = await ray_http.read_ray(dashboard, port, settling, t)
+                    if not isinstance(ray, RayState) or len(ray.nodes) != len(cluster.hosts):
+                        raise RuntimeError(f"the real dashboard did not answer: {ray}")
+
+                # (script, then the dashboard's reads beside it: None, the node list, or the
+                # node list and the cluster status)
+                variants: dict[str, tuple[str | None, bool | None]] = {
+                    "head, Ray by `ray list nodes` (1 `ray` call)": (
+                        catalogue.fact_script(cluster, head, t).command,
+                        None,
                     ),
+                    "head, Ray over HTTP (as observing runs it)": (bare.command, False),
+                    "head, Ray reused (no read)": (bare.command, None),
+                    "Ray over HTTP alone: node list": (None, False),
+                    "Ray over HTTP alone: node list + cluster status": (None, True),
+                    # Ray's daemons use CPU of their own all along: the same window, no read.
+                    IDLE: (None, None),
                 }
                 samples: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
                 for _ in range(runs):
-                    for name, script in variants.items():  # alternated
+                    for name, (script, http) in variants.items():  # alternated
                         await asyncio.sleep(1.0)  # Ray's own background work settles
                         before, started = host_cpu(), time.perf_counter()
-                        await conn.run(script.command, timeout=60)
+                        reads: list[Awaitable[object]] = []
+                        if script is not None:
+                            reads.append(conn.run(script, timeout=60))
+                        if http is not None:
+                            reads.append(over_http(http))
+                        await asyncio.gather(*reads)
                         wall = time.perf_counter() - started
                         await asyncio.sleep(0.3)  # processes that ended are reaped
                         samples[name].append((host_cpu() - before, wall))

@@ -194,6 +194,9 @@ class SshSpec(_Section):
     sudo: bool = False
 
 
+DEFAULT_DASHBOARD_PORT = 8265
+
+
 class RaySpec(_Section):
     image: Annotated[str, Field(min_length=1, pattern=r"^[^-\s][^\s]*$")]
     port: int = Field(default=6379, gt=0, lt=65536)
@@ -203,6 +206,8 @@ class RaySpec(_Section):
     extra_docker_args: tuple[str, ...] = ()
     mounts: tuple[str, ...] = ("/models:/models",)
     dashboard: bool = True
+    # Where the head's dashboard listens (on its loopback): sparkd reads Ray's state there.
+    dashboard_port: int = Field(default=DEFAULT_DASHBOARD_PORT, gt=0, lt=65536)
     join_timeout: Seconds = 120.0
 
     @field_validator("shm_size")

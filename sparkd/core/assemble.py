@@ -53,7 +53,8 @@ def _host_clock(sections: dict[str, facts.Section], observed_at: float) -> float
     now = sections.get("now")
     if now is not None and now.ok:
         try:
-            clock = float(now.body.strip())
+            # bash's $EPOCHREALTIME writes the locale's decimal mark.
+            clock = float(now.body.strip().replace(",", "."))
             if math.isfinite(clock):
                 return clock
         except ValueError:
@@ -248,9 +249,11 @@ def head_extras(
     observed_at: float,
     secrets: tuple[str, ...] = (),
     known_ray: RayState | None = None,
+    ray_read: RayState | None = None,
 ) -> HeadExtras:
+    """`ray_read`: Ray as its dashboard served it this look (then no `ray` section counts)."""
     skew = observed_at - _host_clock(sections, observed_at)
-    ray = known_ray.model_copy(update={"reused": True}) if known_ray is not None else None
+    ray = known_ray.model_copy(update={"reused": True}) if known_ray is not None else ray_read
     nodes = None if ray is not None else sections.get("ray_nodes")
     if nodes is not None and nodes.ok:
         ray = facts.parse_ray_nodes(nodes.body)

@@ -300,12 +300,18 @@ def parse_ray_nodes(text: str) -> RayState | None:
         if NO_RESOURCES in text:
             return RayState(nodes=(), gpus_total=0.0)
         return None
+    return ray_rows(rows)
+
+
+def ray_rows(rows: list[Any]) -> RayState | None:
+    """Ray's node rows, as the CLI prints them and the state API serves them; None when one
+    row is not a node (no id, a GPU count that is not a count)."""
     nodes: list[RayNode] = []
     for row in rows:
         if not isinstance(row, dict) or not isinstance(row.get("node_id"), str):
             return None
         resources = row.get("resources_total") or {}
-        gpus = _gpus(resources.get("GPU", 0.0) if isinstance(resources, dict) else 0.0)
+        gpus = gpu_count(resources.get("GPU", 0.0) if isinstance(resources, dict) else 0.0)
         if gpus is None:
             # Read as 0 GPUs, a garbage count would restart both Ray nodes of a serving cluster.
             return None
@@ -324,8 +330,8 @@ def parse_ray_nodes(text: str) -> RayState | None:
     return RayState(nodes=tuple(nodes), gpus_total=total)
 
 
-def _gpus(value: object) -> float | None:
-    """A node's GPU count, None when it is not a count (NaN, Infinity, negative, text)."""
+def gpu_count(value: object) -> float | None:
+    """A GPU count, None when it is not a count (NaN, Infinity, negative, text)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     try:

@@ -10,7 +10,7 @@ import hashlib
 import json
 from typing import Any
 
-from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.settings import DEFAULT_DASHBOARD_PORT, ClusterSpec, HostSpec
 
 LABEL_CLUSTER = "sparkd.cluster"
 LABEL_ROLE = "sparkd.role"
@@ -57,8 +57,13 @@ def _image_spellings(cluster: ClusterSpec) -> list[str]:
 
 def _ray_hash(cluster: ClusterSpec, host: HostSpec, image: str) -> str:
     ray = cluster.ray
+    # Only a port other than Ray's default is part of the hash: labels written before it
+    # could be set still match.
+    moved = ray.dashboard_port != DEFAULT_DASHBOARD_PORT
+    port = {"dashboard_port": ray.dashboard_port} if moved else {}
     return _digest(
         {
+            **port,
             "image": image,
             "port": ray.port,
             "env": dict(sorted(ray.env.items())),

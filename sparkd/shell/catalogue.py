@@ -29,7 +29,7 @@ from sparkd.core.spec import (
     serve_pid_path,
     serve_spec_path,
 )
-from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.settings import DEFAULT_DASHBOARD_PORT, ClusterSpec, HostSpec
 
 KILL_GRACE = 2
 # A `docker events` stream is renewed this often, so no remote process outlives sparkd by more.
@@ -85,6 +85,33 @@ _SECTION_FUNCTION = (
     's() { n=$1; shift; printf \'@@sparkd %s\\n\' "$n"; "$@" 2>&1; rc=$?; '
     'printf \'\\n@@sparkd-end %s %s\\n\' "$n" "$rc"; }'
 )
+# A section whose output the script reads again (in `$o`); then `N`, a newline, to split that
+# output into lines with the shell alone (POSIX sh: the forced command runs `/bin/sh -c`).
+_CAPTURE_FUNCTION = (
+    'c() { n=$1; shift; o=$("$@" 2>&1); rc=$?; '
+    'printf \'@@sparkd %s\\n%s\\n@@sparkd-end %s %s\\n\' "$n" "$o" "$n" "$rc"; }; N=\'\n\''
+)
+# `$1`..., `$o`'s lines, `IFS` as given: the loops below read captured output without a tool.
+_LINES = "set -f; IFS=$N; for l in {text}; do {body}; done; unset IFS; set +f"
+# The running containers' names from `docker ps -a`'s JSON lines (what `docker ps` lists: the
+# states where Docker counts a container running), one a line. Docker escapes quotes inside
+# values, so `"State":"running"` and `"Names":"` match the fields themselves.
+_RUNNING_NAMES = "r=; " + _LINES.format(
+    text="$k",
+    body=(
+        'case $l in *\'"State":"running"\'*|*\'"State":"restarting"\'*|*\'"State":"paused"\'*) '
+        'case $l in *\'"Names":"\'*) n=${l#*\'"Names":"\'}; n=${n%%\'"\'*}; '
+        'r="$r$n$N";; esac;; esac'
+    ),
+)
+# The PIDs of a container's `top` (first column), added to `$t`.
+_TOP_PIDS = _LINES.format(text="$o", body="IFS=' '; set -- $l; t=\"$t $1 \"; IFS=$N")
+# Whether `nvidia-smi` listed a process no container's `top` holds (u=1): only such a process is
+# judged (foreign), and only once seen in a second read too.
+_UNATTRIBUTED = "u=0; " + _LINES.format(
+    text="$a",
+    body='IFS=\', \'; set -- $l; IFS=$N; case "$t" in *" $1 "*) ;; *) [ -n "$1" ] && u=1;; esac',
+)
 
 
 def fact_script(
@@ -105,8 +132,17 @@ def fact_script(
     def section(name: str, argv: Sequence[str]) -> str:
         return shlex.join(["s", name, *timed(argv, t)])
 
-    lines = [_SECTION_FUNCTION]
-    lines.append(section("now", ["date", "+%s.%N"]))
+    def capture(name: str, argv: Sequence[str]) -> str:
+        return shlex.join(["c", name, *timed(argv, t)])
+
+    lines = [_SECTION_FUNCTION, _CAPTURE_FUNCTION]
+    # bash's own clock (5.0 and later) spares a `date` process; `date` where it has none.
+    now = section("now", ["date", "+%s.%N"])
+    lines.append(
+        'if [ -n "$EPOCHREALTIME" ]; then '
+        "printf '@@sparkd now\\n%s\\n@@sparkd-end now 0\\n' \"$EPOCHREALTIME\"; "
+        f"else {now}; fi"
+    )
     lines.append(section("boot_id", ["cat", "/proc/sys/kernel/random/boot_id"]))
     if cluster.cleanup.units:
         lines.append(
@@ -118,8 +154,8 @@ def fact_script(
     # script its SSH timeout (the host would read as unreachable): once `docker ps` timed out
     # (d=124), no other `docker` call is made; the host still reports everything else.
     lines.append(
-        section("containers", ["docker", "ps", "-a", "--no-trunc", "--format", "{{json .}}"])
-        + "; d=$rc"
+        capture("containers", ["docker", "ps", "-a", "--no-trunc", "--format", "{{json .}}"])
+        + "; d=$rc; k=$o"
     )
 
     def docker(line: str) -> str:
@@ -132,22 +168,26 @@ def fact_script(
             )
         )
     )
-    lines.append(section("gpu_apps", GPU_APPS) + "; g=$rc")
+    lines.append(capture("gpu_apps", GPU_APPS) + "; g=$rc; a=$o")
     # The running containers' names are a section too, so a failed listing is seen as such
-    # rather than as "no processes in any container"; each named one then gets its `top`.
-    running = shlex.join(timed(["docker", "ps", "--format", "{{.Names}}"], t))
+    # rather than as "no processes in any container"; each named one then gets its `top`,
+    # whose PIDs (in `$t`) tell which GPU processes are the containers'.
     top = shlex.join(timed(["docker", "top"], t))
     lines.append(
         docker(
-            f"r=$({running} 2>&1); rc=$?; "
-            'printf \'@@sparkd running\\n%s\\n@@sparkd-end running %s\\n\' "$r" "$rc"; '
-            f'if [ "$rc" = 0 ]; then for c in $r; do s "top $c" {top} "$c" -eo {TOP_FORMAT}; '
-            "done; fi"
+            f"{_RUNNING_NAMES}; printf '@@sparkd running\\n%s\\n@@sparkd-end running %s\\n' "
+            '"$r" "$d"; t=; '
+            f'if [ "$d" = 0 ]; then for n in $r; do c "top $n" {top} "$n" -eo {TOP_FORMAT}; '
+            f'if [ "$rc" = 0 ]; then {_TOP_PIDS}; fi; done; fi'
         )
     )
-    # Asked again after the `top`s (unless it failed the first time): only a process seen both
-    # times is judged, so one that started or ended in between is never taken for foreign.
-    lines.append(f'if [ "$g" = 0 ]; then {section("gpu_apps_after", GPU_APPS)}; fi')
+    # Asked again after the `top`s (unless it failed the first time) when it listed a process
+    # no container holds: only a process seen both times is judged, so one that started or
+    # ended in between is never taken for foreign.
+    lines.append(
+        f'if [ "$g" = 0 ]; then {_UNATTRIBUTED}; '
+        f'if [ "$u" = 1 ]; then {section("gpu_apps_after", GPU_APPS)}; fi; fi'
+    )
     # The image sparkd's container runs, by ID: a re-pulled tag is a new image.
     lines.append(
         docker(
@@ -203,7 +243,7 @@ def fact_script(
             )
         # Each `ray` call costs the head 0.6-3 s of a core: `ray status` only when the node
         # list could not be had (no dashboard, or it failed).
-        status = section("ray_status", ["docker", "exec", head, "ray", "status"])
+        status = _ray_status_section(cluster, t)
         if cluster.ray.dashboard and not ray_status:
             ray_lines.append(f'if [ "$rc" != 0 ]; then {status}; fi')
         else:
@@ -216,6 +256,20 @@ def fact_script(
         )
         lines.append(section("serve_log_mtime", ["stat", "-c", "%y", serve_log_path(cluster)]))
     return Remote("facts", "\n".join(lines) + "\n", mutating=False)
+
+
+def _ray_status_section(cluster: ClusterSpec, seconds: float) -> str:
+    head = container_name(cluster, cluster.head)
+    argv = ["docker", "exec", head, "ray", "status"]
+    return shlex.join(["s", "ray_status", *timed(argv, seconds)])
+
+
+def ray_cli(cluster: ClusterSpec, tool_timeout: float) -> Remote:
+    """`ray status` alone, in a section, for when the head's dashboard did not answer (then
+    `ray list nodes`, a client of the same dashboard, cannot answer either): Ray read from its
+    GCS, without node IPs."""
+    text = f"{_SECTION_FUNCTION}\n{_ray_status_section(cluster, tool_timeout)}\n"
+    return Remote("ray_cli", text, mutating=False)
 
 
 # -- write path ----------------------------------------------------------------------------
@@ -240,6 +294,8 @@ def ray_command(cluster: ClusterSpec, host: HostSpec) -> list[str]:
         ]  # fmt: skip
         if ray.dashboard:
             argv.append("--dashboard-host=127.0.0.1")
+            if ray.dashboard_port != DEFAULT_DASHBOARD_PORT:
+                argv.append(f"--dashboard-port={ray.dashboard_port}")
         else:
             argv.append("--include-dashboard=false")
         return argv
@@ -502,13 +558,18 @@ def sudoers_rules(cluster: ClusterSpec) -> tuple[list[str], list[str]]:
 
 def fact_scripts(cluster: ClusterSpec, host: HostSpec) -> list[Remote]:
     """Every variant of the fact script observing may send `host`: with and without `ray
-    status`, and with Ray's last reading reused (no `ray` call). One text each."""
+    status`, and with Ray's last reading reused (no `ray` call); with the dashboard, the script
+    without `ray` and the head's `ray status` alone (`ray_cli`). One text each."""
     t = tool_timeout(cluster)
-    scripts = (
+    # With the dashboard, Ray is read over HTTP, and through `ray status` when it is silent.
+    reads = (False,) if cluster.ray.dashboard else (True, False)
+    scripts = [
         fact_script(cluster, host, t, ray_status, read_ray)
-        for read_ray in (True, False)
+        for read_ray in reads
         for ray_status in (False, True)
-    )
+    ]
+    if cluster.ray.dashboard and host.role == "head":
+        scripts.append(ray_cli(cluster, t))
     return list({script.command: script for script in scripts}.values())
 
 

@@ -23,7 +23,7 @@ from sparkd.core.spec import key_fingerprint
 from sparkd.model.observed import HostFacts, ModelEndpoint, Observed, RayState
 from sparkd.model.probe import CheckResult, ProbeResult
 from sparkd.settings import ClusterSpec, HostSpec
-from sparkd.shell import catalogue, model_http
+from sparkd.shell import catalogue, model_http, ray_http
 from sparkd.shell.secrets import REDACTOR, SecretFileError, read_secret
 from sparkd.shell.ssh import HostConnection, SshFailure, SshPool
 
@@ -56,9 +56,13 @@ def tool_timeout(cluster: ClusterSpec) -> float:
 
 
 def opener(conn: HostConnection, cluster: ClusterSpec) -> model_http.Opener:
+    return channel(conn, cluster.model_host, cluster.model.port)
+
+
+def channel(conn: HostConnection, host: str, port: int) -> model_http.Opener:
     async def open_channel() -> model_http.Streams:
         try:
-            return await conn.open_connection(cluster.model_host, cluster.model.port)
+            return await conn.open_connection(host, port)
         except SshFailure as failure:
             if failure.kind == "refused":
                 raise model_http.ChannelRefused(failure.error.detail) from None
@@ -76,26 +80,57 @@ async def read_host(
     ray_status: bool = False,
     known_ray: RayState | None = None,
 ) -> HostReading:
+    t = tool_timeout(cluster)
+    # With the dashboard, the head's Ray is read over HTTP beside the script, not by `ray`.
+    over_http = host.role == "head" and cluster.ray.dashboard and known_ray is None
     script = catalogue.fact_script(
-        cluster, host, tool_timeout(cluster), ray_status, read_ray=known_ray is None
+        cluster, host, t, ray_status, read_ray=known_ray is None and not over_http
     )
+    dashboard: asyncio.Task[RayState | ray_http.DashboardSilent] | None = None
+    if over_http:
+        open_dashboard = channel(conn, ray_http.DASHBOARD_HOST, cluster.ray.dashboard_port)
+        dashboard = asyncio.create_task(
+            ray_http.read_ray(open_dashboard, cluster.ray.dashboard_port, ray_status, t)
+        )
     try:
-        result = await conn.run(script.command, timeout=cluster.ssh.command_timeout)
-        output = result.stdout
-    except SshFailure as failure:
-        if failure.kind != "exit_nonzero" or failure.result is None:
-            return HostReading(HostFacts(name=host.name, error=failure.error), None)
-        output = failure.result.stdout  # sections carry their own exit codes
-    sections = facts.parse_sections(output)
+        sections = await _sections(conn, script, cluster.ssh.command_timeout)
+        ray = await dashboard if dashboard is not None else None
+    finally:
+        if dashboard is not None:
+            dashboard.cancel()
+    if isinstance(sections, HostFacts):
+        return HostReading(sections.model_copy(update={"name": host.name}), None)
     error = unreadable(sections)
     if error is not None:
         return HostReading(HostFacts(name=host.name, error=error), None)
+    if isinstance(ray, ray_http.DashboardSilent):
+        # Off, starting or failing: `ray status` reads the GCS without it. Its share of the
+        # command timeout, so the look stays within one script's time.
+        fallback = catalogue.ray_cli(cluster, t)
+        more = await _sections(conn, fallback, max(t, cluster.ssh.command_timeout - t))
+        if not isinstance(more, HostFacts):
+            sections = {**sections, **more}
+        ray = None
     extras = (
-        head_extras(cluster, sections, observed_at, secrets, known_ray)
+        head_extras(cluster, sections, observed_at, secrets, known_ray, ray)
         if host.role == "head"
         else None
     )
     return HostReading(host_facts(cluster, host, sections, observed_at), extras)
+
+
+async def _sections(
+    conn: HostConnection, script: catalogue.Remote, seconds: float
+) -> dict[str, facts.Section] | HostFacts:
+    """The script's sections, or the host's failure (a HostFacts with its error)."""
+    try:
+        result = await conn.run(script.command, timeout=seconds)
+        output = result.stdout
+    except SshFailure as failure:
+        if failure.kind != "exit_nonzero" or failure.result is None:
+            return HostFacts(name="", error=failure.error)
+        output = failure.result.stdout  # sections carry their own exit codes
+    return facts.parse_sections(output)
 
 
 async def observe(

@@ -65,6 +65,7 @@ def render_config(world: World) -> str:
             f"  expected_gpus = {len(members)}",
             '  shm_size = "16g"',
             "  dashboard = true",
+            f"  dashboard_port = {world.dashboard_port}",
             "  extra_docker_args = []",
             '  mounts = ["/models:/models"]',
             "  [clusters.ray.env]",

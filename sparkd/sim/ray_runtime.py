@@ -38,6 +38,7 @@ class StartArgs:
     node_ip: str | None = None
     port: int = 6379
     dashboard: bool = True
+    dashboard_port: int = 8265
     num_gpus: float = 1.0
     errors: list[str] = field(default_factory=list)
 
@@ -74,6 +75,8 @@ def parse_start(args: list[str]) -> StartArgs:
             parsed.node_ip = value
         elif name == "--port":
             parsed.port = int(value)
+        elif name == "--dashboard-port" and value.isdigit():
+            parsed.dashboard_port = int(value)
         elif name == "--include-dashboard":
             parsed.dashboard = value.lower() in ("true", "1", "yes")
         elif name == "--num-gpus":
@@ -187,6 +190,7 @@ class RayWorld:
             ip=node_ip,
             port=parsed.port,
             dashboard=parsed.dashboard,
+            dashboard_port=parsed.dashboard_port,
             launched=now,
             answers_after=self.timing.head_answer,
         )

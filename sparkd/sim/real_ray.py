@@ -160,6 +160,8 @@ class RealRay:
     # (host address or override) -> (engine, container) of the Ray container registered there.
     locate: Callable[[str], tuple[HostEngine, Container] | None]
     gcs_port: int = field(default_factory=free_port)
+    # The dashboard's port the config gives sparkd (Ray's 8265 could collide between worlds).
+    dashboard_port: int = field(default_factory=free_port)
     # Every port given to a node and every PID namespace made (as /proc/PID/ns/pid names it),
     # so a test can check that nothing listens or runs there any more.
     ports: set[int] = field(default_factory=set)
@@ -172,7 +174,7 @@ class RealRay:
     _processes: set[asyncio.subprocess.Process] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        self.ports.add(self.gcs_port)
+        self.ports.update((self.gcs_port, self.dashboard_port))
 
     def _port(self) -> int:
         port = free_port()
@@ -195,9 +197,15 @@ class RealRay:
         machine (`--gpus all`: one GPU per Spark) and free ports for everything Ray would
         otherwise bind at a fixed default."""
         out = []
+        ips = [a.partition("=")[2] for a in args if a.startswith("--node-ip-address=")]
+        address = ips[0] if ips else ""
         for arg in args:
             if node_ip is not None and arg.startswith("--node-ip-address="):
                 arg = f"--node-ip-address={node_ip}"
+            if arg == "--dashboard-host=127.0.0.1" and address:
+                # A container's loopback is its host's: here every host shares the machine's,
+                # and each host's own address stands for it.
+                arg = f"--dashboard-host={address}"
             out.append(arg)
         out += [
             "--num-gpus=1",
@@ -209,7 +217,9 @@ class RealRay:
             "--max-worker-port=0",
         ]
         if "--head" in args:
-            out += [f"--dashboard-port={self._port()}", f"--ray-client-server-port={self._port()}"]
+            if not any(a.startswith("--dashboard-port=") for a in args):
+                out.append(f"--dashboard-port={self._port()}")
+            out.append(f"--ray-client-server-port={self._port()}")
         return out
 
     async def run(

@@ -259,6 +259,7 @@ class RayCluster:
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the head goes away; its workers give up (see `Timing.gcs_reconnect_timeout`)."""
     ended_at: float | None = None
+    dashboard_port: int = 8265
 
     def answers(self, now: float) -> bool:
         return self.alive and now >= self.launched + self.answers_after

@@ -40,6 +40,7 @@ from sparkd.sim.fake_docker import FakeDocker, image_id
 from sparkd.sim.openssh import OpenSshHost, find_sshd
 from sparkd.sim.owned import OwnedCommand
 from sparkd.sim.protocol import Done, Reply, Stream, ToolCall, fail
+from sparkd.sim.ray_dashboard import DEFAULT_DASHBOARD, DashboardServer
 from sparkd.sim.ray_runtime import RayWorld, StatusLayout
 from sparkd.sim.real_docker import RealDocker
 from sparkd.sim.real_docker import cli as docker_cli
@@ -254,6 +255,8 @@ class World:
         self.served: dict[str, deque[Served]] = {}
         # (host address, simulated port) -> the real port its model server listens on.
         self.listening: dict[tuple[str, int], int] = {}
+        # Each host's Ray dashboard (simulated Ray; real Ray serves its own).
+        self._dashboards: dict[str, DashboardServer] = {}
         self._tool_server = ToolServer(self.handle)
         self._client_key = asyncssh.generate_private_key("ssh-ed25519")
         self._background: set[asyncio.Future[None]] = set()
@@ -293,6 +296,32 @@ class World:
         GCS servers listen on every address)."""
         return self.real_ray.gcs_port if self.real_ray is not None else 6379
 
+    @property
+    def dashboard_port(self) -> int:
+        """The dashboard port the config gives sparkd: free on this machine when Ray is real."""
+        return self.real_ray.dashboard_port if self.real_ray is not None else DEFAULT_DASHBOARD
+
+    def _dashboard_head(self, host: str) -> RayCluster | None:
+        """The Ray head on `host` whose dashboard answers now."""
+        now = time.monotonic()
+        for cluster in self.ray.clusters:
+            if cluster.head_host == host and cluster.dashboard and cluster.answers(now):
+                return cluster
+        return None
+
+    def _real_port(self, address: str, port: int) -> int | None:
+        """Where a channel to `address:port` goes: a model server, or a head's dashboard while
+        it answers; None is refused."""
+        found = self.listening.get((address, port))
+        if found is not None or self.real_ray is not None:
+            real = self.real_ray is not None and port == self.real_ray.dashboard_port
+            return found if found is not None else port if real else None
+        for name, server in self._dashboards.items():
+            head = self._dashboard_head(name) if server.address == address else None
+            if head is not None and head.dashboard_port == port:
+                return server.port
+        return None
+
     def host(self, name: str) -> SimHost:
         try:
             return self.hosts[name]
@@ -329,6 +358,15 @@ class World:
         if self.real_docker is not None:
             await self.real_docker.start(names)
         self._apply_scenario()
+        if self.real_ray is None:
+            for name, host in self.hosts.items():
+                # A real sshd dials the port itself; the simulated one asks `_real_port`.
+                fixed = DEFAULT_DASHBOARD if self.ssh_server == "openssh" else 0
+                find = functools.partial(self._dashboard_head, name)
+                stalled = functools.partial(lambda h: ("ray",) in h.hung_tools, host)
+                server = DashboardServer(host.address, fixed, find, self.timing, stalled)
+                await server.start()
+                self._dashboards[name] = server
         ports = await asyncio.gather(*(h.ssh.listen() for h in self.hosts.values()))
         del ports
         self._write_client_files()
@@ -342,6 +380,9 @@ class World:
     async def stop(self) -> None:
         await self._control.stop()
         self.ray.close()
+        for server in self._dashboards.values():
+            await server.stop()
+        self._dashboards.clear()
         serves = list(self.serves)
         for serve in serves:
             serve.kill_hard()
@@ -420,7 +461,7 @@ class World:
             record=lambda command: self._record(name, "ssh", command),
             other_addresses=lambda: {h.address for h in self.hosts.values()},
             run_as=self.run_as,
-            real_port=lambda address, port: self.listening.get((address, port)),
+            real_port=self._real_port,
             aliases=lambda: {
                 h.state.data_ip: h.address
                 for h in self.hosts.values()
@@ -1275,7 +1316,8 @@ class World:
     async def hang_tool(self, host: str, arg: str | None = None) -> str:
         """Calls of fake tool `arg` on `host` (inside its containers too) never answer, as a
         wedged `nvidia-smi` or a `ray status` stuck on a dead GCS does. `arg` may go on with
-        arguments (`docker ps`): then only calls starting with those words hang."""
+        arguments (`docker ps`): then only calls starting with those words hang. `ray` alone
+        also stalls the host's Ray dashboard (its state API waits on the same GCS)."""
         words = tuple(shlex.split(arg or ""))
         tools = [t for t in TOOLS if t != "sudo"]
         if not words or words[0] not in tools:

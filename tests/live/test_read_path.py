@@ -78,23 +78,25 @@ async def test_one_ssh_exec_per_host_per_cycle(healthy: Live, pool: SshPool) -> 
         assert len(tools) >= 5  # the one script really ran every tool
 
 
-async def test_one_ray_call_per_cycle_on_the_head(healthy: Live, pool: SshPool) -> None:
-    """Each real `ray` call costs the head 0.6-3 s of a core: the node list suffices."""
+async def test_no_ray_call_on_the_head_the_dashboard_answers(healthy: Live, pool: SshPool) -> None:
+    """Each real `ray` call costs the head 0.6-3 s of a core: the dashboard serves the same."""
     import time
 
     world = healthy.world
     since = time.time()
     observed = await observe(healthy.cluster, pool, ray_status=False)
     assert observed.ray is not None and observed.ray.up and observed.ray.ips_known
+    assert {n.ip for n in observed.ray.nodes} == {h.state.data_ip for h in world.hosts.values()}
+    assert observed.ray.gpus_total == 2.0 and observed.ray.gpus_usable is None
+    # While Ray settles, the cluster status is read too: when a listed node's GPU is usable.
+    observed = await observe(healthy.cluster, pool, ray_status=True)
+    assert observed.ray is not None and observed.ray.gpus_usable == 2.0
     calls = [
         r.command
         for r in world.commands("spark-a")
         if r.at >= since and r.command.split()[:1] == ["ray"]
     ]
-    assert calls == ["ray list nodes --format=json --filter state=ALIVE"], calls
-    # While Ray settles, `ray status` is read too: when a listed node's GPU is usable.
-    observed = await observe(healthy.cluster, pool, ray_status=True)
-    assert observed.ray is not None and observed.ray.gpus_usable == 2.0
+    assert calls == [], calls
 
 
 async def test_a_known_ray_reading_spares_the_head_every_ray_call(
@@ -115,11 +117,57 @@ async def test_a_known_ray_reading_spares_the_head_every_ray_call(
     assert called and not [c for c in called if c.split()[:1] == ["ray"]], called
 
 
-async def test_ray_status_only_when_the_node_list_fails(healthy: Live, pool: SshPool) -> None:
+async def test_ray_status_only_when_the_dashboard_is_silent(healthy: Live, pool: SshPool) -> None:
+    import time
+
     world = healthy.world
-    cluster = cluster_of(world, ssh={"command_timeout": 3.0})
-    await world.fault("hang-tool", "spark-a", "ray list")
+    # Nothing listens on this port of the head: the channel is refused.
+    cluster = cluster_of(world, ray={"dashboard_port": world.dashboard_port + 1})
+    since = time.time()
     observed = await observe(cluster, pool)
     assert observed.ray is not None and observed.ray.up
     assert not observed.ray.ips_known  # read from `ray status`, which names no IPs
     assert observed.ray.gpus_total == 2.0
+    calls = [
+        r.command
+        for r in world.commands("spark-a")
+        if r.at >= since and r.command.split()[:1] == ["ray"]
+    ]
+    assert calls == ["ray status"], calls
+
+
+async def test_a_look_runs_one_docker_ps_and_one_nvidia_smi_when_the_containers_hold_the_gpu(
+    healthy: Live, pool: SshPool
+) -> None:
+    import time
+
+    world = healthy.world
+    since = time.time()
+    observed = await observe(healthy.cluster, pool, ray_status=False)
+    for host, facts in zip(("spark-a", "spark-b"), observed.hosts, strict=True):
+        tools = [r.command for r in world.commands(host) if r.at >= since and r.source == "tool"]
+        # The running names come from the one `docker ps -a`; every GPU process is in a
+        # container's `top`, so nothing is judged and nvidia-smi is not asked again.
+        assert [c for c in tools if c.startswith("docker ps")] == [
+            "docker ps -a --no-trunc --format {{json .}}"
+        ], tools
+        assert sum(c.startswith("nvidia-smi") for c in tools) == 1, tools
+        running = [c.name for c in facts.containers if c.running]
+        assert sorted(c.split()[2] for c in tools if c.startswith("docker top")) == sorted(running)
+        assert facts.gpu_processes and all(p.container for p in facts.gpu_processes), facts
+
+
+async def test_a_gpu_process_no_container_holds_is_read_twice_before_it_is_judged(
+    healthy: Live, pool: SshPool
+) -> None:
+    import time
+
+    world = healthy.world
+    await world.fault("stray-gpu", "spark-b", "4096")
+    since = time.time()
+    observed = await observe(healthy.cluster, pool, ray_status=False)
+    tools = [r.command for r in world.commands("spark-b") if r.at >= since and r.source == "tool"]
+    assert sum(c.startswith("nvidia-smi") for c in tools) == 2, tools
+    worker = next(h for h in observed.hosts if h.name == "spark-b")
+    foreign = [p for p in worker.gpu_processes if p.container is None]
+    assert [p.used_memory_mib for p in foreign] == [4096], worker.gpu_processes

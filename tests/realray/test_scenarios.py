@@ -116,6 +116,11 @@ async def test_cold_start_from_seed_morning(real_cluster: RealCluster) -> None:
     nodes = alive_nodes(ctl)
     assert all(NODE_ID.match(n) for n in nodes)
     assert sorted(nodes.values()) == sorted(h.ip for h in ctl.cluster.hosts)
+    # Read from the real dashboard's HTTP API: never `ray list nodes`, and `ray status` only
+    # while the dashboard did not answer yet (it starts a second or so after the GCS).
+    calls = [r.command for r in world.commands(ctl.cluster.head.name)]
+    assert not [c for c in calls if c.startswith("ray list")], calls
+    assert sum(c.startswith("ray status") for c in calls) < len(plans) // 2, calls
     assert len(launches(world, 0.0)) == 1
     # The model holds one GPU on each node, through a real placement group.
     [serve] = world.serves

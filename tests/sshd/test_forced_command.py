@@ -18,10 +18,14 @@ import asyncssh
 import pytest
 
 from sparkd.core import facts
+from sparkd.model.observed import RayState
 from sparkd.settings import ClusterSpec, HostSpec, SshSpec
-from sparkd.shell import catalogue, forced, model_http
-from sparkd.shell.observe import opener
+from sparkd.shell import catalogue, forced, model_http, ray_http
+from sparkd.shell.observe import channel, opener
 from sparkd.shell.ssh import HostConnection, SshFailure
+from sparkd.sim.ray_dashboard import DashboardServer
+from sparkd.sim.state import RayCluster, RayNode
+from sparkd.sim.timing import Timing
 from sparkd.sim.vllm_server import ModelBehaviour, SimVllmServer
 from tests.sshd.conftest import RealSshd, running_sshd
 from tests.toy import reference_cluster
@@ -64,6 +68,22 @@ async def model() -> AsyncIterator[int]:
 
 
 @pytest.fixture
+async def dashboard() -> AsyncIterator[int]:
+    """A head's Ray dashboard on loopback, one head node registered."""
+    node = RayNode(node_id="ab" * 28, ip="127.0.0.1", host="a", container_id="c", is_head=True)
+    ray = RayCluster(
+        head_container_id="c", head_host="a", ip="127.0.0.1", port=6379, dashboard=True
+    )
+    ray.nodes.append(node)
+    server = DashboardServer("127.0.0.1", 0, lambda: ray, Timing.fast())
+    port = await server.start()
+    try:
+        yield port
+    finally:
+        await server.stop()
+
+
+@pytest.fixture
 def other_listener() -> Iterator[int]:
     """A port that is open on loopback, so only the key's options can refuse a channel to it."""
     with socket.socket() as sock:
@@ -73,7 +93,7 @@ def other_listener() -> Iterator[int]:
 
 
 @pytest.fixture
-def world(tmp_path: Path, model: int, other_listener: int) -> Iterator[Forced]:
+def world(tmp_path: Path, model: int, dashboard: int, other_listener: int) -> Iterator[Forced]:
     tools = tmp_path / "bin"
     calls = tmp_path / "calls"
     stand_ins(tools, calls)
@@ -95,6 +115,7 @@ def world(tmp_path: Path, model: int, other_listener: int) -> Iterator[Forced]:
                     connect_timeout=5.0,
                     command_timeout=10.0,
                 ),
+                "ray": reference.ray.model_copy(update={"dashboard_port": dashboard}),
                 "model": reference.model.model_copy(
                     update={
                         "port": model,
@@ -133,8 +154,10 @@ async def test_the_catalogues_commands_pass_and_the_tools_run(world: Forced) -> 
     conn = HostConnection(host, cluster.ssh)
     seconds = cluster.ssh.command_timeout
     try:
+        # With the dashboard on, the script observing sends (Ray is read over HTTP).
+        t = catalogue.tool_timeout(cluster)
         status, output = await run(
-            conn, catalogue.fact_script(cluster, host, catalogue.tool_timeout(cluster)).command
+            conn, catalogue.fact_script(cluster, host, t, read_ray=False).command
         )
         assert lets_through(status, output), output
         sections = facts.parse_sections(output)
@@ -207,6 +230,10 @@ async def test_the_model_channel_reaches_only_the_permitted_port(world: Forced) 
     try:
         result = await model_http.probe(opener(conn, cluster), cluster, API_KEY)
         assert result.verdict.outcome == "reasoning_only"
+        # Ray's dashboard on the head's loopback is the key's other permitted destination.
+        port = cluster.ray.dashboard_port
+        ray = await ray_http.read_ray(channel(conn, "127.0.0.1", port), port, True, 5.0)
+        assert isinstance(ray, RayState) and ray.gpus_total == 1.0 and ray.gpus_usable == 1.0
         with pytest.raises(SshFailure) as info:
             await conn.open_connection("127.0.0.1", world.other_port)
         # Administratively prohibited: not taken for the model refusing (ssh_errors).

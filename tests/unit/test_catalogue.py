@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
@@ -34,11 +35,14 @@ def changed(**parts: dict[str, Any]) -> ClusterSpec:
 def test_every_tool_runs_under_timeout() -> None:
     cluster = reference_cluster()
     for _host, remote in catalogue.catalogue(cluster, 20):
-        if remote.name == "facts":
-            for line in remote.command.splitlines()[1:]:
+        if remote.name in ("facts", "ray_cli"):
+            # Past the section functions, every line runs its tools under `timeout`.
+            for line in remote.command.splitlines():
+                if line.startswith(("s() {", "c() {")) or line == "'":
+                    continue  # the functions, and the end of the newline they define
                 words = shlex.split(line.replace("$(", " ").replace(");", " "))
                 assert "timeout" in words, line
-                if words[0] == "s":
+                if words[0] in ("s", "c"):
                     assert words[2] == "timeout", line
             continue
         for words in top_level_steps(remote.command):
@@ -220,7 +224,8 @@ def test_fact_script_is_sectioned() -> None:
         "ray_status",
         "serve_log",
     ):
-        assert f"s {name} timeout" in script.command, name
+        # `s` prints a section as it comes, `c` also keeps it for the script to read again.
+        assert re.search(f"[sc] {name} timeout", script.command), name
     worker = catalogue.fact_script(cluster, cluster.workers[0], 10)
     assert "ray_status" not in worker.command
 
@@ -249,7 +254,8 @@ def test_ray_nodes_are_read_alive_only_so_the_row_limit_cannot_drop_them() -> No
 def test_the_catalogue_lists_the_fact_script_as_observing_runs_it() -> None:
     from sparkd.shell.observe import tool_timeout
 
-    cluster = reference_cluster()
+    base = reference_cluster()
+    cluster = base.model_copy(update={"ray": base.ray.model_copy(update={"dashboard": False})})
     listed = [(h, r.command) for h, r in catalogue.catalogue(cluster, 30) if r.name == "facts"]
     expected = [
         (h, catalogue.fact_script(cluster, h, tool_timeout(cluster), status, read).command)
@@ -258,6 +264,24 @@ def test_the_catalogue_lists_the_fact_script_as_observing_runs_it() -> None:
             ((False, True), (True, True), (False, False)) if h.role == "head" else ((False, True),)
         )
     ]
-    # The head's also as read while Ray settles (with `ray status`), and with Ray's last
-    # reading reused (no `ray` call); a worker's has no Ray part.
-    assert listed == expected
+    # Without the dashboard, the head's with `ray status` (the node list needs the dashboard),
+    # and with Ray's last reading reused (no `ray` call); a worker's has no Ray part.
+    assert listed == list(dict.fromkeys(expected))
+
+
+def test_with_the_dashboard_the_fact_script_runs_no_ray_and_ray_status_is_listed_alone() -> None:
+    from sparkd.shell.observe import tool_timeout
+
+    cluster = reference_cluster()
+    assert cluster.ray.dashboard
+    t = tool_timeout(cluster)
+    listed = [(h.name, r.name, r.command) for h, r in catalogue.catalogue(cluster, 30)]
+    facts = [(h, c) for h, n, c in listed if n == "facts"]
+    assert facts == [
+        (h.name, catalogue.fact_script(cluster, h, t, False, read_ray=False).command)
+        for h in cluster.hosts
+    ]
+    assert all(" ray " not in c for _, c in facts)
+    cli = [(h, c) for h, n, c in listed if n == "ray_cli"]
+    assert cli == [(cluster.head.name, catalogue.ray_cli(cluster, t).command)]
+    assert "ray status" in cli[0][1] and "ray list" not in cli[0][1]

@@ -60,16 +60,23 @@ def test_every_command_sparkd_sends_a_host_passes_its_wrapper(keyed: bool) -> No
 def test_the_actual_observation_and_events_commands_pass() -> None:
     from sparkd.shell.observe import tool_timeout
 
-    cluster = reference_cluster()
-    for host in cluster.hosts:
-        allowed = decide(cluster, host)
-        for read_ray in (True, False):  # without: Ray's last reading is reused
-            for ray_status in (False, True):
-                script = catalogue.fact_script(
-                    cluster, host, tool_timeout(cluster), ray_status, read_ray
-                )
-                assert allowed(script.command), (host.name, ray_status, read_ray)
-        assert allowed(catalogue.docker_events(catalogue.EVENTS_SPAN).command)
+    base = reference_cluster()
+    for dashboard in (True, False):
+        cluster = base.model_copy(
+            update={"ray": base.ray.model_copy(update={"dashboard": dashboard})}
+        )
+        t = tool_timeout(cluster)
+        for host in cluster.hosts:
+            allowed = decide(cluster, host)
+            # With the dashboard Ray is read over HTTP, the CLI's `ray status` when it is
+            # silent; without, by the script. Without `read_ray`: the last reading is reused.
+            for read_ray in (False,) if dashboard else (True, False):
+                for ray_status in (False, True):
+                    script = catalogue.fact_script(cluster, host, t, ray_status, read_ray)
+                    assert allowed(script.command), (host.name, ray_status, read_ray)
+            if dashboard and host.role == "head":
+                assert allowed(catalogue.ray_cli(cluster, t).command)
+            assert allowed(catalogue.docker_events(catalogue.EVENTS_SPAN).command)
 
 
 def test_shapes_outside_the_catalogue_are_refused() -> None:
@@ -187,8 +194,12 @@ def test_the_authorized_keys_lines() -> None:
     )
     assert forced.authorized_keys_line(cluster, head, KEY) == (
         f'command="{forced.WRAPPER_PATH}",restrict,port-forwarding,'
-        f'permitopen="{cluster.model_host}:{cluster.model.port}" {KEY}'
+        f'permitopen="{cluster.model_host}:{cluster.model.port}",'
+        f'permitopen="127.0.0.1:{cluster.ray.dashboard_port}" {KEY}'
     )
+    off = cluster.ray.model_copy(update={"dashboard": False})
+    line = forced.authorized_keys_line(cluster.model_copy(update={"ray": off}), head, KEY)
+    assert "127.0.0.1" not in line
     ipv6 = cluster.model.model_copy(update={"tunnel_host": "::1"})
     line = forced.authorized_keys_line(cluster.model_copy(update={"model": ipv6}), head, KEY)
     assert f'permitopen="[::1]:{cluster.model.port}"' in line

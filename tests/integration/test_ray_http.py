@@ -1,0 +1,116 @@
+"""Ray's dashboard read over real loopback HTTP: real Ray 2.60's answers (tests/fixtures/ray-http)
+read as Ray, and a dashboard that is off, failing, slow or garbled read as silent (the caller
+then asks `ray status`), never as an exception."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from sparkd.model.observed import RayState
+from sparkd.shell import ray_http
+from tests.integration.test_model_http import opener_for
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ray-http"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def real(path: str) -> str:
+    """The last body real Ray gave to `path` (filtered node list) in the killed-worker capture."""
+    for line in reversed((FIXTURES / "E_kill_worker.jsonl").read_text().splitlines()):
+        sample: dict[str, Any] = json.loads(line)
+        if sample["path"].split("?")[0] == path and (
+            "nodes" not in path or "filter" in sample["path"]
+        ):
+            body: str = sample["body"]
+            return body
+    raise AssertionError(path)
+
+
+def answering(
+    nodes: Handler, status: Handler
+) -> Callable[[], Awaitable[tuple[web.AppRunner, int]]]:
+    async def start() -> tuple[web.AppRunner, int]:
+        app = web.Application()
+        app.router.add_get("/api/v0/nodes", nodes)
+        app.router.add_get("/api/cluster_status", status)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port: int = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return runner, port
+
+    return start
+
+
+def text(body: str, status: int = 200) -> Handler:
+    async def handle(request: web.Request) -> web.Response:
+        return web.Response(text=body, status=status, content_type="application/json")
+
+    return handle
+
+
+async def read(nodes: Handler, status: Handler, settling: bool = True) -> Any:
+    runner, port = await answering(nodes, status)()
+    try:
+        return await ray_http.read_ray(opener_for(port), port, settling, 2.0)
+    finally:
+        await runner.cleanup()
+
+
+async def test_real_answers_read_as_ray() -> None:
+    seen: list[str] = []
+
+    async def nodes(request: web.Request) -> web.Response:
+        seen.append(request.path_qs)
+        return web.Response(text=real("/api/v0/nodes"), content_type="application/json")
+
+    ray = await read(nodes, text(real("/api/cluster_status")))
+    assert isinstance(ray, RayState)
+    assert [n.alive for n in ray.nodes] == [True] and ray.gpus_total == 1.0
+    assert ray.gpus_usable == 1.0 and ray.ips_known
+    assert seen == [ray_http.NODES_PATH]
+    # A converged look asks the node list only.
+    ray = await read(text(real("/api/v0/nodes")), text("not asked", 500), settling=False)
+    assert isinstance(ray, RayState) and ray.gpus_usable is None
+
+
+async def test_a_failing_cluster_status_leaves_the_usable_gpus_unknown() -> None:
+    for status in (text("{}", 500), text("<html>", 200), text('{"result": false}', 200)):
+        ray = await read(text(real("/api/v0/nodes")), status)
+        assert isinstance(ray, RayState) and ray.gpus_usable is None
+
+
+async def slow(request: web.Request) -> web.Response:
+    await asyncio.sleep(4)  # past the read's 2 s
+    return web.Response(text="late")
+
+
+@pytest.mark.parametrize(
+    "nodes",
+    [
+        text('{"result": false, "msg": "GCS unavailable", "data": {}}', 500),
+        text("Too many requests", 429),
+        text("<html>Bad Gateway</html>"),
+        text('{"result": true, "data": {"result": {"result": [{"node_ip": "1"}]}}}'),
+        slow,
+    ],
+    ids=["500", "429", "html", "shape", "slow"],
+)
+async def test_a_dashboard_that_does_not_answer_readably_is_silent(nodes: Handler) -> None:
+    ray = await read(nodes, text(real("/api/cluster_status")))
+    assert isinstance(ray, ray_http.DashboardSilent), ray
+
+
+async def test_nothing_listening_is_silent() -> None:
+    runner, port = await answering(text(""), text(""))()
+    await runner.cleanup()
+    ray = await ray_http.read_ray(opener_for(port), port, True, 2.0)
+    assert isinstance(ray, ray_http.DashboardSilent) and "refused" in str(ray)

@@ -1,0 +1,108 @@
+"""The simulated head's Ray dashboard serves what real Ray 2.60's does (tests/fixtures/ray-http):
+the same envelope, row and report shapes, raw numbers, and refused while no head runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import pytest
+
+from sparkd.core import ray_json
+from sparkd.shell.ray_http import DASHBOARD_HOST, NODES_PATH, STATUS_PATH
+from sparkd.sim.world import World
+from tests.sim.conftest import http, run
+from tests.sim.steps import clean_up, ray_head_command, start_ray
+
+REAL = Path(__file__).resolve().parents[1] / "fixtures" / "ray-http"
+
+
+def real(path: str, filtered: bool = True) -> dict[str, Any]:
+    """The last answer real Ray gave to `path` in the killed-worker capture."""
+    for line in reversed((REAL / "E_kill_worker.jsonl").read_text().splitlines()):
+        sample = json.loads(line)
+        if sample["path"].split("?")[0] == path and ("filter" in sample["path"]) == filtered:
+            document: dict[str, Any] = json.loads(sample["body"])
+            return document
+    raise AssertionError(f"no real answer to {path}")
+
+
+def keys(value: object) -> object:
+    """A document's shape: its keys, recursively, and the kinds of its leaves."""
+    if isinstance(value, dict):
+        return {k: keys(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [keys(v) for v in value[:1]]
+    return type(value).__name__
+
+
+async def get(world: World, head: asyncssh.SSHClientConnection, path: str) -> dict[str, Any]:
+    status, body = await http(head, DASHBOARD_HOST, world.dashboard_port, "GET", path)
+    assert status == 200, body
+    document: dict[str, Any] = json.loads(body)
+    return document
+
+
+async def test_the_node_list_has_real_rays_shape(
+    world: World, head: asyncssh.SSHClientConnection, worker: asyncssh.SSHClientConnection
+) -> None:
+    await clean_up(world, head, worker)
+    await start_ray(world, head, worker)
+    served = await get(world, head, NODES_PATH)
+    want = real("/api/v0/nodes")
+    assert keys({**served, "data": None}) == keys({**want, "data": None})
+    listing, real_listing = served["data"]["result"], want["data"]["result"]
+    assert sorted(listing) == sorted(real_listing)
+    row, real_row = listing["result"][0], real_listing["result"][0]
+    assert sorted(row) == sorted(real_row)
+    # Raw numbers, not the CLI's `22.766 GiB`; the same resource names.
+    resources = row["resources_total"]
+    assert all(isinstance(v, float) for v in resources.values())
+    named = {k if not k.startswith("node:") or "__" in k else "node:IP" for k in resources}
+    real_named = {
+        k if not k.startswith("node:") or "__" in k else "node:IP"
+        for r in real_listing["result"]
+        for k in r["resources_total"]
+    }
+    assert named <= real_named
+    state = ray_json.parse_nodes(json.dumps(served))
+    assert state is not None and state.gpus_total == 2.0
+    assert {n.ip for n in state.nodes} == {h.state.data_ip for h in world.hosts.values()}
+
+
+async def test_the_cluster_status_has_real_rays_shape(
+    world: World, head: asyncssh.SSHClientConnection, worker: asyncssh.SSHClientConnection
+) -> None:
+    await clean_up(world, head, worker)
+    await start_ray(world, head, worker)
+    served = await get(world, head, STATUS_PATH)
+    want = real("/api/cluster_status", filtered=False)
+    assert sorted(served["data"]) == sorted(want["data"])
+    report, real_report = served["data"]["clusterStatus"], want["data"]["clusterStatus"]
+    assert set(report) <= set(real_report)
+    for part in ("autoscalerReport", "loadMetricsReport"):
+        assert set(report[part]) <= set(real_report[part]), part
+    usage, real_usage = report["loadMetricsReport"]["usage"], real_report["loadMetricsReport"]
+    assert set(usage) - {k for k in usage if k.startswith("node:1")} <= set(real_usage["usage"])
+    # Node ids camel-cased as the dashboard does to every key (`node_<id>` -> `node<Id>`).
+    for got in (report, real_report):
+        ids = got["autoscalerReport"]["nodeTypeMapping"]
+        active = got["autoscalerReport"]["activeNodes"]
+        assert sorted(active) == sorted("node" + i.title() for i in ids)
+    assert ray_json.parse_cluster_status(json.dumps(served)) == 2.0
+
+
+@pytest.mark.parametrize("dashboard", ["", "--include-dashboard=false"])
+async def test_refused_without_a_head_or_with_the_dashboard_off(
+    world: World,
+    head: asyncssh.SSHClientConnection,
+    worker: asyncssh.SSHClientConnection,
+    dashboard: str,
+) -> None:
+    await clean_up(world, head, worker)
+    if dashboard:
+        assert (await run(head, ray_head_command(world, dashboard))).exit_status == 0
+    with pytest.raises(asyncssh.ChannelOpenError, match="refused"):
+        await head.open_connection(DASHBOARD_HOST, world.dashboard_port)
