@@ -75,9 +75,15 @@ async def read_host(
     secrets: tuple[str, ...],
     ray_status: bool = False,
     known_ray: RayState | None = None,
+    prepare: bool = False,
 ) -> HostReading:
     script = catalogue.fact_script(
-        cluster, host, tool_timeout(cluster), ray_status, read_ray=known_ray is None
+        cluster,
+        host,
+        tool_timeout(cluster),
+        ray_status,
+        read_ray=known_ray is None,
+        prepare=prepare,
     )
     try:
         result = await conn.run(script.command, timeout=cluster.ssh.command_timeout)
@@ -107,6 +113,7 @@ async def observe(
     ray_status: bool = True,
     known_ray: RayState | None = None,
     checks_due: bool = False,
+    prepare: bool = False,
 ) -> Observed:
     """`ray_status`: read `ray status` beside the node list (a converged cluster can do
     without: one `ray` call a cycle). `known_ray`: Ray's last reading, reused instead of a `ray`
@@ -124,7 +131,9 @@ async def observe(
     conns = {h.name: pool.connection(h, cluster.ssh) for h in cluster.hosts}
     readings = await asyncio.gather(
         *(
-            read_host(cluster, h, conns[h.name], observed_at, secrets, ray_status, known_ray)
+            read_host(
+                cluster, h, conns[h.name], observed_at, secrets, ray_status, known_ray, prepare
+            )
             for h in cluster.hosts
         )
     )

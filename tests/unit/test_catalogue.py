@@ -245,13 +245,14 @@ def test_the_catalogue_lists_the_fact_script_as_observing_runs_it() -> None:
 
     cluster = reference_cluster()
     listed = [(h, r.command) for h, r in catalogue.catalogue(cluster, 30) if r.name == "facts"]
+    head_reads = ((False, True), (True, True), (False, False))
     expected = [
-        (h, catalogue.fact_script(cluster, h, tool_timeout(cluster), status, read).command)
+        (h, catalogue.fact_script(cluster, h, tool_timeout(cluster), status, read, ready).command)
         for h in cluster.hosts
-        for status, read in (
-            ((False, True), (True, True), (False, False)) if h.role == "head" else ((False, True),)
-        )
+        for ready in ((False, True) if h.role == "head" else (False,))
+        for status, read in (head_reads if h.role == "head" else ((False, True),))
     ]
-    # The head's also as read while Ray settles (with `ray status`), and with Ray's last
-    # reading reused (no `ray` call); a worker's has no Ray part.
+    # The head's also as read while Ray settles (with `ray status`), with Ray's last reading
+    # reused (no `ray` call), and each while a rollout prepares (the model files read too); a
+    # worker's has no Ray part and reads no model files.
     assert listed == expected
