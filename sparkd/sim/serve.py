@@ -206,23 +206,6 @@ class ServeFaults:
 
 
 class ServeProcess:
-    def _missing_weights(self, model: str) -> list[str]:
-        """What vLLM's loader finds missing: the shards the index names that are not in the
-        model directory on the host (through the container's bind mounts)."""
-        path = posixpath.normpath(model)
-        for mount in self.container.mounts:
-            dst = posixpath.normpath(mount.destination)
-            if path == dst or path.startswith(dst.rstrip("/") + "/"):
-                rest = path[len(dst) :].lstrip("/")
-                vanished = self.faults.vanish_weights.pop(model, None)
-                if vanished is not None:
-                    (Path(mount.source) / rest / vanished).unlink(missing_ok=True)
-                found = missing_files(Path(mount.source) / rest)
-                if found is not None:
-                    return found
-        shard = self.faults.missing_weights.get(model)
-        return [shard] if shard is not None else []
-
     def __init__(
         self,
         engine: HostEngine,
@@ -262,6 +245,23 @@ class ServeProcess:
         self._crash_rc = 0
         self.stream.on_disconnect = self.kill_hard
         self._stopping: asyncio.Future[None] | None = None
+
+    def _missing_weights(self, model: str) -> list[str]:
+        """What vLLM's loader finds missing: the shards the index names that are not in the
+        model directory on the host (through the container's bind mounts)."""
+        path = posixpath.normpath(model)
+        for mount in self.container.mounts:
+            dst = posixpath.normpath(mount.destination)
+            if path == dst or path.startswith(dst.rstrip("/") + "/"):
+                rest = path[len(dst) :].lstrip("/")
+                vanished = self.faults.vanish_weights.pop(model, None)
+                if vanished is not None:
+                    (Path(mount.source) / rest / vanished).unlink(missing_ok=True)
+                found = missing_files(Path(mount.source) / rest)
+                if found is not None:
+                    return found
+        shard = self.faults.missing_weights.get(model)
+        return [shard] if shard is not None else []
 
     # -- output ------------------------------------------------------------------------------
 
