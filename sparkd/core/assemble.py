@@ -10,9 +10,10 @@ import math
 import re
 from dataclasses import dataclass
 
-from sparkd.core import cache, fabric, facts, kernel
+from sparkd.core import cache, fabric, facts, kernel, weights
 from sparkd.core.spec import container_name, model_spec_hashes, normalize_image
 from sparkd.model.observed import GpuProcess, HostError, HostFacts, RayState, ServeState
+from sparkd.model.weights import ModelFiles
 from sparkd.settings import ClusterSpec, HostSpec
 
 LOG_TAIL_LINES = 20
@@ -222,6 +223,20 @@ def host_facts(
         fabric=fabric.parse_fabric(links.body, host.ip) if links is not None else None,
         cache_entries=cache.parse_listing(listing) if listing is not None else None,
         cache_free_bytes=free[disk_paths[1]],
+        model_files=_model_files(cluster, sections),
+    )
+
+
+def _model_files(cluster: ClusterSpec, sections: dict[str, facts.Section]) -> ModelFiles | None:
+    """The prepare sections (only on the head, only while a rollout prepares)."""
+    stat = sections.get("model_files")
+    directory = weights.host_path(cluster)
+    if stat is None or directory is None:
+        return None
+    files = weights.parse_stat(directory, stat.body, stat.rc)
+    index = sections.get("model_index")
+    return weights.with_index(
+        files, index.body if index is not None else None, index.rc if index else None
     )
 
 

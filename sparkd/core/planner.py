@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sparkd.core import acceptance, policy, rollout
+from sparkd.core import acceptance, policy, rollout, weights
 from sparkd.core.cache import judge_cache
 from sparkd.core.cleanup import judge_cleanup, judge_reachability
 from sparkd.core.clock import bounded
@@ -164,6 +164,8 @@ def plan(
         )
     elif steer.held is not None:
         _hold_back(draft, steer)
+    if rollback is None and steer.held is None and rollout.prepare_due(desired, memory):
+        _prepare(draft, desired, observed, steer.desired_hash)
     reset = draft.serving_well and (
         memory.healthy_since is not None
         and now - memory.healthy_since >= desired.policy.healthy_reset
@@ -253,6 +255,25 @@ def _rollback(
     ]
     back.phase = "starting_ray" if back.phase == "starting_ray" else "starting_model"
     return back
+
+
+def _prepare(draft: _Draft, desired: ClusterSpec, observed: Observed, spec: str) -> None:
+    """Nothing is stopped or launched for a spec whose model files are not whole on the head
+    (core.weights): the old deployment keeps serving, and a first one is not launched into a
+    certain failure. Not latched: read again each cycle, cut over once the files are there."""
+    if weights.host_path(desired) is None:
+        return
+    head = observed.host(desired.head.name)
+    files = head.model_files if head is not None else None
+    if files is None:
+        return
+    why = weights.unready(files)
+    held = [a for a in draft.actions if a.kind in rollout.STOPS]
+    if why is None or not held:
+        return
+    draft.actions = [a for a in draft.actions if a.kind not in rollout.STOPS]
+    draft.phase = "blocked"
+    draft.reason = f"rollout of {spec} waits: {why}; {draft.reason}"
 
 
 def _hold_back(draft: _Draft, steer: rollout.Steer) -> None:

@@ -91,6 +91,13 @@ def steer(desired: ClusterSpec, memory: Memory) -> Steer:
     return Steer(spec=desired, desired_hash=want, good=last, may_roll_back=may)
 
 
+def prepare_due(desired: ClusterSpec, memory: Memory) -> bool:
+    """The desired spec has not served yet (a change, or the first deployment): before its
+    cutover the head's model files are read and checked (core.weights)."""
+    good = memory.last_good
+    return good is None or good.hash != identity(desired)
+
+
 def checks_due(desired: ClusterSpec, memory: Memory) -> bool:
     """The acceptance checks run with the probe that would accept the rollout's spec, until
     they have passed once."""

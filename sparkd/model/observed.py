@@ -12,6 +12,7 @@ from pydantic import Field
 
 from sparkd.model.base import Value
 from sparkd.model.probe import CheckResult, ProbeResult
+from sparkd.model.weights import ModelFiles
 
 HostErrorKind = Literal[
     "unreachable", "refused", "timeout", "auth", "host_key", "conn_lost", "exit_nonzero"
@@ -183,6 +184,8 @@ class HostFacts(Value):
     # bytes (`df`, in the same call as log_dir's).
     cache_entries: tuple[CacheEntry, ...] | None = None
     cache_free_bytes: int | None = None
+    # The head's model directory, read only while a rollout prepares (core.weights).
+    model_files: ModelFiles | None = None
 
     @property
     def reachable(self) -> bool:

@@ -265,6 +265,7 @@ class Controller:
                 ray_status=ray_status,
                 known_ray=known_ray,
                 checks_due=rollout.checks_due(self.cluster, self.memory),
+                prepare=rollout.prepare_due(self.cluster, self.memory),
             )
         finally:
             self.observe_deadline = None

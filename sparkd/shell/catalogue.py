@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkd.core import cache, facts, kernel
+from sparkd.core import cache, facts, kernel, weights
 from sparkd.core.assemble import LAUNCH_MARKER
 from sparkd.core.spec import (
     LABEL_CLUSTER,
@@ -120,13 +120,14 @@ def fact_script(
     tool_timeout: float,
     ray_status: bool = False,
     read_ray: bool = True,
+    prepare: bool = False,
 ) -> Remote:
     """One batched script per host per cycle: every fact in sections (core.facts.parse_sections).
 
     On the head, `ray status` runs only when the node list fails, or with `ray_status` (while
     Ray settles: a node listed ALIVE is usable for placement only once `ray status` counts its
     GPU, a few seconds later). Without `read_ray`, no `ray` call at all (Ray's last reading is
-    reused)."""
+    reused). With `prepare`, the head also reads the model directory (core.weights)."""
     t = tool_timeout
 
     def section(name: str, argv: Sequence[str]) -> str:
@@ -255,6 +256,9 @@ def fact_script(
             section("serve_log", ["tail", "-c", str(LOG_TAIL_BYTES), serve_log_path(cluster)])
         )
         lines.append(section("serve_log_mtime", ["stat", "-c", "%y", serve_log_path(cluster)]))
+    directory = weights.host_path(cluster)
+    if host.role == "head" and prepare and directory is not None:
+        lines += model_files_sections(directory, t)
     return Remote("facts", "\n".join(lines) + "\n", mutating=False)
 
 
@@ -450,6 +454,20 @@ def prune_cache(cluster: ClusterSpec, host: HostSpec, entry: str, seconds: float
     return Remote("prune_cache", _line(argv, seconds), mutating=True)
 
 
+def model_files_sections(directory: str, seconds: float) -> list[str]:
+    """Cheap `stat`s of the model's files (the weight files by the host's glob, the directory
+    quoted), and the index's first bytes for the ops box to parse (core.weights)."""
+    base = shlex.quote(directory.rstrip("/") or "/")
+    stat = shlex.join(["s", "model_files", *timed(["stat", "-L", "-c", "%s %n", "--"], seconds)])
+    named = " ".join(f"{base}/{name}" for name in (weights.CONFIG, weights.INDEX))
+    index = str(Path(directory) / weights.INDEX)
+    head = ["head", "-c", str(weights.INDEX_LIMIT + 1), "--", index]
+    return [
+        f"{stat} {named} {base}/*.safetensors",
+        shlex.join(["s", "model_index", *timed(head, seconds)]),
+    ]
+
+
 KERNEL_LOG = (
     "journalctl", "-k", "-b", "-o", "short-monotonic", "--no-pager",
     "-n", str(kernel.TAIL_LINES),
@@ -564,7 +582,8 @@ def fact_scripts(cluster: ClusterSpec, host: HostSpec) -> list[Remote]:
     # With the dashboard, Ray is read over HTTP, and through `ray status` when it is silent.
     reads = (False,) if cluster.ray.dashboard else (True, False)
     scripts = [
-        fact_script(cluster, host, t, ray_status, read_ray)
+        fact_script(cluster, host, t, ray_status, read_ray, prepare)
+        for prepare in (False, True)
         for read_ray in reads
         for ray_status in (False, True)
     ]

@@ -79,12 +79,18 @@ async def read_host(
     secrets: tuple[str, ...],
     ray_status: bool = False,
     known_ray: RayState | None = None,
+    prepare: bool = False,
 ) -> HostReading:
     t = tool_timeout(cluster)
     # With the dashboard, the head's Ray is read over HTTP beside the script, not by `ray`.
     over_http = host.role == "head" and cluster.ray.dashboard and known_ray is None
     script = catalogue.fact_script(
-        cluster, host, t, ray_status, read_ray=known_ray is None and not over_http
+        cluster,
+        host,
+        t,
+        ray_status,
+        read_ray=known_ray is None and not over_http,
+        prepare=prepare,
     )
     dashboard: asyncio.Task[RayState | ray_http.DashboardSilent] | None = None
     if over_http:
@@ -142,6 +148,7 @@ async def observe(
     ray_status: bool = True,
     known_ray: RayState | None = None,
     checks_due: bool = False,
+    prepare: bool = False,
 ) -> Observed:
     """`ray_status`: read `ray status` beside the node list (a converged cluster can do
     without: one `ray` call a cycle). `known_ray`: Ray's last reading, reused instead of a `ray`
@@ -159,7 +166,9 @@ async def observe(
     conns = {h.name: pool.connection(h, cluster.ssh) for h in cluster.hosts}
     readings = await asyncio.gather(
         *(
-            read_host(cluster, h, conns[h.name], observed_at, secrets, ray_status, known_ray)
+            read_host(
+                cluster, h, conns[h.name], observed_at, secrets, ray_status, known_ray, prepare
+            )
             for h in cluster.hosts
         )
     )

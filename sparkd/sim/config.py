@@ -67,7 +67,7 @@ def render_config(world: World) -> str:
             "  dashboard = true",
             f"  dashboard_port = {world.dashboard_port}",
             "  extra_docker_args = []",
-            '  mounts = ["/models:/models"]',
+            f"  mounts = [{_q(str(world.models_dir) + ':/models')}]",
             "  [clusters.ray.env]",
             f"  NCCL_SOCKET_IFNAME = {_q(INTERFACE)}",
             f"  GLOO_SOCKET_IFNAME = {_q(INTERFACE)}",

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import posixpath
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
+from sparkd.sim.checkpoint import missing_files
 from sparkd.sim.engine import HostEngine
 from sparkd.sim.protocol import Done, Stream, fail
 from sparkd.sim.state import Container, GpuProcess, RayCluster, SimProcess
@@ -197,6 +200,9 @@ class ServeFaults:
     # Model path -> the shard its index names that is not on disk: every load of that model
     # fails before its first shard, as long as the file is missing.
     missing_weights: dict[str, str] = field(default_factory=dict)
+    # Model path -> a shard that goes from disk once the next serve of that model has started
+    # (a clean-up racing a cutover that was prepared): that load fails for it.
+    vanish_weights: dict[str, str] = field(default_factory=dict)
 
 
 class ServeProcess:
@@ -239,6 +245,23 @@ class ServeProcess:
         self._crash_rc = 0
         self.stream.on_disconnect = self.kill_hard
         self._stopping: asyncio.Future[None] | None = None
+
+    def _missing_weights(self, model: str) -> list[str]:
+        """What vLLM's loader finds missing: the shards the index names that are not in the
+        model directory on the host (through the container's bind mounts)."""
+        path = posixpath.normpath(model)
+        for mount in self.container.mounts:
+            dst = posixpath.normpath(mount.destination)
+            if path == dst or path.startswith(dst.rstrip("/") + "/"):
+                rest = path[len(dst) :].lstrip("/")
+                vanished = self.faults.vanish_weights.pop(model, None)
+                if vanished is not None:
+                    (Path(mount.source) / rest / vanished).unlink(missing_ok=True)
+                found = missing_files(Path(mount.source) / rest)
+                if found is not None:
+                    return found
+        shard = self.faults.missing_weights.get(model)
+        return [shard] if shard is not None else []
 
     # -- output ------------------------------------------------------------------------------
 
@@ -395,9 +418,9 @@ class ServeProcess:
             self._place_workers()
         self._info("ray_distributed_executor.py:176", "use_ray_spmd_worker: True")
         self._busy(api=0.3, core=1.5, workers=1.0)
-        shard = self.faults.missing_weights.get(a.model)
-        if shard is not None:
-            cause = missing_weight_files([f"{a.model.rstrip('/')}/{shard}"])
+        missing = self._missing_weights(a.model)
+        if missing:
+            cause = missing_weight_files([f"{a.model.rstrip('/')}/{name}" for name in missing])
             for line in engine_failed(self.pid, self.core.pid, cause, EXECUTOR_STEP):
                 self._emit(line)
             return 1

@@ -33,6 +33,7 @@ from typing import Any, Literal
 import asyncssh
 
 from sparkd.sim import fake_fabric, fake_kernel, fake_system
+from sparkd.sim.checkpoint import shard_name, write_checkpoint
 from sparkd.sim.config import render_config
 from sparkd.sim.control import ControlServer
 from sparkd.sim.engine import HostEngine, graphics_processes, normalize_image
@@ -211,6 +212,8 @@ class World:
         # directory under the system temp dir, which the unprivileged session user can reach even
         # when `directory` sits below a private one.
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="sparkd-sim-"))
+        # Checkpoints a fault took a file from (under /models): `heal` makes them whole again.
+        self._damaged: set[str] = set()
         self.directory = Path(directory) if directory is not None else self.runtime_dir
         self.host_count = hosts
         self.cluster_count = clusters
@@ -273,6 +276,23 @@ class World:
     @property
     def bin_dir(self) -> Path:
         return self.runtime_dir / "bin"
+
+    @property
+    def models_dir(self) -> Path:
+        """Bind-mounted at /models in the Ray containers (`ray.mounts`): the checkpoints."""
+        return self.runtime_dir / "models"
+
+    def model_dir(self, model: str) -> Path:
+        """Where the model at container path `model` (under /models) is on the hosts."""
+        rest = Path(model).relative_to("/models")
+        return self.models_dir / rest
+
+    def add_checkpoint(self, model: str) -> Path:
+        """A whole checkpoint for `model` (a container path under /models), as a download
+        leaves it; made anew if it was there."""
+        directory = self.model_dir(model)
+        write_checkpoint(directory)
+        return directory
 
     @property
     def client_key_path(self) -> Path:
@@ -348,6 +368,7 @@ class World:
     async def start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._prepare_directory()
+        self.add_checkpoint(MODEL_ID)
         await self._tool_server.start()
         names = host_names(self.host_count)
         per_cluster = -(-self.host_count // self.cluster_count)
@@ -663,7 +684,10 @@ class World:
             command=command,
             labels=labels,
             env=env,
-            mounts=[Mount("/models", "/models"), Mount(host.state.log_dir, host.state.log_dir)],
+            mounts=[
+                Mount(str(self.models_dir), "/models"),
+                Mount(host.state.log_dir, host.state.log_dir),
+            ],
             restart="no",
             shm_size="16g",
             gpus="all",
@@ -980,6 +1004,7 @@ class World:
             "rate-degraded": self.rate_degraded,
             "late-delivery": self.late_delivery,
             "missing-weights": self.missing_weights,
+            "vanish-weights": self.vanish_weights,
         }
         if name in with_arg:
             return await with_arg[name](target.name, arg)
@@ -1079,7 +1104,11 @@ class World:
         h.faults.noisy_log = self.noisy_load_logs
         h.faults.oom_capture = False
         h.faults.hang_capture = False
+        for model in sorted(self._damaged):
+            self.add_checkpoint(model)
+        self._damaged.clear()
         h.faults.missing_weights.clear()
+        h.faults.vanish_weights.clear()
         h.state.disk_avail_bytes = HostState.disk_avail_bytes
         h.state.ray_ip_override = None
         h.behaviour.engine = "ok"
@@ -1302,12 +1331,30 @@ class World:
 
     async def missing_weights(self, host: str, arg: str | None = None) -> str:
         """`arg` is `MODEL[:FILE]`: a shard of MODEL's checkpoint (default the second of 39) is
-        gone from `host`, until `heal`; every load of that model fails for it."""
+        gone from the model directory (made first if MODEL had none), until `heal`; every load
+        of that model fails for it, as vLLM's loader finds the file absent."""
         if not arg:
             raise ValueError("fault 'missing-weights' needs MODEL[:FILE]")
         model, _, shard = arg.partition(":")
-        self.host(host).faults.missing_weights[model] = shard or "model-00002-of-00039.safetensors"
+        shard = shard or shard_name(2)
+        if model.startswith("/models/"):
+            directory = self.model_dir(model)
+            if not (directory / "model.safetensors.index.json").exists():
+                write_checkpoint(directory)
+            (directory / shard).unlink(missing_ok=True)
+            self._damaged.add(model)
+        self.host(host).faults.missing_weights[model] = shard
         return f"{model} on {host} misses a weight file its index names"
+
+    async def vanish_weights(self, host: str, arg: str | None = None) -> str:
+        """`arg` is `MODEL[:FILE]`: the shard goes from MODEL's directory (under /models) once
+        the next serve of MODEL on `host` has started, after sparkd prepared the cutover."""
+        if not arg or not arg.startswith("/models/"):
+            raise ValueError("fault 'vanish-weights' needs MODEL[:FILE], MODEL under /models")
+        model, _, shard = arg.partition(":")
+        self.host(host).faults.vanish_weights[model] = shard or shard_name(2)
+        self._damaged.add(model)
+        return f"a weight file of {model} goes from {host} once its next serve starts"
 
     async def slow_load(self, host: str) -> str:
         self.host(host).faults.slow_load = True

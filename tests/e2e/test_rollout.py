@@ -141,7 +141,9 @@ async def test_a_missing_weight_file_rolls_back_and_serves_again(
     good = old.memory.last_good
     assert good is not None
     other = "/models/Qwen3.5-122B-A10B-FP8-v2"
-    await healthy_world.fault("missing-weights", "spark-a", other)
+    # Whole when the cutover is prepared; a shard goes once the new serve has started.
+    healthy_world.add_checkpoint(other)
+    await healthy_world.fault("vanish-weights", "spark-a", other)
     since = time.time()
     ctl = reloaded(old, state, id=other)
     plans = await until(ctl, rolled_back_and_serving)

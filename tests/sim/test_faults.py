@@ -425,3 +425,14 @@ async def test_hang_container_stops_its_ray_until_heal(healthy: World) -> None:
     assert not healthy.ray.frozen(worker.id)
     with pytest.raises(ValueError, match="hang-container needs a running container"):
         await healthy.fault("hang-container", "spark-b", "no-such-container")
+
+
+async def test_missing_weights_removes_the_file_on_the_head_until_heal(healthy: World) -> None:
+    shard = healthy.model_dir(MODEL_ID) / "model-00002-of-00039.safetensors"
+    await healthy.fault("missing-weights", "spark-a", MODEL_ID)
+    async with await connect(healthy, "spark-a") as head:
+        seen = await run(head, f"stat -L -c '%s %n' -- {shard}")
+        assert seen.exit_status == 1 and "No such file or directory" in seen.stderr
+        await healthy.fault("heal", "spark-a")
+        seen = await run(head, f"stat -L -c '%s' -- {shard}")
+        assert seen.exit_status == 0 and int(seen.stdout) > 1 << 30

@@ -257,15 +257,17 @@ def test_the_catalogue_lists_the_fact_script_as_observing_runs_it() -> None:
     base = reference_cluster()
     cluster = base.model_copy(update={"ray": base.ray.model_copy(update={"dashboard": False})})
     listed = [(h, r.command) for h, r in catalogue.catalogue(cluster, 30) if r.name == "facts"]
+    head_reads = ((False, True), (True, True), (False, False))
     expected = [
-        (h, catalogue.fact_script(cluster, h, tool_timeout(cluster), status, read).command)
+        (h, catalogue.fact_script(cluster, h, tool_timeout(cluster), status, read, ready).command)
         for h in cluster.hosts
-        for status, read in (
-            ((False, True), (True, True), (False, False)) if h.role == "head" else ((False, True),)
-        )
+        for ready in ((False, True) if h.role == "head" else (False,))
+        for status, read in (head_reads if h.role == "head" else ((False, True),))
     ]
     # Without the dashboard, the head's with `ray status` (the node list needs the dashboard),
     # and with Ray's last reading reused (no `ray` call); a worker's has no Ray part.
+    # Each also as read while a rollout prepares (the model files read too); a worker's reads
+    # no model files.
     assert listed == list(dict.fromkeys(expected))
 
 
@@ -277,10 +279,13 @@ def test_with_the_dashboard_the_fact_script_runs_no_ray_and_ray_status_is_listed
     t = tool_timeout(cluster)
     listed = [(h.name, r.name, r.command) for h, r in catalogue.catalogue(cluster, 30)]
     facts = [(h, c) for h, n, c in listed if n == "facts"]
-    assert facts == [
-        (h.name, catalogue.fact_script(cluster, h, t, False, read_ray=False).command)
-        for h in cluster.hosts
-    ]
+    assert facts == list(
+        dict.fromkeys(
+            (h.name, catalogue.fact_script(cluster, h, t, False, False, ready).command)
+            for h in cluster.hosts
+            for ready in (False, True)
+        )
+    )
     assert all(" ray " not in c for _, c in facts)
     cli = [(h, c) for h, n, c in listed if n == "ray_cli"]
     assert cli == [(cluster.head.name, catalogue.ray_cli(cluster, t).command)]

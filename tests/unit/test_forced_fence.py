@@ -70,7 +70,9 @@ def test_a_fenced_wrapper_takes_mutations_only_behind_the_prefix(tmp_path: Path)
     seconds = cluster.ssh.command_timeout
     kill = catalogue.kill_process(cluster, 4100, "TERM", seconds)
     assert run(tmp_path, wrapper, kill.command)[0] == forced.REFUSED_EXIT
-    facts = catalogue.fact_script(cluster, cluster.head, catalogue.tool_timeout(cluster))
+    facts = catalogue.fact_script(
+        cluster, cluster.head, catalogue.tool_timeout(cluster), read_ray=False
+    )
     assert run(tmp_path, wrapper, facts.command, "--check")[0] == 0  # reads pass bare
     wrapped = catalogue.fenced(kill, fence(7, cluster), seconds).command
     assert run(tmp_path, wrapper, wrapped, "--check")[0] == 0

@@ -171,6 +171,7 @@ class Clocked:
         ray_status: bool = True,
         known_ray: RayState | None = None,
         checks_due: bool = False,
+        prepare: bool = False,
     ) -> Observed:
         self.lingering = [(until, n) for until, n in self.lingering if until > self.toy.now]
         seen = self.toy.observe()
