@@ -52,12 +52,13 @@ class Instance:
         tmp_path: Path,
         endpoint: str = "",
         timings: str = TEST_TIMINGS,
+        token_file: Path | None = None,
     ) -> None:
         self.name = name
         self.port = free_port()
         self.log = tmp_path / f"{name}.log"
         config = write_fast_config(
-            world, tmp_path / f"{name}.toml", tmp_path / f"state-{name}", self.port
+            world, tmp_path / f"{name}.toml", tmp_path / f"state-{name}", self.port, token_file
         )
         config.write_text(
             config.read_text()
