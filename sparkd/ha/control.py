@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import json
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+# What the API takes (web.app.MAX_TEXT): a longer record was not written by sparkd.
+MAX_TEXT = 1000
 
 
 class Control(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     paused: bool
-    reason: str = ""
-    by: str = "api"
+    reason: str = Field(default="", max_length=MAX_TEXT)
+    by: str = Field(default="api", max_length=MAX_TEXT)
     # Wall clock: an operator's intent, the same on every box (given NTP).
     at: float
     until: float | None = None

@@ -335,7 +335,8 @@ class Ownership:
 
     async def _deliver(self, name: str, revision: int, raw: bytes) -> None:
         token = self.token(name)
-        if token is None:
+        # A renewal and the request's own answer may both bring the same record.
+        if token is None or revision <= self.control_seen.get(name, 0):
             return
         control = decode(raw)
         if control is None:

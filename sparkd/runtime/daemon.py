@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from sparkd.core.text import printable
 from sparkd.model.plan import ActionOutcome
 from sparkd.runtime import logs
 from sparkd.runtime.controller import Controller
@@ -32,6 +33,7 @@ from sparkd.settings import (
 )
 from sparkd.shell.execute import ExecutorTiming
 from sparkd.shell.fencing import HostFence
+from sparkd.shell.secrets import redact
 from sparkd.shell.ssh import SshPool
 
 if TYPE_CHECKING:
@@ -315,11 +317,13 @@ class Daemon:
         controller = self.controllers.get(cluster_name)
         if controller is None:
             return False
-        controller.log.info("control", revision=revision, paused=control.paused, by=control.by)
+        # Anyone with etcd access may have written it: shown on operators' terminals.
+        by = printable(redact(control.by))
+        controller.log.info("control", revision=revision, paused=control.paused, by=by)
         if control.paused:
-            controller.pause(control.reason, control.by, control.until)
+            controller.pause(printable(redact(control.reason)), by, control.until)
         else:
-            controller.resume(control.by)
+            controller.resume(by)
         return True
 
     def _run(self, controller: Controller) -> asyncio.Task[None]:

@@ -12,6 +12,7 @@ import pytest
 
 from sparkd.ha.control import Control
 from sparkd.ha.etcd import EtcdClient, EtcdUnavailable
+from sparkd.ha.ownership import Ownership
 from sparkd.sim.world import World
 from tests.e2e.conftest import eventually, mutations
 from tests.etcd.conftest import EtcdServer
@@ -53,8 +54,6 @@ class Taken:
 async def test_a_standby_records_a_pause_the_owner_takes_once_and_its_successor_too(
     etcd: EtcdServer,
 ) -> None:
-    from sparkd.ha.ownership import Ownership
-
     to_a, to_b = Taken(), Taken()
     a = Ownership(spec(etcd, "a", **PRODUCTION), ["c1"], on_control=to_a)
     b = Ownership(spec(etcd, "b", **PRODUCTION), ["c1"], on_control=to_b)
@@ -90,8 +89,6 @@ async def test_a_standby_records_a_pause_the_owner_takes_once_and_its_successor_
 async def test_a_restarted_owner_does_not_apply_a_record_again(
     etcd: EtcdServer, admin: EtcdClient
 ) -> None:
-    from sparkd.ha.ownership import Ownership
-
     taken = Taken()
     a = Ownership(spec(etcd, "a"), ["c1"], on_control=taken)
     await a.round()
@@ -115,8 +112,6 @@ async def test_a_restarted_owner_does_not_apply_a_record_again(
 async def test_a_former_owner_cannot_mark_a_record_applied(
     etcd: EtcdServer, admin: EtcdClient
 ) -> None:
-    from sparkd.ha.ownership import Ownership
-
     a = Ownership(spec(etcd, "a"), ["c1"])
     await a.round()
     old = a.token("c1")
@@ -137,9 +132,52 @@ async def test_a_former_owner_cannot_mark_a_record_applied(
         await b.stop()
 
 
-async def test_a_request_without_etcd_is_refused(etcd: EtcdServer) -> None:
-    from sparkd.ha.ownership import Ownership
+class AnsweredLate(EtcdClient):
+    """A put whose answer comes back only after the owner's next renewal has read the record."""
 
+    owner: Ownership | None = None
+
+    async def put(self, key: str, value: bytes, lease: int = 0) -> int:
+        revision = await super().put(key, value, lease)
+        if self.owner is not None and "/control" in key:
+            await self.owner.round()
+        return revision
+
+
+async def test_a_request_answered_after_a_renewal_read_it_is_applied_once(
+    etcd: EtcdServer,
+) -> None:
+    taken = Taken()
+    client = AnsweredLate([etcd.url], timeout=2)
+    a = Ownership(spec(etcd, "a"), ["c1"], client=client, on_control=taken)
+    client.owner = a
+    try:
+        await a.round()
+        revision = await a.request("c1", Control(paused=True, reason="x", at=time.time()))
+        assert [r for _, r, _ in taken.records] == [revision]
+    finally:
+        await a.stop()
+
+
+async def test_a_record_sparkd_did_not_write_is_not_applied(
+    etcd: EtcdServer, admin: EtcdClient
+) -> None:
+    taken = Taken()
+    a = Ownership(spec(etcd, "a"), ["c1"], on_control=taken)
+    try:
+        await a.round()
+        for raw in (b"{not json", b'{"paused": true, "at": 1, "reason": "' + b"x" * 5000 + b'"}'):
+            await admin.put("test/v1/clusters/c1/control", raw)
+            await a.round()
+        assert taken.records == []
+        assert a.may_act("c1")  # ownership unaffected
+        revision = await a.request("c1", Control(paused=True, reason="ok", at=time.time()))
+        assert [r for _, r, _ in taken.records] == [revision]
+    finally:
+        await a.stop()
+
+
+async def test_a_request_without_etcd_is_refused(etcd: EtcdServer) -> None:
     a = Ownership(spec(etcd, "a"), ["c1"])
     try:
         await a.round()
@@ -189,6 +227,12 @@ async def test_pause_from_the_standby_holds_across_a_takeover_and_resume_ends_it
     a, b = operated
     cluster = cluster_name(seed_world)
     await start_owner_and_standby(a, b, cluster)
+
+    async def healthy() -> bool:
+        clusters = (await a.status()).get("clusters") or []
+        return bool(clusters) and clusters[0]["phase"] == "healthy"
+
+    await eventually(healthy, within=90)  # a model to crash later
     code, out = await cli(b, "pause", cluster, "--reason", "swapping a cable")
     assert code == 0, out
 
