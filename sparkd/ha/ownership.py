@@ -316,22 +316,30 @@ class Ownership:
 
     async def _read_controls(self) -> None:
         """Hand each held cluster's newest control record to its controller, once."""
-        for name, claim in self.claims.items():
-            if claim.token is None:
-                self.control_seen.pop(name, None)
+        held = [name for name, claim in self.claims.items() if claim.token is not None]
+        for name in set(self.control_seen) - set(held):
+            del self.control_seen[name]
+        if not held:
+            return
+        try:
+            # One read for every cluster: the records are small and few.
+            kvs, _ = await self.client.get_prefix(f"{self.spec.prefix}clusters/")
+        except (EtcdUnavailable, EtcdError, OSError) as exc:
+            # Ownership stands; the records are read again at the next renewal.
+            self.log.info("control_unread", error=f"{type(exc).__name__}")
+            return
+        found = {kv.key: kv for kv in kvs}
+        for name in held:
+            kv = found.get(control_key(self.spec.prefix, name))
+            done = found.get(applied_key(self.spec.prefix, name, self.spec.instance))
+            applied = applied_revision(done.value if done is not None else None)
+            if kv is None or kv.mod_revision <= max(applied, self.control_seen.get(name, 0)):
                 continue
             try:
-                kvs, _ = await self.client.get_prefix(f"{self.spec.prefix}clusters/{name}/")
-                found = {kv.key: kv for kv in kvs}
-                kv = found.get(control_key(self.spec.prefix, name))
-                done = found.get(applied_key(self.spec.prefix, name, self.spec.instance))
-                applied = applied_revision(done.value if done is not None else None)
-                seen = max(applied, self.control_seen.get(name, 0))
-                if kv is not None and kv.mod_revision > seen:
-                    await self._deliver(name, kv.mod_revision, kv.value)
+                await self._deliver(name, kv.mod_revision, kv.value)
             except (EtcdUnavailable, EtcdError, OSError) as exc:
-                # Ownership stands; the record is read again at the next renewal.
-                self.log.info("control_unread", cluster=name, error=f"{type(exc).__name__}")
+                # Applied; only its note failed: a restart before the next record reapplies it.
+                self.log.info("control_unnoted", cluster=name, error=f"{type(exc).__name__}")
 
     async def _deliver(self, name: str, revision: int, raw: bytes) -> None:
         token = self.token(name)
