@@ -111,7 +111,8 @@ async def takeover(url: str, changes: dict[str, Any], graceful: bool, run: int) 
 
 async def cost(url: str, rounds: int) -> dict[str, float]:
     """CPU and RSS of the renewals: an owner of 4 clusters runs `rounds` rounds back to back
-    (a keepalive and one read per cluster each, as every renew interval)."""
+    (a keepalive, one read per cluster and one of the control records each, as every renew
+    interval)."""
     spec = HaSpec.model_validate({"etcd_endpoints": (url,), "prefix": "bench/cost/"})
     owner = Ownership(spec, ["c1", "c2", "c3", "c4"])
     await owner.round()

@@ -257,9 +257,35 @@ class EtcdClient:
         )
         return bool(answer.get("succeeded", False))
 
+    async def put_if_owner(self, owner: str, token: int, key: str, value: bytes) -> bool:
+        """Put `key` only while the owner key `owner` is still the one created at `token`: a
+        former owner's write changes nothing."""
+        answer = await self.call(
+            "kv/txn",
+            {
+                "compare": [
+                    {
+                        "key": b64(owner),
+                        "target": "CREATE",
+                        "result": "EQUAL",
+                        "create_revision": str(token),
+                    }
+                ],
+                "success": [{"request_put": {"key": b64(key), "value": b64(value)}}],
+            },
+        )
+        return bool(answer.get("succeeded", False))
+
     async def watch_deletes(self, prefix: str, start_revision: int) -> AsyncIterator[str]:
         """Yield each key under `prefix` deleted from `start_revision` on, until the stream
         ends (etcd restarted, the connection broke, the revision was compacted)."""
+        async for kind, key in self.watch(prefix, start_revision):
+            if kind == "DELETE":
+                yield key
+
+    async def watch(self, prefix: str, start_revision: int) -> AsyncIterator[tuple[str, str]]:
+        """Yield ("PUT" or "DELETE", key) for each change under `prefix` from `start_revision`
+        on, until the stream ends."""
         body = {
             "create_request": {
                 "key": b64(prefix),
@@ -281,5 +307,5 @@ class EtcdClient:
                 if result.get("canceled") or result.get("compact_revision"):
                     return
                 for event in result.get("events") or []:
-                    if event.get("type") == "DELETE":
-                        yield _kv(event.get("kv", {})).key
+                    # proto3 JSON leaves out the default type, PUT.
+                    yield event.get("type", "PUT"), _kv(event.get("kv", {})).key

@@ -14,6 +14,8 @@ The rules (HA.md section 4.2, after Patroni and client-go's leader election):
   next round reads the key: one bound to this process's own lease is re-adopted (nobody else
   can hold a key bound to it), which also covers an etcd restart that kept the lease.
 * A graceful stop revokes the lease: every owner key goes at once and a standby takes over.
+* An operator's pause or resume is a control record in etcd (sparkd.ha.control): the owner
+  reads it every renewal, hears it through the watch, and hands each new one to its controller.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from sparkd.ha.config import HaSpec
+from sparkd.ha.control import Control, applied_key, applied_revision, control_key, decode, encode
 from sparkd.ha.etcd import EtcdClient, EtcdError, EtcdUnavailable, KeyValue
 from sparkd.runtime import logs
 from sparkd.shell.catalogue import FenceToken
@@ -65,6 +68,7 @@ class Ownership:
         clock: Callable[[], float] = boottime,
         wall_clock: Callable[[], float] = time.time,
         on_change: Callable[[str], None] = lambda cluster: None,
+        on_control: Callable[[str, int, Control], bool] = lambda cluster, revision, c: False,
     ) -> None:
         self.spec = spec
         self.client = client or EtcdClient(
@@ -73,6 +77,9 @@ class Ownership:
         self.clock = clock
         self.wall_clock = wall_clock
         self.on_change = on_change
+        self.on_control = on_control
+        # Per cluster, the mod revision of the control record last handed to the controller.
+        self.control_seen: dict[str, int] = {}
         self.claims = {name: Claim(name) for name in clusters}
         self.lease: int | None = None
         self.granted = 0
@@ -305,6 +312,63 @@ class Ownership:
         self._listed.set()
         for name in fresh:
             self.on_change(name)
+        await self._read_controls()
+
+    async def _read_controls(self) -> None:
+        """Hand each held cluster's newest control record to its controller, once."""
+        held = [name for name, claim in self.claims.items() if claim.token is not None]
+        for name in set(self.control_seen) - set(held):
+            del self.control_seen[name]
+        if not held:
+            return
+        try:
+            # One read for every cluster: the records are small and few.
+            kvs, _ = await self.client.get_prefix(f"{self.spec.prefix}clusters/")
+        except (EtcdUnavailable, EtcdError, OSError) as exc:
+            # Ownership stands; the records are read again at the next renewal.
+            self.log.info("control_unread", error=f"{type(exc).__name__}")
+            return
+        found = {kv.key: kv for kv in kvs}
+        for name in held:
+            kv = found.get(control_key(self.spec.prefix, name))
+            done = found.get(applied_key(self.spec.prefix, name, self.spec.instance))
+            applied = applied_revision(done.value if done is not None else None)
+            if kv is None or kv.mod_revision <= max(applied, self.control_seen.get(name, 0)):
+                continue
+            try:
+                await self._deliver(name, kv.mod_revision, kv.value)
+            except (EtcdUnavailable, EtcdError, OSError) as exc:
+                # Applied; only its note failed: a restart before the next record reapplies it.
+                self.log.info("control_unnoted", cluster=name, error=f"{type(exc).__name__}")
+
+    async def _deliver(self, name: str, revision: int, raw: bytes) -> None:
+        token = self.token(name)
+        # A renewal and the request's own answer may both bring the same record.
+        if token is None or revision <= self.control_seen.get(name, 0):
+            return
+        control = decode(raw)
+        if control is None:
+            self.log.error("control_unreadable", cluster=name, revision=revision)
+        elif not self.on_control(name, revision, control):
+            return  # no controller yet: offered again at the next renewal
+        self.control_seen[name] = revision
+        done = str(revision).encode()
+        key = applied_key(self.spec.prefix, name, self.spec.instance)
+        if not await self.client.put_if_owner(self.key(name), token, key, done):
+            self.log.warning("control_applied_unrecorded", cluster=name, token=token)
+
+    async def request(self, cluster: str, control: Control) -> int:
+        """Record an operator's pause or resume for whichever instance owns `cluster`, and apply
+        it at once when that is this one; its revision. Raises EtcdUnavailable or EtcdError
+        when it was not recorded."""
+        raw = encode(control)
+        revision = await self.client.put(control_key(self.spec.prefix, cluster), raw)
+        self.log.info("control_recorded", cluster=cluster, paused=control.paused, by=control.by)
+        if self.may_act(cluster):
+            with contextlib.suppress(EtcdUnavailable, EtcdError, OSError):
+                await self._deliver(cluster, revision, raw)
+        self._poke.set()
+        return revision
 
     def _note_holder(self, claim: Claim, kv: KeyValue) -> None:
         try:
@@ -355,20 +419,31 @@ class Ownership:
             self.on_change(claim.cluster)
 
     async def _watch(self) -> None:
-        """A standby hears an owner key's deletion at once instead of at its next renewal."""
-        prefix = f"{self.spec.prefix}owner/"
+        """A standby hears an owner key's deletion at once instead of at its next renewal, and
+        an owner a control record written for it."""
+        owners = f"{self.spec.prefix}owner/"
         await self._listed.wait()
         while not self._stopping:
             try:
                 if self.revision:
-                    async for key in self.client.watch_deletes(prefix, self.revision + 1):
-                        claim = self.claims.get(key.removeprefix(prefix))
-                        if claim is not None and claim.token is None:
+                    async for kind, key in self.client.watch(self.spec.prefix, self.revision + 1):
+                        if self._heard(kind, key, owners):
                             self._poke.set()
             except Exception as exc:  # best effort: the renewals re-list every round anyway
                 self.log.debug("watch_ended", error=f"{type(exc).__name__}: {exc}")
             # Ended (etcd restarted, compaction) or not yet started: the renewals re-list.
             await asyncio.sleep(self.spec.renew_interval)
+
+    def _heard(self, kind: str, key: str, owners: str) -> bool:
+        if kind == "DELETE" and key.startswith(owners):
+            claim = self.claims.get(key.removeprefix(owners))
+            return claim is not None and claim.token is None
+        if kind == "PUT":
+            return any(
+                claim.token is not None and key == control_key(self.spec.prefix, name)
+                for name, claim in self.claims.items()
+            )
+        return False
 
     async def stop(self) -> None:
         """Release every cluster at once: revoking the lease deletes the owner keys."""

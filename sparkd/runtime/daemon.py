@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from sparkd.core.text import printable
 from sparkd.model.plan import ActionOutcome
 from sparkd.runtime import logs
 from sparkd.runtime.controller import Controller
@@ -32,9 +33,11 @@ from sparkd.settings import (
 )
 from sparkd.shell.execute import ExecutorTiming
 from sparkd.shell.fencing import HostFence
+from sparkd.shell.secrets import redact
 from sparkd.shell.ssh import SshPool
 
 if TYPE_CHECKING:
+    from sparkd.ha.control import Control
     from sparkd.ha.ownership import Ownership
 
 # Daemon settings that take effect only at start: a reload reports a change and keeps the old.
@@ -297,7 +300,9 @@ class Daemon:
 
         assert self.settings.ha is not None
         names = [c.name for c in self.settings.clusters]
-        self.ha = Ownership(self.settings.ha, names, on_change=self._ha_changed)
+        self.ha = Ownership(
+            self.settings.ha, names, on_change=self._ha_changed, on_control=self._ha_control
+        )
         self.metrics.registry.register(HaCollector(self.ha))
         self.ha.start()
 
@@ -306,6 +311,20 @@ class Daemon:
         controller = self.controllers.get(cluster_name)
         if controller is not None:
             controller.wake.set()
+
+    def _ha_control(self, cluster_name: str, revision: int, control: Control) -> bool:
+        # An operator's pause or resume from any instance's API, read from etcd by the owner.
+        controller = self.controllers.get(cluster_name)
+        if controller is None:
+            return False
+        # Anyone with etcd access may have written it: shown on operators' terminals.
+        by = printable(redact(control.by))
+        controller.log.info("control", revision=revision, paused=control.paused, by=by)
+        if control.paused:
+            controller.pause(printable(redact(control.reason)), by, control.until)
+        else:
+            controller.resume(by)
+        return True
 
     def _run(self, controller: Controller) -> asyncio.Task[None]:
         return asyncio.create_task(

@@ -258,7 +258,10 @@ async def pause(request: web.Request) -> web.Response:
                 f"{MAX_PAUSE_SECONDS} (leave it out for a pause without an end)"
             )
         until = controller.wall_clock() + float(duration)
-    saved = controller.pause(redact(reason.strip()), redact(str(by)), until)
+    reason, by = redact(reason.strip()), redact(str(by))
+    if request.app[DAEMON].ha is not None:
+        return await _through_etcd(request, controller, True, reason, by, until)
+    saved = controller.pause(reason, by, until)
     return web.json_response(_applied(controller, saved))
 
 
@@ -266,8 +269,39 @@ async def resume(request: web.Request) -> web.Response:
     await _authorize(request)
     controller = _controller(request)
     body = await _body(request)
-    saved = controller.resume(_text(body, "by", "api"))
+    by = _text(body, "by", "api")
+    if request.app[DAEMON].ha is not None:
+        return await _through_etcd(request, controller, False, "", by, None)
+    saved = controller.resume(by)
     return web.json_response(_applied(controller, saved))
+
+
+async def _through_etcd(
+    request: web.Request,
+    controller: Controller,
+    paused: bool,
+    reason: str,
+    by: str,
+    until: float | None,
+) -> web.Response:
+    """With [ha] a pause or resume is recorded in etcd, whichever instance was asked: the owner
+    applies it (at once when that is this one); without etcd it is refused, not half-made."""
+    from sparkd.ha.control import Control
+    from sparkd.ha.etcd import EtcdError, EtcdUnavailable
+
+    ha = request.app[DAEMON].ha
+    assert ha is not None
+    name = controller.cluster.name
+    control = Control(paused=paused, reason=reason, by=by, at=controller.wall_clock(), until=until)
+    try:
+        revision = await ha.request(name, control)
+    except (EtcdUnavailable, EtcdError, OSError) as exc:
+        raise web.HTTPServiceUnavailable(
+            text=f"no etcd: the {'pause' if paused else 'resume'} was not recorded ({exc})"
+        ) from None
+    body = _applied(controller, controller.persist_error is None)
+    body["ha"] = {"recorded": "etcd", "revision": revision, "role": ha.role(name)}
+    return web.json_response(body)
 
 
 def _applied(controller: Controller, saved: bool) -> dict[str, Any]:

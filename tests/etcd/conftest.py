@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from sparkd.ha.etcd import EtcdClient
+
 ETCD = shutil.which("etcd") or ("/usr/bin/etcd" if os.path.exists("/usr/bin/etcd") else None)
 
 
@@ -116,6 +118,12 @@ def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
         yield server
     finally:
         server.kill()
+
+
+async def lease_remaining(admin: EtcdClient, lease: int) -> int:
+    """What etcd says is left of a lease: -1 once it is gone (revoked or expired)."""
+    answer = await admin.call("lease/timetolive", {"ID": str(lease)})
+    return int(answer.get("TTL", -1))
 
 
 class Blackhole:

@@ -21,10 +21,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from sparkd.ha.etcd import EtcdClient
 from sparkd.sim.timing import Timing
 from sparkd.sim.world import World
 from tests.e2e.conftest import eventually, free_port, mutations, write_fast_config
-from tests.etcd.conftest import Blackhole, EtcdServer
+from tests.etcd.conftest import Blackhole, EtcdServer, lease_remaining
 
 pytestmark = pytest.mark.etcd
 
@@ -32,6 +33,8 @@ TTL = 3
 SPARKD = [sys.executable, "-m", "sparkd.cli"]
 # Slack between a command's record on the host and its action's log lines (same clock).
 SLACK = 0.05
+TEST_TIMINGS = f"lease_ttl = {TTL}\nrenew_interval = 1.0\nrequest_timeout = 0.5\nmargin = 1.0\n"
+PRODUCTION_TIMINGS = "lease_ttl = 15\nrenew_interval = 5.0\nrequest_timeout = 2.0\nmargin = 2.0\n"
 
 
 @pytest.fixture
@@ -42,18 +45,25 @@ async def seed_world(tmp_path: Path) -> AsyncIterator[World]:
 
 class Instance:
     def __init__(
-        self, name: str, world: World, etcd: EtcdServer, tmp_path: Path, endpoint: str = ""
+        self,
+        name: str,
+        world: World,
+        etcd: EtcdServer,
+        tmp_path: Path,
+        endpoint: str = "",
+        timings: str = TEST_TIMINGS,
+        token_file: Path | None = None,
     ) -> None:
         self.name = name
         self.port = free_port()
         self.log = tmp_path / f"{name}.log"
         config = write_fast_config(
-            world, tmp_path / f"{name}.toml", tmp_path / f"state-{name}", self.port
+            world, tmp_path / f"{name}.toml", tmp_path / f"state-{name}", self.port, token_file
         )
         config.write_text(
             config.read_text()
             + f'\n[ha]\netcd_endpoints = ["{endpoint or etcd.url}"]\ninstance = "{name}"\n'
-            f"lease_ttl = {TTL}\nrenew_interval = 1.0\nrequest_timeout = 0.5\nmargin = 1.0\n"
+            + timings
         )
         self.config = config
         self.proc: asyncio.subprocess.Process | None = None
@@ -252,25 +262,41 @@ async def test_sigkill_of_the_owner_mid_recovery(
 
 
 async def test_graceful_stop_hands_over_at_once(
-    seed_world: World, pair: tuple[Instance, Instance]
+    seed_world: World, etcd: EtcdServer, tmp_path: Path
 ) -> None:
-    a, b = pair
+    # The production TTL, so an expiry could not pass for a release; bench ha times handovers.
+    a = Instance("ops-a", seed_world, etcd, tmp_path, timings=PRODUCTION_TIMINGS)
+    b = Instance("ops-b", seed_world, etcd, tmp_path, timings=PRODUCTION_TIMINGS)
+    admin = EtcdClient([etcd.url], timeout=2)
     cluster = cluster_name(seed_world)
-    await start_owner_and_standby(a, b, cluster)
-    stopped_at = a.signal(signal.SIGTERM)
-    assert a.proc is not None
-    assert await asyncio.wait_for(a.proc.wait(), 20) == 0
+    try:
+        await start_owner_and_standby(a, b, cluster)
+        held, _ = await admin.get(f"sparkd/v1/owner/{cluster}")
+        assert held is not None
+        left = await lease_remaining(admin, held.lease)
+        asked = time.monotonic()
+        a.signal(signal.SIGTERM)
+        assert a.proc is not None
+        assert await asyncio.wait_for(a.proc.wait(), 20) == 0
+        # Gone sooner than it could have expired: the stopping owner revoked it.
+        assert await lease_remaining(admin, held.lease) == -1
+        assert time.monotonic() - asked < left
+        released = [e for e in a.events() if e.get("event") == "released"]
+        assert released and cluster in released[-1]["clusters"]
 
-    async def b_owns() -> bool:
-        return await b.role(cluster) == "owner"
+        async def b_owns() -> bool:
+            return await b.role(cluster) == "owner"
 
-    await eventually(b_owns, within=TTL + 2, poll=0.02)
-    took = time.time() - stopped_at
-    # The standby hears the lease's revocation, not its expiry (TTL 3 s).
-    assert took < 1.5, took
-    metrics = await b.metrics()
-    assert metrics["sparkd_ha_takeovers_total"] == 1
-    check_never_two_actors(seed_world, a, b)
+        await eventually(b_owns, within=left - (time.monotonic() - asked), poll=0.02)
+        acquired = [e for e in b.events() if e.get("event") == "acquired"][-1]
+        assert (acquired["was"], acquired["was_token"]) == (a.name, held.create_revision)
+        assert acquired["token"] > held.create_revision
+        assert (await b.metrics())["sparkd_ha_takeovers_total"] == 1
+        check_never_two_actors(seed_world, a, b)
+    finally:
+        await a.stop()
+        await b.stop()
+        await admin.close()
 
 
 async def test_sigstop_past_the_ttl_never_acts_again(
@@ -361,11 +387,11 @@ async def test_without_etcd_nobody_acts_then_the_owner_readopts(
     # and the old owner re-adopts it with the same token and repairs; the standby stays one.
     etcd.start()
 
-    async def a_owns() -> bool:
-        return await a.role(cluster) == "owner"
+    # Each instance learns that etcd is back at its own next renewal: wait for both to have.
+    async def a_owns_b_waits() -> bool:
+        return await a.role(cluster) == "owner" and await b.role(cluster) == "standby"
 
-    await eventually(a_owns, within=TTL + 2)
-    assert await b.role(cluster) == "standby"
+    await eventually(a_owns_b_waits, within=TTL + 2)
     assert (await a.metrics())[f'sparkd_ha_token{{cluster="{cluster}"}}'] == token
 
     async def a_healed() -> bool:
