@@ -144,6 +144,13 @@ class Ownership:
             return "owner"
         return "standby" if self.reachable else "no etcd"
 
+    def holder(self, cluster: str) -> str | None:
+        """The instance owning `cluster` as last read (this one while it may act)."""
+        if self.may_act(cluster):
+            return self.spec.instance
+        claim = self.claims.get(cluster)
+        return claim.holder if claim is not None else None
+
     def token(self, cluster: str) -> int | None:
         claim = self.claims.get(cluster)
         return claim.token if claim is not None and self.may_act(cluster) else None
@@ -192,7 +199,7 @@ class Ownership:
                 name: {
                     "role": self.role(name),
                     "token": self.token(name),
-                    "holder": self.spec.instance if self.may_act(name) else claim.holder,
+                    "holder": self.holder(name),
                 }
                 for name, claim in self.claims.items()
             },

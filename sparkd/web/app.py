@@ -318,10 +318,23 @@ def _applied(controller: Controller, saved: bool) -> dict[str, Any]:
     return redacted
 
 
+def _owned(request: web.Request, controller: Controller) -> None:
+    """With [ha] a rollout retry or back is made only where the cluster is owned: it edits this
+    instance's memory alone, which the owner never hears and a standby would act on at takeover."""
+    ha = request.app[DAEMON].ha
+    name = controller.cluster.name
+    if ha is not None and not ha.may_act(name):
+        raise web.HTTPConflict(
+            text=f"not the owner of {name} (owner: {ha.holder(name) or 'unknown'}); "
+            "ask the instance that owns it"
+        )
+
+
 async def rollout_retry(request: web.Request) -> web.Response:
     """Roll the desired spec out again after a rollback (409 when none holds)."""
     await _authorize(request)
     controller = _controller(request)
+    _owned(request, controller)
     body = await _body(request)
     if not controller.rollout_retry(redact(_text(body, "by", "api"))):
         raise web.HTTPConflict(text=f"{controller.cluster.name}: no rollback holds")
@@ -332,6 +345,7 @@ async def rollout_back(request: web.Request) -> web.Response:
     """Go to the last-good spec now (409 without one other than the desired spec)."""
     await _authorize(request)
     controller = _controller(request)
+    _owned(request, controller)
     body = await _body(request)
     if not controller.rollout_back(redact(_text(body, "by", "api"))):
         raise web.HTTPConflict(
