@@ -234,11 +234,18 @@ def print_commands(settings: Settings, sudoers: str | None) -> int:
     for cluster in settings.clusters:
         if sudoers is None:
             print(f"# cluster {cluster.name}")
-            for host, remote in catalogue.catalogue(cluster, cluster.ssh.command_timeout):
-                kind = "changes" if remote.mutating else "reads"
-                print(f"## {remote.name} on {host.name} ({kind})")
-                print(remote.command.rstrip("\n"))
-                print()
+            seen: set[tuple[str, str]] = set()
+            also = last_good_spec(settings, cluster)
+            for spec in (cluster,) if also is None else (cluster, also):
+                for host, remote in catalogue.catalogue(spec, spec.ssh.command_timeout):
+                    if spec is not cluster and (host.name, remote.command) in seen:
+                        continue
+                    seen.add((host.name, remote.command))
+                    kind = "changes" if remote.mutating else "reads"
+                    of = "" if spec is cluster else ", of the last-good spec a rollback launches"
+                    print(f"## {remote.name} on {host.name} ({kind}{of})")
+                    print(remote.command.rstrip("\n"))
+                    print()
             for host in cluster.hosts if cluster.power.enabled else ():
                 # Run on this box, as an argv (shown quoted), never over SSH or through a shell.
                 print(f"## power_cycle of {host.name} on the ops box (changes)")
@@ -275,5 +282,21 @@ def print_forced_commands(settings: Settings, only: str | None) -> int:
                 print()
             print(f"# ===== {cluster.name}/{host.name}: the wrapper for this host follows")
         key = forced.public_key(cluster.ssh)
-        print(forced.wrapper(cluster, host, key, fenced=settings.ha is not None), end="")
+        also = last_good_spec(settings, cluster)
+        print(forced.wrapper(cluster, host, key, fenced=settings.ha is not None, also=also), end="")
     return 0
+
+
+def last_good_spec(settings: Settings, cluster: ClusterSpec) -> ClusterSpec | None:
+    """The last-good spec the state dir remembers when it is not the desired one: a rollback
+    launches it (core.rollout.acting_spec), so its commands must pass the wrapper too."""
+    from sparkd.core import rollout
+
+    good = StateDir(settings.daemon.state_dir).peek_memory(cluster.name).last_good
+    if good is None or good.hash == rollout.identity(cluster):
+        return None
+    try:
+        return rollout.spec_of(cluster, good)
+    except ValueError as exc:  # a last-good spec this sparkd no longer reads
+        print(f"sparkd commands: {cluster.name}: last-good spec unreadable: {exc}", file=sys.stderr)
+        return None

@@ -67,10 +67,23 @@ def _substitute(text: str, stand_in: str, first: str, again: str | None = None) 
     return result
 
 
-def allowed_commands(cluster: ClusterSpec, host: HostSpec, fenced: bool = False) -> Allowed:
+def allowed_commands(
+    cluster: ClusterSpec, host: HostSpec, fenced: bool = False, also: ClusterSpec | None = None
+) -> Allowed:
     """Every command sparkd may send `host`, from the catalogue with the timeouts it runs them
     with (the actions' `ssh.command_timeout`, the fact script's share of it). With `fenced`
-    (an `[ha]` config), the mutating ones only behind the fence prefix."""
+    (an `[ha]` config), the mutating ones only behind the fence prefix. With `also` (the
+    last-good spec, which a rollback launches), its commands too."""
+    if also is not None:
+        ours, theirs = allowed_commands(cluster, host, fenced), allowed_commands(also, host, fenced)
+        return Allowed(
+            exact=tuple(dict.fromkeys(ours.exact + theirs.exact)),
+            patterns=tuple(dict.fromkeys(ours.patterns + theirs.patterns)),
+            container_patterns=ours.container_patterns,
+            fence_cluster=ours.fence_cluster,
+            fenced=tuple(dict.fromkeys(ours.fenced + theirs.fenced)),
+            fenced_patterns=tuple(dict.fromkeys(ours.fenced_patterns + theirs.fenced_patterns)),
+        )
     seconds = cluster.ssh.command_timeout
     reads: list[str] = []
     read_patterns: list[str] = []
@@ -153,16 +166,19 @@ def wrapper(
     key: str,
     path: str = WRAPPER_PATH,
     fenced: bool = False,
+    also: ClusterSpec | None = None,
 ) -> str:
-    """The wrapper program for `host`, its header saying how to install it."""
-    allowed = allowed_commands(cluster, host, fenced)
+    """The wrapper program for `host`, its header saying how to install it; with `also`, the
+    last-good spec's commands pass too."""
+    allowed = allowed_commands(cluster, host, fenced, also)
     line = authorized_keys_line(cluster, host, key, path)
     header = [
         "#!/usr/bin/python3",
         f"# sparkd {__version__} forced command for host {host.name} of cluster {cluster.name}.",
         "# It holds the exact commands for this config (timeouts, units, image, model, paths):",
         "# REGENERATE AND REINSTALL IT WHENEVER THE CONFIG OR SPARKD CHANGES, or sparkd's",
-        "# commands are refused (exit 126).",
+        "# commands are refused (exit 126). It also takes the last-good spec's commands",
+        "# (a rollback launches it) as the state dir held it when it was generated.",
         f"# Install as root: {path}, owned by root, mode 0755. Check a command with",
         f"#   SSH_ORIGINAL_COMMAND='...' {path} --check",
         f"# Then, in ~{cluster.ssh.user}/.ssh/authorized_keys on {host.name}, instead of the",

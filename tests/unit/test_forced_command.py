@@ -226,3 +226,49 @@ def test_sparkd_commands_forced_command_prints_the_wrapper_and_its_line(tmp_path
     assert "permitopen=" in every.stdout and "AllowTcpForwarding local" in every.stdout
     assert cli("--forced-command", "--host", "nope").returncode == 64
     assert cli("--host", cluster.head.name).returncode == 64
+
+
+def test_the_wrapper_takes_the_last_good_spec_a_rollback_launches(tmp_path: Path) -> None:
+    """A rollback launches the last-good spec the state dir remembers: the wrapper generated
+    with that memory lets its `start_model` through, and still no other spec's."""
+    from sparkd.core import rollout
+    from sparkd.model.memory import Memory
+    from sparkd.runtime.state import StateDir
+
+    cluster = reference_cluster()
+    head = cluster.head
+
+    def flagged(*flags: str) -> ClusterSpec:
+        model = cluster.model.model_copy(update={"extra_args": (*cluster.model.extra_args, *flags)})
+        return cluster.model_copy(update={"model": model})
+
+    old, other = flagged("--max-num-seqs", "8"), flagged("--max-num-seqs", "9")
+    state = tmp_path / "state"
+    state.mkdir()
+    good = rollout.good_of(old, None, 1000.0)
+    StateDir(state).memory_path(cluster.name).write_text(Memory(last_good=good).model_dump_json())
+    config = tmp_path / "sparkd.toml"
+    text = EXAMPLE_CONFIG.read_text()
+    assert 'state_dir = "/var/lib/sparkd"' in text
+    config.write_text(text.replace('state_dir = "/var/lib/sparkd"', f'state_dir = "{state}"'))
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkd.cli", "commands", "--config", str(config),
+         "--forced-command", "--host", head.name],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    namespace: dict[str, Any] = {"__name__": "sparkd_forced_wrapper"}
+    exec(compile(done.stdout, "wrapper", "exec"), namespace)
+    allowed: Callable[[str], bool] = namespace["allowed"]
+    seconds = cluster.ssh.command_timeout
+    acting = rollout.spec_of(cluster, good)
+    assert allowed(catalogue.start_model(acting, seconds, None).command)
+    assert allowed(catalogue.start_model(cluster, seconds, None).command)
+    assert not allowed(catalogue.start_model(other, seconds, None).command)
+    review = subprocess.run(
+        [sys.executable, "-m", "sparkd.cli", "commands", "--config", str(config)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert review.returncode == 0, review.stderr
+    listed = f"## start_model on {head.name} (changes, of the last-good spec a rollback launches)\n"
+    assert listed + catalogue.start_model(acting, seconds, None).command in review.stdout
