@@ -283,7 +283,11 @@ def print_forced_commands(settings: Settings, only: str | None) -> int:
             print(f"# ===== {cluster.name}/{host.name}: the wrapper for this host follows")
         key = forced.public_key(cluster.ssh)
         also = last_good_spec(settings, cluster)
-        print(forced.wrapper(cluster, host, key, fenced=settings.ha is not None, also=also), end="")
+        ha = settings.ha
+        unfenced = ha is not None and not ha.host_fencing
+        fenced = ha is not None
+        text = forced.wrapper(cluster, host, key, fenced=fenced, also=also, unfenced=unfenced)
+        print(text, end="")
     return 0
 
 

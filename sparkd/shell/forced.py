@@ -167,9 +167,11 @@ def wrapper(
     path: str = WRAPPER_PATH,
     fenced: bool = False,
     also: ClusterSpec | None = None,
+    unfenced: bool = False,
 ) -> str:
     """The wrapper program for `host`, its header saying how to install it; with `also`, the
-    last-good spec's commands pass too."""
+    last-good spec's commands pass too. With `unfenced` (`[ha] host_fencing = false`), a
+    mutating command also passes behind the tag naming its owner (catalogue.audited), unchecked."""
     allowed = allowed_commands(cluster, host, fenced, also)
     line = authorized_keys_line(cluster, host, key, path)
     header = [
@@ -207,6 +209,7 @@ def wrapper(
         mismatch_exit=catalogue.FENCE_MISMATCH_EXIT,
         busy_exit=catalogue.FENCE_BUSY_EXIT,
         instance=repr(INSTANCE),
+        unfenced=fenced and unfenced,
     )
     return "\n".join(header) + "\n" + body
 
@@ -245,6 +248,12 @@ MARKER = {fence_marker}
 FENCED_EXIT = {fenced_exit}
 MISMATCH_EXIT = {mismatch_exit}
 BUSY_EXIT = {busy_exit}
+# `[ha] host_fencing = false`: the owner's tag (a no-op `:`) before a mutating command, unchecked.
+UNFENCED = {unfenced}
+UNFENCED_ARGS = (
+    r": sparkd-unfenced (?P<cluster>\\S+) (?P<token>[1-9][0-9]{{0,18}}) "
+    r"(?P<instance>" + {instance}[1:-1] + r"); (?P<inner>.*)"
+)
 
 
 def allowed(command, exact=EXACT, patterns=PATTERNS):
@@ -304,6 +313,17 @@ def fence_parts(command):
     if not allowed(match.group("inner"), FENCED, FENCED_PATTERNS):
         return None
     return match
+
+
+def unfenced(command):
+    if not UNFENCED or FENCE_CLUSTER is None:
+        return False
+    match = re.fullmatch(UNFENCED_ARGS, command, re.S)
+    return (
+        match is not None
+        and match.group("cluster") == FENCE_CLUSTER
+        and allowed(match.group("inner"), FENCED, FENCED_PATTERNS)
+    )
 
 
 def say(cluster, text):
@@ -374,7 +394,7 @@ def fence(match):
 def main():
     command = os.environ.get("SSH_ORIGINAL_COMMAND")
     match = fence_parts(command) if command is not None else None
-    if command is None or (match is None and not allowed(command)):
+    if command is None or (match is None and not allowed(command) and not unfenced(command)):
         refuse(command or "")
     if sys.argv[1:] == ["--check"]:
         sys.exit(0)

@@ -158,3 +158,38 @@ def test_the_wrapper_holds_the_lock_while_the_command_runs_and_never_passes_it_o
     # The sweep ran after the old command finished, so the old token is refused from now on.
     status, _ = run(tmp_path, wrapper, catalogue.fenced(kill, fence(5, cluster), seconds).command)
     assert status == catalogue.FENCED_EXIT
+
+
+def test_with_host_fencing_off_the_wrapper_takes_the_owner_tagged_form(tmp_path: Path) -> None:
+    """`[ha] host_fencing = false`: the executor sends `: sparkd-unfenced CLUSTER TOKEN
+    INSTANCE; COMMAND` (catalogue.audited); the wrapper generated from that config runs it, and
+    still refuses it for another cluster or around a command outside the catalogue."""
+    from tests.toy import EXAMPLE_CONFIG
+
+    cluster = reference_cluster()
+    config = tmp_path / "sparkd.toml"
+    text = EXAMPLE_CONFIG.read_text().replace(
+        'state_dir = "/var/lib/sparkd"', f'state_dir = "{tmp_path / "state"}"'
+    )
+    ha = '\n[ha]\netcd_endpoints = ["http://127.0.0.1:23790"]\nhost_fencing = false\n'
+    config.write_text(text + ha)
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkd.cli", "commands", "--config", str(config),
+         "--forced-command", "--host", cluster.head.name],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    wrapper = tmp_path / "wrapper"
+    wrapper.write_text(done.stdout)
+    seconds = cluster.ssh.command_timeout
+    kill = catalogue.kill_process(cluster, 4100, "TERM", seconds)
+    tagged = catalogue.audited(kill, fence(7, cluster)).command
+    assert run(tmp_path, wrapper, kill.command)[0] == forced.REFUSED_EXIT  # never bare
+    assert run(tmp_path, wrapper, tagged) == (0, "")
+    assert calls(tmp_path) == ["kill -TERM 4100"]
+    other = catalogue.audited(kill, FenceToken("elsewhere", 7, ETCD, "ops-a")).command
+    assert run(tmp_path, wrapper, other, "--check")[0] == forced.REFUSED_EXIT
+    stray = catalogue.audited(catalogue.Remote("x", "id", True), fence(7, cluster)).command
+    assert run(tmp_path, wrapper, stray, "--check")[0] == forced.REFUSED_EXIT
+    # With fencing on, the tagged form is not taken.
+    assert run(tmp_path, program(tmp_path, cluster), tagged, "--check")[0] == forced.REFUSED_EXIT
