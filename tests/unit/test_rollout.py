@@ -461,3 +461,20 @@ def test_acceptance_checks_judge_real_answers_reasoning_aware() -> None:
     assert check(FIXTURE_ANSWER, regex=f"^{re.escape(word)}").ok is True
     assert check(FIXTURE_ANSWER, regex="^$").ok is False
     assert judge_check(0, RolloutCheck(prompt="p"), 500, "{}").ok is False
+
+
+def test_a_worker_lost_after_the_new_spec_served_does_not_roll_it_back() -> None:
+    """Probes that fail while a host is out of reach say nothing of the spec: the restart they
+    ask for is held, and so is the rollback."""
+    run = serving()
+    run.desired = with_args(run.desired, "--max-num-seqs", "8")
+    run.until("healthy")
+    assert run.memory.healthy_probes == 1
+    worker = next(h.name for h in run.desired.hosts if h.role != "head")
+    run.toy.unreachable(worker, "timeout")
+    run.toy.probe_style = "timeout"
+    plans = [run.cycle() for _ in range(8)]
+    assert all(p.rollback is None for p in plans), [p.rollback for p in plans]
+    record = run.memory.rollout
+    assert record is not None and record.result == "in_progress"
+    assert run.toy.serve_spec == rollout.identity(run.desired)
