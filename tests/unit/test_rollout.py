@@ -478,3 +478,21 @@ def test_a_worker_lost_after_the_new_spec_served_does_not_roll_it_back() -> None
     record = run.memory.rollout
     assert record is not None and record.result == "in_progress"
     assert run.toy.serve_spec == rollout.identity(run.desired)
+
+
+def test_a_rollout_remembered_from_the_future_still_rolls_back() -> None:
+    """The ops box rebooted with its clock behind: every stamp it remembers is ahead of now,
+    the rollout's beginning too, and the failing new spec is still judged as the rollout's."""
+    run = serving()
+    run.on_launch = ["arg_error"]
+    run.desired = with_args(run.desired, "--enable-resoning")
+    run.cycle()  # the cutover
+    record = run.memory.rollout
+    assert record is not None
+    ahead = 3600.0
+    run.memory = run.memory.evolve(
+        attempts=tuple(a.model_copy(update={"at": a.at + ahead}) for a in run.memory.attempts),
+        rollout=record.model_copy(update={"began_at": record.began_at + ahead}),
+    )
+    back = run.cycle()
+    assert back.rollback is not None and "unrecognized arguments" in back.rollback
