@@ -257,6 +257,24 @@ def test_an_unknown_index_holds_the_cutover_but_not_the_serving_cluster() -> Non
     assert "index.json is unknown: is not JSON" in made.reason
 
 
+def test_the_files_are_read_only_until_the_cutover_stops_the_old_serve_or_a_rollback() -> None:
+    run = serving()
+    with_files(run, files())
+    assert not rollout.prepare_due(run.desired, run.memory)
+    run.desired = moved(run.desired)
+    assert rollout.prepare_due(run.desired, run.memory)
+    cut = run.cycle()
+    assert [a.kind for a in cut.actions] == ["restart_model"]
+    # The old serve is stopped: nothing is left for the read to keep serving.
+    assert not rollout.prepare_due(run.desired, run.memory)
+    good = run.memory.last_good
+    assert good is not None
+    held = rollout.back(run.memory.evolve(rollout=None), run.desired, "ops", 0.0, 0.0)
+    assert held.rollout is not None and held.rollout.stopped_at is None
+    assert not rollout.prepare_due(run.desired, held)
+    assert rollout.prepare_due(run.desired, rollout.retry(held))
+
+
 def test_a_first_deployment_with_a_missing_file_is_held_not_launched() -> None:
     toy = Toy.empty()
     run = Run(toy=toy, desired=toy.cluster)
