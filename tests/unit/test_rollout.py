@@ -18,6 +18,7 @@ from sparkd.core.model_stage import exit_cause
 from sparkd.core.planner import plan
 from sparkd.core.remember import remember
 from sparkd.model.memory import Memory
+from sparkd.model.observed import Observed
 from sparkd.model.plan import ActionOutcome, ActionResult, Plan
 from sparkd.model.probe import CheckResult
 from sparkd.settings import ClusterSpec, RolloutCheck
@@ -320,7 +321,7 @@ FAULTS = st.sampled_from(["none", "arg_error", "stall", "stall_all", "arg_error_
 @given(
     steps=st.lists(
         st.tuples(
-            st.sampled_from(["change", "change", "retry", "back", "wait"]),
+            st.sampled_from(["change", "change", "retry", "back", "wait", "lose"]),
             FAULTS,
             st.integers(1, 14),
         ),
@@ -331,9 +332,11 @@ FAULTS = st.sampled_from(["none", "arg_error", "stall", "stall_all", "arg_error_
 )
 def test_rollback_properties(steps: list[tuple[str, str, int]], rollback: bool) -> None:
     """Never back to the spec that failed, never without a last-good spec, at most once per
-    rollout, and only when rollback is on."""
+    rollout, only when rollback is on, and never while a host is out of reach (`lose`: the
+    worker's SSH times out and the probes with it, for the step's cycles)."""
     run = serving()
     base = run.desired
+    worker = next(h.name for h in base.hosts if h.role != "head")
     changes = 0
     rolled: dict[int, int] = {}
     for step, fault, cycles in steps:
@@ -345,11 +348,16 @@ def test_rollback_properties(steps: list[tuple[str, str, int]], rollback: bool) 
             run.memory = rollout.retry(run.memory)
         elif step == "back":
             run.memory = rollout.back(run.memory, run.desired, "ops", run.toy.now, run.toy.now)
+        lost = step == "lose"
+        if lost:
+            run.toy.unreachable(worker, "timeout")
+            run.toy.probe_style = "timeout"
         for _ in range(cycles):
             before = run.memory
             made = run.cycle()
             if made.rollback is None:
                 continue
+            assert not lost, made.rollback
             event("rolled back")
             assert rollback
             good = before.last_good
@@ -360,6 +368,9 @@ def test_rollback_properties(steps: list[tuple[str, str, int]], rollback: bool) 
             assert record is not None
             rolled[record.id] = rolled.get(record.id, 0) + 1
             assert rolled[record.id] == 1
+        if lost:
+            run.toy.errors.pop(worker)
+            run.toy.probe_style = "reasoning_only"
 
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-real"
@@ -496,3 +507,26 @@ def test_a_rollout_remembered_from_the_future_still_rolls_back() -> None:
     )
     back = run.cycle()
     assert back.rollback is not None and "unrecognized arguments" in back.rollback
+
+
+def test_an_mtu_mismatch_after_the_new_spec_served_does_not_roll_it_back() -> None:
+    """The probes fail while the data link's MTU is wrong: the restart is held for the fabric,
+    and what the fabric did is no failure of the spec."""
+    from tests.unit.test_fabric_recovery import SOUND
+    from tests.unit.test_invariants_applicable import host
+
+    run = serving()
+    run.desired = with_args(run.desired, "--max-num-seqs", "8")
+    run.until("healthy")
+    toy = run.toy
+
+    def observe() -> Observed:
+        seen = host(Toy.observe(toy), "spark-a", fabric=SOUND)
+        return host(seen, "spark-b", fabric=SOUND.model_copy(update={"mtu": 1500}))
+
+    object.__setattr__(toy, "observe", observe)
+    toy.probe_style = "timeout"
+    plans = [run.cycle() for _ in range(8)]
+    assert all(p.fabric_held for p in plans)
+    assert all(p.rollback is None for p in plans), [p.rollback for p in plans]
+    assert run.toy.serve_spec == rollout.identity(run.desired)
