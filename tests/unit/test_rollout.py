@@ -484,7 +484,7 @@ def test_a_worker_lost_after_the_new_spec_served_does_not_roll_it_back() -> None
     worker = next(h.name for h in run.desired.hosts if h.role != "head")
     run.toy.unreachable(worker, "timeout")
     run.toy.probe_style = "timeout"
-    plans = [run.cycle() for _ in range(8)]
+    plans = [run.cycle() for _ in range(60)]
     assert all(p.rollback is None for p in plans), [p.rollback for p in plans]
     record = run.memory.rollout
     assert record is not None and record.result == "in_progress"
