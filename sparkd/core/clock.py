@@ -21,7 +21,7 @@ Ray settling never lasts longer than the Ray containers have existed (core.ray_s
 
 from __future__ import annotations
 
-from sparkd.model.memory import Attempt, Blocked, LoadMark, Memory
+from sparkd.model.memory import Attempt, Blocked, LoadMark, Memory, Rollout
 
 # A wall clock that moved this far against daemon time has stepped (NTP slews stay far below).
 STEP_NOTICED = 2.0
@@ -75,7 +75,25 @@ def bounded(memory: Memory, now: float) -> Memory:
         token_mark=None
         if memory.token_mark is None
         else memory.token_mark.model_copy(update={"since": at(memory.token_mark.since)}),
+        last_good=None
+        if memory.last_good is None
+        else memory.last_good.model_copy(update={"at": at(memory.last_good.at)}),
+        rollout=_rollout(memory.rollout, now),
+        fabric_held_since=maybe(memory.fabric_held_since),
     )
+
+
+def _rollout(rollout: Rollout | None, now: float) -> Rollout | None:
+    # A rollout begun "in the future" would judge no launch as its own and never roll back.
+    if rollout is None:
+        return None
+    stamps = ("began_at", "stopped_at", "accepted_at", "rolled_back_at", "restored_at")
+    update = {
+        name: min(value, now)
+        for name in stamps
+        if (value := getattr(rollout, name)) is not None and value > now
+    }
+    return rollout.model_copy(update=update) if update else rollout
 
 
 def _latest(memory: Memory) -> float:
@@ -95,10 +113,25 @@ def _latest(memory: Memory) -> float:
         memory.load_mark.at if memory.load_mark is not None else None,
         memory.load_mark.launch if memory.load_mark is not None else None,
         memory.token_mark.since if memory.token_mark is not None else None,
+        memory.last_good.at if memory.last_good is not None else None,
+        memory.fabric_held_since,
+        *_rollout_stamps(memory.rollout),
     ):
         if value is not None:
             stamps.append(value)
     return max(stamps)
+
+
+def _rollout_stamps(rollout: Rollout | None) -> tuple[float | None, ...]:
+    if rollout is None:
+        return ()
+    return (
+        rollout.began_at,
+        rollout.stopped_at,
+        rollout.accepted_at,
+        rollout.rolled_back_at,
+        rollout.restored_at,
+    )
 
 
 def stepped(offset: float, wall: float, mono: float) -> float:

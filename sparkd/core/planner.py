@@ -310,7 +310,7 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
     notes = [f"{host} rebooted (boot id changed)" for host in policy.rebooted(observed, memory)]
     probe_failures: int | None = None
     busy: int | None = None
-    failure = model.failed
+    restarts: list[Action] = []
     # The token counter is followed only while the model is past its load.
     token_mark = track(ctx) if model.to_probe else None
     if model.to_probe:
@@ -321,13 +321,18 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
         if any(a.kind == "restart_model" for a in probed.actions):
             hung.actions.clear()  # one restart, however many reasons
         stages.append(hung)
-        restarts = (a.reason for a in (*probed.actions, *hung.actions) if a.kind == "restart_model")
-        failure = next(restarts, failure)
+        restarts = [a for a in (*probed.actions, *hung.actions) if a.kind == "restart_model"]
         if observed.probe is not None and policy.is_new_probe(memory, observed.probe):
             threshold = desired.policy.failure_threshold
             probe_failures = policy.failures_after(memory, observed.probe, threshold)
             busy = policy.busy_streak_after(memory, observed.probe)
     holds = [hold for stage in stages for hold in stage.holds]
+    # A failure counts against the spec only through a restart that survives the vetoes, and
+    # never while a host is out of reach, wedged or its fabric is down: that is not the spec.
+    failing = [*restarts, *(a for a in model.actions if a.reason == model.failed)]
+    failure = next((a.reason for a in failing if _veto(a, holds) is None), None)
+    if reach.holds or wedged.holds or fabric.holds:
+        failure = None
     actions: list[Action] = []
     held: list[str] = []
     for stage in stages:

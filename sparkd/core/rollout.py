@@ -93,9 +93,17 @@ def steer(desired: ClusterSpec, memory: Memory) -> Steer:
 
 def prepare_due(desired: ClusterSpec, memory: Memory) -> bool:
     """The desired spec has not served yet (a change, or the first deployment): before its
-    cutover the head's model files are read and checked (core.weights)."""
+    cutover the head's model files are read and checked (core.weights). Not once the cutover
+    has stopped the old serve (nothing is left to keep serving), nor while a rollback holds
+    the last-good spec."""
     good = memory.last_good
-    return good is None or good.hash != identity(desired)
+    want = identity(desired)
+    if good is not None and good.hash == want:
+        return False
+    record = memory.rollout
+    if record is not None and record.to_hash == want:
+        return record.stopped_at is None and record.rolled_back is None
+    return True
 
 
 def checks_due(desired: ClusterSpec, memory: Memory) -> bool:

@@ -1,7 +1,8 @@
 """Prepare before cutover: the model's files are on the head before anything is stopped. Pure.
 
 The head `stat`s the model directory (config.json, the index, every *.safetensors) and sends
-the index's first bytes; here the index is parsed totally. A checkpoint is ready when
+the index reduced to its metadata and one weight_map entry per file; here that is parsed
+totally. A checkpoint is ready when
 config.json is there and every file the index's `weight_map` names (or a single
 `model.safetensors`) is there, none empty, and together not below the index's
 `metadata.total_size` (a file holds its tensors' bytes and a header). An index that cannot be
@@ -22,8 +23,10 @@ CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 # The index is read up to this many bytes (a 235B MoE's FP8 index is ~7 MB); a longer one is
-# unknown rather than parsed from a cut-off text.
+# unknown rather than parsed from a cut-off text. The host reduces it (shell.catalogue
+# REDUCE_INDEX) to at most REDUCED_LIMIT bytes, well inside the fact script's output bound.
 INDEX_LIMIT = 16 << 20
+REDUCED_LIMIT = 1 << 20
 _STAT_LINE = re.compile(r"^(\d+) (/.*)$")
 _ABSENT = "No such file or directory"
 # At most this many missing files are named; the rest are counted.
@@ -104,12 +107,15 @@ def _plain_name(name: str) -> bool:
 
 
 def with_index(files: ModelFiles, text: str | None, rc: int | None) -> ModelFiles:
-    """The stat reading with the index's read (`head -c`): absent, parsed, or unknown."""
+    """The stat reading with the index's (reduced) read: absent, parsed, or unknown."""
     if files.size(INDEX) is None and files.stat_error is None:
         return files  # no index: a single model.safetensors, or nothing
     if text is None or rc != 0:
         why = f"{INDEX} could not be read (exit {rc})"
         return files.model_copy(update={"index_error": why})
+    if text.startswith("!"):
+        # What the host's reduction could not do, in its own words.
+        return files.model_copy(update={"index_error": f"{INDEX} {text[1:].strip()}"})
     parsed = parse_index(text)
     if isinstance(parsed, str):
         return files.model_copy(update={"index_error": parsed})

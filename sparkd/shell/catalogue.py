@@ -461,11 +461,39 @@ def model_files_sections(directory: str, seconds: float) -> list[str]:
     stat = shlex.join(["s", "model_files", *timed(["stat", "-L", "-c", "%s %n", "--"], seconds)])
     named = " ".join(f"{base}/{name}" for name in (weights.CONFIG, weights.INDEX))
     index = str(Path(directory) / weights.INDEX)
-    head = ["head", "-c", str(weights.INDEX_LIMIT + 1), "--", index]
+    reduce = ["python3", "-I", "-c", REDUCE_INDEX, index, str(weights.INDEX_LIMIT)]
+    reduce.append(str(weights.REDUCED_LIMIT))
     return [
         f"{stat} {named} {base}/*.safetensors",
-        shlex.join(["s", "model_index", *timed(head, seconds)]),
+        shlex.join(["s", "model_index", *timed(reduce, seconds)]),
     ]
+
+
+# The host reduces the index to what the ops box checks (metadata and one weight_map entry per
+# file): a big MoE checkpoint's index is megabytes of tensor names, more than the fact script's
+# output may hold (shell.ssh.MAX_OUTPUT). Python 3 is on every host (the forced command is one).
+# What it cannot reduce within the bounds it names after `!` (core.weights.with_index).
+REDUCE_INDEX = """import json, sys
+path, limit, most = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+try:
+    with open(path, 'rb') as f:
+        raw = f.read(limit + 1)
+except OSError as e:
+    sys.exit(print('!could not be read (%s)' % e.strerror))
+if len(raw) > limit:
+    sys.exit(print('!is larger than %d bytes' % limit))
+try:
+    data = json.loads(raw)
+except ValueError as e:
+    sys.exit(print('!is not JSON (%s)' % e))
+if isinstance(data, dict):
+    data = {k: data[k] for k in ('metadata', 'weight_map') if k in data}
+    w = data.get('weight_map')
+    if isinstance(w, dict):
+        data['weight_map'] = {json.dumps(v): v for v in w.values()}
+out = json.dumps(data)
+print(out if len(out) <= most else '!is more than %d bytes once reduced' % most)
+"""
 
 
 KERNEL_LOG = (

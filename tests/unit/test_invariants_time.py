@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sparkd.core.planner import plan
-from sparkd.model.memory import Attempt, Memory
+from sparkd.model.memory import Attempt, GoodSpec, Memory, Rollout
 from sparkd.model.observed import Observed, RayNode, RayState
 from sparkd.model.plan import Action, ActionOutcome, Plan
 from sparkd.runtime.controller import Controller, CycleRecord
@@ -340,6 +340,51 @@ def test_stamps_from_the_future_are_now() -> None:
     assert clamped.last_probe_at == toy.now
     before = plan(toy.cluster, toy.observe(), ahead, toy.now)
     assert "backing off" not in before.reason or "for 30s" in before.reason
+
+
+def test_rollout_and_fabric_stamps_from_the_future_are_now() -> None:
+    """The rollout's stamps, the last-good spec's and the fabric hold's are daemon time like
+    the others: ahead of now (the wall clock behind across a reboot), each is now."""
+    from sparkd.core.clock import bounded
+
+    toy, memory = _failing()
+    later = toy.now + 3600
+    ahead = memory.evolve(
+        last_good=GoodSpec(hash="a", ray={}, model={}, at=later),
+        rollout=Rollout(
+            id=1,
+            started=later,
+            began_at=later,
+            from_hash="a",
+            to_hash="b",
+            stopped_at=later,
+            accepted_at=later,
+            rolled_back_at=later,
+            restored_at=later,
+        ),
+        fabric_held_since=later,
+    )
+    clamped = bounded(ahead, toy.now)
+    record = clamped.rollout
+    assert record is not None and clamped.last_good is not None
+    stamps = (record.began_at, record.stopped_at, record.accepted_at, record.rolled_back_at)
+    assert stamps == (toy.now,) * 4 and record.restored_at == toy.now
+    assert clamped.last_good.at == toy.now and clamped.fabric_held_since == toy.now
+    # `started` is the wall clock shown to operators, not daemon time.
+    assert record.started == later
+    for alone in (
+        memory.evolve(rollout=Rollout(id=1, started=0, began_at=later, from_hash="a", to_hash="b")),
+        memory.evolve(fabric_held_since=later),
+    ):
+        assert max(_stamps(bounded(alone, toy.now))) <= toy.now
+
+
+def _stamps(memory: Memory) -> list[float]:
+    rollout = memory.rollout
+    found = [memory.fabric_held_since or 0.0]
+    if rollout is not None:
+        found.append(rollout.began_at)
+    return found
 
 
 def test_a_pause_ends_on_the_wall_clock() -> None:

@@ -18,6 +18,7 @@ from sparkd.core.model_stage import exit_cause
 from sparkd.core.planner import plan
 from sparkd.core.remember import remember
 from sparkd.model.memory import Memory
+from sparkd.model.observed import Observed
 from sparkd.model.plan import ActionOutcome, ActionResult, Plan
 from sparkd.model.probe import CheckResult
 from sparkd.settings import ClusterSpec, RolloutCheck
@@ -320,7 +321,7 @@ FAULTS = st.sampled_from(["none", "arg_error", "stall", "stall_all", "arg_error_
 @given(
     steps=st.lists(
         st.tuples(
-            st.sampled_from(["change", "change", "retry", "back", "wait"]),
+            st.sampled_from(["change", "change", "retry", "back", "wait", "lose"]),
             FAULTS,
             st.integers(1, 14),
         ),
@@ -331,9 +332,11 @@ FAULTS = st.sampled_from(["none", "arg_error", "stall", "stall_all", "arg_error_
 )
 def test_rollback_properties(steps: list[tuple[str, str, int]], rollback: bool) -> None:
     """Never back to the spec that failed, never without a last-good spec, at most once per
-    rollout, and only when rollback is on."""
+    rollout, only when rollback is on, and never while a host is out of reach (`lose`: the
+    worker's SSH times out and the probes with it, for the step's cycles)."""
     run = serving()
     base = run.desired
+    worker = next(h.name for h in base.hosts if h.role != "head")
     changes = 0
     rolled: dict[int, int] = {}
     for step, fault, cycles in steps:
@@ -345,11 +348,16 @@ def test_rollback_properties(steps: list[tuple[str, str, int]], rollback: bool) 
             run.memory = rollout.retry(run.memory)
         elif step == "back":
             run.memory = rollout.back(run.memory, run.desired, "ops", run.toy.now, run.toy.now)
+        lost = step == "lose"
+        if lost:
+            run.toy.unreachable(worker, "timeout")
+            run.toy.probe_style = "timeout"
         for _ in range(cycles):
             before = run.memory
             made = run.cycle()
             if made.rollback is None:
                 continue
+            assert not lost, made.rollback
             event("rolled back")
             assert rollback
             good = before.last_good
@@ -360,6 +368,9 @@ def test_rollback_properties(steps: list[tuple[str, str, int]], rollback: bool) 
             assert record is not None
             rolled[record.id] = rolled.get(record.id, 0) + 1
             assert rolled[record.id] == 1
+        if lost:
+            run.toy.errors.pop(worker)
+            run.toy.probe_style = "reasoning_only"
 
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-real"
@@ -461,3 +472,61 @@ def test_acceptance_checks_judge_real_answers_reasoning_aware() -> None:
     assert check(FIXTURE_ANSWER, regex=f"^{re.escape(word)}").ok is True
     assert check(FIXTURE_ANSWER, regex="^$").ok is False
     assert judge_check(0, RolloutCheck(prompt="p"), 500, "{}").ok is False
+
+
+def test_a_worker_lost_after_the_new_spec_served_does_not_roll_it_back() -> None:
+    """Probes that fail while a host is out of reach say nothing of the spec: the restart they
+    ask for is held, and so is the rollback."""
+    run = serving()
+    run.desired = with_args(run.desired, "--max-num-seqs", "8")
+    run.until("healthy")
+    assert run.memory.healthy_probes == 1
+    worker = next(h.name for h in run.desired.hosts if h.role != "head")
+    run.toy.unreachable(worker, "timeout")
+    run.toy.probe_style = "timeout"
+    plans = [run.cycle() for _ in range(60)]
+    assert all(p.rollback is None for p in plans), [p.rollback for p in plans]
+    record = run.memory.rollout
+    assert record is not None and record.result == "in_progress"
+    assert run.toy.serve_spec == rollout.identity(run.desired)
+
+
+def test_a_rollout_remembered_from_the_future_still_rolls_back() -> None:
+    """The ops box rebooted with its clock behind: every stamp it remembers is ahead of now,
+    the rollout's beginning too, and the failing new spec is still judged as the rollout's."""
+    run = serving()
+    run.on_launch = ["arg_error"]
+    run.desired = with_args(run.desired, "--enable-resoning")
+    run.cycle()  # the cutover
+    record = run.memory.rollout
+    assert record is not None
+    ahead = 3600.0
+    run.memory = run.memory.evolve(
+        attempts=tuple(a.model_copy(update={"at": a.at + ahead}) for a in run.memory.attempts),
+        rollout=record.model_copy(update={"began_at": record.began_at + ahead}),
+    )
+    back = run.cycle()
+    assert back.rollback is not None and "unrecognized arguments" in back.rollback
+
+
+def test_an_mtu_mismatch_after_the_new_spec_served_does_not_roll_it_back() -> None:
+    """The probes fail while the data link's MTU is wrong: the restart is held for the fabric,
+    and what the fabric did is no failure of the spec."""
+    from tests.unit.test_fabric_recovery import SOUND
+    from tests.unit.test_invariants_applicable import host
+
+    run = serving()
+    run.desired = with_args(run.desired, "--max-num-seqs", "8")
+    run.until("healthy")
+    toy = run.toy
+
+    def observe() -> Observed:
+        seen = host(Toy.observe(toy), "spark-a", fabric=SOUND)
+        return host(seen, "spark-b", fabric=SOUND.model_copy(update={"mtu": 1500}))
+
+    object.__setattr__(toy, "observe", observe)
+    toy.probe_style = "timeout"
+    plans = [run.cycle() for _ in range(8)]
+    assert all(p.fabric_held for p in plans)
+    assert all(p.rollback is None for p in plans), [p.rollback for p in plans]
+    assert run.toy.serve_spec == rollout.identity(run.desired)

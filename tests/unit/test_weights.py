@@ -17,7 +17,7 @@ from sparkd.core.facts import parse_sections
 from sparkd.model.observed import Observed
 from sparkd.model.weights import ModelFiles, WeightIndex
 from sparkd.settings import ClusterSpec
-from sparkd.shell import catalogue
+from sparkd.shell import catalogue, ssh
 from sparkd.shell.catalogue import _SECTION_FUNCTION
 from tests.toy import Toy, reference_cluster
 from tests.unit.test_rollout import Run, serving
@@ -184,6 +184,55 @@ def test_the_sections_read_a_real_model_directory(tmp_path: Path) -> None:
     assert read is not None and weights.unready(read) is None
 
 
+def big_moe_index(total: int) -> str:
+    """An index of a big MoE FP8 checkpoint (~10 MB): a scale for every expert weight."""
+    weight_map = {
+        f"model.layers.{layer}.mlp.experts.{expert}.{proj}.weight_scale_inv": SHARDS[layer % 4]
+        for layer in range(94)
+        for expert in range(256)
+        for proj in ("gate_proj", "up_proj", "down_proj", "gate_up_proj_bias")
+    }
+    return json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+
+
+def test_a_big_index_is_reduced_on_the_host_well_inside_the_output_bound(tmp_path: Path) -> None:
+    cluster = at(tmp_path)
+    model = Path(weights.host_path(cluster) or "")
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    text = big_moe_index(total=4000)
+    assert ssh.MAX_OUTPUT < len(text) < weights.INDEX_LIMIT
+    (model / weights.INDEX).write_text(text)
+    for name in SHARDS:
+        (model / name).write_bytes(b"\0" * 1000)
+    directory = weights.host_path(cluster)
+    assert directory is not None
+    script = "\n".join([_SECTION_FUNCTION, *catalogue.model_files_sections(directory, 30)])
+    out = subprocess.run(["sh", "-c", script], capture_output=True, check=False).stdout
+    assert len(out) < ssh.MAX_OUTPUT // 8
+    read = _model_files(cluster, parse_sections(out.decode()))
+    assert read is not None and read.index == WeightIndex(files=SHARDS, total_size=4000)
+    assert weights.unready(read) is None
+
+
+def test_an_index_the_host_cannot_reduce_is_unknown_with_why(tmp_path: Path) -> None:
+    cluster = at(tmp_path)
+    model = Path(weights.host_path(cluster) or "")
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    index = model / weights.INDEX
+    for text, why in (
+        (index_text()[:-40], "is not JSON"),
+        ("[1, 2]", "is not a JSON object"),
+        (" " * weights.INDEX_LIMIT + "{}", f"larger than {weights.INDEX_LIMIT} bytes"),
+    ):
+        index.write_text(text)
+        read = run_sections(cluster, tmp_path)
+        assert read is not None and read.index is None
+        assert read.index_error is not None and why in read.index_error, read.index_error
+        assert f"{weights.INDEX} is unknown: " in (weights.unready(read) or "")
+
+
 def test_the_sections_read_an_absent_directory_as_missing(tmp_path: Path) -> None:
     cluster = at(tmp_path)
     read = run_sections(cluster, tmp_path)
@@ -255,6 +304,24 @@ def test_an_unknown_index_holds_the_cutover_but_not_the_serving_cluster() -> Non
     made = run.cycle()
     assert made.phase == "blocked" and not made.actions
     assert "index.json is unknown: is not JSON" in made.reason
+
+
+def test_the_files_are_read_only_until_the_cutover_stops_the_old_serve_or_a_rollback() -> None:
+    run = serving()
+    with_files(run, files())
+    assert not rollout.prepare_due(run.desired, run.memory)
+    run.desired = moved(run.desired)
+    assert rollout.prepare_due(run.desired, run.memory)
+    cut = run.cycle()
+    assert [a.kind for a in cut.actions] == ["restart_model"]
+    # The old serve is stopped: nothing is left for the read to keep serving.
+    assert not rollout.prepare_due(run.desired, run.memory)
+    good = run.memory.last_good
+    assert good is not None
+    held = rollout.back(run.memory.evolve(rollout=None), run.desired, "ops", 0.0, 0.0)
+    assert held.rollout is not None and held.rollout.stopped_at is None
+    assert not rollout.prepare_due(run.desired, held)
+    assert rollout.prepare_due(run.desired, rollout.retry(held))
 
 
 def test_a_first_deployment_with_a_missing_file_is_held_not_launched() -> None:
