@@ -243,7 +243,8 @@ def judge_recovery(ctx: Context, fabric: Verdict, *, ray_busy: bool) -> Verdict:
     opened over the faulty fabric stays hung when the link heals, in the head's Ray container
     and the workers' alike, so every Ray container is restarted (the serve process and each
     rank's actors with them) and the model relaunched on the new Ray. Only a model launched
-    before the hold began that has not answered since (its latest probe failed, not busy)."""
+    before the hold began whose latest probe, taken after the hold ended, failed (not busy): one
+    that failed over the faulty fabric says nothing of the healed one."""
     verdict = Verdict()
     since = ctx.memory.fabric_held_since
     serve = ctx.observed.serve
@@ -254,8 +255,12 @@ def judge_recovery(ctx: Context, fabric: Verdict, *, ray_busy: bool) -> Verdict:
     known = [t for t in (launch_time(ctx), ctx.memory.launched_at) if t is not None]
     if not known or max(known) >= since:
         return verdict
+    # The first look without the hold ends it: its own probe ran after its fabric reading.
+    ended = ctx.memory.fabric_sound_at
+    if ended is None:
+        ended = ctx.observed.observed_at
     probe = ctx.observed.probe or ctx.memory.last_probe
-    if probe is None or probe.at < since or probe.busy:
+    if probe is None or probe.at < ended or probe.busy:
         return verdict
     if probe.verdict.healthy is not False or probe.verdict.outcome == "not_run":
         return verdict
