@@ -100,6 +100,33 @@ def test_not_on_a_probe_that_failed_during_the_hold() -> None:
     assert restarts(result) == [("restart_ray", "spark-a"), ("restart_ray", "spark-b")]
 
 
+def test_the_failures_counted_during_the_hold_restart_no_single_rank_once_it_is_sound() -> None:
+    toy, memory = held("three-failed-probes")
+    toy.advance(30)
+    # No probe in the first sound look: the hold's failures wait for one over the healed fabric.
+    healed = looked(toy).model_copy(update={"probe": None})
+    memory, result = step(toy, memory, healed)
+    assert result.actions == () and RECOVERY not in result.reason
+    assert "waiting for a probe over it to tell whether the model hung" in result.reason
+    # No probe comes at all (two probe intervals): the probe stage acts as without a hold.
+    toy.advance(2 * toy.cluster.probe_interval)
+    late = plan(toy.cluster, looked(toy).model_copy(update={"probe": None}), memory, toy.now)
+    assert restarts(late) == [("restart_model", "spark-a")]
+
+
+def test_a_counter_still_standing_under_load_over_the_sound_fabric_restarts_both_ranks() -> None:
+    toy, memory = held("healthy-reasoning-only")
+    toy.hung_under_load, toy.probe_style = True, "timeout"
+    for _ in range(3):
+        toy.advance(30)
+        memory, _ = step(toy, memory, looked(toy, mtu_b=1500))
+    toy.advance(30)
+    # No probe goes to an engine whose counter stands (runtime.controller): this look says it.
+    result = plan(toy.cluster, looked(toy).model_copy(update={"probe": None}), memory, toy.now)
+    assert restarts(result) == [("restart_ray", "spark-a"), ("restart_ray", "spark-b")]
+    assert "does not answer (hung under load)" in result.reason
+
+
 def test_not_while_the_fabric_is_still_faulty() -> None:
     toy, memory = held("three-failed-probes")
     toy.advance(30)
