@@ -61,6 +61,7 @@ def bounded(memory: Memory, now: float) -> Memory:
         else memory.last_probe.model_copy(update={"at": at(memory.last_probe.at)}),
         ray_unsettled_since=maybe(memory.ray_unsettled_since),
         healthy_since=maybe(memory.healthy_since),
+        fabric_sound_at=maybe(memory.fabric_sound_at),
         ray_seen={node: at(seen) for node, seen in memory.ray_seen.items()},
         ray_started={host: at(started) for host, started in memory.ray_started.items()},
         load_mark=None
@@ -108,6 +109,7 @@ def _latest(memory: Memory) -> float:
         memory.last_probe_at,
         memory.ray_unsettled_since,
         memory.healthy_since,
+        memory.fabric_sound_at,
         memory.blocked.since if memory.blocked is not None else None,
         memory.last_probe.at if memory.last_probe is not None else None,
         memory.load_mark.at if memory.load_mark is not None else None,

@@ -17,6 +17,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
+from sparkd.core import hang
 from sparkd.core.judge import MODEL_STARTS, RAY_STARTS, Context, Hold, Verdict, act, ago
 from sparkd.core.load import launch_time
 from sparkd.core.spec import container_name
@@ -243,7 +244,10 @@ def judge_recovery(ctx: Context, fabric: Verdict, *, ray_busy: bool) -> Verdict:
     opened over the faulty fabric stays hung when the link heals, in the head's Ray container
     and the workers' alike, so every Ray container is restarted (the serve process and each
     rank's actors with them) and the model relaunched on the new Ray. Only a model launched
-    before the hold began that has not answered since (its latest probe failed, not busy)."""
+    before the hold began whose latest probe, taken after the hold ended, failed (not busy), or
+    whose token counter still stands under load over the sound fabric: a probe that failed over
+    the faulty fabric says nothing of the healed one, and until one comes (two probe intervals
+    at most) the failures counted during the hold restart no single rank."""
     verdict = Verdict()
     since = ctx.memory.fabric_held_since
     serve = ctx.observed.serve
@@ -254,14 +258,34 @@ def judge_recovery(ctx: Context, fabric: Verdict, *, ray_busy: bool) -> Verdict:
     known = [t for t in (launch_time(ctx), ctx.memory.launched_at) if t is not None]
     if not known or max(known) >= since:
         return verdict
+    # The first look without the hold ends it: its own probe ran after its fabric reading.
+    ended = ctx.memory.fabric_sound_at
+    if ended is None:
+        ended = ctx.observed.observed_at
     probe = ctx.observed.probe or ctx.memory.last_probe
-    if probe is None or probe.at < since or probe.busy:
+    after = probe is not None and probe.at >= ended
+    if probe is not None and after and probe.busy:
         return verdict
-    if probe.verdict.healthy is not False or probe.verdict.outcome == "not_run":
+    failed = probe is not None and after and probe.verdict.healthy is False
+    if failed and probe is not None and probe.verdict.outcome != "not_run":
+        evidence = f"probe {probe.verdict.outcome}"
+    elif hang.stands(ctx.desired, ctx.memory, ctx.observed.endpoint, ctx.now):
+        # This reading, over the sound fabric, still has the counter standing under load.
+        evidence = "hung under load"
+    else:
+        if not after and ctx.now - ended < 2 * ctx.desired.probe_interval:
+            # The failures counted over the faulty fabric restart no single rank meanwhile.
+            verdict.holds.append(
+                Hold(
+                    "the fabric is sound: waiting for a probe over it to tell whether the "
+                    "model hung over the fault",
+                    MODEL_STARTS,
+                )
+            )
         return verdict
     why = (
         f"fabric sound again after a hold of {ago(ctx.now - since)}, and the model launched "
-        f"before it does not answer (probe {probe.verdict.outcome}): restarting both ranks' Ray "
+        f"before it does not answer ({evidence}): restarting both ranks' Ray "
         "containers (NCCL opened over the faulty fabric stays hung); the model is relaunched "
         "on the new Ray"
     )

@@ -7,13 +7,17 @@ operator's `power.command` for it only when every part of the safety rule holds:
 1. the host has failed every look for `power.unreachable_for` (daemon time: it cannot step);
 2. the triage says wedged: its last kernel log seen held a wedge omen, or it stayed silent past
    that deadline, which a host that reboots meets well within; and its SSH failure is silence
-   (no route, refused, timed out, dropped), not an answer such as a refused key or a changed
-   host key, which says the host is up and the fault is sparkd's access to it;
+   (no route, timed out, dropped), not an answer such as a refused connection (the host's
+   kernel sent the reset), a refused key or a changed host key, which says the host is up and
+   the fault is sparkd's access to it;
 3. no load of this cluster progresses on a sound fabric (a load that advances is the hosts
    working; one over a faulty fabric hangs anyway);
-4. the host was not power-cycled yet in this incident (once, then `blocked`: a host that stays
+4. the model does not answer: no probe taken while the host was silent came back healthy or
+   busy, and the head's Ray (when read) does not list the host's node ALIVE (SSH alone can
+   fail, a firewall on port 22 or a dead sshd, while Ray and the model keep serving);
+5. the host was not power-cycled yet in this incident (once, then `blocked`: a host that stays
    silent after a power cycle needs a human);
-5. not paused, not in a maintenance window, not `--dry-run` (core.planner withholds every
+6. not paused, not in a maintenance window, not `--dry-run` (core.planner withholds every
    action then).
 
 Without `power.command` the same evidence gives `blocked` "needs a power cycle".
@@ -29,7 +33,7 @@ from sparkd.settings import HostSpec
 
 # SSH failures that are silence: the host may be wedged. Any other (auth, host_key, a command
 # that exited non-zero) is the host answering.
-SILENT: frozenset[HostErrorKind] = frozenset({"unreachable", "refused", "timeout", "conn_lost"})
+SILENT: frozenset[HostErrorKind] = frozenset({"unreachable", "timeout", "conn_lost"})
 
 
 def power_key(host: str) -> str:
@@ -124,12 +128,31 @@ def _power(
             f"sound fabric ({load.where})"
         )
         return
+    serving = still_serving(ctx, host)
+    if serving is not None:
+        verdict.notes.append(f"{why}; not power-cycling it: {serving}")
+        return
     error = ctx.facts[host.name].error
     failure = f"{error.kind}: {error.detail}" if error is not None and error.detail else "silent"
     reason = (
         f"power-cycling {host.name}: {evidence}; every look failed for {ago(silent)} ({failure}), "
         f"past power.unreachable_for ({ago(limit)}); no load progressing on a sound fabric; "
-        "the first power cycle of this incident"
+        "no answering model, no ALIVE Ray node; the first power cycle of this incident"
     )
     verdict.notes.append(reason)
     verdict.actions.append(act("power_cycle", host.name, host.name, reason))
+
+
+def still_serving(ctx: Context, host: HostSpec) -> str | None:
+    """What says the silent `host` still does its work, or None."""
+    since = ctx.memory.unreachable_since.get(host.name)
+    probe = ctx.observed.probe or ctx.memory.last_probe
+    # A probe from before the silence says nothing of the host now.
+    recent = probe is not None and since is not None and probe.at >= since
+    if probe is not None and recent and (probe.verdict.healthy is True or probe.busy):
+        answer = "busy" if probe.busy else probe.outcome
+        return f"the model answered a probe {ago(ctx.now - probe.at)} ago ({answer})"
+    ray = ctx.observed.ray
+    if ray is not None and ray.up and host.ip in ray.alive_ips:
+        return f"the head's Ray lists its node ({host.ip}) ALIVE"
+    return None

@@ -182,7 +182,14 @@ def remember(
             changes["load_mark"] = plan.load_mark
             changes["token_mark"] = plan.token_mark
         relaunched = bool(launched) or ray_restarted
-        changes["fabric_held_since"] = _fabric_held(memory, plan, now, relaunched)
+        held_since = _fabric_held(memory, plan, now, relaunched)
+        changes["fabric_held_since"] = held_since
+        ended = memory.fabric_sound_at
+        changes["fabric_sound_at"] = (
+            None
+            if plan.fabric_held or held_since is None
+            else (observed.observed_at if ended is None else ended)
+        )
         changes["last_phase"] = plan.phase
         changes["last_reason"] = plan.reason
         paused = memory.paused

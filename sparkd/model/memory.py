@@ -176,6 +176,9 @@ class Memory(Value):
     # Since when a fabric fault has held Ray and model (re)starts, while the model launched
     # before it runs: once the fabric is sound, what hung over it is restarted (core.fabric).
     fabric_held_since: float | None = None
+    # When that hold ended (the first look without it): only a probe since counts against the
+    # model.
+    fabric_sound_at: float | None = None
     # The model's token counter while it serves (core.hang): a hang under load is its standing
     # still with requests running.
     token_mark: TokenMark | None = None

@@ -312,6 +312,9 @@ class Executor:
 
     async def _power_cycle(self, host: HostSpec, action: Action) -> str:
         """The operator's power command for the host, on this box: the host answers nothing."""
+        if self.fence is not None and self.fence.token() is None:
+            # The PDU has no fence of its own: only the owner may cut a host's power.
+            raise HostRefused("not owner", host.name, "this instance no longer owns the cluster")
         argv = power_argv(self.cluster.power, host.name)
         said = await run_power(argv, self.cluster.power.timeout)
         return f"{argv[0]} done for {host.name}: {said}"

@@ -677,6 +677,11 @@ class World:
         env: dict[str, str],
         command: list[str],
     ) -> Container:
+        # The compile cache's directory (`model.cache_dir`'s default), as sparkd's start_ray
+        # makes it beside the container it starts.
+        cache = Path(host.state.log_dir) / "cache"
+        cache.mkdir(mode=0o700, exist_ok=True)
+        self._give_to_session_user(cache)
         container = Container(
             id=new_container_id(),
             name=name,

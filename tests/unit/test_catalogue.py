@@ -37,7 +37,7 @@ def test_every_tool_runs_under_timeout() -> None:
     for _host, remote in catalogue.catalogue(cluster, 20):
         if remote.name in ("facts", "ray_cli"):
             # Past the section functions, every line runs its tools under `timeout`.
-            for line in remote.command.splitlines():
+            for line in _logical_lines(remote.command):
                 if line.startswith(("s() {", "c() {")) or line == "'":
                     continue  # the functions, and the end of the newline they define
                 words = shlex.split(line.replace("$(", " ").replace(");", " "))
@@ -52,6 +52,26 @@ def test_every_tool_runs_under_timeout() -> None:
             if not words or words[0] in ("printf", "umask", "[", "echo", "false", "case"):
                 continue  # shell builtins: nothing that can hang
             assert words[:3] == ["timeout", "-k", "2"], (remote.name, words)
+
+
+def _logical_lines(script: str) -> list[str]:
+    """The script's lines, a quoted argument that spans lines (a program for `python3 -c`) kept
+    in the line it belongs to; the section functions' lines as they are."""
+    lines: list[str] = []
+    pending = ""
+    for line in script.splitlines():
+        if not pending and (line.startswith(("s() {", "c() {")) or line == "'"):
+            lines.append(line)
+            continue
+        pending = f"{pending}\n{line}" if pending else line
+        try:
+            shlex.split(pending)
+        except ValueError:
+            continue  # a quote still open: the argument goes on in the next line
+        lines.append(pending)
+        pending = ""
+    assert not pending, pending
+    return lines
 
 
 def top_level_steps(command: str) -> list[list[str]]:

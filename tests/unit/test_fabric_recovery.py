@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from sparkd.core.planner import plan
 from sparkd.core.remember import remember
 from sparkd.model.memory import Memory
-from sparkd.model.observed import Fabric, Observed
+from sparkd.model.observed import Fabric, HostError, Observed
 from sparkd.model.plan import ActionOutcome, Plan
 from tests.examples import EXAMPLE_SET
 from tests.toy import Toy
@@ -71,6 +71,60 @@ def test_once_the_fabric_is_sound_a_model_that_hung_over_it_restarts_both_ranks(
     ]
     after = remember(memory, looked(toy), outcomes, toy.now + 5, result)
     assert after.fabric_held_since is None
+
+
+def test_not_on_a_probe_that_failed_during_the_hold() -> None:
+    # The failed probe was taken over the faulty fabric; none has been taken since it healed.
+    toy, memory = held("healthy-reasoning-only")
+    toy.probe_style = "timeout"
+    toy.advance(30)
+    memory, _ = step(toy, memory, looked(toy, mtu_b=1500))
+    assert memory.last_probe is not None and memory.last_probe.outcome == "timeout"
+    toy.advance(30)
+    healed = looked(toy).model_copy(update={"probe": None})
+    memory, result = step(toy, memory, healed)
+    assert RECOVERY not in result.reason and result.actions == ()
+    toy.advance(10)
+    result = plan(toy.cluster, looked(toy).model_copy(update={"probe": None}), memory, toy.now)
+    assert RECOVERY not in result.reason and result.actions == ()
+    # The first probe over the sound fabric fails too: what hung over it is restarted, in the
+    # cycle it fails or, that one held back (a host's look failed), a later one without a probe.
+    toy.advance(20)
+    result = plan(toy.cluster, looked(toy), memory, toy.now)
+    assert restarts(result) == [("restart_ray", "spark-a"), ("restart_ray", "spark-b")]
+    gone = host(looked(toy), "spark-b", error=HostError(kind="timeout", detail="no answer"))
+    memory, result = step(toy, memory, gone)
+    assert RECOVERY not in result.reason
+    toy.advance(10)
+    result = plan(toy.cluster, looked(toy).model_copy(update={"probe": None}), memory, toy.now)
+    assert restarts(result) == [("restart_ray", "spark-a"), ("restart_ray", "spark-b")]
+
+
+def test_the_failures_counted_during_the_hold_restart_no_single_rank_once_it_is_sound() -> None:
+    toy, memory = held("three-failed-probes")
+    toy.advance(30)
+    # No probe in the first sound look: the hold's failures wait for one over the healed fabric.
+    healed = looked(toy).model_copy(update={"probe": None})
+    memory, result = step(toy, memory, healed)
+    assert result.actions == () and RECOVERY not in result.reason
+    assert "waiting for a probe over it to tell whether the model hung" in result.reason
+    # No probe comes at all (two probe intervals): the probe stage acts as without a hold.
+    toy.advance(2 * toy.cluster.probe_interval)
+    late = plan(toy.cluster, looked(toy).model_copy(update={"probe": None}), memory, toy.now)
+    assert restarts(late) == [("restart_model", "spark-a")]
+
+
+def test_a_counter_still_standing_under_load_over_the_sound_fabric_restarts_both_ranks() -> None:
+    toy, memory = held("healthy-reasoning-only")
+    toy.hung_under_load, toy.probe_style = True, "timeout"
+    for _ in range(3):
+        toy.advance(30)
+        memory, _ = step(toy, memory, looked(toy, mtu_b=1500))
+    toy.advance(30)
+    # No probe goes to an engine whose counter stands (runtime.controller): this look says it.
+    result = plan(toy.cluster, looked(toy).model_copy(update={"probe": None}), memory, toy.now)
+    assert restarts(result) == [("restart_ray", "spark-a"), ("restart_ray", "spark-b")]
+    assert "does not answer (hung under load)" in result.reason
 
 
 def test_not_while_the_fabric_is_still_faulty() -> None:

@@ -15,7 +15,14 @@ from sparkd.core.load import assess
 from sparkd.core.planner import plan
 from sparkd.core.remember import pause, remember
 from sparkd.model.memory import Attempt, Blocked, Memory
-from sparkd.model.observed import HOST_ERROR_KINDS, Fabric, HostError, HostErrorKind, Observed
+from sparkd.model.observed import (
+    HOST_ERROR_KINDS,
+    Fabric,
+    HostError,
+    HostErrorKind,
+    Observed,
+    RayState,
+)
 from sparkd.model.plan import ActionOutcome, Plan
 from sparkd.settings import ClusterSpec, PowerSpec
 from tests.examples import EXAMPLE_SET
@@ -25,7 +32,7 @@ from tests.unit.test_invariants_applicable import COMMON, host
 KERNEL = Path(__file__).resolve().parent.parent / "fixtures" / "kernel"
 COMMAND = ("/usr/local/bin/spark-power", "cycle", "{host}")
 LIMIT = 600.0
-SILENT_KINDS = ("unreachable", "refused", "timeout", "conn_lost")
+SILENT_KINDS = ("unreachable", "timeout", "conn_lost")
 DOWN_PORT = Fabric(
     mtu=9000, rdma_device="rocep1s0f0", port=1, port_state="DOWN", phys_state="Disabled"
 )
@@ -52,8 +59,11 @@ def wedged(
     kind: HostErrorKind = "timeout",
     command: tuple[str, ...] | None = COMMAND,
     load_seconds: float | None = None,
+    serving: bool = False,
 ) -> tuple[ClusterSpec, Observed, Memory, float]:
-    """`victim` logged `sample`, then failed every look for `silent` seconds."""
+    """`victim` logged `sample`, then failed every look for `silent` seconds. Wedged, unless
+    `serving`: the head's Ray then lists its node DEAD and the model stops answering probes
+    (a TP=2 engine with a dead rank hangs)."""
     toy, memory = build(example)
     if load_seconds is not None:
         toy.load_seconds = load_seconds
@@ -63,6 +73,12 @@ def wedged(
     error = HostError(kind=kind, detail="no answer")
     gone = host(toy.observe(), victim, error=error, kernel=None)
     memory = remember(memory, gone, (), toy.now, plan(cluster, gone, memory, toy.now))
+    if not serving:
+        toy.probe_style = "timeout"
+        toy.ray_nodes = [
+            n.model_copy(update={"alive": False}) if n.ip == cluster.host(victim).ip else n
+            for n in toy.ray_nodes
+        ]
     toy.advance(silent)
     return cluster, host(toy.observe(), victim, error=error, kernel=None), memory, toy.now
 
@@ -119,7 +135,7 @@ def test_not_when_the_triage_does_not_say_wedged() -> None:
     assert cycles(result) == [] and result.triage == ()
     # Omens and long past the deadline, but the host answers SSH (a refused key, a changed
     # host key): it is up, and the fault is in sparkd's access to it.
-    for kind in ("auth", "host_key", "exit_nonzero"):
+    for kind in ("auth", "host_key", "exit_nonzero", "refused"):
         cluster, gone, memory, now = wedged(kind=kind, silent=3 * LIMIT)
         result = plan(cluster, gone, memory, now)
         assert cycles(result) == [] and "wedged" not in result.reason, kind
@@ -137,6 +153,59 @@ def test_not_while_a_load_progresses_on_a_sound_fabric() -> None:
     # The same load over a faulty fabric hangs anyway: the power cycle goes ahead.
     faulty = host(gone, "spark-a", fabric=DOWN_PORT)
     assert cycles(plan(cluster, faulty, memory, now)) == ["spark-b"]
+
+
+def test_not_when_ssh_is_refused_the_host_kernel_answers() -> None:
+    # sshd killed: the kernel resets the connection, the host is up.
+    cluster, gone, memory, now = wedged(kind="refused", silent=3 * LIMIT)
+    result = plan(cluster, gone, memory, now)
+    assert cycles(result) == [] and result.triage == ()
+    assert "wedged" not in result.reason
+
+
+def test_not_while_the_model_answers_probes_taken_during_the_silence() -> None:
+    # A firewall on port 22 of spark-b: Ray and the TP=2 model keep serving.
+    cluster, gone, memory, now = wedged(silent=LIMIT + 5, serving=True)
+    dead_ray = _ray_lists(gone, cluster.host("spark-b").ip, alive=False)
+    result = plan(cluster, dead_ray, memory, now)
+    assert cycles(result) == []
+    assert "spark-b wedged: needs a power cycle" in result.reason
+    assert "not power-cycling it: the model answered a probe 0.00s ago (reasoning_only)" in (
+        result.reason
+    )
+    # Busy (the probe timed out while vLLM did other work) is answering too.
+    probe = dead_ray.probe
+    assert probe is not None
+    verdict = probe.verdict.model_copy(update={"outcome": "timeout", "healthy": False})
+    busy = probe.model_copy(update={"verdict": verdict, "tokens_advanced": True})
+    result = plan(cluster, dead_ray.model_copy(update={"probe": busy}), memory, now)
+    assert cycles(result) == [] and "the model answered a probe 0.00s ago (busy)" in result.reason
+    # A healthy probe from before the silence says nothing of the host now.
+    since = memory.unreachable_since["spark-b"]
+    stale = probe.model_copy(update={"at": since - 1})
+    result = plan(cluster, dead_ray.model_copy(update={"probe": stale}), memory, now)
+    assert cycles(result) == ["spark-b"]
+
+
+def test_not_while_the_heads_ray_lists_the_node_alive() -> None:
+    cluster, gone, memory, now = wedged(silent=LIMIT + 5)
+    assert cycles(plan(cluster, gone, memory, now)) == ["spark-b"]
+    alive = _ray_lists(gone, cluster.host("spark-b").ip, alive=True)
+    result = plan(cluster, alive, memory, now)
+    assert cycles(result) == []
+    ip = cluster.host("spark-b").ip
+    assert f"not power-cycling it: the head's Ray lists its node ({ip}) ALIVE" in result.reason
+    # Ray not answering says nothing either way.
+    down = gone.model_copy(update={"ray": RayState(error="no Ray cluster is running")})
+    assert cycles(plan(cluster, down, memory, now)) == ["spark-b"]
+
+
+def _ray_lists(seen: Observed, ip: str, *, alive: bool) -> Observed:
+    assert seen.ray is not None
+    nodes = tuple(
+        n.model_copy(update={"alive": alive}) if n.ip == ip else n for n in seen.ray.nodes
+    )
+    return seen.model_copy(update={"ray": seen.ray.model_copy(update={"nodes": nodes})})
 
 
 def test_at_most_once_per_host_per_incident_then_blocked() -> None:
@@ -203,6 +272,7 @@ def wedges(draw: st.DrawFn) -> tuple[ClusterSpec, Observed, Memory, float, bool]
     silent = draw(st.floats(0, 3 * LIMIT))
     command = draw(st.sampled_from([COMMAND, COMMAND, COMMAND, None]))
     load_seconds = draw(st.sampled_from([900.0, 1800.0, 3000.0]))
+    serving = draw(st.sampled_from([False, False, True]))
     cluster, gone, memory, now = wedged(
         example,
         sample=sample,
@@ -211,7 +281,12 @@ def wedges(draw: st.DrawFn) -> tuple[ClusterSpec, Observed, Memory, float, bool]
         kind=kind,
         command=command,
         load_seconds=load_seconds,
+        serving=serving,
     )
+    # The head's Ray may say otherwise than the probe: a node listed ALIVE, or DEAD.
+    ray_alive = draw(st.sampled_from([None, None, True, False]))
+    if ray_alive is not None and gone.ray is not None and gone.ray.up:
+        gone = _ray_lists(gone, cluster.host(victim).ip, alive=ray_alive)
     if draw(st.sampled_from([False, False, True])):
         other = "spark-a" if victim == "spark-b" else "spark-b"
         gone = host(gone, other, fabric=DOWN_PORT)
@@ -244,11 +319,22 @@ def rule_holds(cluster: ClusterSpec, seen: Observed, memory: Memory, now: float,
     key = f"power_cycle:{name}:{name}"
     tried = any(a.key == key and a.at >= memory.backoff_reset_at for a in memory.attempts)
     paused = memory.paused is not None and memory.paused.active(now)
+    probe = seen.probe or memory.last_probe
+    answered = (
+        probe is not None
+        and since is not None
+        and probe.at >= since
+        and (probe.verdict.healthy is True or probe.busy)
+    )
+    node = cluster.host(name).ip
+    ray_alive = seen.ray is not None and seen.ray.error is None and node in seen.ray.alive_ips
     return (
         cluster.power.command is not None
         and silent
         and wedged
         and not loading
+        and not answered
+        and not ray_alive
         and not tried
         and not paused
         and memory.blocked is None

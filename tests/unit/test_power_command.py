@@ -11,8 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from sparkd.model.plan import Action
 from sparkd.settings import PowerSpec
+from sparkd.shell.catalogue import FenceToken
+from sparkd.shell.execute import Executor
+from sparkd.shell.fencing import HostFence
 from sparkd.shell.power import PowerFailed, power_argv, run_power
+from sparkd.shell.ssh import SshPool
+from tests.toy import reference_cluster
 
 
 def script(tmp_path: Path, body: str) -> str:
@@ -80,3 +86,28 @@ def _alive(pid: int) -> bool:
 def test_a_missing_program_fails_without_a_traceback(tmp_path: Path) -> None:
     with pytest.raises(PowerFailed, match="No such file"):
         asyncio.run(run_power([str(tmp_path / "nope"), "cycle", "spark-b"], 5.0))
+
+
+def test_an_instance_that_does_not_own_the_cluster_never_runs_the_power_command(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "cycled"
+    pdu = script(tmp_path, f"open({str(marker)!r}, 'a').write('x')\n")
+    base = reference_cluster()
+    cluster = base.model_copy(
+        update={"power": PowerSpec(command=(sys.executable, pdu, "{host}"), timeout=10.0)}
+    )
+    owner: list[FenceToken | None] = [None]
+    fence = HostFence(cluster, SshPool(), lambda: owner[0])
+    executor = Executor(cluster, SshPool(), fence=fence)
+    host = cluster.hosts[-1].name
+    action = Action(kind="power_cycle", host=host, target=host, reason="wedged")
+
+    refused = asyncio.run(executor.run_one(action))
+    assert refused.result == "skipped" and "not owner" in refused.detail
+    assert not marker.exists()
+
+    owner[0] = FenceToken("sparks", 30, 5, "ops-a")
+    done = asyncio.run(executor.run_one(action))
+    assert done.result == "ok", done.detail
+    assert marker.read_text() == "x"
