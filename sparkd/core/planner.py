@@ -67,6 +67,8 @@ class _Draft:
     # Evidence that the launch judged failed as it would again (core.rollout rolls back on it).
     failure: str | None = None
     fabric_held: bool = False
+    # A host out of reach, wedged or its fabric held: what fails now is not the spec's doing.
+    not_the_spec: bool = False
     token_mark: TokenMark | None = None
     hang_at: float | None = None
 
@@ -146,6 +148,10 @@ def plan(
     failure = draft.failure or (acceptance.failed(observed.checks) if steer.may_roll_back else None)
     if failure is None and (steer.may_roll_back or steer.held is not None):
         failure = _spent(draft, memory, desired, now)
+    if draft.not_the_spec:
+        # Neither a check nor a spent budget says the spec failed while a host is out of reach,
+        # wedged or its fabric held: no rollback on it (a spent budget still latches below).
+        failure = None
     rollback: str | None = None
     if failure is not None and steer.may_roll_back and steer.good is not None:
         rollback = failure
@@ -331,7 +337,8 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
     # never while a host is out of reach, wedged or its fabric is down: that is not the spec.
     failing = [*restarts, *(a for a in model.actions if a.reason == model.failed)]
     failure = next((a.reason for a in failing if _veto(a, holds) is None), None)
-    if reach.holds or wedged.holds or fabric.holds:
+    not_the_spec = bool(reach.holds or wedged.holds or fabric.holds)
+    if not_the_spec:
         failure = None
     actions: list[Action] = []
     held: list[str] = []
@@ -367,6 +374,7 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
         triage=found,
         failure=failure,
         fabric_held=bool(fabric.holds),
+        not_the_spec=not_the_spec,
         token_mark=token_mark,
         hang_at=deadline(ctx, token_mark),
         # Health that lasts closes an incident: healthy, or degraded only while the model
