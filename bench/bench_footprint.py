@@ -47,6 +47,20 @@ def daemon_config(world: SimWorld, path: Path, state: Path, port: int, interval:
     return path
 
 
+async def wait_for_cycle(port: int, within: float) -> None:
+    """Returns once the daemon on `port` has completed a cycle (its metrics say so)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            if cycles(port) >= 1:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("sparkd run did not complete a cycle")
+        await asyncio.sleep(0.2)
+
+
 def cycles(port: int) -> int:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
@@ -90,16 +104,7 @@ async def run_daemon(
         )  # fmt: skip
         samples: list[dict[str, Any]] = []
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if cycles(port) >= 1:
-                        break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("sparkd run did not complete a cycle")
-                await asyncio.sleep(0.2)
+            await wait_for_cycle(port, within=30)
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 samples.append(sample(process.pid, port))

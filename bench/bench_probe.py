@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.bench_footprint import cycles, daemon_config, free_port
+from bench.bench_footprint import daemon_config, free_port, wait_for_cycle
 from bench.common import (
     FIRST_ADDRESS,
     SimWorld,
@@ -75,16 +75,7 @@ async def cli_status(
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if cycles(port) >= 1:
-                        break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("sparkd run did not complete a cycle")
-                await asyncio.sleep(0.2)
+            await wait_for_cycle(port, within=60)
             for _ in range(runs):
                 bare.append(await timed(sys.executable, "-c", "pass"))
                 status.append(
