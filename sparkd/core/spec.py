@@ -124,21 +124,6 @@ def _model_hash(cluster: ClusterSpec, ray_hash: str, key: str | None) -> str:
     )
 
 
-def spec_labels(clusters: tuple[ClusterSpec, ...]) -> dict[str, str]:
-    """sparkd's spec hashes by `CLUSTER/role` (and `CLUSTER/model`): what the simulator's
-    `healthy` world stamps on its containers so that a daemon finds it drift-free."""
-    labels: dict[str, str] = {}
-    for cluster in clusters:
-        labels[f"{cluster.name}/head"] = ray_spec_hash(cluster, cluster.head)
-        for worker in cluster.workers:
-            labels[f"{cluster.name}/worker"] = ray_spec_hash(cluster, worker)
-        # A worker's hash carries its data IP: with 2+ workers, each host has its own.
-        for host in cluster.hosts:
-            labels[f"{cluster.name}/host/{host.name}"] = ray_spec_hash(cluster, host)
-        labels[f"{cluster.name}/model"] = model_spec_hash(cluster)
-    return labels
-
-
 def normalize_image(image: str) -> str:
     """`repo` means `repo:latest`; a registry port (`host:5000/repo`) is not a tag."""
     last = image.rsplit("/", 1)[-1]

@@ -22,7 +22,7 @@ from sparkd.runtime.daemon import Daemon
 from sparkd.runtime.notify import Notifier
 from sparkd.runtime.state import StateDir
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import (
     FAST_EXECUTOR,
     controller,

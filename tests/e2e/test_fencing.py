@@ -13,7 +13,7 @@ from sparkd.shell import catalogue, forced
 from sparkd.shell.catalogue import FenceToken
 from sparkd.shell.fencing import HostFence
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import controller, converge, eventually, mutations
 
 ETCD = 987654321

@@ -13,8 +13,8 @@ import asyncssh
 from sparkd.model.plan import Action, Plan
 from sparkd.runtime.controller import Controller
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.timing import Timing
-from sparkd.sim.world import World
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import World
 from tests.e2e.conftest import controller, converge, eventually, mutations
 
 

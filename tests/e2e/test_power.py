@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.timing import FAST_FACTOR
-from sparkd.sim.world import World
+from sparkd_sim.timing import FAST_FACTOR
+from sparkd_sim.world import World
 from tests.e2e.conftest import controller, converge, mutations
 from tests.e2e.test_invariants_sim import cycle_until, cycles
 
 
 def power(world: World, **changes: Any) -> dict[str, Any]:
     command = (
-        sys.executable, "-m", "sparkd.sim.power", "cycle", "{host}", "--dir", str(world.directory)
+        sys.executable, "-m", "sparkd_sim.power", "cycle", "{host}", "--dir", str(world.directory)
     )  # fmt: skip
     # The default timeout (60 s) in the tests' scaled time.
     return {"power": {"command": command, "timeout": 60.0 * FAST_FACTOR, **changes}}

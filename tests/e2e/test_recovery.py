@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import controller, converge, eventually, mutations
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from sparkd.shell import model_http
-from sparkd.sim.vllm_server import ModelBehaviour, SimVllmServer
+from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
 from tests.integration.test_model_http import MODEL, cluster, opener_for
 
 KEY = "sk-served-1234abcd"

@@ -14,7 +14,7 @@ from aiohttp import web
 from sparkd.core.classify import EngineLoad
 from sparkd.settings import ClusterSpec
 from sparkd.shell import model_http
-from sparkd.sim.vllm_server import ModelBehaviour, SimVllmServer
+from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
 from tests.toy import reference_cluster
 
 MODEL = "/models/Qwen3.5-122B-A10B-FP8"

@@ -13,7 +13,7 @@ from sparkd.settings import ClusterSpec, HostSpec, SshSpec
 from sparkd.shell import catalogue, model_http
 from sparkd.shell.observe import opener, read_host
 from sparkd.shell.ssh import HostConnection, SshFailure
-from sparkd.sim.vllm_server import ModelBehaviour, SimVllmServer
+from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
 from tests.sshd.conftest import RealSshd, running_sshd
 from tests.toy import reference_cluster
 
