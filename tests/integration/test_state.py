@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import stat
 import subprocess
 import sys
@@ -112,3 +113,15 @@ def test_a_remembered_pause_reason_is_read_printable(tmp_path: Path) -> None:
         assert paused is not None and paused.reason.startswith("ok")
         text = paused.reason + paused.by
         assert not any(c in text for c in "\x1b\x9b\u202e"), repr(text)
+
+
+def test_a_retired_memory_field_still_loads_and_is_not_a_newer_version(tmp_path: Path) -> None:
+    # `launch_spec` was written (always null) before it was dropped.
+    state = StateDir(tmp_path)
+    state.ensure()
+    old = {"version": 1, "launched_at": 5.0, "launch_spec": None, "launch_nodes": ["n1"]}
+    state.memory_path("c").write_text(json.dumps(old))
+    read = state.read_memory("c", 10.0)
+    assert read.problem is None and read.ignored == ()
+    assert read.memory.launched_at == 5.0 and read.memory.launch_nodes == ("n1",)
+    assert "launch_spec" not in read.memory.model_dump()
