@@ -43,6 +43,7 @@ $(BENCH_STAMP): Makefile
 lint: $(STAMP)
 	$(BIN)/ruff check sparkd tests bench
 	$(BIN)/ruff format --check sparkd tests bench
+	$(BIN)/vulture
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict sparkd bench

@@ -139,7 +139,7 @@ class Memory(Value):
     )
     attempts: tuple[Attempt, ...] = Field(
         (),
-        description="remediations, newest last, pruned to the budget window: budget and "
+        description="remediations, newest last (the latest 256): budget and "
         "backoff count those since `backoff_reset_at`",
     )
     backoff_reset_at: float = Field(

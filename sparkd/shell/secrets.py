@@ -81,12 +81,6 @@ class Redactor:
             return [self.redact_json(v) for v in value]
         return value
 
-    def forget(self) -> None:
-        with self._lock:
-            self._by_path.clear()
-            self._secrets = ()
-            self._pattern = None
-
 
 def _char_forms(char: str) -> str:
     """Every way a server or proxy echoing a secret may have written one of its characters:
