@@ -201,11 +201,11 @@ class Memory(Value):
     )
     unreachable_since: dict[str, float] = Field(
         default_factory=dict,
-        description="per host, since when (the observation's time) it has failed every look",
+        description="per host, since when (the reading's time) it has failed every look",
     )
     flapped_at: dict[str, float] = Field(
         default_factory=dict,
-        description="per host, when its carrier changes last rose (the observation's time): a "
+        description="per host, when its carrier changes last rose (the reading's time): a "
         "flap stays visible for `fabric.flap_window`",
     )
     gid_indexes: dict[str, int] = Field(

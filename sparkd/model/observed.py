@@ -1,4 +1,5 @@
-"""One immutable snapshot of a cluster, taken once per cycle.
+"""A cycle's reading of a cluster (every host's reading, and what the head showed), taken once
+per cycle; saved with the memory it is a snapshot (sparkd.model.snapshot).
 
 Unknown is explicit: a field that could not be observed is None with a reason elsewhere, a host
 that could not be reached carries a classified `HostError`. Each field's meaning is its
