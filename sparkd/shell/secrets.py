@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-MASK = "***"
+from sparkd.core.text import MASK
+
 # A key or token is one line; a file much longer is not one.
 MAX_SECRET_BYTES = 4096
 
