@@ -47,6 +47,7 @@ $(BENCH_STAMP): Makefile
 lint: $(STAMP)
 	$(BIN)/ruff check $(PACKAGES) tests bench
 	$(BIN)/ruff format --check $(PACKAGES) tests bench
+	$(BIN)/vulture
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict $(PACKAGES) bench

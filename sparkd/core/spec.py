@@ -1,4 +1,4 @@
-"""Names and spec hashes derived from the desired state.
+"""Names and spec hashes derived from the desired cluster.
 
 A container sparkd creates carries `sparkd.spec`, the hash of everything that went into its
 `docker run`; the serve process has its hash in a file beside its log. A different hash is drift.

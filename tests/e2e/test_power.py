@@ -50,7 +50,11 @@ async def test_a_wedged_host_is_power_cycled_once_and_the_cluster_recovers(
     # power cycle, then rejoined Ray and the model was relaunched.
     cycled = healthy_world.power_log[0].at
     assert not [r for r in mutations(healthy_world, "spark-b", since) if r.at < cycled]
-    [event] = [e for e in ctl.state.read_events(200, "sparks") if e.get("action") == "power_cycle"]
+    [event] = [
+        e
+        for e in ctl.state.read_events_counted(200, "sparks")[0]
+        if e.get("action") == "power_cycle"
+    ]
     assert event["result"] == "ok" and event["host"] == "spark-b"
     assert (
         "NVRM NV_ERR_NO_MEMORY" in event["reason"]
@@ -73,7 +77,11 @@ async def test_a_failed_power_command_is_not_run_again_and_blocks_with_its_outpu
     assert plans[-1].phase == "blocked" and plans[-1].triage == ("host_wedged",)
     assert "not tried again in this incident, it needs a human" in plans[-1].reason
     assert not [a for p in plans for a in p.actions if a.kind == "power_cycle"]
-    [event] = [e for e in ctl.state.read_events(200, "sparks") if e.get("action") == "power_cycle"]
+    [event] = [
+        e
+        for e in ctl.state.read_events_counted(200, "sparks")[0]
+        if e.get("action") == "power_cycle"
+    ]
     assert event["result"] == "failed"
     assert "exited 3: outlet of spark-b: no such outlet" in event["detail"]
     assert healthy_world.power_log == []

@@ -113,7 +113,7 @@ async def test_direct_tcpip_probe_and_refusal(sshd: RealSshd) -> None:
         )
         refused = await model_http.probe(opener(conn, closed_cluster), closed_cluster, None)
         assert refused.verdict.outcome == "refused"
-        endpoint = await model_http.observe_endpoint(
+        endpoint, _ = await model_http.read_endpoint(
             opener(conn, closed_cluster), closed_cluster, None, 5
         )
         assert endpoint.status == "refused"
