@@ -14,8 +14,9 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from sparkd import __version__, cli_api
+from sparkd.config_file import config_path
 from sparkd.model.plan import Plan
-from sparkd.settings import EX_CONFIG, ConfigError, Settings, config_path, load_settings
+from sparkd.settings import EX_CONFIG, ConfigError, Settings, cron_trigger, load_settings
 
 EX_USAGE = 64
 EX_DATAERR = 65
@@ -187,7 +188,7 @@ def known_hosts_scan(explicit: str | None, accept: bool) -> int:
 
     from sparkd.shell import known_hosts
 
-    return asyncio.run(known_hosts.scan(settings, accept, sys.stdout, sys.stderr))
+    return asyncio.run(known_hosts.scan(settings.clusters, accept, sys.stdout, sys.stderr))
 
 
 def ha_refence(explicit: str | None, cluster: str) -> int:
@@ -198,7 +199,9 @@ def ha_refence(explicit: str | None, cluster: str) -> int:
 
     from sparkd.ha.refence import refence
 
-    return asyncio.run(refence(settings, cluster, sys.stdout, sys.stderr))
+    return asyncio.run(
+        refence(settings.ha, settings.cluster(cluster), cluster, sys.stdout, sys.stderr)
+    )
 
 
 def check_config(explicit: str | None) -> int:
@@ -223,7 +226,7 @@ def check_config(explicit: str | None) -> int:
             f"pp={cluster.model.pipeline_parallel_size}); image {cluster.ray.image}"
         ))  # fmt: skip
         for spec in cluster.maintenance:
-            trigger = spec.trigger()
+            trigger = cron_trigger(spec)
             first = trigger.get_next_fire_time(None, datetime.now(trigger.timezone))
             opens = first.isoformat(timespec="minutes") if first is not None else "never"
             print(printable(

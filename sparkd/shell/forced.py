@@ -21,7 +21,8 @@ from sparkd import __version__
 from sparkd.core import cache
 from sparkd.core.spec import key_fingerprint, model_spec_hash
 from sparkd.ha.config import INSTANCE
-from sparkd.settings import ClusterSpec, HostSpec, SshSpec
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.spec import HostSpec, SshSpec
 from sparkd.shell import catalogue
 
 WRAPPER_PATH = "/usr/local/sbin/sparkd-forced-command"
