@@ -10,8 +10,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from sparkd.cli_api import render_status
-from sparkd.commands import _parser
+from sparkd.cli.api import render_status
+from sparkd.cli.commands import _parser
 from sparkd.core import rollout
 from sparkd.core.acceptance import judge_check
 from sparkd.core.model_stage import exit_cause

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sparkd.commands import EX_USAGE, render_plan
+from sparkd.cli.output import EX_USAGE, render_plan
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import ModelEndpoint
 from sparkd.model.plan import Plan
