@@ -20,8 +20,8 @@ import asyncssh
 from sparkd import __version__
 from sparkd.core import cache
 from sparkd.core.spec import key_fingerprint, model_spec_hash
-from sparkd.ha.config import INSTANCE
 from sparkd.model.cluster import ClusterSpec
+from sparkd.model.fields import NAME_PATTERN
 from sparkd.model.spec import HostSpec, SshSpec
 from sparkd.shell import catalogue
 
@@ -209,7 +209,7 @@ def wrapper(
         fenced_exit=catalogue.FENCED_EXIT,
         mismatch_exit=catalogue.FENCE_MISMATCH_EXIT,
         busy_exit=catalogue.FENCE_BUSY_EXIT,
-        instance=repr(INSTANCE),
+        instance=repr(NAME_PATTERN),
         unfenced=fenced and unfenced,
     )
     return "\n".join(header) + "\n" + body
