@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 from sparkd.core import cache, fabric, facts, kernel, weights
 from sparkd.core.spec import container_name, model_spec_hashes, normalize_image
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import GpuProcess, HostError, HostFacts, RayState, ServeState
+from sparkd.model.spec import HostSpec
 from sparkd.model.weights import ModelFiles
-from sparkd.settings import ClusterSpec, HostSpec
 
 LOG_TAIL_LINES = 20
 REQUIRED_SECTIONS = ("boot_id", "containers", "running")

@@ -16,9 +16,9 @@ import re
 
 from sparkd.core.judge import act
 from sparkd.core.spec import container_name
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import CacheEntry, HostFacts
 from sparkd.model.plan import Action
-from sparkd.settings import ClusterSpec
 
 # Hex digits of the image ID a key starts with.
 IMAGE_DIGITS = 12

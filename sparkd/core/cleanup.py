@@ -22,9 +22,10 @@ from sparkd.core.judge import (
     act,
 )
 from sparkd.core.spec import LABEL_CLUSTER
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import Container, GpuProcess, HostFacts
 from sparkd.model.plan import Action
-from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.model.spec import HostSpec
 
 # What nvidia-smi prints for a GPU that only a reboot brings back (it exits 15; the kernel logs
 # Xid 79), as opposed to "couldn't communicate with the NVIDIA driver" while it loads after boot.

@@ -26,7 +26,7 @@ from sparkd.core.load import Load
 from sparkd.core.spec import LABEL_SPEC, container_name, ray_spec_hash, ray_spec_hashes
 from sparkd.model.observed import Container, RayNode, RayState
 from sparkd.model.plan import Action, Plan
-from sparkd.settings import HostSpec
+from sparkd.model.spec import HostSpec
 
 # Docker's figure for a container's start comes from whole seconds of process age. (A node is new
 # when first seen at or after its container started: sparkd records the start of its own

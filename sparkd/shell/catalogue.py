@@ -29,7 +29,8 @@ from sparkd.core.spec import (
     serve_pid_path,
     serve_spec_path,
 )
-from sparkd.settings import DEFAULT_DASHBOARD_PORT, ClusterSpec, HostSpec
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.spec import DEFAULT_DASHBOARD_PORT, HostSpec
 
 KILL_GRACE = 2
 # A `docker events` stream is renewed this often, so no remote process outlives sparkd by more.

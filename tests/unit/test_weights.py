@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from sparkd.core import rollout, weights
 from sparkd.core.assemble import _model_files
 from sparkd.core.facts import parse_sections
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import Observed
 from sparkd.model.weights import ModelFiles, WeightIndex
-from sparkd.settings import ClusterSpec
 from sparkd.shell import catalogue, ssh
 from sparkd.shell.catalogue import _SECTION_FUNCTION
 from tests.toy import Toy, reference_cluster

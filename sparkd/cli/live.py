@@ -12,13 +12,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sparkd.commands import EX_USAGE, render_plan
+from sparkd.cli.output import EX_USAGE, render_plan
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import ModelEndpoint
 from sparkd.model.plan import Plan
 from sparkd.model.probe import ProbeResult
 from sparkd.runtime import logs
 from sparkd.runtime.state import LockHeld, StateDir
-from sparkd.settings import EX_CONFIG, ClusterSpec, Settings
+from sparkd.settings import EX_CONFIG, Settings
 from sparkd.shell import catalogue, forced, power, secrets
 from sparkd.shell.observe import observe, probe_once
 from sparkd.shell.ssh import SshPool
