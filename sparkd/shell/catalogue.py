@@ -29,6 +29,7 @@ from sparkd.core.spec import (
     serve_pid_path,
     serve_spec_path,
 )
+from sparkd.model.sections import FactSection, top_section
 from sparkd.settings import DEFAULT_DASHBOARD_PORT, ClusterSpec, HostSpec
 
 KILL_GRACE = 2
@@ -130,32 +131,36 @@ def fact_script(
     reused). With `prepare`, the head also reads the model directory (core.weights)."""
     t = tool_timeout
 
-    def section(name: str, argv: Sequence[str]) -> str:
+    def section(name: FactSection, argv: Sequence[str]) -> str:
         return shlex.join(["s", name, *timed(argv, t)])
 
-    def capture(name: str, argv: Sequence[str]) -> str:
+    def capture(name: FactSection, argv: Sequence[str]) -> str:
         return shlex.join(["c", name, *timed(argv, t)])
 
     lines = [_SECTION_FUNCTION, _CAPTURE_FUNCTION]
     # bash's own clock (5.0 and later) spares a `date` process; `date` where it has none.
-    now = section("now", ["date", "+%s.%N"])
+    now = section(FactSection.NOW, ["date", "+%s.%N"])
     lines.append(
         'if [ -n "$EPOCHREALTIME" ]; then '
-        "printf '@@sparkd now\\n%s\\n@@sparkd-end now 0\\n' \"$EPOCHREALTIME\"; "
+        f"printf '@@sparkd {FactSection.NOW}\\n%s\\n@@sparkd-end {FactSection.NOW} 0\\n' "
+        '"$EPOCHREALTIME"; '
         f"else {now}; fi"
     )
-    lines.append(section("boot_id", ["cat", "/proc/sys/kernel/random/boot_id"]))
+    lines.append(section(FactSection.BOOT_ID, ["cat", "/proc/sys/kernel/random/boot_id"]))
     if cluster.cleanup.units:
         lines.append(
             section(
-                "units", ["systemctl", "show", "-p", UNIT_PROPERTIES, "--", *cluster.cleanup.units]
+                FactSection.UNITS,
+                ["systemctl", "show", "-p", UNIT_PROPERTIES, "--", *cluster.cleanup.units],
             )
         )
     # A hung Docker daemon would cost every later `docker` call its whole tool timeout and the
     # script its SSH timeout (the host would read as unreachable): once `docker ps` timed out
     # (d=124), no other `docker` call is made; the host still reports everything else.
     lines.append(
-        capture("containers", ["docker", "ps", "-a", "--no-trunc", "--format", "{{json .}}"])
+        capture(
+            FactSection.CONTAINERS, ["docker", "ps", "-a", "--no-trunc", "--format", "{{json .}}"]
+        )
         + "; d=$rc; k=$o"
     )
 
@@ -165,20 +170,23 @@ def fact_script(
     lines.append(
         docker(
             section(
-                "image", ["docker", "image", "inspect", "--format", "{{.Id}}", cluster.ray.image]
+                FactSection.IMAGE,
+                ["docker", "image", "inspect", "--format", "{{.Id}}", cluster.ray.image],
             )
         )
     )
-    lines.append(capture("gpu_apps", GPU_APPS) + "; g=$rc; a=$o")
+    lines.append(capture(FactSection.GPU_APPS, GPU_APPS) + "; g=$rc; a=$o")
     # The running containers' names are a section too, so a failed listing is seen as such
     # rather than as "no processes in any container"; each named one then gets its `top`,
     # whose PIDs (in `$t`) tell which GPU processes are the containers'.
     top = shlex.join(timed(["docker", "top"], t))
+    top_name = top_section("$n")
     lines.append(
         docker(
-            f"{_RUNNING_NAMES}; printf '@@sparkd running\\n%s\\n@@sparkd-end running %s\\n' "
+            f"{_RUNNING_NAMES}; printf '@@sparkd {FactSection.RUNNING}\\n%s\\n"
+            f"@@sparkd-end {FactSection.RUNNING} %s\\n' "
             '"$r" "$d"; t=; '
-            f'if [ "$d" = 0 ]; then for n in $r; do c "top $n" {top} "$n" -eo {TOP_FORMAT}; '
+            f'if [ "$d" = 0 ]; then for n in $r; do c "{top_name}" {top} "$n" -eo {TOP_FORMAT}; '
             f'if [ "$rc" = 0 ]; then {_TOP_PIDS}; fi; done; fi'
         )
     )
@@ -187,13 +195,13 @@ def fact_script(
     # ended in between is never taken for foreign.
     lines.append(
         f'if [ "$g" = 0 ]; then {_UNATTRIBUTED}; '
-        f'if [ "$u" = 1 ]; then {section("gpu_apps_after", GPU_APPS)}; fi; fi'
+        f'if [ "$u" = 1 ]; then {section(FactSection.GPU_APPS_AFTER, GPU_APPS)}; fi; fi'
     )
     # The image sparkd's container runs, by ID: a re-pulled tag is a new image.
     lines.append(
         docker(
             section(
-                "ours_image",
+                FactSection.OURS_IMAGE,
                 [
                     "docker",
                     "inspect",
@@ -205,19 +213,19 @@ def fact_script(
             )
         )
     )
-    lines.append(section("iface", ["ip", "-j", "addr", "show", "dev", host.interface]))
+    lines.append(section(FactSection.IFACE, ["ip", "-j", "addr", "show", "dev", host.interface]))
     # The compile cache's file system in the same call (a missing cache directory, before the
     # first container with its mount, leaves log_dir's row: core.facts.parse_df_paths).
     cache_root = str(cluster.model.cache_root)
     disk = ["df", "-B1", "--output=avail", str(cluster.model.log_dir), cache_root]
-    lines.append(section("disk", disk))
-    lines.append(section("cache", ["find", cache_root, *CACHE_LISTING]))
+    lines.append(section(FactSection.DISK, disk))
+    lines.append(section(FactSection.CACHE, ["find", cache_root, *CACHE_LISTING]))
     # Docker's own file system too: a full one fails `docker run` and `docker exec`.
-    lines.append(section("docker_disk", ["df", "-B1", "--output=avail", DOCKER_ROOT]))
+    lines.append(section(FactSection.DOCKER_DISK, ["df", "-B1", "--output=avail", DOCKER_ROOT]))
     # This boot's kernel log, the last lines only: the text is the same every cycle (so the
     # forced command can list it), and what is new is told apart by the kernel's timestamps.
-    lines.append(section("kernel", KERNEL_LOG))
-    lines.append(section("meminfo", ["cat", MEMINFO_PATH]))
+    lines.append(section(FactSection.KERNEL, KERNEL_LOG))
+    lines.append(section(FactSection.MEMINFO, ["cat", MEMINFO_PATH]))
     lines.append(fabric_section(host, t))
     head = container_name(cluster, host)
     if host.role == "head" and read_ray:
@@ -228,7 +236,7 @@ def fact_script(
                 # together, sorted by id), which otherwise silently drops ALIVE nodes once
                 # restarts have left enough DEAD records.
                 section(
-                    "ray_nodes",
+                    FactSection.RAY_NODES,
                     [
                         "docker",
                         "exec",
@@ -251,11 +259,15 @@ def fact_script(
             ray_lines.append(status)
         lines.append(docker("; ".join(ray_lines)))
     if host.role == "head":
-        lines.append(section("serve_spec", ["cat", serve_spec_path(cluster)]))
+        lines.append(section(FactSection.SERVE_SPEC, ["cat", serve_spec_path(cluster)]))
         lines.append(
-            section("serve_log", ["tail", "-c", str(LOG_TAIL_BYTES), serve_log_path(cluster)])
+            section(
+                FactSection.SERVE_LOG, ["tail", "-c", str(LOG_TAIL_BYTES), serve_log_path(cluster)]
+            )
         )
-        lines.append(section("serve_log_mtime", ["stat", "-c", "%y", serve_log_path(cluster)]))
+        lines.append(
+            section(FactSection.SERVE_LOG_MTIME, ["stat", "-c", "%y", serve_log_path(cluster)])
+        )
     directory = weights.host_path(cluster)
     if host.role == "head" and prepare and directory is not None:
         lines += model_files_sections(directory, t)
@@ -265,7 +277,7 @@ def fact_script(
 def _ray_status_section(cluster: ClusterSpec, seconds: float) -> str:
     head = container_name(cluster, cluster.head)
     argv = ["docker", "exec", head, "ray", "status"]
-    return shlex.join(["s", "ray_status", *timed(argv, seconds)])
+    return shlex.join(["s", FactSection.RAY_STATUS, *timed(argv, seconds)])
 
 
 def ray_cli(cluster: ClusterSpec, tool_timeout: float) -> Remote:
@@ -458,14 +470,16 @@ def model_files_sections(directory: str, seconds: float) -> list[str]:
     """Cheap `stat`s of the model's files (the weight files by the host's glob, the directory
     quoted), and the index's first bytes for the ops box to parse (core.weights)."""
     base = shlex.quote(directory.rstrip("/") or "/")
-    stat = shlex.join(["s", "model_files", *timed(["stat", "-L", "-c", "%s %n", "--"], seconds)])
+    stat = shlex.join(
+        ["s", FactSection.MODEL_FILES, *timed(["stat", "-L", "-c", "%s %n", "--"], seconds)]
+    )
     named = " ".join(f"{base}/{name}" for name in (weights.CONFIG, weights.INDEX))
     index = str(Path(directory) / weights.INDEX)
     reduce = ["python3", "-I", "-c", REDUCE_INDEX, index, str(weights.INDEX_LIMIT)]
     reduce.append(str(weights.REDUCED_LIMIT))
     return [
         f"{stat} {named} {base}/*.safetensors",
-        shlex.join(["s", "model_index", *timed(reduce, seconds)]),
+        shlex.join(["s", FactSection.MODEL_INDEX, *timed(reduce, seconds)]),
     ]
 
 
@@ -518,7 +532,8 @@ def fabric_section(host: HostSpec, seconds: float) -> str:
     its GID rows are found there); the interface's name is quoted."""
     base = shlex.quote(f"/sys/class/net/{host.interface}")
     paths = " ".join(f"{base}/{name}" for name in FABRIC_FILES)
-    return f"{shlex.join(['s', 'fabric', *timed(['grep', '-s', '-H', '.'], seconds)])} {paths}"
+    grep = shlex.join(["s", FactSection.FABRIC, *timed(["grep", "-s", "-H", "."], seconds)])
+    return f"{grep} {paths}"
 
 
 GPU_APPS = (
