@@ -11,19 +11,10 @@ import posixpath
 import re
 
 from sparkd.core import triage
-from sparkd.core.judge import (
-    EVERYTHING,
-    MODEL_STARTS,
-    RAY_STARTS,
-    START_MODEL,
-    Context,
-    Hold,
-    Verdict,
-    act,
-)
+from sparkd.core.judge import Context, Hold, Verdict, act
 from sparkd.core.spec import LABEL_CLUSTER
 from sparkd.model.observed import Container, GpuProcess, HostFacts
-from sparkd.model.plan import Action
+from sparkd.model.plan import EVERYTHING, MODEL_STARTS, RAY_STARTS, START_MODEL, Action
 from sparkd.settings import ClusterSpec, HostSpec
 
 # What nvidia-smi prints for a GPU that only a reboot brings back (it exits 15; the kernel logs

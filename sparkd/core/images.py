@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sparkd.core.judge import RAY_STARTS, Context, Hold, Verdict
+from sparkd.core.judge import Context, Hold, Verdict
 from sparkd.core.spec import container_name, normalize_image
+from sparkd.model.plan import RAY_STARTS
 
 
 @dataclass

@@ -12,20 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sparkd.core.images import ImageVerdict
-from sparkd.core.judge import (
-    MODEL_STARTS,
-    RAY_STARTS,
-    START_MODEL,
-    Context,
-    Hold,
-    Verdict,
-    act,
-    ago,
-)
+from sparkd.core.judge import Context, Hold, Verdict, act, ago
 from sparkd.core.load import Load
 from sparkd.core.spec import LABEL_SPEC, container_name, ray_spec_hash, ray_spec_hashes
 from sparkd.model.observed import Container, RayNode, RayState
-from sparkd.model.plan import Action, Plan
+from sparkd.model.plan import MODEL_STARTS, RAY_STARTS, START_MODEL, Action, Plan
 from sparkd.settings import HostSpec
 
 # Docker's figure for a container's start comes from whole seconds of process age. (A node is new

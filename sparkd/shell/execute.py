@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from sparkd.core import facts
 from sparkd.core.assemble import ENGINE_MARKERS
 from sparkd.core.spec import container_name, key_fingerprint, model_spec_hashes, ray_spec_hashes
-from sparkd.model.plan import Action, ActionOutcome, ActionResult, Plan
+from sparkd.model.plan import MODEL_STARTS, RAY_STARTS, Action, ActionOutcome, ActionResult, Plan
 from sparkd.settings import ClusterSpec, HostSpec
 from sparkd.shell import catalogue
 from sparkd.shell.fencing import HostFence, HostRefused
@@ -59,9 +59,9 @@ class Executor:
         if action.kind == "power_cycle":
             # The command's own timeout, and the moment it takes to kill what it left.
             return self.cluster.power.timeout + 5.0
-        if action.kind in ("start_ray_head", "start_ray_worker", "restart_ray"):
+        if action.kind in RAY_STARTS:
             return base * 3
-        if action.kind in ("start_model", "restart_model"):
+        if action.kind in MODEL_STARTS:
             return base * 3 + self.timing.serve_appear + self.timing.stop_grace
         return base * 2 + self.timing.stop_grace
 

@@ -15,6 +15,7 @@ from sparkd.core import rollout, weights
 from sparkd.core.assemble import _model_files
 from sparkd.core.facts import parse_sections
 from sparkd.model.observed import Observed
+from sparkd.model.plan import MODEL_STARTS
 from sparkd.model.weights import ModelFiles, WeightIndex
 from sparkd.settings import ClusterSpec
 from sparkd.shell import catalogue, ssh
@@ -330,7 +331,7 @@ def test_a_first_deployment_with_a_missing_file_is_held_not_launched() -> None:
     with_files(run, files(present=SHARDS[1:]))
     for _ in range(8):
         made = run.cycle()
-        assert not any(a.kind in rollout.MODEL_STARTS for a in made.actions)
+        assert not any(a.kind in MODEL_STARTS for a in made.actions)
     assert made.phase == "blocked", made.reason
     assert f"waits: weight file {SHARDS[0]}" in made.reason and run.memory.blocked is None
     with_files(run, files())

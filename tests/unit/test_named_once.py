@@ -1,0 +1,57 @@
+"""String sets two layers share are named once (model/), never respelt where they are used."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+from sparkd.model.plan import ActionKind
+
+PACKAGE = Path(__file__).resolve().parents[2] / "sparkd"
+SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if "sim" not in p.relative_to(PACKAGE).parts)
+KINDS = set(get_args(ActionKind))
+# Where the action-kind groups live.
+GROUPS_HOME = PACKAGE / "model" / "plan.py"
+
+
+def _strings(node: ast.expr) -> list[str]:
+    elements = node.elts if isinstance(node, ast.Tuple | ast.Set | ast.List) else []
+    return [e.value for e in elements if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+
+
+def _ids(paths: list[Path]) -> list[str]:
+    return [p.relative_to(PACKAGE).as_posix() for p in paths]
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_ids(SOURCES))
+def test_no_module_spells_a_group_of_action_kinds_but_model_plan(path: Path) -> None:
+    if path == GROUPS_HOME:
+        return
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Tuple | ast.Set | ast.List):
+            kinds = [s for s in _strings(node) if s in KINDS]
+            assert len(kinds) < 2, f"{path.name}:{node.lineno} spells the kinds {kinds}"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_ids(SOURCES))
+def test_a_literal_s_values_are_derived_with_get_args_not_retyped(path: Path) -> None:
+    tree = ast.parse(path.read_text())
+    literals = {
+        node.targets[0].id
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Subscript)
+        and isinstance(node.value.value, ast.Name)
+        and node.value.value.id == "Literal"
+    }
+    for node in tree.body:
+        if not (isinstance(node, ast.AnnAssign) and node.value is not None):
+            continue
+        annotation = ast.unparse(node.annotation)
+        named = [name for name in literals if annotation == f"tuple[{name}, ...]"]
+        if named and _strings(node.value):
+            pytest.fail(f"{path.name}:{node.lineno} retypes {named[0]}: use typing.get_args")
