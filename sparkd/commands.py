@@ -13,11 +13,9 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from sparkd import __version__, cli_api
+from sparkd.model.exits import EX_CONFIG, EX_DATAERR, EX_USAGE
 from sparkd.model.plan import Plan
-from sparkd.settings import EX_CONFIG, ConfigError, Settings, config_path, load_settings
-
-EX_USAGE = 64
-EX_DATAERR = 65
+from sparkd.settings import ConfigError, Settings, config_path, load_settings
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -39,9 +39,6 @@ from sparkd.config_file import DEFAULT_CONFIG_PATH
 from sparkd.config_file import config_path as config_path
 from sparkd.ha.config import HaSpec
 
-EX_CONFIG = 78
-EX_CANTCREAT = 73
-
 # Every duration is finite and at most a week: a longer one is a typo that would make sparkd
 # wait forever (an `inf` timeout, a load grace of a year).
 MAX_SECONDS = 7 * 24 * 3600.0

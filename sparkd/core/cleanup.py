@@ -12,7 +12,7 @@ import re
 
 from sparkd.core import triage
 from sparkd.core.judge import Context, Hold, Verdict, act
-from sparkd.core.spec import LABEL_CLUSTER
+from sparkd.core.spec import LABEL_CLUSTER, container_prefix
 from sparkd.model.observed import Container, GpuProcess, HostFacts
 from sparkd.model.plan import EVERYTHING, MODEL_STARTS, RAY_STARTS, START_MODEL, Action
 from sparkd.settings import ClusterSpec, HostSpec
@@ -32,7 +32,7 @@ def gpu_lost(error: str | None) -> bool:
 
 def ours(desired: ClusterSpec, container: Container) -> bool:
     return container.label(LABEL_CLUSTER) == desired.name and container.name.startswith(
-        f"sparkd-{desired.name}-"
+        container_prefix(desired)
     )
 
 

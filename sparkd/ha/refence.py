@@ -13,12 +13,11 @@ import json
 from typing import TextIO
 
 from sparkd.ha.etcd import EtcdClient, EtcdError, EtcdUnavailable
+from sparkd.model.exits import EX_UNAVAILABLE, EX_USAGE
 from sparkd.settings import ClusterSpec, HostSpec, Settings
 from sparkd.shell import catalogue
 from sparkd.shell.catalogue import FenceToken
 from sparkd.shell.ssh import SshFailure, SshPool
-
-EX_UNAVAILABLE = 69
 
 
 async def owner_token(settings: Settings, cluster: str) -> FenceToken | str:
@@ -62,7 +61,7 @@ async def refence(settings: Settings, name: str, out: TextIO, err: TextIO) -> in
     if settings.ha is None or cluster is None:
         why = "the config has no [ha] section" if settings.ha is None else f"no cluster {name!r}"
         print(f"sparkd ha refence: {why}", file=err)
-        return 64
+        return EX_USAGE
     fence = await owner_token(settings, name)
     if isinstance(fence, str):
         print(f"sparkd ha refence: {fence}", file=err)

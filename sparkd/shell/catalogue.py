@@ -21,6 +21,7 @@ from sparkd.core.spec import (
     LABEL_CLUSTER,
     LABEL_ROLE,
     LABEL_SPEC,
+    SHORT_ID_DIGITS,
     container_name,
     key_fingerprint,
     model_spec_hash,
@@ -29,6 +30,7 @@ from sparkd.core.spec import (
     serve_pid_path,
     serve_spec_path,
 )
+from sparkd.model.exits import FENCE_BUSY_EXIT, FENCE_MISMATCH_EXIT, FENCED_EXIT
 from sparkd.model.sections import FactSection, top_section
 from sparkd.settings import DEFAULT_DASHBOARD_PORT, ClusterSpec, HostSpec
 
@@ -442,7 +444,7 @@ def start_model(cluster: ClusterSpec, seconds: float, api_key: str | None = None
     # The cache entry is named on the host from the image the head container runs (as
     # core.cache.cache_key names it): the text stays the same whatever the image.
     inspect = ["docker", "inspect", "--format", "{{.Image}}", "--", head]
-    digits = f"%.{cache.IMAGE_DIGITS}s"
+    digits = f"%.{SHORT_ID_DIGITS}s"
     steps.append(f'i="$({_line(inspect, seconds)})" && k="$(printf {digits} "${{i#sha256:}}")"')
     steps.append('case "$k" in *[!0-9a-f]*|"") false ;; esac')
     root = cluster.model.cache_root
@@ -668,11 +670,6 @@ def catalogue(cluster: ClusterSpec, seconds: float) -> list[tuple[HostSpec, Remo
 # carries the owner key's create revision (the token), and the host compares-and-sets it under
 # `flock` in the same SSH command. The forced-command wrapper recognises this exact text and
 # does the same in Python (forced.FENCE_BODY); the two share the file layout.
-FENCED_EXIT = 76
-# The fence file names another etcd (rebuilt: revisions restarted) or cannot be read: every
-# command is refused until an operator runs `sparkd ha refence CLUSTER`.
-FENCE_MISMATCH_EXIT = 77
-FENCE_BUSY_EXIT = 75
 FENCE_DIR = ".local/state/sparkd/fence"
 FENCE_MARKER = "sparkd fence:"
 # One shell function, the same text in every fenced command (the wrapper matches it exactly).

@@ -25,9 +25,9 @@ from typing import TextIO
 import asyncssh
 from asyncssh.pattern import HostPatternList
 
+from sparkd.model.exits import EX_UNAVAILABLE
 from sparkd.settings import Settings
 
-EX_UNAVAILABLE = 69
 SCAN_TIMEOUT = 10.0
 
 

@@ -18,6 +18,7 @@ import asyncssh
 import pytest
 
 from sparkd.core import facts
+from sparkd.model import exits
 from sparkd.model.observed import RayState
 from sparkd.settings import ClusterSpec, HostSpec, SshSpec
 from sparkd.shell import catalogue, forced, model_http, ray_http
@@ -146,7 +147,7 @@ async def run(conn: HostConnection, command: str, stdin: str | None = None) -> t
 
 
 def lets_through(exit_status: int, output: str) -> bool:
-    return exit_status != forced.REFUSED_EXIT and "sparkd forced command" not in output
+    return exit_status != exits.REFUSED_EXIT and "sparkd forced command" not in output
 
 
 async def test_the_catalogues_commands_pass_and_the_tools_run(world: Forced) -> None:
@@ -217,7 +218,7 @@ async def test_anything_else_is_refused_naming_only_its_first_word(world: Forced
     try:
         for command, first in refused.items():
             status, output = await run(conn, command)
-            assert status == forced.REFUSED_EXIT, (command, output)
+            assert status == exits.REFUSED_EXIT, (command, output)
             assert output == f"sparkd forced command: refused {first}\n", (command, output)
     finally:
         await conn.close()

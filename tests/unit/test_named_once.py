@@ -55,3 +55,44 @@ def test_a_literal_s_values_are_derived_with_get_args_not_retyped(path: Path) ->
         named = [name for name in literals if annotation == f"tuple[{name}, ...]"]
         if named and _strings(node.value):
             pytest.fail(f"{path.name}:{node.lineno} retypes {named[0]}: use typing.get_args")
+
+
+# sysexits(3) statuses sparkd's commands return, and the fence's: named in model/exits.py.
+EXIT_STATUSES = {64, 65, 69, 73, 75, 76, 77, 78, 126}
+EXITS_HOME = PACKAGE / "model" / "exits.py"
+SPEC_HOME = PACKAGE / "core" / "spec.py"
+# Leaves the package with the simulator (it is the demo's, not the daemon's).
+MOVING = {PACKAGE / "demo.py"}
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_ids(SOURCES))
+def test_exit_statuses_are_named_in_one_module(path: Path) -> None:
+    if path == EXITS_HOME or path in MOVING:
+        return
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Constant):
+            value = node.value.value
+            assert value not in EXIT_STATUSES, f"{path.name}:{node.lineno} returns {value}"
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            for target in node.targets:
+                name = target.id if isinstance(target, ast.Name) else ""
+                spelt = name.startswith("EX_") or name.endswith("_EXIT")
+                assert not spelt, f"{path.name}:{node.lineno} spells the exit status {name}"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_ids(SOURCES))
+def test_container_names_and_short_image_ids_are_made_in_core_spec(path: Path) -> None:
+    if path == SPEC_HOME or path in MOVING:
+        return
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.JoinedStr) and len(node.values) > 1:
+            first, second = node.values[0], node.values[1]
+            named = isinstance(first, ast.Constant) and first.value == "sparkd-"
+            assert not (named and isinstance(second, ast.FormattedValue)), (
+                f"{path.name}:{node.lineno} spells a container name: use core.spec"
+            )
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            stripped = node.func.attr == "removeprefix" and [
+                a.value for a in node.args if isinstance(a, ast.Constant)
+            ] == ["sha256:"]
+            assert not stripped, f"{path.name}:{node.lineno} cuts an image ID: use core.spec"
