@@ -395,18 +395,27 @@ _READY = re.compile(r"Application startup complete|Starting vLLM API server|Uvic
 # notice, a Python warning quoting a RuntimeError) are not failures. Anything else fatal ends
 # the process, and an exited process is the evidence.
 _FATAL = re.compile(r"EngineCore failed to start|Engine core initialization failed|EngineDeadError")
-_SECRET_PATTERNS = (
+# Secrets a line may carry that sparkd never read (so the process-wide redactor cannot know
+# them): the value after each prefix is masked. The first are vLLM's and its environment's,
+# masked in every line; the last, `credentials`, what a PDU's or smart plug's client may echo
+# (`password=...`, `token: ...`), masked in the power command's output only: sparkd's own log
+# lines carry `token=N`, the fencing token, which is no secret.
+SECRET_PATTERNS = (
     re.compile(r"(--api-key[ =])\S+"),
     re.compile(r"(Authorization:\s*Bearer\s+)\S+", re.I),
     re.compile(r"((?:VLLM_API_KEY|HF_TOKEN|HUGGING_FACE_HUB_TOKEN|OPENAI_API_KEY)=)\S+"),
+    re.compile(
+        r"(\b(?:password|passwd|pass|token|secret|api[_-]?key|community)\s*[=:]\s*)\S+", re.I
+    ),
 )
+_EVERY_LINE = SECRET_PATTERNS[:-1]
 
 
-def redact(line: str, secrets: Iterable[str] = ()) -> str:
+def redact(line: str, secrets: Iterable[str] = (), credentials: bool = False) -> str:
     for secret in secrets:
         if secret:
             line = line.replace(secret, "***")
-    for pattern in _SECRET_PATTERNS:
+    for pattern in SECRET_PATTERNS if credentials else _EVERY_LINE:
         line = pattern.sub(r"\1***", line)
     return line
 

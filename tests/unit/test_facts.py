@@ -195,6 +195,14 @@ def test_redaction() -> None:
     assert facts.redact("the key is hunter2", ["hunter2"]) == "the key is ***"
 
 
+def test_one_list_of_secret_patterns_masks_what_a_pdu_client_echoes_in_its_output() -> None:
+    line = "login token: abc123 community=private1 --api-key=sk-1 max_num_batched_tokens=8192"
+    said = facts.redact(line, credentials=True)
+    assert said == "login token: *** community=*** --api-key=*** max_num_batched_tokens=8192"
+    # sparkd's own lines keep the fencing token (`token=N`): it is no secret.
+    assert facts.redact("fenced token=7 --api-key=sk-1") == "fenced token=7 --api-key=***"
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.datetimes(
