@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from sparkd.core import cache, fabric, facts, kernel, weights
+from sparkd.core import cache, fabric, kernel, parsers, weights
 from sparkd.core.spec import container_name, model_spec_hashes, normalize_image
 from sparkd.model.observed import GpuProcess, HostError, HostFacts, RayState, ServeState
 from sparkd.model.sections import FactSection, top_container, top_section
@@ -51,7 +51,7 @@ class HeadExtras:
     serve: ServeState | None
 
 
-def _host_clock(sections: dict[str, facts.Section], observed_at: float) -> float:
+def _host_clock(sections: dict[str, parsers.Section], observed_at: float) -> float:
     now = sections.get(FactSection.NOW)
     if now is not None and now.ok:
         try:
@@ -64,16 +64,16 @@ def _host_clock(sections: dict[str, facts.Section], observed_at: float) -> float
     return observed_at
 
 
-def _tops(sections: dict[str, facts.Section]) -> dict[str, tuple[facts.TopRow, ...]]:
-    tops: dict[str, tuple[facts.TopRow, ...]] = {}
+def _tops(sections: dict[str, parsers.Section]) -> dict[str, tuple[parsers.TopRow, ...]]:
+    tops: dict[str, tuple[parsers.TopRow, ...]] = {}
     for name, section in sections.items():
         container = top_container(name)
         if container is not None and section.ok:
-            tops[container] = facts.parse_docker_top(section.body)
+            tops[container] = parsers.parse_docker_top(section.body)
     return tops
 
 
-def _unread_tops(sections: dict[str, facts.Section]) -> list[str]:
+def _unread_tops(sections: dict[str, parsers.Section]) -> list[str]:
     """Running containers whose process list could not be read (not merely stopped since)."""
     unread = []
     for container in sections[FactSection.RUNNING].body.split():
@@ -84,7 +84,7 @@ def _unread_tops(sections: dict[str, facts.Section]) -> list[str]:
     return unread
 
 
-def unreadable(sections: dict[str, facts.Section]) -> HostError | None:
+def unreadable(sections: dict[str, parsers.Section]) -> HostError | None:
     """Why this host's sections cannot be trusted as a whole, if they cannot.
 
     Other sections may fail alone and read as "unknown", but without the container list the
@@ -100,7 +100,7 @@ def unreadable(sections: dict[str, facts.Section]) -> HostError | None:
             return HostError(kind="exit_nonzero", detail=f"fact script printed no {name} section")
         if not section.ok:
             return _failed(name, section)
-    garbled = facts.unreadable_container_line(sections[FactSection.CONTAINERS].body)
+    garbled = parsers.unreadable_container_line(sections[FactSection.CONTAINERS].body)
     if garbled is not None:
         return HostError(
             kind="exit_nonzero", detail=f"containers: a `docker ps` line does not read: {garbled}"
@@ -108,7 +108,7 @@ def unreadable(sections: dict[str, facts.Section]) -> HostError | None:
     return None
 
 
-def docker_failure(sections: dict[str, facts.Section]) -> str | None:
+def docker_failure(sections: dict[str, parsers.Section]) -> str | None:
     """Why Docker did not answer (its daemon down, or hung until the tool timeout), if so."""
     section = sections.get(FactSection.CONTAINERS)
     if section is None or section.ok:
@@ -118,17 +118,17 @@ def docker_failure(sections: dict[str, facts.Section]) -> str | None:
     return None
 
 
-def _failed(name: str, section: facts.Section) -> HostError:
+def _failed(name: str, section: parsers.Section) -> HostError:
     return HostError(kind="exit_nonzero", detail=read_failure(name, section))
 
 
-def read_failure(name: str, section: facts.Section) -> str:
+def read_failure(name: str, section: parsers.Section) -> str:
     """Why a section failed, keeping the line that says why (real `systemctl` prints the cause
     first and `See system logs...` last), with a hint when it is a privilege problem."""
     status = f"rc {section.rc}" if section.rc is not None else "cut off"
     if section.rc == 124:
         status = "timed out"
-    why = facts.failure_reason(section.body)
+    why = parsers.failure_reason(section.body)
     detail = f"{name} failed ({status})" + (f": {why}" if why else "")
     if _PRIVILEGE.search(section.body):
         detail += " (a privilege problem: see ssh.sudo and `sparkd commands --sudoers`)"
@@ -136,7 +136,7 @@ def read_failure(name: str, section: facts.Section) -> str:
 
 
 def host_facts(
-    cluster: ClusterSpec, host: HostSpec, sections: dict[str, facts.Section], observed_at: float
+    cluster: ClusterSpec, host: HostSpec, sections: dict[str, parsers.Section], observed_at: float
 ) -> HostFacts:
     tops = _tops(sections)
     owners = {row.pid: name for name, rows in tops.items() for row in rows}
@@ -166,7 +166,7 @@ def host_facts(
     disk_paths = [str(cluster.model.log_dir), str(cluster.model.cache_root)]
     disk_section = sections.get(FactSection.DISK)
     free = (
-        facts.parse_df_paths(disk_section.body, disk_paths)
+        parsers.parse_df_paths(disk_section.body, disk_paths)
         if disk_section is not None and disk_section.rc in (0, 1)
         else dict.fromkeys(disk_paths)
     )
@@ -181,7 +181,7 @@ def host_facts(
         images = ()
     ours = _image_ids(body(FactSection.OURS_IMAGE))
     containers = (
-        facts.parse_docker_ps(_json_lines(containers_text), started)
+        parsers.parse_docker_ps(_json_lines(containers_text), started)
         if containers_text is not None
         else ()
     )
@@ -204,16 +204,16 @@ def host_facts(
     return HostFacts(
         name=host.name,
         boot_id=boot.strip() or None if boot is not None else None,
-        units=facts.parse_systemctl_show(units_text) if units_text is not None else (),
+        units=parsers.parse_systemctl_show(units_text) if units_text is not None else (),
         units_error=error(FactSection.UNITS),
         containers=containers,
         gpu_processes=gpu,
         gpu_error=error(FactSection.GPU_APPS),
         interface_error=error(FactSection.IFACE),
         docker_error=docker,
-        interface=facts.parse_ip_addr(iface_text) if iface_text is not None else None,
+        interface=parsers.parse_ip_addr(iface_text) if iface_text is not None else None,
         disk_free_bytes=free[disk_paths[0]],
-        docker_disk_free_bytes=facts.parse_df_avail(docker_disk) if docker_disk else None,
+        docker_disk_free_bytes=parsers.parse_df_avail(docker_disk) if docker_disk else None,
         images=images,
         image_id=image_id,
         kernel=kernel.parse_kernel_log(kernel_text)
@@ -229,7 +229,7 @@ def host_facts(
     )
 
 
-def _model_files(cluster: ClusterSpec, sections: dict[str, facts.Section]) -> ModelFiles | None:
+def _model_files(cluster: ClusterSpec, sections: dict[str, parsers.Section]) -> ModelFiles | None:
     """The prepare sections (only on the head, only while a rollout prepares)."""
     stat = sections.get(FactSection.MODEL_FILES)
     directory = weights.host_path(cluster)
@@ -262,7 +262,7 @@ def _image_ids(text: str | None) -> dict[str, str]:
 
 def head_extras(
     cluster: ClusterSpec,
-    sections: dict[str, facts.Section],
+    sections: dict[str, parsers.Section],
     observed_at: float,
     secrets: tuple[str, ...] = (),
     known_ray: RayState | None = None,
@@ -273,18 +273,20 @@ def head_extras(
     ray = known_ray.model_copy(update={"reused": True}) if known_ray is not None else ray_read
     nodes = None if ray is not None else sections.get(FactSection.RAY_NODES)
     if nodes is not None and nodes.ok:
-        ray = facts.parse_ray_nodes(nodes.body)
+        ray = parsers.parse_ray_nodes(nodes.body)
         beside = sections.get(FactSection.RAY_STATUS)
-        counted = facts.parse_ray_status(beside.body) if beside is not None and beside.ok else None
+        counted = (
+            parsers.parse_ray_status(beside.body) if beside is not None and beside.ok else None
+        )
         if ray is not None and counted is not None:
             ray = ray.model_copy(update={"gpus_usable": counted.gpus_total})
     if ray is None:
         status = sections.get(FactSection.RAY_STATUS)
         if status is not None and status.ok:
-            ray = facts.parse_ray_status(status.body)
+            ray = parsers.parse_ray_status(status.body)
         if ray is None:
             said = status if status is not None else nodes
-            detail = facts.failure_reason(said.body) if said is not None else ""
+            detail = parsers.failure_reason(said.body) if said is not None else ""
             if said is not None and said.rc == 124:
                 detail = f"`ray` timed out{': ' + detail if detail else ''}"
             ray = RayState(error=detail or "Ray did not answer")
@@ -296,14 +298,14 @@ def head_extras(
         )
     tops = _tops(sections)
     head_rows = tops.get(container_name(cluster, cluster.head), ())
-    serve_row = facts.find_serve(head_rows)
+    serve_row = parsers.find_serve(head_rows)
     log = sections.get(FactSection.SERVE_LOG)
-    lines = facts.log_lines(log.body) if log is not None and log.ok else []
-    lines = [facts.redact(line, secrets) for line in _since_launch(lines)]
+    lines = parsers.log_lines(log.body) if log is not None and log.ok else []
+    lines = [parsers.redact(line, secrets) for line in _since_launch(lines)]
     mtime_section = sections.get(FactSection.SERVE_LOG_MTIME)
     progress_at: float | None = None
     if mtime_section is not None and mtime_section.ok:
-        mtime = facts.parse_stat_time(mtime_section.body)
+        mtime = parsers.parse_stat_time(mtime_section.body)
         progress_at = mtime + skew if mtime is not None else None
     spec = sections.get(FactSection.SERVE_SPEC)
     spec_hash = spec.body.strip() or None if spec is not None and spec.ok else None
@@ -325,7 +327,7 @@ def head_extras(
             pid=serve_row.pid,
             elapsed_seconds=serve_row.elapsed,
             spec_hash=spec_hash,
-            progress=facts.parse_load_progress(lines, progress_at),
+            progress=parsers.parse_load_progress(lines, progress_at),
             log_tail=tuple(lines[-LOG_TAIL_LINES:]),
             cpu_seconds=cpu,
         )
@@ -355,11 +357,11 @@ def _title(args: str) -> str:
     return (named or words or ["?"])[0][:60]
 
 
-def _engine_cpu(rows: tuple[facts.TopRow, ...]) -> float | None:
+def _engine_cpu(rows: tuple[parsers.TopRow, ...]) -> float | None:
     """CPU seconds of the serve process and its engine processes (not Ray's own daemons), of
     this launch only: an engine left over from an earlier launch burns CPU that proves nothing
     about this one."""
-    serve = facts.find_serve(rows)
+    serve = parsers.find_serve(rows)
     born = serve.elapsed if serve is not None else None
     engine = [
         r
@@ -392,10 +394,10 @@ def _stable_gpu_processes(
     """Processes listed both before and after the containers' `top`s (when both were read)."""
     if before is None:
         return ()
-    processes = facts.parse_compute_apps(before, owners)
+    processes = parsers.parse_compute_apps(before, owners)
     if after is None:
         return processes
-    still = {p.pid for p in facts.parse_compute_apps(after)}
+    still = {p.pid for p in parsers.parse_compute_apps(after)}
     return tuple(p for p in processes if p.pid in still)
 
 

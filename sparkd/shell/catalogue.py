@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkd.core import cache, facts, kernel, weights
+from sparkd.core import cache, kernel, parsers, weights
 from sparkd.core.assemble import LAUNCH_MARKER
 from sparkd.core.spec import (
     LABEL_CLUSTER,
@@ -125,7 +125,7 @@ def fact_script(
     read_ray: bool = True,
     prepare: bool = False,
 ) -> Remote:
-    """One batched script per host per cycle: every fact in sections (core.facts.parse_sections).
+    """One batched script per host per cycle: every fact in sections (core.parsers.parse_sections).
 
     On the head, `ray status` runs only when the node list fails, or with `ray_status` (while
     Ray settles: a node listed ALIVE is usable for placement only once `ray status` counts its
@@ -217,7 +217,7 @@ def fact_script(
     )
     lines.append(section(FactSection.IFACE, ["ip", "-j", "addr", "show", "dev", host.interface]))
     # The compile cache's file system in the same call (a missing cache directory, before the
-    # first container with its mount, leaves log_dir's row: core.facts.parse_df_paths).
+    # first container with its mount, leaves log_dir's row: core.parsers.parse_df_paths).
     cache_root = str(cluster.model.cache_root)
     disk = ["df", "-B1", "--output=avail", str(cluster.model.log_dir), cache_root]
     lines.append(section(FactSection.DISK, disk))
@@ -563,7 +563,7 @@ def gpu_apps(seconds: float) -> Remote:
 
 
 def kill_process(cluster: ClusterSpec, pid: int, signal: str, seconds: float) -> Remote:
-    if not facts.is_pid(pid):
+    if not parsers.is_pid(pid):
         raise ValueError(f"not a PID sparkd signals: {pid}")
     # Through sudo or env, the kill program runs (real, or the simulator's), never the builtin.
     if cluster.ssh.sudo:

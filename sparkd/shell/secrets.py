@@ -25,10 +25,10 @@ _PATTERNS: list[Callable[[str, Iterable[str]], str]] = []
 
 
 def _patterns() -> Callable[[str, Iterable[str]], str]:
-    """core.facts' redaction, loaded on first use: reading a secret (the CLI's control token)
+    """core.parsers' redaction, loaded on first use: reading a secret (the CLI's control token)
     needs none of the models it brings."""
     if not _PATTERNS:
-        from sparkd.core.facts import redact
+        from sparkd.core.parsers import redact
 
         _PATTERNS.append(redact)
     return _PATTERNS[0]

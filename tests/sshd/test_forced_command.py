@@ -17,7 +17,7 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.model import exits
 from sparkd.model.observed import RayState
 from sparkd.settings import ClusterSpec, HostSpec, SshSpec
@@ -161,7 +161,7 @@ async def test_the_catalogues_commands_pass_and_the_tools_run(world: Forced) -> 
             conn, catalogue.fact_script(cluster, host, t, read_ray=False).command
         )
         assert lets_through(status, output), output
-        sections = facts.parse_sections(output)
+        sections = parsers.parse_sections(output)
         assert sections["boot_id"].ok and sections["now"].ok
         assert {"containers", "gpu_apps", "running", "serve_spec"} <= set(sections)
 

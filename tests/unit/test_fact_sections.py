@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.core.assemble import docker_failure, head_extras, host_facts, unreadable
 from sparkd.core.spec import container_name
 from sparkd.model.sections import FactSection, top_container
@@ -58,10 +58,10 @@ def written(cluster: ClusterSpec) -> set[str]:
     return names
 
 
-class Reading(dict[str, facts.Section]):
+class Reading(dict[str, parsers.Section]):
     """Sections that note every name looked up."""
 
-    def __init__(self, sections: dict[str, facts.Section]) -> None:
+    def __init__(self, sections: dict[str, parsers.Section]) -> None:
         super().__init__(sections)
         self.asked: set[str] = set()
 
@@ -69,11 +69,11 @@ class Reading(dict[str, facts.Section]):
         text = str(name)
         self.asked.add(FactSection.TOP if top_container(text) is not None else text)
 
-    def get(self, name: str, default: object = None) -> facts.Section | None:  # type: ignore[override]
+    def get(self, name: str, default: object = None) -> parsers.Section | None:  # type: ignore[override]
         self._note(name)
         return super().get(name)
 
-    def __getitem__(self, name: str) -> facts.Section:
+    def __getitem__(self, name: str) -> parsers.Section:
         self._note(name)
         return super().__getitem__(name)
 
@@ -87,9 +87,9 @@ def read(cluster: ClusterSpec, names: set[str]) -> set[str]:
     asked: set[str] = set()
     for host in cluster.hosts:
         mine = container_name(cluster, host)
-        given = {name: facts.Section("", 0) for name in names if name != FactSection.TOP}
+        given = {name: parsers.Section("", 0) for name in names if name != FactSection.TOP}
         # The container is listed running (so its `top` is looked for) and its `top` answered.
-        given[FactSection.RUNNING] = facts.Section(mine, 0)
+        given[FactSection.RUNNING] = parsers.Section(mine, 0)
         sections = Reading(given)
         unreadable(sections)
         docker_failure(sections)

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkd.core.assemble import head_extras, host_facts
-from sparkd.core.facts import parse_sections
 from sparkd.core.model_stage import ORPHAN_GRACE
+from sparkd.core.parsers import parse_sections
 from sparkd.core.planner import plan
 from sparkd.core.ray_stage import needs_ray_status
 from sparkd.core.spec import container_name

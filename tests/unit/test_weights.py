@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from sparkd.core import rollout, weights
 from sparkd.core.assemble import _model_files
-from sparkd.core.facts import parse_sections
+from sparkd.core.parsers import parse_sections
 from sparkd.model.observed import Observed
 from sparkd.model.plan import MODEL_STARTS
 from sparkd.model.weights import ModelFiles, WeightIndex
