@@ -19,7 +19,7 @@ from sparkd.model.plan import MODEL_STARTS
 from sparkd.model.weights import ModelFiles, WeightIndex
 from sparkd.settings import ClusterSpec
 from sparkd.shell import catalogue, ssh
-from sparkd.shell.catalogue import _SECTION_FUNCTION
+from sparkd.shell.catalogue.reads import _SECTION_FUNCTION
 from tests.toy import Toy, reference_cluster
 from tests.unit.test_rollout import Run, serving
 
