@@ -6,8 +6,9 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -99,36 +100,41 @@ def _parser() -> argparse.ArgumentParser:
     _config_flag(refence)
     refence.add_argument("cluster", metavar="CLUSTER")
 
-    sim = sub.add_parser("sim", help="run the simulated Spark cluster", add_help=False)
-    sim.add_argument("sim_args", nargs=argparse.REMAINDER)
-
-    demo = sub.add_parser("demo", help="the simulated cluster and the daemon, recovering")
-    demo.add_argument("--exit-when-healthy", action="store_true")
-    demo.add_argument("--fault", help="once healthy, inject this fault and show the recovery")
-    demo.add_argument("--dir", type=Path, help="where the simulated world keeps its files")
-    demo.add_argument("--load-seconds", type=float, default=20.0)
+    # The simulator is its own distribution (sparkd-sim); these two are its entry points.
+    for name, what in PLUGIN_COMMANDS.items():
+        served = sub.add_parser(name, help=f"{what} (needs sparkd-sim)", add_help=False)
+        served.add_argument("plugin_args", nargs=argparse.REMAINDER)
     return parser
 
 
 _config_flag = cli_api.config_flag
 
 
-def sparkd_spec_labels(config: Path) -> Mapping[str, str]:
-    """sparkd's spec hashes for a config, by `CLUSTER/role`: what a `healthy` world stamps."""
-    from sparkd.core.spec import spec_labels
+PLUGIN_COMMANDS = {
+    "sim": "run the simulated Spark cluster",
+    "demo": "the simulated cluster and the daemon, recovering",
+}
+PLUGIN_GROUP = "sparkd.commands"
 
-    return spec_labels(load_settings(config).clusters)
+
+def plugin(name: str, argv: Sequence[str]) -> int:
+    """`sparkd sim` and `sparkd demo`, served by whatever distribution registers them in the
+    `sparkd.commands` entry-point group (sparkd-sim does): the daemon never imports the simulator,
+    and its wheel and image hold none."""
+    found = entry_points(group=PLUGIN_GROUP, name=name)
+    if not found:
+        print(f"sparkd {name}: the simulator is not installed (pip install sparkd-sim, or in a "
+              "checkout: make demo)", file=sys.stderr)  # fmt: skip
+        return EX_USAGE
+    command: Callable[[Sequence[str]], int] = next(iter(found)).load()
+    return command(argv)
 
 
 def dispatch(argv: Sequence[str]) -> int:
     argv = list(argv)
-    if argv[:1] == ["sim"]:
-        # The simulator parses its own options (argparse's REMAINDER would take none of them).
-        from sparkd.sim.cli import main as sim_main
-
-        # The simulator knows no sparkd: sparkd hands it its own spec hashes, so the `healthy`
-        # world is drift-free for the config it prints.
-        return sim_main(argv[1:], spec_labels=sparkd_spec_labels)
+    if argv[:1] and argv[0] in PLUGIN_COMMANDS:
+        # The plugin parses its own options (argparse's REMAINDER would take none of them).
+        return plugin(argv[0], argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "check-config":
         return check_config(args.config)
@@ -138,10 +144,6 @@ def dispatch(argv: Sequence[str]) -> int:
                   file=sys.stderr)  # fmt: skip
             return EX_USAGE
         return plan_from_snapshot(args.config, args.from_snapshot, args.json, args.dry_run)
-    if args.command == "demo":
-        from sparkd.demo import main as demo_main
-
-        return demo_main(args)
     if args.command == "known-hosts":
         return known_hosts_scan(args.config, args.accept)
     if args.command == "ha":

@@ -84,6 +84,8 @@ def act(kind: ActionKind, host: str, target: str, reason: str, subject: str = ""
 
 
 def ago(seconds: float) -> str:
+    """A length of time already run (`1m05s`): since something happened, or how long it has
+    lasted. A time still ahead is `from_now`'s."""
     seconds = max(0.0, seconds)
     if seconds < 60:
         return f"{seconds:.0f}s" if seconds >= 1 else f"{seconds:.2f}s"
@@ -92,3 +94,8 @@ def ago(seconds: float) -> str:
         return f"{minutes}m{secs:02d}s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m"
+
+
+def from_now(seconds: float) -> str:
+    """How far ahead something is due (`1m05s from now`); one already due is `0.00s from now`."""
+    return f"{ago(seconds)} from now"

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sparkd.core.text import printable, printable_json
+from sparkd.core.text import MASK, printable, printable_json
 from sparkd.model.observed import (
     Container,
     GpuProcess,
@@ -414,9 +414,9 @@ _EVERY_LINE = SECRET_PATTERNS[:-1]
 def redact(line: str, secrets: Iterable[str] = (), credentials: bool = False) -> str:
     for secret in secrets:
         if secret:
-            line = line.replace(secret, "***")
+            line = line.replace(secret, MASK)
     for pattern in SECRET_PATTERNS if credentials else _EVERY_LINE:
-        line = pattern.sub(r"\1***", line)
+        line = pattern.sub(rf"\1{MASK}", line)
     return line
 
 

@@ -23,7 +23,7 @@ from sparkd.core.fabric import judge_fabric, judge_recovery
 from sparkd.core.hang import deadline, judge_hang, track
 from sparkd.core.horizon import horizon
 from sparkd.core.images import judge_images
-from sparkd.core.judge import Context, Hold, Verdict, ago
+from sparkd.core.judge import Context, Hold, Verdict, ago, from_now
 from sparkd.core.load import assess
 from sparkd.core.model_stage import judge_model
 from sparkd.core.power import judge_wedged
@@ -127,7 +127,7 @@ def plan(
     if memory.paused is not None and memory.paused.active(wall):
         draft = _draft(desired, observed, memory, now)
         pause = memory.paused
-        until = f" until {ago(pause.until - wall)} from now" if pause.until is not None else ""
+        until = f" until {from_now(pause.until - wall)}" if pause.until is not None else ""
         return Plan.model_validate(
             {
                 "cluster": name,
@@ -208,7 +208,7 @@ def plan(
             backoffs.append(wait_until)
             reason = (
                 f"{draft.reason}; backing off {action.kind} {action.target} on {action.host} "
-                f"for {ago(wait_until - now)}"
+                f"until {from_now(wait_until - now)}"
             )
             continue
         allowed.append(action)

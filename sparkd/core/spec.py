@@ -1,4 +1,4 @@
-"""Names and spec hashes derived from the desired state.
+"""Names and spec hashes derived from the desired cluster.
 
 A container sparkd creates carries `sparkd.spec`, the hash of everything that went into its
 `docker run`; the serve process has its hash in a file beside its log. A different hash is drift.
@@ -137,21 +137,6 @@ def _model_hash(cluster: ClusterSpec, ray_hash: str, key: str | None) -> str:
             "ray": ray_hash,
         }
     )
-
-
-def spec_labels(clusters: tuple[ClusterSpec, ...]) -> dict[str, str]:
-    """sparkd's spec hashes by `CLUSTER/role` (and `CLUSTER/model`): what the simulator's
-    `healthy` world stamps on its containers so that a daemon finds it drift-free."""
-    labels: dict[str, str] = {}
-    for cluster in clusters:
-        labels[f"{cluster.name}/head"] = ray_spec_hash(cluster, cluster.head)
-        for worker in cluster.workers:
-            labels[f"{cluster.name}/worker"] = ray_spec_hash(cluster, worker)
-        # A worker's hash carries its data IP: with 2+ workers, each host has its own.
-        for host in cluster.hosts:
-            labels[f"{cluster.name}/host/{host.name}"] = ray_spec_hash(cluster, host)
-        labels[f"{cluster.name}/model"] = model_spec_hash(cluster)
-    return labels
 
 
 def normalize_image(image: str) -> str:

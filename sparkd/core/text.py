@@ -10,6 +10,8 @@ import re
 from typing import Any
 
 REPLACEMENT = "\ufffd"
+# What a secret is replaced by wherever it is shown (logs, `/status`, snapshots, log tails).
+MASK = "***"
 # U+061C, U+200E/F: marks; U+202A-E: embeddings and overrides; U+2066-9: isolates.
 _BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 _UNSAFE = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")

@@ -280,13 +280,6 @@ async def read_endpoint(
     return endpoint, load
 
 
-async def observe_endpoint(
-    opener: Opener, cluster: ClusterSpec, api_key: str | None, limit: float
-) -> ModelEndpoint:
-    endpoint, _ = await read_endpoint(opener, cluster, api_key, limit)
-    return endpoint
-
-
 def listed_models(body: bytes) -> tuple[str, ...]:
     """The model ids of a `/v1/models` answer; nothing when it is not that shape."""
     try:

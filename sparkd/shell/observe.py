@@ -1,4 +1,4 @@
-"""Take one snapshot of a cluster: one fact script per host, HTTP to the model, maybe a probe.
+"""Take a cycle's reading of a cluster: one fact script per host, HTTP to the model, maybe a probe.
 
 All hosts are observed concurrently; each is bounded by its own command timeout, so a slow or
 dead host never delays the others beyond that. Failures become classified values here.

@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-MASK = "***"
+from sparkd.core.text import MASK
+
 # A key or token is one line; a file much longer is not one.
 MAX_SECRET_BYTES = 4096
 
@@ -80,12 +81,6 @@ class Redactor:
         if isinstance(value, list | tuple):
             return [self.redact_json(v) for v in value]
         return value
-
-    def forget(self) -> None:
-        with self._lock:
-            self._by_path.clear()
-            self._secrets = ()
-            self._pattern = None
 
 
 def _char_forms(char: str) -> str:

@@ -20,7 +20,7 @@ from sparkd.model.observed import HOST_ERROR_KINDS
 from sparkd.model.plan import PHASES
 from sparkd.model.probe import PROBE_OUTCOMES
 from sparkd.runtime.daemon import Daemon
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import FAST_EXECUTOR, eventually, world_settings
 from tests.ops.tools import tool
 

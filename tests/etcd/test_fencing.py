@@ -17,8 +17,8 @@ import pytest
 
 from sparkd.model import exits
 from sparkd.shell import catalogue
-from sparkd.sim.owned import OwnedCommand
-from sparkd.sim.world import World
+from sparkd_sim.owned import OwnedCommand
+from sparkd_sim.world import World
 from tests.e2e.conftest import eventually, mutations
 from tests.etcd.conftest import EtcdServer
 from tests.etcd.test_two_daemons import (

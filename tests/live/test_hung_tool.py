@@ -12,7 +12,7 @@ from sparkd.model.memory import Memory
 from sparkd.shell import catalogue
 from sparkd.shell.observe import observe, tool_timeout
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.live.conftest import Live, cluster_of
 from tests.sim.conftest import eventually
 

@@ -19,8 +19,8 @@ from sparkd.settings import ClusterSpec
 from sparkd.shell import catalogue
 from sparkd.shell.observe import observe, probe_once
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.timing import Timing
-from sparkd.sim.world import World
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import World
 from tests.live.conftest import cluster_of, live_world, observe_until
 
 MODEL_LOAD = 1.2  # long enough for several observations to see the shards progress

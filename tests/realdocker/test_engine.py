@@ -14,7 +14,7 @@ import pytest
 from sparkd.core import parsers
 from sparkd.core.spec import container_name, ray_spec_hash
 from sparkd.shell import catalogue
-from sparkd.sim import real_docker
+from sparkd_sim import real_docker
 from tests.realdocker.conftest import Tier, start_ray
 
 pytestmark = [pytest.mark.realdocker, pytest.mark.asyncio(loop_scope="module")]

@@ -20,8 +20,8 @@ from sparkd.core import parsers
 from sparkd.core.spec import container_name, ray_spec_hash
 from sparkd.shell import catalogue
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.real_docker import IMAGE
-from sparkd.sim.world import World
+from sparkd_sim.real_docker import IMAGE
+from sparkd_sim.world import World
 from tests.live.conftest import cluster_of
 from tests.realdocker.conftest import FIRST_ADDRESS, Tier
 

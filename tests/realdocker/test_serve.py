@@ -17,7 +17,7 @@ from sparkd.core import parsers
 from sparkd.core.spec import container_name, serve_pid_path
 from sparkd.shell import catalogue
 from sparkd.shell.events import EventWatch
-from sparkd.sim.real_docker import IMAGE
+from sparkd_sim.real_docker import IMAGE
 from tests.realdocker.conftest import Tier, start_ray
 
 pytestmark = [pytest.mark.realdocker, pytest.mark.asyncio(loop_scope="module")]

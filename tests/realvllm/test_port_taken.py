@@ -57,7 +57,7 @@ async def test_a_port_taken_during_the_load_reads_ready_log_refused_port(
         conn = HostConnection(cluster.head, cluster.ssh)
         try:
             channel = opener(conn, cluster)
-            endpoint = await model_http.observe_endpoint(channel, cluster, None, 5)
+            endpoint, _ = await model_http.read_endpoint(channel, cluster, None, 5)
             probe = await model_http.probe(channel, cluster, None)
         finally:
             await conn.close()

@@ -14,8 +14,8 @@ import asyncssh
 import pytest
 
 from sparkd.core import parsers
-from sparkd.sim.timing import Timing
-from sparkd.sim.world import World
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import World
 from tests.sim.conftest import connect, eventually, run
 from tests.sim.steps import (
     HEAD,

@@ -14,8 +14,8 @@ from typing import Any
 
 import asyncssh
 
-from sparkd.sim.state import RayNode
-from sparkd.sim.world import World
+from sparkd_sim.state import RayNode
+from sparkd_sim.world import World
 from tests.sim.conftest import Result, eventually, run
 from tests.sim.steps import (
     HEAD,

@@ -18,9 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sparkd.core import parsers
 from sparkd.core.classify import classify_response, classify_stream
 from sparkd.shell.model_http import parse_vllm_metrics
-from sparkd.sim.protocol import Done
-from sparkd.sim.serve import parse_serve
-from sparkd.sim.vllm_server import ModelBehaviour, SimVllmServer
+from sparkd_sim.protocol import Done
+from sparkd_sim.serve import parse_serve
+from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
 
 REAL = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-real"
 MODEL = "/models/Qwen3.5-122B-A10B-FP8"

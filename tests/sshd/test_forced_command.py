@@ -24,10 +24,10 @@ from sparkd.settings import ClusterSpec, HostSpec, SshSpec
 from sparkd.shell import catalogue, forced, model_http, ray_http
 from sparkd.shell.observe import channel, opener
 from sparkd.shell.ssh import HostConnection, SshFailure
-from sparkd.sim.ray_dashboard import DashboardServer
-from sparkd.sim.state import RayCluster, RayNode
-from sparkd.sim.timing import Timing
-from sparkd.sim.vllm_server import ModelBehaviour, SimVllmServer
+from sparkd_sim.ray_dashboard import DashboardServer
+from sparkd_sim.state import RayCluster, RayNode
+from sparkd_sim.timing import Timing
+from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
 from tests.sshd.conftest import RealSshd, running_sshd
 from tests.toy import reference_cluster
 

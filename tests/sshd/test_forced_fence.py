@@ -142,7 +142,7 @@ async def test_the_owners_sweep_and_refusal_through_the_executors_fence(world: F
 async def test_an_owner_recovers_a_cluster_through_fenced_wrappers(tmp_path: Path) -> None:
     """Every command an HA owner really sends (sweep, reads, fenced actions) passes the
     `[ha]` wrapper of each host, and the cold start converges."""
-    from sparkd.commands import sparkd_spec_labels
+    from sparkd_demo.cli import sparkd_spec_labels
     from tests.e2e.conftest import converge
     from tests.e2e.test_fencing import Owner, fenced_controller, record_path
     from tests.sshd.conftest import openssh_world

@@ -32,7 +32,7 @@ FORBIDDEN_PACKAGES = (
     "sparkd.shell",
     "sparkd.runtime",
     "sparkd.web",
-    "sparkd.sim",
+    "sparkd_sim",
     "sparkd.cli",
     "sparkd.commands",
 )
@@ -64,9 +64,24 @@ def test_model_does_not_import_core() -> None:
         assert not any(n.startswith("sparkd.core") for n in imports(path)), path.name
 
 
-def test_simulator_shares_nothing_with_the_daemon() -> None:
-    for path in sorted((PACKAGE / "sim").rglob("*.py")):
+ROOT = PACKAGE.parent
+
+
+def _tree(name: str) -> list[Path]:
+    return sorted((ROOT / name).rglob("*.py"))
+
+
+@pytest.mark.parametrize("package", ["sparkd_sim"])
+def test_simulator_imports_no_sparkd(package: str) -> None:
+    for path in _tree(package):
         for name in imports(path):
-            assert not name.startswith("sparkd.") or name.startswith("sparkd.sim"), (
-                f"{path.name} imports {name}"
-            )
+            assert name.split(".")[0] != "sparkd", f"{path.relative_to(ROOT)} imports {name}"
+
+
+def test_daemon_imports_no_simulator() -> None:
+    # `sparkd sim` and `sparkd demo` reach sparkd-sim through its entry points, never an import.
+    for path in _tree("sparkd"):
+        for name in imports(path):
+            top = name.split(".")[0]
+            where = path.relative_to(ROOT)
+            assert top not in ("sparkd_sim", "sparkd_demo"), f"{where} imports {name}"

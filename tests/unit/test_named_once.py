@@ -11,7 +11,7 @@ import pytest
 from sparkd.model.plan import ActionKind
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sparkd"
-SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if "sim" not in p.relative_to(PACKAGE).parts)
+SOURCES = sorted(PACKAGE.rglob("*.py"))
 KINDS = set(get_args(ActionKind))
 # Where the action-kind groups live.
 GROUPS_HOME = PACKAGE / "model" / "plan.py"
@@ -69,13 +69,11 @@ def test_a_literal_s_values_are_derived_with_get_args_not_retyped(path: Path) ->
 EXIT_STATUSES = {64, 65, 69, 73, 75, 76, 77, 78, 126}
 EXITS_HOME = PACKAGE / "model" / "exits.py"
 SPEC_HOME = PACKAGE / "core" / "spec.py"
-# Leaves the package with the simulator (it is the demo's, not the daemon's).
-MOVING = {PACKAGE / "demo.py"}
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=_ids(SOURCES))
 def test_exit_statuses_are_named_in_one_module(path: Path) -> None:
-    if path == EXITS_HOME or path in MOVING:
+    if path == EXITS_HOME:
         return
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Return) and isinstance(node.value, ast.Constant):
@@ -90,7 +88,7 @@ def test_exit_statuses_are_named_in_one_module(path: Path) -> None:
 
 @pytest.mark.parametrize("path", SOURCES, ids=_ids(SOURCES))
 def test_container_names_and_short_image_ids_are_made_in_core_spec(path: Path) -> None:
-    if path == SPEC_HOME or path in MOVING:
+    if path == SPEC_HOME:
         return
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.JoinedStr) and len(node.values) > 1:

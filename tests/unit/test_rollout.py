@@ -22,7 +22,7 @@ from sparkd.model.observed import Observed
 from sparkd.model.plan import ActionOutcome, ActionResult, Plan
 from sparkd.model.probe import CheckResult
 from sparkd.settings import ClusterSpec, RolloutCheck
-from sparkd.sim.vllm_logs import EXECUTOR_STEP, engine_failed, missing_weight_files
+from sparkd_sim.vllm_logs import EXECUTOR_STEP, engine_failed, missing_weight_files
 from tests.toy import Toy
 
 ARG_ERROR = (

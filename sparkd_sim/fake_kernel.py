@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from sparkd.sim.protocol import Done, fail
-from sparkd.sim.state import HostState
+from sparkd_sim.protocol import Done, fail
+from sparkd_sim.state import HostState
 
 MEMINFO_PATH = "/proc/meminfo"
 # A GB10 host: 128 GB of unified memory, the kernel's share taken.

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sparkd.sim.world import World
+    from sparkd_sim.world import World
 
 
 class ControlServer:

@@ -19,13 +19,13 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from sparkd.sim import power
-from sparkd.sim.control import send_fault
-from sparkd.sim.timing import Timing
-from sparkd.sim.world import SCENARIOS, World
+from sparkd_sim import power
+from sparkd_sim.contract import SpecLabels
+from sparkd_sim.control import send_fault
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import SCENARIOS, World
 
 FAULTS = (
     "reboot", "unreachable", "blackhole", "heal", "crash-model", "hang-engine", "oom-capture",
@@ -112,9 +112,6 @@ def _fault(args: argparse.Namespace) -> int:
     stream = sys.stdout if answer.get("ok") else sys.stderr
     print(answer.get("message", ""), file=stream)
     return 0 if answer.get("ok") else 1
-
-
-SpecLabels = Callable[[Path], Mapping[str, str]]
 
 
 def world_from(args: argparse.Namespace, spec_labels: SpecLabels | None = None) -> World:

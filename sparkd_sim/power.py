@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sparkd.sim.control import send_power
+from sparkd_sim.control import send_power
 
 
 def _parser() -> argparse.ArgumentParser:

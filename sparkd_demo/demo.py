@@ -25,8 +25,8 @@ from sparkd.runtime.controller import Controller
 from sparkd.runtime.daemon import Daemon
 from sparkd.settings import ClusterSpec, Settings, load_settings
 from sparkd.shell.execute import ExecutorTiming
-from sparkd.sim.timing import Timing
-from sparkd.sim.world import World
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import World
 
 # What to inject for each demo fault: (world fault, role of the host), and when the demo plays
 # the part of the fix that a restart brings on real hardware (the sim keeps faults until healed).

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sparkd.sim.sshd import SimSshHost
+from sparkd_sim.sshd import SimSshHost
 
 # The account sshd logs the world's sessions in as: `nobody` has no login shell, and sshd runs
 # every command (the ForceCommand too) through the account's shell.

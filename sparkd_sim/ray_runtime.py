@@ -12,17 +12,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from sparkd.sim.engine import HostEngine
-from sparkd.sim.protocol import Done, fail
-from sparkd.sim.ray_text import (
+from sparkd_sim.engine import HostEngine
+from sparkd_sim.protocol import Done, fail
+from sparkd_sim.ray_text import (
     LIST_USAGE,
     NO_CLUSTER_STATUS,
     NO_RESOURCE,
     no_cluster_traceback,
     no_dashboard,
 )
-from sparkd.sim.state import Container, DeathKind, RayCluster, RayNode, new_node_id
-from sparkd.sim.timing import Timing
+from sparkd_sim.state import Container, DeathKind, RayCluster, RayNode, new_node_id
+from sparkd_sim.timing import Timing
 
 StatusLayout = Literal["active", "healthy"]
 NodeLost = Callable[[RayCluster, RayNode], None]

@@ -18,7 +18,7 @@ from typing import Any
 
 import asyncssh
 
-from sparkd.sim.owned import OwnedCommand, owner_of
+from sparkd_sim.owned import OwnedCommand, owner_of
 
 log = logging.getLogger(__name__)
 

@@ -29,10 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkd.sim.engine import HostEngine
-from sparkd.sim.protocol import Done
-from sparkd.sim.serve import Held
-from sparkd.sim.state import Container
+from sparkd_sim.engine import HostEngine
+from sparkd_sim.protocol import Done
+from sparkd_sim.serve import Held
+from sparkd_sim.state import Container
 
 # Small: the object store only holds what the placement helper's driver puts there (nothing).
 OBJECT_STORE_BYTES = 100_000_000

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sparkd.sim.vllm_text import FinishReason, Generation, Token, prompt_tokens
+from sparkd_sim.vllm_text import FinishReason, Generation, Token, prompt_tokens
 
 FieldNaming = Literal["reasoning", "both", "reasoning_content"]
 """vLLM >= 0.16 | 0.11-0.15 | < 0.11 and SGLang."""

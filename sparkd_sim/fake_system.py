@@ -6,9 +6,9 @@ import json
 import os
 from collections.abc import Callable
 
-from sparkd.sim.protocol import Done, fail
-from sparkd.sim.reference import MANAGEMENT_INTERFACE
-from sparkd.sim.state import HostState
+from sparkd_sim.protocol import Done, fail
+from sparkd_sim.reference import MANAGEMENT_INTERFACE
+from sparkd_sim.state import HostState
 
 KillPid = Callable[[HostState, int, int], bool]
 """Deliver signal `sig` to simulated PID `pid`; False if there is no such process."""

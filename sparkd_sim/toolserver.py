@@ -8,7 +8,7 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable
 
-from sparkd.sim.protocol import Done, Exec, Reply, Stream, ToolCall
+from sparkd_sim.protocol import Done, Exec, Reply, Stream, ToolCall
 
 log = logging.getLogger(__name__)
 

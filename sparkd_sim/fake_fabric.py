@@ -11,7 +11,7 @@ import fnmatch
 import ipaddress
 from dataclasses import dataclass, field
 
-from sparkd.sim.protocol import Done
+from sparkd_sim.protocol import Done
 
 RDMA_DEVICE = "rocep1s0f0"
 LINK_LOCAL = "fe80:0000:0000:0000:5e3a:82ff:fe19:9a6c"

@@ -16,8 +16,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sparkd.sim.state import Container, GpuProcess, HostState, SimProcess
-from sparkd.sim.timing import Timing
+from sparkd_sim.state import Container, GpuProcess, HostState, SimProcess
+from sparkd_sim.timing import Timing
 
 log = logging.getLogger(__name__)
 

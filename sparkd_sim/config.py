@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from sparkd.sim.reference import INTERFACE, MODEL_ID, QWEN_IMAGE, STALE_UNITS
+from sparkd_sim.reference import INTERFACE, MODEL_ID, QWEN_IMAGE, STALE_UNITS
 
 if TYPE_CHECKING:
-    from sparkd.sim.world import World
+    from sparkd_sim.world import World
 
 
 def _q(value: str) -> str:

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from urllib.parse import parse_qs, urlsplit
 
-from sparkd.sim.state import RayCluster, RayNode
-from sparkd.sim.timing import Timing
+from sparkd_sim.state import RayCluster, RayNode
+from sparkd_sim.timing import Timing
 
 Answer = tuple[int, dict[str, object]]
 # Ray's own default `--dashboard-port`.

@@ -11,10 +11,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from sparkd.sim.fake_fabric import Link
+from sparkd_sim.fake_fabric import Link
 
 if TYPE_CHECKING:
-    from sparkd.sim.timing import Timing
+    from sparkd_sim.timing import Timing
 
 RestartPolicy = Literal["no", "always", "unless-stopped", "on-failure"]
 ContainerStatus = Literal["created", "running", "restarting", "exited"]

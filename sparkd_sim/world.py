@@ -32,24 +32,24 @@ from typing import Any, Literal
 
 import asyncssh
 
-from sparkd.sim import fake_fabric, fake_kernel, fake_system
-from sparkd.sim.checkpoint import shard_name, write_checkpoint
-from sparkd.sim.config import render_config
-from sparkd.sim.control import ControlServer
-from sparkd.sim.engine import HostEngine, graphics_processes, normalize_image
-from sparkd.sim.fake_docker import FakeDocker, image_id
-from sparkd.sim.openssh import OpenSshHost, find_sshd
-from sparkd.sim.owned import OwnedCommand
-from sparkd.sim.protocol import Done, Reply, Stream, ToolCall, fail
-from sparkd.sim.ray_dashboard import DEFAULT_DASHBOARD, DashboardServer
-from sparkd.sim.ray_runtime import RayWorld, StatusLayout
-from sparkd.sim.real_docker import RealDocker
-from sparkd.sim.real_docker import cli as docker_cli
-from sparkd.sim.real_ray import RealRay
-from sparkd.sim.reference import GLM_IMAGE, INTERFACE, MODEL_ID, QWEN_IMAGE, STALE_UNITS
-from sparkd.sim.serve import ModelServer, ServeFaults, ServeProcess, parse_serve
-from sparkd.sim.sshd import SimSshHost
-from sparkd.sim.state import (
+from sparkd_sim import contract, fake_fabric, fake_kernel, fake_system
+from sparkd_sim.checkpoint import shard_name, write_checkpoint
+from sparkd_sim.config import render_config
+from sparkd_sim.control import ControlServer
+from sparkd_sim.engine import HostEngine, graphics_processes, normalize_image
+from sparkd_sim.fake_docker import FakeDocker, image_id
+from sparkd_sim.openssh import OpenSshHost, find_sshd
+from sparkd_sim.owned import OwnedCommand
+from sparkd_sim.protocol import Done, Reply, Stream, ToolCall, fail
+from sparkd_sim.ray_dashboard import DEFAULT_DASHBOARD, DashboardServer
+from sparkd_sim.ray_runtime import RayWorld, StatusLayout
+from sparkd_sim.real_docker import RealDocker
+from sparkd_sim.real_docker import cli as docker_cli
+from sparkd_sim.real_ray import RealRay
+from sparkd_sim.reference import GLM_IMAGE, INTERFACE, MODEL_ID, QWEN_IMAGE, STALE_UNITS
+from sparkd_sim.serve import ModelServer, ServeFaults, ServeProcess, parse_serve
+from sparkd_sim.sshd import SimSshHost
+from sparkd_sim.state import (
     Container,
     GpuProcess,
     HostState,
@@ -60,10 +60,10 @@ from sparkd.sim.state import (
     new_boot_id,
     new_container_id,
 )
-from sparkd.sim.timing import Timing
-from sparkd.sim.toolserver import ToolServer
-from sparkd.sim.vllm_logs import crash_loop_log
-from sparkd.sim.vllm_server import SERVED_KEPT, FieldNaming, ModelBehaviour, Served, SimVllmServer
+from sparkd_sim.timing import Timing
+from sparkd_sim.toolserver import ToolServer
+from sparkd_sim.vllm_logs import crash_loop_log
+from sparkd_sim.vllm_server import SERVED_KEPT, FieldNaming, ModelBehaviour, Served, SimVllmServer
 
 TOOLS = (
     "docker", "systemctl", "nvidia-smi", "ray", "vllm", "ip", "df", "kill", "cat", "sudo",
@@ -304,7 +304,7 @@ class World:
 
     @property
     def config_path(self) -> Path:
-        return self.directory / "sparkd.toml"
+        return self.directory / contract.CONFIG_NAME
 
     @property
     def control_path(self) -> Path:
@@ -509,7 +509,7 @@ class World:
         except KeyError:
             raise RuntimeError(
                 f"no account {self.user!r} for sshd to log sessions in as "
-                "(sparkd.sim.openssh.ensure_login_user creates one)"
+                "(sparkd_sim.openssh.ensure_login_user creates one)"
             ) from None
         if entry.pw_uid == 0:
             raise RuntimeError("sessions must not run as root: the fake tools would not be alone")
@@ -600,7 +600,7 @@ class World:
         for cluster in sorted({h.cluster for h in self.hosts.values()}):
             members = [h for h in self.hosts.values() if h.cluster == cluster]
             head = members[0]
-            labels = {"sparkd.cluster": cluster}
+            labels = {contract.LABEL_CLUSTER: cluster}
             env = {
                 "NCCL_SOCKET_IFNAME": INTERFACE,
                 "GLOO_SOCKET_IFNAME": INTERFACE,
@@ -610,11 +610,11 @@ class World:
             head_start = ["ray", "start", "--block", "--head", f"--node-ip-address={head_ip}"]
             self._create(
                 head,
-                f"sparkd-{cluster}-ray-head",
+                contract.container_name(cluster, "head"),
                 {
                     **labels,
-                    "sparkd.role": "head",
-                    "sparkd.spec": self._spec(cluster, "head", head.name),
+                    contract.LABEL_ROLE: "head",
+                    contract.LABEL_SPEC: self._spec(cluster, "head", head.name),
                 },
                 {**env, "VLLM_HOST_IP": head_ip},
                 [*head_start, "--port=6379", "--dashboard-host=0.0.0.0"],
@@ -623,11 +623,11 @@ class World:
                 worker_start = ["ray", "start", "--block", f"--address={head_ip}:6379"]
                 self._create(
                     worker,
-                    f"sparkd-{cluster}-ray-worker",
+                    contract.container_name(cluster, "worker"),
                     {
                         **labels,
-                        "sparkd.role": "worker",
-                        "sparkd.spec": self._spec(cluster, "worker", worker.name),
+                        contract.LABEL_ROLE: "worker",
+                        contract.LABEL_SPEC: self._spec(cluster, "worker", worker.name),
                     },
                     {**env, "VLLM_HOST_IP": worker.state.data_ip},
                     [*worker_start, f"--node-ip-address={worker.state.data_ip}"],
@@ -643,8 +643,9 @@ class World:
         await asyncio.gather(*self._launches)
 
     def _spec(self, cluster: str, role: str, host: str | None = None) -> str:
-        by_host = self.spec_labels.get(f"{cluster}/host/{host}") if host is not None else None
-        return by_host or self.spec_labels.get(f"{cluster}/{role}", "sim-healthy")
+        key = contract.host_spec_key(cluster, host) if host is not None else None
+        by_host = self.spec_labels.get(key) if key is not None else None
+        return by_host or self.spec_labels.get(contract.spec_key(cluster, role), "sim-healthy")
 
     async def _launch_model(self, head: SimHost, cluster: str, gpus: int) -> None:
         """Start `vllm serve` the way sparkd does, once Ray has every host's GPU."""

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkd.sim.engine import ENTRYPOINT, HostEngine, normalize_image
-from sparkd.sim.formats import (
+from sparkd_sim.engine import ENTRYPOINT, HostEngine, normalize_image
+from sparkd_sim.formats import (
     ago,
     docker_time,
     go_json,
@@ -22,8 +22,8 @@ from sparkd.sim.formats import (
     rfc3339,
     tabwriter,
 )
-from sparkd.sim.protocol import Done, Exec, Reply, Stream, ToolCall, fail
-from sparkd.sim.state import (
+from sparkd_sim.protocol import Done, Exec, Reply, Stream, ToolCall, fail
+from sparkd_sim.state import (
     Container,
     HostState,
     Mount,

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from sparkd.sim.checkpoint import missing_files
-from sparkd.sim.engine import HostEngine
-from sparkd.sim.protocol import Done, Stream, fail
-from sparkd.sim.state import Container, GpuProcess, RayCluster, SimProcess
-from sparkd.sim.timing import Timing
-from sparkd.sim.vllm_logs import (
+from sparkd_sim.checkpoint import missing_files
+from sparkd_sim.engine import HostEngine
+from sparkd_sim.protocol import Done, Stream, fail
+from sparkd_sim.state import Container, GpuProcess, RayCluster, SimProcess
+from sparkd_sim.timing import Timing
+from sparkd_sim.vllm_logs import (
     EXECUTOR_STEP,
     autoscaler_notice,
     compile_lines,

@@ -27,7 +27,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import choose_encoder
 
-from sparkd.sim.vllm_schema import (
+from sparkd_sim.vllm_schema import (
     ENGINE_DEAD_MESSAGE,
     UNAUTHORIZED,
     ChatRequest,
@@ -46,7 +46,7 @@ from sparkd.sim.vllm_schema import (
     sse,
     usage_chunk,
 )
-from sparkd.sim.vllm_text import AnswerStyle, Generation, Token, plan_generation
+from sparkd_sim.vllm_text import AnswerStyle, Generation, Token, plan_generation
 
 __all__ = [
     "BUSY_SEQUENCES",
