@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from sparkd.core import cache, fabric, kernel, parsers, weights
 from sparkd.core.spec import container_name, model_spec_hashes, normalize_image
+from sparkd.core.text import redact
 from sparkd.model.observed import GpuProcess, HostError, HostFacts, RayState, ServeState
 from sparkd.model.sections import FactSection, top_container, top_section
 from sparkd.model.weights import ModelFiles
@@ -301,7 +302,7 @@ def head_extras(
     serve_row = parsers.find_serve(head_rows)
     log = sections.get(FactSection.SERVE_LOG)
     lines = parsers.log_lines(log.body) if log is not None and log.ok else []
-    lines = [parsers.redact(line, secrets) for line in _since_launch(lines)]
+    lines = [redact(line, secrets) for line in _since_launch(lines)]
     mtime_section = sections.get(FactSection.SERVE_LOG_MTIME)
     progress_at: float | None = None
     if mtime_section is not None and mtime_section.ok:

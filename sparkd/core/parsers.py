@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sparkd.core.text import MASK, printable, printable_json
+from sparkd.core.text import printable, printable_json
 from sparkd.model.observed import (
     Container,
     GpuProcess,
@@ -395,29 +395,6 @@ _READY = re.compile(r"Application startup complete|Starting vLLM API server|Uvic
 # notice, a Python warning quoting a RuntimeError) are not failures. Anything else fatal ends
 # the process, and an exited process is the evidence.
 _FATAL = re.compile(r"EngineCore failed to start|Engine core initialization failed|EngineDeadError")
-# Secrets a line may carry that sparkd never read (so the process-wide redactor cannot know
-# them): the value after each prefix is masked. The first are vLLM's and its environment's,
-# masked in every line; the last, `credentials`, what a PDU's or smart plug's client may echo
-# (`password=...`, `token: ...`), masked in the power command's output only: sparkd's own log
-# lines carry `token=N`, the fencing token, which is no secret.
-SECRET_PATTERNS = (
-    re.compile(r"(--api-key[ =])\S+"),
-    re.compile(r"(Authorization:\s*Bearer\s+)\S+", re.I),
-    re.compile(r"((?:VLLM_API_KEY|HF_TOKEN|HUGGING_FACE_HUB_TOKEN|OPENAI_API_KEY)=)\S+"),
-    re.compile(
-        r"(\b(?:password|passwd|pass|token|secret|api[_-]?key|community)\s*[=:]\s*)\S+", re.I
-    ),
-)
-_EVERY_LINE = SECRET_PATTERNS[:-1]
-
-
-def redact(line: str, secrets: Iterable[str] = (), credentials: bool = False) -> str:
-    for secret in secrets:
-        if secret:
-            line = line.replace(secret, MASK)
-    for pattern in SECRET_PATTERNS if credentials else _EVERY_LINE:
-        line = pattern.sub(rf"\1{MASK}", line)
-    return line
 
 
 def log_lines(text: str) -> list[str]:

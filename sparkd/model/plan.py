@@ -120,6 +120,7 @@ class Plan(Value):
 
 
 ActionResult = Literal["ok", "failed", "timeout", "skipped"]
+ACTION_RESULTS: tuple[ActionResult, ...] = get_args(ActionResult)
 
 
 class ActionOutcome(Value):

@@ -13,7 +13,7 @@ import contextlib
 import os
 import signal
 
-from sparkd.core import parsers
+from sparkd.core import text
 from sparkd.settings import PowerSpec
 from sparkd.shell.secrets import redact
 
@@ -34,9 +34,9 @@ def power_argv(spec: PowerSpec, host: str) -> list[str]:
 
 
 def _tail(output: bytes) -> str:
-    text = " ".join(output.decode("utf-8", "replace").split())
+    said = " ".join(output.decode("utf-8", "replace").split())
     # What a PDU's client may echo of its own credentials, then the secrets sparkd holds.
-    return redact(parsers.redact(text, credentials=True))[-OUTPUT_KEPT:]
+    return redact(text.redact(said, credentials=True))[-OUTPUT_KEPT:]
 
 
 async def run_power(argv: list[str], seconds: float) -> str:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkd.core import parsers
+from sparkd.core import parsers, text
 
 SAMPLES = Path(__file__).resolve().parent.parent / "fixtures" / "samples"
 
@@ -190,17 +190,17 @@ def test_load_progress_capture_ready_failed() -> None:
 
 def test_redaction() -> None:
     line = "args: --api-key s3cr3t Authorization: Bearer tok123 VLLM_API_KEY=abc other=x"
-    redacted = parsers.redact(line, ["hunter2"])
+    redacted = text.redact(line, ["hunter2"])
     assert "s3cr3t" not in redacted and "tok123" not in redacted and "abc" not in redacted
-    assert parsers.redact("the key is hunter2", ["hunter2"]) == "the key is ***"
+    assert text.redact("the key is hunter2", ["hunter2"]) == "the key is ***"
 
 
 def test_one_list_of_secret_patterns_masks_what_a_pdu_client_echoes_in_its_output() -> None:
     line = "login token: abc123 community=private1 --api-key=sk-1 max_num_batched_tokens=8192"
-    said = parsers.redact(line, credentials=True)
+    said = text.redact(line, credentials=True)
     assert said == "login token: *** community=*** --api-key=*** max_num_batched_tokens=8192"
     # sparkd's own lines keep the fencing token (`token=N`): it is no secret.
-    assert parsers.redact("fenced token=7 --api-key=sk-1") == "fenced token=7 --api-key=***"
+    assert text.redact("fenced token=7 --api-key=sk-1") == "fenced token=7 --api-key=***"
 
 
 @settings(max_examples=300, deadline=None)

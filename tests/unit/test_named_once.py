@@ -44,25 +44,32 @@ def test_no_module_spells_a_group_of_action_kinds_but_model_plan(path: Path) -> 
             assert len(kinds) < 2, f"{path.name}:{node.lineno} spells the kinds {kinds}"
 
 
+def _literals() -> dict[frozenset[str], str]:
+    """Every `Name = Literal[...]` in the package, by the set of its values."""
+    found: dict[frozenset[str], str] = {}
+    for path in SOURCES:
+        for node in ast.parse(path.read_text()).body:
+            if not (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)):
+                continue
+            value = node.value
+            if isinstance(value, ast.Subscript) and ast.unparse(value.value) == "Literal":
+                values = _strings(value.slice) if isinstance(value.slice, ast.Tuple) else []
+                if len(values) > 1:
+                    found[frozenset(values)] = node.targets[0].id
+    return found
+
+
+LITERALS = _literals()
+
+
 @pytest.mark.parametrize("path", SOURCES, ids=_ids(SOURCES))
 def test_a_literal_s_values_are_derived_with_get_args_not_retyped(path: Path) -> None:
-    tree = ast.parse(path.read_text())
-    literals = {
-        node.targets[0].id
-        for node in tree.body
-        if isinstance(node, ast.Assign)
-        and isinstance(node.targets[0], ast.Name)
-        and isinstance(node.value, ast.Subscript)
-        and isinstance(node.value.value, ast.Name)
-        and node.value.value.id == "Literal"
-    }
-    for node in tree.body:
-        if not (isinstance(node, ast.AnnAssign) and node.value is not None):
+    for node in ast.parse(path.read_text()).body:
+        value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+        if value is None or not isinstance(value, ast.Tuple | ast.List | ast.Set):
             continue
-        annotation = ast.unparse(node.annotation)
-        named = [name for name in literals if annotation == f"tuple[{name}, ...]"]
-        if named and _strings(node.value):
-            pytest.fail(f"{path.name}:{node.lineno} retypes {named[0]}: use typing.get_args")
+        name = LITERALS.get(frozenset(_strings(value)))
+        assert name is None, f"{path.name}:{node.lineno} retypes {name}: use typing.get_args"
 
 
 # sysexits(3) statuses sparkd's commands return, and the fence's: named in model/exits.py.
@@ -102,3 +109,16 @@ def test_container_names_and_short_image_ids_are_made_in_core_spec(path: Path) -
                 a.value for a in node.args if isinstance(a, ast.Constant)
             ] == ["sha256:"]
             assert not stripped, f"{path.name}:{node.lineno} cuts an image ID: use core.spec"
+
+
+CATALOGUE = PACKAGE / "shell" / "catalogue"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_ids(SOURCES))
+def test_remote_commands_are_built_in_the_catalogue_package_only(path: Path) -> None:
+    if path.is_relative_to(CATALOGUE):
+        return
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            called = ast.unparse(node.func)
+            assert called.rpartition(".")[2] != "Remote", f"{path.name}:{node.lineno} builds one"
