@@ -48,6 +48,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check $(PACKAGES) tests bench
 	$(BIN)/ruff format --check $(PACKAGES) tests bench
 	$(BIN)/vulture
+	# The import contracts in pyproject.toml (layers, the simulator independent).
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict $(PACKAGES) bench
@@ -63,4 +65,5 @@ demo: $(STAMP)
 	$(BIN)/sparkd demo $(DEMO_ARGS)
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(BENCH_VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache \
+		.import_linter_cache

@@ -1,7 +1,7 @@
 """`sparkd-sim`: the simulated world (`sparkd-sim --scenario …`, `sparkd-sim fault …`,
 `sparkd-sim power cycle …`) and `sparkd-sim demo`. With this distribution installed, the daemon's
 CLI offers the same as `sparkd sim …` and `sparkd demo` through its `sparkd.commands` entry
-points (see `sparkd.commands.plugin`)."""
+points (see `sparkd.cli.commands.plugin`)."""
 
 from __future__ import annotations
 

@@ -19,11 +19,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.plan import ActionOutcome
 from sparkd.runtime import logs
 from sparkd.runtime.controller import Controller
 from sparkd.runtime.daemon import Daemon
-from sparkd.settings import ClusterSpec, Settings, load_settings
+from sparkd.settings import Settings, load_settings
 from sparkd.shell.execute import ExecutorTiming
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import World

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from sparkd.core import cache, fabric, kernel, parsers, weights
 from sparkd.core.spec import container_name, model_spec_hashes, normalize_image
 from sparkd.core.text import redact
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import GpuProcess, HostError, HostFacts, RayState, ServeState
 from sparkd.model.sections import FactSection, top_container, top_section
+from sparkd.model.spec import HostSpec
 from sparkd.model.weights import ModelFiles
-from sparkd.settings import ClusterSpec, HostSpec
 
 LOG_TAIL_LINES = 20
 REQUIRED_SECTIONS = (FactSection.BOOT_ID, FactSection.CONTAINERS, FactSection.RUNNING)

@@ -16,9 +16,9 @@ import re
 
 from sparkd.core.judge import act
 from sparkd.core.spec import SHORT_ID_DIGITS, container_name, short_image_id
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import CacheEntry, HostFacts
 from sparkd.model.plan import Action
-from sparkd.settings import ClusterSpec
 
 SLUG_MAX = 100
 # An entry sparkd made: image digits, a dash, the model's slug. Never `.` or `..`, never a `/`.

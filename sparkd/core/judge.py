@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory
 from sparkd.model.observed import HostError, HostFacts, Observed
 from sparkd.model.plan import Action, ActionKind, Phase, TriageClass
-from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.model.spec import HostSpec
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,10 @@ from sparkd.core.power import judge_wedged
 from sparkd.core.probe_stage import judge_probe
 from sparkd.core.ray_stage import judge_ray
 from sparkd.core.triage import judge_memory
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import LoadMark, Memory, TokenMark
 from sparkd.model.observed import Observed
 from sparkd.model.plan import MODEL_STARTS, Action, Phase, Plan, TriageClass
-from sparkd.settings import ClusterSpec
 
 # Phase precedence when several stages speak: the earliest names the plan.
 STAGE_ORDER: tuple[Phase, ...] = (

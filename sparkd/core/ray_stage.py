@@ -23,7 +23,7 @@ from sparkd.core.spec import (
 )
 from sparkd.model.observed import Container, RayNode, RayState
 from sparkd.model.plan import MODEL_STARTS, RAY_STARTS, START_MODEL, Action, Plan
-from sparkd.settings import HostSpec
+from sparkd.model.spec import HostSpec
 
 # Docker's figure for a container's start comes from whole seconds of process age. (A node is new
 # when first seen at or after its container started: sparkd records the start of its own

@@ -19,10 +19,11 @@ from typing import Any
 
 from sparkd.core import acceptance, policy
 from sparkd.core.spec import model_spec_hash, model_spec_hashes
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import GoodSpec, Memory, Rollout
 from sparkd.model.observed import Observed
 from sparkd.model.plan import MODEL_STARTS, ActionKind, ActionOutcome, Plan
-from sparkd.settings import ClusterSpec, ModelSpec, RaySpec
+from sparkd.model.spec import ModelSpec, RaySpec
 
 STOPS: frozenset[ActionKind] = MODEL_STARTS | {"restart_ray"}
 

@@ -10,7 +10,8 @@ import hashlib
 import json
 from typing import Any
 
-from sparkd.settings import DEFAULT_DASHBOARD_PORT, ClusterSpec, HostSpec
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.spec import DEFAULT_DASHBOARD_PORT, HostSpec
 
 LABEL_CLUSTER = "sparkd.cluster"
 LABEL_ROLE = "sparkd.role"

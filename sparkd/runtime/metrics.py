@@ -29,11 +29,11 @@ from prometheus_client.registry import Collector
 from sparkd import __version__
 from sparkd.core import kernel
 from sparkd.core.policy import budget_used, counts_as_failure
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import HOST_ERROR_KINDS, KERNEL_KINDS, HostFacts
 from sparkd.model.plan import ACTION_KINDS, ACTION_RESULTS, PHASES, TRIAGE_CLASSES
 from sparkd.model.probe import PROBE_OUTCOMES
 from sparkd.runtime.rollout_metrics import RolloutMetrics
-from sparkd.settings import ClusterSpec
 
 if TYPE_CHECKING:
     from sparkd.runtime.controller import Controller, CycleRecord

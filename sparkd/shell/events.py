@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from sparkd.core.spec import container_prefix
 from sparkd.core.text import printable_json
-from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue
 from sparkd.shell.ssh import SshFailure, SshPool
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from sparkd.core import parsers
 from sparkd.core.assemble import ENGINE_MARKERS
 from sparkd.core.spec import container_name, key_fingerprint, model_spec_hashes, ray_spec_hashes
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.plan import MODEL_STARTS, RAY_STARTS, Action, ActionOutcome, ActionResult, Plan
-from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue
 from sparkd.shell.fencing import HostFence, HostRefused
 from sparkd.shell.power import PowerFailed, power_argv, run_power

@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.exits import FENCE_MISMATCH_EXIT, FENCED_EXIT
-from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue
 from sparkd.shell.catalogue import FenceToken, Remote
 from sparkd.shell.ssh import SshFailure, SshPool

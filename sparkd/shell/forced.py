@@ -20,9 +20,10 @@ import asyncssh
 from sparkd import __version__
 from sparkd.core import cache
 from sparkd.core.spec import SPEC_DIGITS, key_fingerprint, model_spec_hash
-from sparkd.ha.config import INSTANCE
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.exits import FENCE_BUSY_EXIT, FENCE_MISMATCH_EXIT, FENCED_EXIT, REFUSED_EXIT
-from sparkd.settings import ClusterSpec, HostSpec, SshSpec
+from sparkd.model.fields import NAME_PATTERN
+from sparkd.model.spec import HostSpec, SshSpec
 from sparkd.shell import catalogue
 
 WRAPPER_PATH = "/usr/local/sbin/sparkd-forced-command"
@@ -208,7 +209,7 @@ def wrapper(
         fenced_exit=FENCED_EXIT,
         mismatch_exit=FENCE_MISMATCH_EXIT,
         busy_exit=FENCE_BUSY_EXIT,
-        instance=repr(INSTANCE),
+        instance=repr(NAME_PATTERN),
         unfenced=fenced and unfenced,
     )
     return "\n".join(header) + "\n" + body

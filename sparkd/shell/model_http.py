@@ -26,9 +26,9 @@ from sparkd.core.classify import (
     judge_timeout,
 )
 from sparkd.core.text import printable
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import ModelEndpoint
 from sparkd.model.probe import CheckResult, ProbeResult
-from sparkd.settings import ClusterSpec
 
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 Opener = Callable[[], Awaitable[Streams]]

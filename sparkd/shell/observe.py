@@ -20,9 +20,10 @@ from sparkd.core.assemble import (
     withhold_foreign_tail,
 )
 from sparkd.core.spec import key_fingerprint
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import HostFacts, ModelEndpoint, Observed, RayState
 from sparkd.model.probe import CheckResult, ProbeResult
-from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue, model_http, ray_http
 from sparkd.shell.secrets import REDACTOR, SecretFileError, read_secret
 from sparkd.shell.ssh import HostConnection, SshFailure, SshPool

@@ -14,7 +14,7 @@ import os
 import signal
 
 from sparkd.core import text
-from sparkd.settings import PowerSpec
+from sparkd.model.cluster import PowerSpec
 from sparkd.shell.secrets import redact
 
 OUTPUT_KEPT = 600

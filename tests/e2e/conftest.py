@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from sparkd.model.cluster import ClusterSpec
 from sparkd.runtime.controller import Controller
 from sparkd.runtime.state import StateDir
-from sparkd.settings import ClusterSpec, Settings, load_settings
+from sparkd.settings import Settings, load_settings
 from sparkd.shell.execute import ExecutorTiming
 from sparkd.shell.ssh import SshPool
 from sparkd_demo.cli import sparkd_spec_labels

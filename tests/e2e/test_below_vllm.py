@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.cli_api import render_status
+from sparkd.cli.api import render_status
 from sparkd.runtime.daemon import Daemon
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World

@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from sparkd.model.cluster import ClusterSpec
 from sparkd.runtime.controller import Controller
-from sparkd.settings import ClusterSpec
 from sparkd.shell import catalogue, forced
 from sparkd.shell.catalogue import FenceToken
 from sparkd.shell.fencing import HostFence

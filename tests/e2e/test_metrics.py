@@ -15,7 +15,7 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from sparkd import __version__
-from sparkd.cli_api import render_status
+from sparkd.cli.api import render_status
 from sparkd.model.observed import HOST_ERROR_KINDS
 from sparkd.model.plan import PHASES
 from sparkd.model.probe import PROBE_OUTCOMES

@@ -11,11 +11,11 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from sparkd.core import rollout
+from sparkd.model.cluster import RolloutCheck
 from sparkd.model.plan import Plan
 from sparkd.runtime.controller import Controller
 from sparkd.runtime.daemon import Daemon
 from sparkd.runtime.state import StateDir
-from sparkd.settings import RolloutCheck
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
 from tests.e2e.conftest import (

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from sparkd.core.classify import EngineLoad
-from sparkd.settings import ClusterSpec
+from sparkd.model.cluster import ClusterSpec
 from sparkd.shell import model_http
 from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
 from tests.toy import reference_cluster

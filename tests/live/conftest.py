@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import Observed
-from sparkd.settings import ClusterSpec, load_settings
+from sparkd.settings import load_settings
 from sparkd.shell.observe import observe
 from sparkd.shell.ssh import SshPool
 from sparkd_demo.cli import sparkd_spec_labels

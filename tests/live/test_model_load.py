@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from sparkd.core.spec import key_fingerprint, model_spec_hash, serve_log_path
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory
 from sparkd.model.observed import Observed
 from sparkd.model.snapshot import dump_snapshot
-from sparkd.settings import ClusterSpec
 from sparkd.shell import catalogue
 from sparkd.shell.observe import observe, probe_once
 from sparkd.shell.ssh import SshPool

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.probe import ProbeOutcome, ProbeResult
-from sparkd.settings import ClusterSpec
 from sparkd.shell.observe import observe, probe_once
 from sparkd.shell.ssh import SshPool
 from sparkd_demo.cli import sparkd_spec_labels

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import pytest
 import pytest_asyncio
 
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import RayState
-from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue
 from sparkd.shell.observe import HostReading, read_host
 from sparkd.shell.ssh import HostConnection, SshFailure, SshPool

@@ -19,8 +19,9 @@ import pytest
 
 from sparkd.core import parsers
 from sparkd.model import exits
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import RayState
-from sparkd.settings import ClusterSpec, HostSpec, SshSpec
+from sparkd.model.spec import HostSpec, SshSpec
 from sparkd.shell import catalogue, forced, model_http, ray_http
 from sparkd.shell.observe import channel, opener
 from sparkd.shell.ssh import HostConnection, SshFailure

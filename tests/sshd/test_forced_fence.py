@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from sparkd.model import exits
-from sparkd.settings import ClusterSpec, HostSpec, SshSpec
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.spec import HostSpec, SshSpec
 from sparkd.shell import catalogue, forced
 from sparkd.shell.catalogue import FenceToken
 from sparkd.shell.fencing import HostFence, HostRefused

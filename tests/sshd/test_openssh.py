@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from sparkd.core import parsers
-from sparkd.settings import ClusterSpec, HostSpec, SshSpec
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.spec import HostSpec, SshSpec
 from sparkd.shell import catalogue, model_http
 from sparkd.shell.observe import opener, read_host
 from sparkd.shell.ssh import HostConnection, SshFailure

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from sparkd.core import cache, parsers
 from sparkd.core.planner import plan
 from sparkd.core.spec import container_name, model_spec_hashes, ray_spec_hash, ray_spec_hashes
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Attempt, Memory
 from sparkd.model.observed import CacheEntry, HostFacts, Observed
 from sparkd.model.plan import Plan
-from sparkd.settings import ClusterSpec
 from sparkd.shell import catalogue
 from tests.toy import Toy, reference_cluster
 from tests.unit.test_forced_command import decide

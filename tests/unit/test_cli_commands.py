@@ -81,7 +81,7 @@ def test_sim_options_reach_the_simulator() -> None:
 def test_sim_and_demo_without_the_simulator_say_how_to_get_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sparkd import commands
+    from sparkd.cli import commands
 
     monkeypatch.setattr(commands, "entry_points", lambda **_: ())
     for name in ("sim", "demo"):
@@ -123,7 +123,7 @@ def test_plan_and_probe_start_without_the_daemon_or_the_web_stack() -> None:
     import sys
 
     code = (
-        "import sys; import sparkd.cli_live; "
+        "import sys; import sparkd.cli.live; "
         "print(sorted(m for m in ('aiohttp', 'sparkd.runtime.daemon', 'sparkd.web.app', "
         "'sparkd.runtime.controller') if m in sys.modules))"
     )

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from sparkd.core import parsers
 from sparkd.core.assemble import docker_failure, head_extras, host_facts, unreadable
 from sparkd.core.spec import container_name
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.sections import FactSection, top_container
-from sparkd.settings import ClusterSpec
 from sparkd.shell import catalogue
 from tests.toy import T0, reference_cluster
 

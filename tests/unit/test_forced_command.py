@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkd.model import exits
-from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue, forced
 from tests.toy import EXAMPLE_CONFIG, reference_cluster
 

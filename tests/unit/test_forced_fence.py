@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from sparkd.model import exits
-from sparkd.settings import ClusterSpec
+from sparkd.model.cluster import ClusterSpec
 from sparkd.shell import catalogue, forced
 from sparkd.shell.catalogue import FenceToken
 from tests.toy import reference_cluster

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from sparkd.core import rollout, weights
 from sparkd.core.assemble import _model_files
 from sparkd.core.parsers import parse_sections
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import Observed
 from sparkd.model.plan import MODEL_STARTS
 from sparkd.model.weights import ModelFiles, WeightIndex
-from sparkd.settings import ClusterSpec
 from sparkd.shell import catalogue, ssh
 from sparkd.shell.catalogue.reads import _SECTION_FUNCTION
 from tests.toy import Toy, reference_cluster

@@ -12,7 +12,8 @@ script and the other reads), `actions` (what changes a host) and `fence` (HA's h
 from __future__ import annotations
 
 from sparkd.core.spec import container_name
-from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.spec import HostSpec
 from sparkd.shell.catalogue.actions import (
     API_KEY_FILE,
     CACHE_STAND_IN,

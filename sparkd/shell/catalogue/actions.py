@@ -22,7 +22,8 @@ from sparkd.core.spec import (
     serve_pid_path,
     serve_spec_path,
 )
-from sparkd.settings import DEFAULT_DASHBOARD_PORT, ClusterSpec, HostSpec
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.spec import DEFAULT_DASHBOARD_PORT, HostSpec
 from sparkd.shell.catalogue.remote import Remote, cmd, sudo, timed
 
 API_KEY_FILE = "api_key"

@@ -14,8 +14,9 @@ from sparkd.core.spec import (
     serve_log_path,
     serve_spec_path,
 )
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.sections import FactSection, top_section
-from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.model.spec import HostSpec
 from sparkd.shell.catalogue.remote import Remote, cmd, timed, tool_timeout
 
 # A `docker events` stream is renewed this often, so no remote process outlives sparkd by more.

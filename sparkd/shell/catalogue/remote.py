@@ -7,7 +7,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sparkd.settings import ClusterSpec
+from sparkd.model.cluster import ClusterSpec
 
 KILL_GRACE = 2
 

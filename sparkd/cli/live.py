@@ -12,14 +12,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sparkd.commands import render_plan
+from sparkd.cli.output import render_plan
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.exits import EX_CONFIG, EX_TEMPFAIL, EX_USAGE
 from sparkd.model.observed import ModelEndpoint
 from sparkd.model.plan import Plan
 from sparkd.model.probe import ProbeResult
 from sparkd.runtime import logs
 from sparkd.runtime.state import LockHeld, StateDir
-from sparkd.settings import ClusterSpec, Settings
+from sparkd.settings import Settings
 from sparkd.shell import catalogue, forced, power, secrets
 from sparkd.shell.observe import observe, probe_once
 from sparkd.shell.ssh import SshPool

@@ -13,15 +13,11 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"sparkd {__version__}")
         return 0
-    from sparkd import cli_api
+    from sparkd.cli import api
 
-    if args[:1] and args[0] in cli_api.COMMANDS:
+    if args[:1] and args[0] in api.COMMANDS:
         # The daemon's API only: none of the settings model, SSH or the planner.
-        return cli_api.run(args)
-    from sparkd.commands import dispatch
+        return api.run(args)
+    from sparkd.cli.commands import dispatch
 
     return dispatch(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -13,10 +13,12 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from sparkd import __version__, cli_api
+from sparkd import __version__
+from sparkd.cli import api
+from sparkd.cli.output import render_plan
+from sparkd.config_file import config_path
 from sparkd.model.exits import EX_CONFIG, EX_DATAERR, EX_USAGE
-from sparkd.model.plan import Plan
-from sparkd.settings import ConfigError, Settings, config_path, load_settings
+from sparkd.settings import ConfigError, Settings, cron_trigger, load_settings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     _config_flag(run)
     run.add_argument("--dry-run", action="store_true", help="observe and plan, change nothing")
 
-    cli_api.add_commands(sub)
+    api.add_commands(sub)
 
     commands = sub.add_parser("commands", help="every remote command sparkd may run")
     _config_flag(commands)
@@ -107,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-_config_flag = cli_api.config_flag
+_config_flag = api.config_flag
 
 
 PLUGIN_COMMANDS = {
@@ -148,14 +150,14 @@ def dispatch(argv: Sequence[str]) -> int:
         return known_hosts_scan(args.config, args.accept)
     if args.command == "ha":
         return ha_refence(args.config, args.cluster)
-    if args.command in cli_api.COMMANDS:
-        return cli_api.main(args)
-    from sparkd import cli_live
+    if args.command in api.COMMANDS:
+        return api.main(args)
+    from sparkd.cli import live
 
     settings = _settings(args.config)
     if isinstance(settings, int):
         return settings
-    return cli_live.main(args, settings, config_path(args.config))
+    return live.main(args, settings, config_path(args.config))
 
 
 # C0 and C1 controls, DEL, and the bidirectional overrides and isolates: a terminal acts on them.
@@ -185,7 +187,7 @@ def known_hosts_scan(explicit: str | None, accept: bool) -> int:
 
     from sparkd.shell import known_hosts
 
-    return asyncio.run(known_hosts.scan(settings, accept, sys.stdout, sys.stderr))
+    return asyncio.run(known_hosts.scan(settings.clusters, accept, sys.stdout, sys.stderr))
 
 
 def ha_refence(explicit: str | None, cluster: str) -> int:
@@ -196,7 +198,9 @@ def ha_refence(explicit: str | None, cluster: str) -> int:
 
     from sparkd.ha.refence import refence
 
-    return asyncio.run(refence(settings, cluster, sys.stdout, sys.stderr))
+    return asyncio.run(
+        refence(settings.ha, settings.cluster(cluster), cluster, sys.stdout, sys.stderr)
+    )
 
 
 def check_config(explicit: str | None) -> int:
@@ -221,7 +225,7 @@ def check_config(explicit: str | None) -> int:
             f"pp={cluster.model.pipeline_parallel_size}); image {cluster.ray.image}"
         ))  # fmt: skip
         for spec in cluster.maintenance:
-            trigger = spec.trigger()
+            trigger = cron_trigger(spec)
             first = trigger.get_next_fire_time(None, datetime.now(trigger.timezone))
             opens = first.isoformat(timespec="minutes") if first is not None else "never"
             print(printable(
@@ -274,15 +278,3 @@ def plan_from_snapshot(explicit: str | None, snapshot: Path, as_json: bool, dry_
     else:
         print(render_plan(result))
     return 0
-
-
-def render_plan(result: Plan) -> str:
-    state = "converged" if result.converged else "not converged"
-    lines = [f"{result.cluster}: {result.phase} ({state}): {result.reason}"]
-    for number, action in enumerate(result.actions, 1):
-        lines.append(f"  {number}. {action.kind} {action.target} on {action.host}: {action.reason}")
-    for action in result.withheld:
-        lines.append(f"  -  {action.kind} {action.target} on {action.host} (withheld)")
-    if not result.actions and not result.withheld:
-        lines.append("  nothing to do")
-    return "\n".join(lines)

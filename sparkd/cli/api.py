@@ -158,7 +158,7 @@ def _control(url: str, args: argparse.Namespace, daemon: DaemonAddress) -> int:
     if args.command == "pause":
         body["reason"] = args.reason
         if args.duration:
-            from sparkd.settings import parse_duration
+            from sparkd.model.duration import parse_duration
 
             try:
                 body["for_seconds"] = parse_duration(args.duration)
