@@ -34,9 +34,6 @@ from sparkd.model.cluster import ClusterSpec, MaintenanceSpec
 from sparkd.model.fields import own_directory, unique
 from sparkd.model.spec import HostSpec
 
-EX_CONFIG = 78
-EX_CANTCREAT = 73
-
 
 class DaemonSettings(Value):
     listen: str = "127.0.0.1:9810"

@@ -18,12 +18,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from sparkd.config_file import DaemonAddress, config_path, daemon_address
+from sparkd.model.exits import EX_NOPERM, EX_UNAVAILABLE, EX_USAGE
 
 BAR = 20
 COMMANDS = ("status", "pause", "resume", "reconcile", "rollout")
 # As long as the whole request may take (connect, send, answer).
 TIMEOUT = 15.0
-EX_UNAVAILABLE = 69
 
 
 def config_flag(parser: argparse.ArgumentParser) -> None:
@@ -152,7 +152,7 @@ def _control(url: str, args: argparse.Namespace, daemon: DaemonAddress) -> int:
             token = read_secret(token_file)
         except SecretFileError as exc:
             print(f"sparkd {args.command}: {exc}", file=sys.stderr)
-            return 77
+            return EX_NOPERM
         headers["Authorization"] = f"Bearer {token}"
     body: dict[str, Any] = {"by": getpass.getuser()}
     if args.command == "pause":
@@ -164,7 +164,7 @@ def _control(url: str, args: argparse.Namespace, daemon: DaemonAddress) -> int:
                 body["for_seconds"] = parse_duration(args.duration)
             except ValueError as exc:
                 print(f"sparkd pause: {exc}", file=sys.stderr)
-                return 64
+                return EX_USAGE
     name = urllib.parse.quote(args.cluster, safe="")
     verb = args.command
     if verb == "rollout":

@@ -15,11 +15,10 @@ from pydantic import ValidationError
 
 from sparkd import __version__
 from sparkd.cli import api
-from sparkd.cli.output import EX_USAGE, render_plan
+from sparkd.cli.output import render_plan
 from sparkd.config_file import config_path
-from sparkd.settings import EX_CONFIG, ConfigError, Settings, cron_trigger, load_settings
-
-EX_DATAERR = 65
+from sparkd.model.exits import EX_CONFIG, EX_DATAERR, EX_USAGE
+from sparkd.settings import ConfigError, Settings, cron_trigger, load_settings
 
 
 def _parser() -> argparse.ArgumentParser:

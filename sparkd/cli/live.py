@@ -12,19 +12,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sparkd.cli.output import EX_USAGE, render_plan
+from sparkd.cli.output import render_plan
 from sparkd.model.cluster import ClusterSpec
+from sparkd.model.exits import EX_CONFIG, EX_TEMPFAIL, EX_USAGE
 from sparkd.model.observed import ModelEndpoint
 from sparkd.model.plan import Plan
 from sparkd.model.probe import ProbeResult
 from sparkd.runtime import logs
 from sparkd.runtime.state import LockHeld, StateDir
-from sparkd.settings import EX_CONFIG, Settings
+from sparkd.settings import Settings
 from sparkd.shell import catalogue, forced, power, secrets
 from sparkd.shell.observe import observe, probe_once
 from sparkd.shell.ssh import SshPool
-
-EX_TEMPFAIL = 75
 
 
 def main(args: argparse.Namespace, settings: Settings, config: Path) -> int:
@@ -128,7 +127,7 @@ async def probe(settings: Settings, name: str | None, as_json: bool) -> int:
     cluster = _cluster(settings, name)
     if cluster is None:
         print(f"no cluster named {name!r}", file=sys.stderr)
-        return 64
+        return EX_USAGE
     pool = SshPool()
     try:
         result = await probe_once(cluster, pool)

@@ -1,12 +1,9 @@
-"""What both the commands without a daemon and those on the hosts print, and their usage exit
-code: `commands` loads `live` only when a command reaches the hosts, and `live` needs this much
-of it."""
+"""What both the commands without a daemon and those on the hosts print: `commands` loads
+`live` only when a command reaches the hosts, and `live` needs this much of it."""
 
 from __future__ import annotations
 
 from sparkd.model.plan import Plan
-
-EX_USAGE = 64
 
 
 def render_plan(result: Plan) -> str:

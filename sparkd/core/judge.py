@@ -16,19 +16,6 @@ from sparkd.model.observed import HostError, HostFacts, Observed
 from sparkd.model.plan import Action, ActionKind, Phase, TriageClass
 from sparkd.model.spec import HostSpec
 
-RAY_STARTS: frozenset[ActionKind] = frozenset({"start_ray_head", "start_ray_worker", "restart_ray"})
-MODEL_STARTS: frozenset[ActionKind] = frozenset({"start_model", "restart_model"})
-START_MODEL: frozenset[ActionKind] = frozenset({"start_model"})
-EVERYTHING: frozenset[ActionKind] = frozenset(
-    {
-        "stop_unit",
-        "remove_container",
-        "kill_gpu_process",
-        *RAY_STARTS,
-        *MODEL_STARTS,
-    }
-)
-
 
 @dataclass(frozen=True)
 class Hold:

@@ -33,7 +33,7 @@ from sparkd.core.triage import judge_memory
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import LoadMark, Memory, TokenMark
 from sparkd.model.observed import Observed
-from sparkd.model.plan import Action, Phase, Plan, TriageClass
+from sparkd.model.plan import MODEL_STARTS, Action, Phase, Plan, TriageClass
 
 # Phase precedence when several stages speak: the earliest names the plan.
 STAGE_ORDER: tuple[Phase, ...] = (
@@ -232,7 +232,7 @@ def plan(
 def _spent(draft: _Draft, memory: Memory, desired: ClusterSpec, now: float) -> str | None:
     """A model start whose budget is spent: the new spec (or the rollback) ran out of tries."""
     for action in draft.actions:
-        if action.kind not in ("start_model", "restart_model"):
+        if action.kind not in MODEL_STARTS:
             continue
         used = policy.budget_used(memory, action.key, desired.policy, now)
         if used >= desired.policy.budget:
@@ -255,7 +255,7 @@ def _rollback(
     # Its own budget: the failed spec's attempts (maybe all of them) are not the rollback's.
     back.actions = [
         a.model_copy(update={"subject": f"{a.target} rollback to {steer.good_hash}"})
-        if a.kind in ("start_model", "restart_model")
+        if a.kind in MODEL_STARTS
         else a
         for a in back.actions
     ]

@@ -16,10 +16,25 @@ from sparkd.model.spec import DEFAULT_DASHBOARD_PORT, HostSpec
 LABEL_CLUSTER = "sparkd.cluster"
 LABEL_ROLE = "sparkd.role"
 LABEL_SPEC = "sparkd.spec"
+# Every container sparkd makes is named `sparkd-CLUSTER-...` (and labelled LABEL_CLUSTER).
+CONTAINER_PREFIX = "sparkd-"
+# Docker's short image ID: the first hex digits of `sha256:...`, as `docker images` shows it.
+SHORT_ID_DIGITS = 12
+# Hex digits of a spec hash (the container label, the file beside the serve log).
+SPEC_DIGITS = 12
+
+
+def container_prefix(cluster: ClusterSpec) -> str:
+    """What the names of the cluster's containers start with."""
+    return f"{CONTAINER_PREFIX}{cluster.name}-"
 
 
 def container_name(cluster: ClusterSpec, host: HostSpec) -> str:
-    return f"sparkd-{cluster.name}-ray-{host.role}"
+    return f"{container_prefix(cluster)}ray-{host.role}"
+
+
+def short_image_id(image_id: str) -> str:
+    return image_id.removeprefix("sha256:")[:SHORT_ID_DIGITS]
 
 
 def serve_log_path(cluster: ClusterSpec) -> str:
@@ -36,7 +51,7 @@ def serve_pid_path(cluster: ClusterSpec) -> str:
 
 def _digest(value: Any) -> str:
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return hashlib.sha256(text.encode()).hexdigest()[:SPEC_DIGITS]
 
 
 def ray_spec_hash(cluster: ClusterSpec, host: HostSpec) -> str:

@@ -15,12 +15,11 @@ from typing import TextIO
 from sparkd.ha.config import HaSpec
 from sparkd.ha.etcd import EtcdClient, EtcdError, EtcdUnavailable
 from sparkd.model.cluster import ClusterSpec
+from sparkd.model.exits import EX_UNAVAILABLE, EX_USAGE
 from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue
 from sparkd.shell.catalogue import FenceToken
 from sparkd.shell.ssh import SshFailure, SshPool
-
-EX_UNAVAILABLE = 69
 
 
 async def owner_token(ha: HaSpec, cluster: str) -> FenceToken | str:
@@ -64,7 +63,7 @@ async def refence(
     if ha is None or cluster is None:
         why = "the config has no [ha] section" if ha is None else f"no cluster {name!r}"
         print(f"sparkd ha refence: {why}", file=err)
-        return 64
+        return EX_USAGE
     fence = await owner_token(ha, name)
     if isinstance(fence, str):
         print(f"sparkd ha refence: {fence}", file=err)

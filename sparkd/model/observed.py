@@ -8,7 +8,7 @@ that could not be reached carries a classified `HostError`. Each field's meaning
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -19,15 +19,7 @@ from sparkd.model.weights import ModelFiles
 HostErrorKind = Literal[
     "unreachable", "refused", "timeout", "auth", "host_key", "conn_lost", "exit_nonzero"
 ]
-HOST_ERROR_KINDS: tuple[HostErrorKind, ...] = (
-    "unreachable",
-    "refused",
-    "timeout",
-    "auth",
-    "host_key",
-    "conn_lost",
-    "exit_nonzero",
-)
+HOST_ERROR_KINDS: tuple[HostErrorKind, ...] = get_args(HostErrorKind)
 
 
 class HostError(Value):
@@ -105,14 +97,7 @@ class Interface(Value):
 KernelKind = Literal[
     "xid", "nv_no_memory", "aer_fatal", "mlx5_pci_error", "soft_lockup", "oom_kill"
 ]
-KERNEL_KINDS: tuple[KernelKind, ...] = (
-    "xid",
-    "nv_no_memory",
-    "aer_fatal",
-    "mlx5_pci_error",
-    "soft_lockup",
-    "oom_kill",
-)
+KERNEL_KINDS: tuple[KernelKind, ...] = get_args(KernelKind)
 
 
 class KernelEvent(Value):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field
 
@@ -21,19 +21,7 @@ ProbeOutcome = Literal[
     "timeout",
     "not_run",
 ]
-PROBE_OUTCOMES: tuple[ProbeOutcome, ...] = (
-    "answer",
-    "reasoning_only",
-    "no_answer",
-    "aborted",
-    "empty",
-    "malformed",
-    "http_error",
-    "garbled",
-    "refused",
-    "timeout",
-    "not_run",
-)
+PROBE_OUTCOMES: tuple[ProbeOutcome, ...] = get_args(ProbeOutcome)
 # `reasoning_only` is healthy only as a spent budget (the classifier checks it); `no_answer` is
 # a turn that ended with reasoning and no content (a reasoning-parser or chat-template fault),
 # `aborted` a turn the server cut short (finish_reason `abort`, or an error streamed mid-answer).

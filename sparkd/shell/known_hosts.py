@@ -27,8 +27,8 @@ import asyncssh
 from asyncssh.pattern import HostPatternList
 
 from sparkd.model.cluster import ClusterSpec
+from sparkd.model.exits import EX_UNAVAILABLE
 
-EX_UNAVAILABLE = 69
 SCAN_TIMEOUT = 10.0
 
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.core.assemble import (
     HeadExtras,
     head_extras,
@@ -128,7 +128,7 @@ async def read_host(
 
 async def _sections(
     conn: HostConnection, script: catalogue.Remote, seconds: float
-) -> dict[str, facts.Section] | HostFacts:
+) -> dict[str, parsers.Section] | HostFacts:
     """The script's sections, or the host's failure (a HostFacts with its error)."""
     try:
         result = await conn.run(script.command, timeout=seconds)
@@ -137,7 +137,7 @@ async def _sections(
         if failure.kind != "exit_nonzero" or failure.result is None:
             return HostFacts(name="", error=failure.error)
         output = failure.result.stdout  # sections carry their own exit codes
-    return facts.parse_sections(output)
+    return parsers.parse_sections(output)
 
 
 async def observe(

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.core.assemble import ENGINE_MARKERS
 from sparkd.core.classify import classify_response
 from sparkd.core.planner import plan
@@ -55,7 +55,7 @@ async def watch_load(reached: Reached, looks: list[Look]) -> None:
     while True:
         endpoint, _ = await model_http.read_endpoint(reached.opener(), reached.cluster, None, 5)
         text = server.log.read_text(errors="replace") if server.log.exists() else ""
-        progress = facts.parse_load_progress(facts.log_lines(text), None)
+        progress = parsers.parse_load_progress(parsers.log_lines(text), None)
         looks.append(Look(time.monotonic(), endpoint.status, progress.stage, progress.percent))
         if endpoint.serves(reached.cluster.model.served_name):
             return
@@ -96,7 +96,7 @@ async def test_the_load_refuses_until_ready_and_the_real_log_reads_as_progress(
     assert [order.index(s) for s in stages] == sorted(order.index(s) for s in stages), stages
     assert stages[-1] == "ready"
     text = plain.server.log.read_text(errors="replace")
-    lines = facts.log_lines(text)
+    lines = parsers.log_lines(text)
     weights = [ln for ln in lines if "Loading safetensors checkpoint shards" in ln]
     assert weights and "100% Completed" in weights[-1]
     # The real ready lines, as they are printed (vLLM 0.32 has no `Uvicorn running on`).
@@ -276,8 +276,8 @@ async def test_a_killed_api_server_leaves_its_engine_running_as_orphans(keyed: R
     left = server.members()
     assert set(engines) <= set(left), ([args_of(p) for p in engines], [args_of(p) for p in left])
     rows = "\n".join(f"{pid} 10 5 {args_of(pid)}" for pid in left if args_of(pid))
-    top = facts.parse_docker_top("PID ELAPSED TIME COMMAND\n" + rows)
-    assert facts.find_serve(top) is None
+    top = parsers.parse_docker_top("PID ELAPSED TIME COMMAND\n" + rows)
+    assert parsers.find_serve(top) is None
     # sparkd knows the real engine by its process title, as it reads it from `docker top`.
     engine = [r for r in top if any(marker in r.args for marker in ENGINE_MARKERS)]
     assert any(row.args == "VLLM::EngineCore" for row in engine), [r.args for r in top]

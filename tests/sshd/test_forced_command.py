@@ -17,7 +17,8 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from sparkd.core import facts
+from sparkd.core import parsers
+from sparkd.model import exits
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import RayState
 from sparkd.model.spec import HostSpec, SshSpec
@@ -147,7 +148,7 @@ async def run(conn: HostConnection, command: str, stdin: str | None = None) -> t
 
 
 def lets_through(exit_status: int, output: str) -> bool:
-    return exit_status != forced.REFUSED_EXIT and "sparkd forced command" not in output
+    return exit_status != exits.REFUSED_EXIT and "sparkd forced command" not in output
 
 
 async def test_the_catalogues_commands_pass_and_the_tools_run(world: Forced) -> None:
@@ -161,7 +162,7 @@ async def test_the_catalogues_commands_pass_and_the_tools_run(world: Forced) -> 
             conn, catalogue.fact_script(cluster, host, t, read_ray=False).command
         )
         assert lets_through(status, output), output
-        sections = facts.parse_sections(output)
+        sections = parsers.parse_sections(output)
         assert sections["boot_id"].ok and sections["now"].ok
         assert {"containers", "gpu_apps", "running", "serve_spec"} <= set(sections)
 
@@ -218,7 +219,7 @@ async def test_anything_else_is_refused_naming_only_its_first_word(world: Forced
     try:
         for command, first in refused.items():
             status, output = await run(conn, command)
-            assert status == forced.REFUSED_EXIT, (command, output)
+            assert status == exits.REFUSED_EXIT, (command, output)
             assert output == f"sparkd forced command: refused {first}\n", (command, output)
     finally:
         await conn.close()

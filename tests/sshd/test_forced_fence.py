@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkd.model import exits
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.spec import HostSpec, SshSpec
 from sparkd.shell import catalogue, forced
@@ -90,7 +91,7 @@ async def test_behind_the_wrapper_an_older_token_is_refused_over_ssh(world: Fenc
     kill = catalogue.kill_process(cluster, 4100, "TERM", seconds)
     conn = HostConnection(host, cluster.ssh)
     try:
-        assert (await status(conn, kill.command))[0] == forced.REFUSED_EXIT  # bare: refused
+        assert (await status(conn, kill.command))[0] == exits.REFUSED_EXIT  # bare: refused
         code, err = await status(conn, catalogue.fenced(kill, token(world, 12), seconds).command)
         assert code == 0, err
         assert calls(world) == ["kill -TERM 4100"]
@@ -98,7 +99,7 @@ async def test_behind_the_wrapper_an_older_token_is_refused_over_ssh(world: Fenc
         assert record.read_text() == f"12 {ETCD} ops-a\n"
         stale = catalogue.fenced(kill, token(world, 11, "ops-b"), seconds).command
         code, err = await status(conn, stale)
-        assert code == catalogue.FENCED_EXIT
+        assert code == exits.FENCED_EXIT
         assert "refused token 11 < 12 (ops-a)" in err
         assert calls(world) == ["kill -TERM 4100"]  # nothing ran
     finally:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.spec import HostSpec, SshSpec
 from sparkd.shell import catalogue, model_http
@@ -141,7 +141,7 @@ async def test_fact_script_on_a_host_without_docker_is_an_error(sshd: RealSshd) 
         )
     finally:
         await conn.close()
-    sections = facts.parse_sections(result.stdout)
+    sections = parsers.parse_sections(result.stdout)
     assert sections["boot_id"].ok
     assert sections["boot_id"].body.strip() == this_boot_id()
     assert not sections["containers"].ok

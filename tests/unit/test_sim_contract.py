@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from sparkd.core import spec
+from sparkd.model import exits
 from sparkd.settings import load_settings
 from sparkd_demo.cli import sparkd_spec_labels
-from sparkd_sim import contract
+from sparkd_sim import contract, owned
 from tests.toy import EXAMPLE_CONFIG
 
 
@@ -38,3 +39,8 @@ def test_spec_labels_carry_sparkds_hashes_under_the_contracts_keys() -> None:
         for host in cluster.hosts:
             key = contract.host_spec_key(cluster.name, host.name)
             assert labels[key] == spec.ray_spec_hash(cluster, host)
+
+
+def test_the_fence_refusals_the_simulator_knows_are_sparkds_exit_statuses() -> None:
+    sparkds = {exits.FENCED_EXIT, exits.FENCE_MISMATCH_EXIT, exits.FENCE_BUSY_EXIT}
+    assert set(owned.FENCE_REFUSALS) == sparkds

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sparkd.core.text import MASK, printable, printable_json
+from sparkd.core.text import printable, printable_json
 from sparkd.model.observed import (
     Container,
     GpuProcess,
@@ -395,20 +395,6 @@ _READY = re.compile(r"Application startup complete|Starting vLLM API server|Uvic
 # notice, a Python warning quoting a RuntimeError) are not failures. Anything else fatal ends
 # the process, and an exited process is the evidence.
 _FATAL = re.compile(r"EngineCore failed to start|Engine core initialization failed|EngineDeadError")
-_SECRET_PATTERNS = (
-    re.compile(r"(--api-key[ =])\S+"),
-    re.compile(r"(Authorization:\s*Bearer\s+)\S+", re.I),
-    re.compile(r"((?:VLLM_API_KEY|HF_TOKEN|HUGGING_FACE_HUB_TOKEN|OPENAI_API_KEY)=)\S+"),
-)
-
-
-def redact(line: str, secrets: Iterable[str] = ()) -> str:
-    for secret in secrets:
-        if secret:
-            line = line.replace(secret, MASK)
-    for pattern in _SECRET_PATTERNS:
-        line = pattern.sub(rf"\1{MASK}", line)
-    return line
 
 
 def log_lines(text: str) -> list[str]:
