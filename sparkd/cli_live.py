@@ -153,7 +153,7 @@ async def once(settings: Settings, dry_run: bool, as_json: bool) -> int:
     # The controller and the daemon's pieces only here and in `run`: `plan` and `probe` start
     # without the web stack, the scheduler and the metrics.
     from sparkd.runtime.controller import Controller
-    from sparkd.runtime.daemon import StartupError, open_state_dir, state_dir_error
+    from sparkd.runtime.startup import StartupError, open_state_dir, state_dir_error
     from sparkd.runtime.views import outcome_json
 
     if settings.ha is not None and not dry_run:
