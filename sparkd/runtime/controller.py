@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from sparkd.core import rollout
@@ -25,7 +24,7 @@ from sparkd.core.policy import is_new_probe, rebooted
 from sparkd.core.ray_stage import needs_ray_status
 from sparkd.core.remember import intend, remember
 from sparkd.model.memory import MEMORY_VERSION, Memory
-from sparkd.model.observed import ModelEndpoint, Observed
+from sparkd.model.observed import ModelEndpoint
 from sparkd.model.plan import Action, ActionOutcome, Plan
 from sparkd.runtime import logs
 from sparkd.runtime.clock import DaemonClock, elapsed, ops_boot_id
@@ -35,7 +34,7 @@ from sparkd.runtime.persist import Persistence
 from sparkd.runtime.reads import probe_due, reusable_ray
 from sparkd.runtime.requests import OperatorRequests
 from sparkd.runtime.state import StateDir
-from sparkd.runtime.view import RESULT_OF, ClusterView, CycleRecord
+from sparkd.runtime.view import RESULT_OF, ClusterView, CycleInProgress, CycleRecord, liveness
 from sparkd.settings import ClusterSpec
 from sparkd.shell.events import EventWatch
 from sparkd.shell.execute import Executor, ExecutorTiming
@@ -45,19 +44,6 @@ from sparkd.shell.ssh import SshPool
 
 # ClusterView and CycleRecord live in runtime.view; named here too, beside the controller.
 __all__ = ["ClusterView", "Controller", "CycleRecord"]
-
-
-@dataclass
-class _Cycle:
-    """The cycle in progress, so that each finished action can be learnt and persisted."""
-
-    before: Memory
-    observed: Observed
-    plan: Plan
-    events: list[dict[str, Any]]
-    outcomes: list[ActionOutcome] = field(default_factory=list)
-    blocked_noted: bool = False
-    rollout_noted: set[str] = field(default_factory=set)
 
 
 class Controller(OperatorRequests):
@@ -116,7 +102,7 @@ class Controller(OperatorRequests):
             fence=fence,
         )
         self.persistence = Persistence(state, cluster.name, self.log, wall_clock, self._event)
-        self._cycle: _Cycle | None = None
+        self._cycle: CycleInProgress | None = None
         # Something since the last cycle may have changed Ray (an event, an operator's ask).
         self._stirred = True
         self._ray_read_at: float | None = None
@@ -213,7 +199,7 @@ class Controller(OperatorRequests):
         self.view.snapshot = observed
         self.view.plan = plan
         self.on_plan(self)
-        cycle = _Cycle(before=before, observed=observed, plan=plan, events=events)
+        cycle = CycleInProgress(before=before, observed=observed, plan=plan, events=events)
         self._cycle = cycle
         try:
             if plan.actions and not self.stopping and self.may_act():
@@ -268,7 +254,7 @@ class Controller(OperatorRequests):
                 )
             self.view.clock_step = step
 
-    def _learn(self, cycle: _Cycle) -> None:
+    def _learn(self, cycle: CycleInProgress) -> None:
         """Memory as if the cycle ended now, persisted with the events so far."""
         now = self.clock.now()
         self.memory = remember(
@@ -453,17 +439,11 @@ class Controller(OperatorRequests):
         self.wake.set()
 
     def healthy(self, now: float) -> tuple[bool, str]:
-        """Making progress: a cycle finished within 3 intervals, or a look or an action runs
-        within its own timeouts."""
-        if self.action_deadline is not None:
-            if now <= self.action_deadline:
-                return True, "action in progress"
-            return False, "action overran its timeout"
-        if self.observe_deadline is not None:
-            if now <= self.observe_deadline:
-                return True, "observing"
-            return False, "observation overran its timeouts"
-        age = now - self.progress_at
-        if age <= 3 * self.cluster.interval:
-            return True, "ok"
-        return False, f"no cycle finished for {age:.0f}s"
+        """For the watchdog and /healthz: this controller makes progress (runtime.view)."""
+        return liveness(
+            now,
+            action_deadline=self.action_deadline,
+            observe_deadline=self.observe_deadline,
+            progress_at=self.progress_at,
+            interval=self.cluster.interval,
+        )

@@ -1,11 +1,14 @@
-"""What a controller shows of its cluster (the API, the CLI, the metrics read it) and what one
-cycle did (the metrics record it)."""
+"""What a controller shows of its cluster (the API, the CLI, the metrics read it), the cycle in
+progress, what one cycle did (the metrics record it), and whether the controller makes
+progress (the watchdog and /healthz ask)."""
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
+from sparkd.model.memory import Memory
 from sparkd.model.observed import Observed
 from sparkd.model.plan import Action, ActionOutcome, Plan
 from sparkd.model.probe import ProbeOutcome, ProbeResult
@@ -75,3 +78,40 @@ class CycleRecord:
     outcomes: tuple[ActionOutcome, ...] = ()
     # Results a rollout reached in this cycle (accepted, rolled_back, rollback_failed).
     rollout_results: tuple[str, ...] = ()
+
+
+@dataclass
+class CycleInProgress:
+    """The cycle in progress, so that each finished action can be learnt and persisted."""
+
+    before: Memory
+    observed: Observed
+    plan: Plan
+    events: list[dict[str, Any]]
+    outcomes: list[ActionOutcome] = field(default_factory=list)
+    blocked_noted: bool = False
+    rollout_noted: set[str] = field(default_factory=set)
+
+
+def liveness(
+    now: float,
+    *,
+    action_deadline: float | None,
+    observe_deadline: float | None,
+    progress_at: float,
+    interval: float,
+) -> tuple[bool, str]:
+    """Making progress: a cycle finished within 3 intervals, or a look or an action runs
+    within its own timeouts (all in elapsed time)."""
+    if action_deadline is not None:
+        if now <= action_deadline:
+            return True, "action in progress"
+        return False, "action overran its timeout"
+    if observe_deadline is not None:
+        if now <= observe_deadline:
+            return True, "observing"
+        return False, "observation overran its timeouts"
+    age = now - progress_at
+    if age <= 3 * interval:
+        return True, "ok"
+    return False, f"no cycle finished for {age:.0f}s"
