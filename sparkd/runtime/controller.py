@@ -28,13 +28,19 @@ from sparkd.model.observed import ModelEndpoint
 from sparkd.model.plan import Action, ActionOutcome, Plan
 from sparkd.runtime import logs
 from sparkd.runtime.clock import DaemonClock, elapsed, ops_boot_id
+from sparkd.runtime.cluster_view import (
+    RESULT_OF,
+    ClusterView,
+    CycleInProgress,
+    CycleRecord,
+    liveness,
+)
 from sparkd.runtime.maintenance import Window, overlay, window_at
 from sparkd.runtime.next_look import NextLook, next_look, wake_rest
 from sparkd.runtime.persist import Persistence
 from sparkd.runtime.reads import probe_due, reusable_ray
 from sparkd.runtime.requests import OperatorRequests
 from sparkd.runtime.state import StateDir
-from sparkd.runtime.view import RESULT_OF, ClusterView, CycleInProgress, CycleRecord, liveness
 from sparkd.settings import ClusterSpec
 from sparkd.shell.events import EventWatch
 from sparkd.shell.execute import Executor, ExecutorTiming
@@ -42,7 +48,7 @@ from sparkd.shell.fencing import HostFence
 from sparkd.shell.observe import observe, observe_timeout
 from sparkd.shell.ssh import SshPool
 
-# ClusterView and CycleRecord live in runtime.view; named here too, beside the controller.
+# ClusterView and CycleRecord live in runtime.cluster_view; named here too, beside the controller.
 __all__ = ["ClusterView", "Controller", "CycleRecord"]
 
 
@@ -439,7 +445,7 @@ class Controller(OperatorRequests):
         self.wake.set()
 
     def healthy(self, now: float) -> tuple[bool, str]:
-        """For the watchdog and /healthz: this controller makes progress (runtime.view)."""
+        """For the watchdog and /healthz: this controller makes progress (runtime.cluster_view)."""
         return liveness(
             now,
             action_deadline=self.action_deadline,

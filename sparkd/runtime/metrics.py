@@ -34,8 +34,8 @@ from sparkd.runtime.state_metrics import StateCollector
 from sparkd.settings import ClusterSpec
 
 if TYPE_CHECKING:
+    from sparkd.runtime.cluster_view import CycleRecord
     from sparkd.runtime.controller import Controller
-    from sparkd.runtime.view import CycleRecord
 
 # Every probe threshold in the rules and the default probe timeout (30 s) are boundaries here.
 PROBE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 90, 120)

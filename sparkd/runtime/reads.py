@@ -5,7 +5,7 @@ from __future__ import annotations
 from sparkd.core import hang
 from sparkd.model.memory import Memory
 from sparkd.model.observed import ModelEndpoint, RayState
-from sparkd.runtime.view import ClusterView
+from sparkd.runtime.cluster_view import ClusterView
 from sparkd.settings import ClusterSpec
 
 

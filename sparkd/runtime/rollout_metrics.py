@@ -15,8 +15,8 @@ from sparkd.core import rollout
 from sparkd.settings import ClusterSpec
 
 if TYPE_CHECKING:
+    from sparkd.runtime.cluster_view import CycleRecord
     from sparkd.runtime.controller import Controller
-    from sparkd.runtime.view import CycleRecord
 
 RESULTS = ("accepted", "rolled_back", "rollback_failed")
 

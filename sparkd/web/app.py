@@ -20,7 +20,7 @@ from aiohttp import web
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from sparkd import __version__
-from sparkd.runtime.views import cluster_json
+from sparkd.runtime.status_json import cluster_json
 from sparkd.shell.secrets import redact_json
 from sparkd.web.body import MAX_BODY
 from sparkd.web.control import pause, reconcile, resume, rollout_back, rollout_retry

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from sparkd.runtime.views import cluster_json
+from sparkd.runtime.status_json import cluster_json
 from sparkd.shell.secrets import redact, redact_json
 from sparkd.web.auth import authorize
 from sparkd.web.body import json_body, text_field

@@ -1,5 +1,5 @@
 """The web API and the CLI are siblings above the runtime: the API is typed against a protocol
-(web.protocol), not the daemon, and the CLI shows what the API shows through runtime.views."""
+(web.protocol), not the daemon, and the CLI shows what the API shows through runtime.status_json."""
 
 from __future__ import annotations
 
