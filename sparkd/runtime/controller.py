@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sparkd.core import rollout
-from sparkd.core.clock import STEP_NOTICED, bounded
+from sparkd.core.clock import bounded
 from sparkd.core.planner import plan as make_plan
 from sparkd.core.policy import is_new_probe, rebooted
 from sparkd.core.ray_stage import needs_ray_status
@@ -27,7 +27,7 @@ from sparkd.model.memory import MEMORY_VERSION, Memory
 from sparkd.model.observed import ModelEndpoint
 from sparkd.model.plan import Action, ActionOutcome, Plan
 from sparkd.runtime import logs
-from sparkd.runtime.clock import DaemonClock, elapsed, ops_boot_id
+from sparkd.runtime.clock import DaemonClock, elapsed, note_step, ops_boot_id
 from sparkd.runtime.cluster_view import (
     RESULT_OF,
     ClusterView,
@@ -180,7 +180,7 @@ class Controller(OperatorRequests):
             self._ray_read_at = observed.observed_at
         self.progress_at = self.monotonic()  # a slow but bounded observation is progress
         self._operator_edits.clear()
-        self._note_step()
+        self.view.clock_step = note_step(self.clock.noticed(), self.view.clock_step, self.log)
         before = self.memory
         wall = self.clock.wall_of(observed.observed_at)
         effective = self._effective(before, wall)
@@ -243,22 +243,6 @@ class Controller(OperatorRequests):
             ),
         )
         return plan
-
-    def _note_step(self) -> None:
-        """Log a wall-clock step once, when it first shows or changes; show it in the view.
-        Nothing is decided on it: durations are daemon time, a pause's end is wall clock."""
-        step = self.clock.noticed()
-        was = self.view.clock_step
-        if abs((step or 0.0) - (was or 0.0)) >= STEP_NOTICED:
-            if step is None:
-                self.log.info("clock_step_gone", was=round(was or 0.0, 3))
-            else:
-                self.log.warning(
-                    "clock_step",
-                    seconds=round(step, 3),
-                    note="durations run on the monotonic clock; pauses and windows on the wall",
-                )
-            self.view.clock_step = step
 
     def _learn(self, cycle: CycleInProgress) -> None:
         """Memory as if the cycle ended now, persisted with the events so far."""
@@ -431,6 +415,7 @@ class Controller(OperatorRequests):
             if self.stopping:
                 break
             look = self.next_look(acted)
+            self.log.debug("next_look", seconds=round(look.delay, 3), why=look.why)
             if look.at_once:
                 continue
             ended = self.monotonic()
