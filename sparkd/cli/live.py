@@ -153,8 +153,8 @@ async def once(settings: Settings, dry_run: bool, as_json: bool) -> int:
     # The controller and the daemon's pieces only here and in `run`: `plan` and `probe` start
     # without the web stack, the scheduler and the metrics.
     from sparkd.runtime.controller import Controller
-    from sparkd.runtime.daemon import StartupError, open_state_dir, state_dir_error
-    from sparkd.web.app import outcome_json
+    from sparkd.runtime.startup import StartupError, open_state_dir, state_dir_error
+    from sparkd.runtime.status_json import outcome_json
 
     if settings.ha is not None and not dry_run:
         # Only the instance owning a cluster acts on it; a one-off cycle owns nothing.

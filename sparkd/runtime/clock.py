@@ -9,6 +9,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import structlog
+
 from sparkd.core.clock import STEP_NOTICED, stepped
 from sparkd.model.memory import ClockAnchor
 
@@ -87,3 +89,22 @@ class DaemonClock:
     def wall_of(self, at: float) -> float:
         """A daemon-time stamp as wall clock, for people (events, status, metrics)."""
         return at + self.step()
+
+
+def note_step(
+    step: float | None, was: float | None, log: structlog.stdlib.BoundLogger
+) -> float | None:
+    """Log a wall-clock step once, when it first shows or changes; the step to show (`was`: the
+    one shown). Nothing is decided on it: durations are daemon time, a pause's end is wall
+    clock."""
+    if abs((step or 0.0) - (was or 0.0)) < STEP_NOTICED:
+        return was
+    if step is None:
+        log.info("clock_step_gone", was=round(was or 0.0, 3))
+    else:
+        log.warning(
+            "clock_step",
+            seconds=round(step, 3),
+            note="durations run on the monotonic clock; pauses and windows on the wall",
+        )
+    return step

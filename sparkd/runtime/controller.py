@@ -1,14 +1,12 @@
 """One controller per cluster: observe, plan, execute, remember, record; one cycle at a time.
 
-A cycle starts when the controller's event is set: by its own timer (the interval, or the
-recheck interval while work is in progress), by an operator (`reconcile`, `resume`), never
-back to back. Clusters are independent tasks; one cluster's slowness never delays another.
+A cycle starts when the controller's event is set: by its own timer (runtime.next_look), by an
+operator (runtime.requests), never back to back. Clusters are independent tasks; one cluster's
+slowness never delays another.
 
-Memory and events are persisted as each action finishes, not only at the end of the cycle: a
-crash mid-cycle loses nothing already done, and the budget is charged for it (an action is
-charged before it starts, so one a crash cuts short counts as tried too). When the state
-dir cannot be written (a full disk), memory stays in the process, events wait in a bounded
-queue, each failure is logged, and the gap is recorded as an event once writing works again.
+Memory and events are persisted as each action finishes, not only at the end of the cycle
+(runtime.persist): a crash mid-cycle loses nothing already done, and the budget is charged for
+it (an action is charged before it starts, so one a crash cuts short counts as tried too).
 """
 
 from __future__ import annotations
@@ -16,27 +14,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from sparkd.core import hang, rollout
-from sparkd.core.clock import STEP_NOTICED, bounded
+from sparkd.core import rollout
+from sparkd.core.clock import bounded
 from sparkd.core.planner import plan as make_plan
 from sparkd.core.policy import is_new_probe, rebooted
 from sparkd.core.ray_stage import needs_ray_status
 from sparkd.core.remember import intend, remember
-from sparkd.core.remember import pause as pause_memory
-from sparkd.core.remember import resume as resume_memory
 from sparkd.model.cluster import ClusterSpec
-from sparkd.model.memory import MEMORY_VERSION, Memory, Pause
-from sparkd.model.observed import ModelEndpoint, Observed, RayState
+from sparkd.model.memory import MEMORY_VERSION, Memory
+from sparkd.model.observed import ModelEndpoint
 from sparkd.model.plan import Action, ActionOutcome, Plan
-from sparkd.model.probe import ProbeOutcome, ProbeResult
 from sparkd.runtime import logs
-from sparkd.runtime.clock import DaemonClock, elapsed, ops_boot_id
-from sparkd.runtime.maintenance import Window, window_at
+from sparkd.runtime.clock import DaemonClock, elapsed, note_step, ops_boot_id
+from sparkd.runtime.cluster_view import (
+    RESULT_OF,
+    ClusterView,
+    CycleInProgress,
+    CycleRecord,
+    liveness,
+)
+from sparkd.runtime.maintenance import Window, overlay, window_at
+from sparkd.runtime.next_look import NextLook, next_look, wake_rest
+from sparkd.runtime.persist import Persistence
+from sparkd.runtime.reads import probe_due, reusable_ray
+from sparkd.runtime.requests import OperatorRequests
 from sparkd.runtime.state import StateDir
 from sparkd.shell.events import EventWatch
 from sparkd.shell.execute import Executor, ExecutorTiming
@@ -44,83 +48,11 @@ from sparkd.shell.fencing import HostFence
 from sparkd.shell.observe import observe, observe_timeout
 from sparkd.shell.ssh import SshPool
 
-# "unreachable": a host coming back is seen within a recheck (its event stream, lost with it,
-# has nothing to say until it is set up again).
-WORK_IN_PROGRESS = frozenset(
-    {"unreachable", "cleaning", "starting_ray", "starting_model", "loading", "probing"}
-)
-RECENT_ACTIONS = 50
-EVENTS_KEPT = 1000
-# Events held in the process while the state dir cannot be written; past this the oldest go
-# (counted, logged, and recorded once writing works again).
-UNSAVED_EVENTS_KEPT = 1000
-# The reasoning-only ratio is taken over this many of the latest healthy probes.
-PROBE_WINDOW = 20
+# ClusterView and CycleRecord live in runtime.cluster_view; named here too, beside the controller.
+__all__ = ["ClusterView", "Controller", "CycleRecord"]
 
 
-@dataclass
-class ClusterView:
-    """What the API and the CLI show of a cluster; replaced, never mutated in place by readers."""
-
-    snapshot: Observed | None = None
-    plan: Plan | None = None
-    recent: deque[ActionOutcome] = field(default_factory=lambda: deque(maxlen=RECENT_ACTIONS))
-    in_flight: Action | None = None
-    cycles: int = 0
-    last_cycle_at: float | None = None
-    last_error: str | None = None
-    # Outcomes of the latest healthy probes (answer or reasoning_only), newest last.
-    probe_window: deque[ProbeOutcome] = field(default_factory=lambda: deque(maxlen=PROBE_WINDOW))
-    last_probe_success_at: float | None = None
-    # How far the ops box's wall clock has stepped against daemon time (None: no step).
-    clock_step: float | None = None
-
-    @property
-    def reasoning_only_ratio(self) -> float | None:
-        """reasoning_only / (answer + reasoning_only) over the window; None before any."""
-        if not self.probe_window:
-            return None
-        return sum(o == "reasoning_only" for o in self.probe_window) / len(self.probe_window)
-
-
-# The rollout events that are a rollout's result (sparkd_rollouts_total{result}).
-RESULT_OF = {
-    "rollout_accepted": "accepted",
-    "rolled_back": "rolled_back",
-    "rollback_failed": "rollback_failed",
-}
-
-
-@dataclass
-class _Cycle:
-    """The cycle in progress, so that each finished action can be learnt and persisted."""
-
-    before: Memory
-    observed: Observed
-    plan: Plan
-    events: list[dict[str, Any]]
-    outcomes: list[ActionOutcome] = field(default_factory=list)
-    blocked_noted: bool = False
-    rollout_noted: set[str] = field(default_factory=set)
-
-
-@dataclass(frozen=True)
-class CycleRecord:
-    """What one cycle did, for the metrics: `ok` False means it raised (the rest is empty)."""
-
-    ok: bool
-    seconds: float
-    observed: Observed | None = None
-    plan: Plan | None = None
-    # The probe taken in this cycle, when it is one the planner had not seen.
-    probe: ProbeResult | None = None
-    rebooted: tuple[str, ...] = ()
-    outcomes: tuple[ActionOutcome, ...] = ()
-    # Results a rollout reached in this cycle (accepted, rolled_back, rollback_failed).
-    rollout_results: tuple[str, ...] = ()
-
-
-class Controller:
+class Controller(OperatorRequests):
     def __init__(
         self,
         cluster: ClusterSpec,
@@ -175,13 +107,8 @@ class Controller:
             on_finish=self._action_finished,
             fence=fence,
         )
-        # Persisting: the latest error (None while writes succeed), since when, and the
-        # events not yet written.
-        self.persist_error: str | None = None
-        self.persist_failed_since: float | None = None
-        self._unsaved: list[dict[str, Any]] = []
-        self._unsaved_dropped = 0
-        self._cycle: _Cycle | None = None
+        self.persistence = Persistence(state, cluster.name, self.log, wall_clock, self._event)
+        self._cycle: CycleInProgress | None = None
         # Something since the last cycle may have changed Ray (an event, an operator's ask).
         self._stirred = True
         self._ray_read_at: float | None = None
@@ -190,7 +117,7 @@ class Controller:
                 "memory_newer_version", version=read.version, ignored=list(read.ignored)
             )
         # A stamp from before a reboot of the ops box may lie ahead of the new daemon time.
-        self.memory: Memory = bounded(read.memory, self.clock.now()).evolve(clock=self.clock.anchor)
+        self.memory = bounded(read.memory, self.clock.now()).evolve(clock=self.clock.anchor)
         if not self.clock.carried:
             if read.memory.clock is not None:
                 self.log.warning("clock_anchor_reset", why="ops box rebooted; wall clock taken")
@@ -205,45 +132,25 @@ class Controller:
         self.action_deadline: float | None = None
         # While a look runs: when it must have ended, by its own timeouts.
         self.observe_deadline: float | None = None
-        self._operator_edits: list[Callable[[Memory], Memory]] = []
+        self._operator_edits = []
 
     # -- one cycle ----------------------------------------------------------------------
 
     def _probe_due(self, endpoint: ModelEndpoint) -> bool:
-        if hang.stands(self.cluster, self.memory, endpoint, self.clock.now()):
-            # The plan restarts a hung engine on this reading: a probe would only hold the
-            # look up for its whole timeout first.
-            return False
-        ready_before = self.memory.model_ready_at is not None
-        if endpoint.status != "up" and not ready_before:
-            return False
-        # The first probe of a launch goes as soon as the model answers; then every interval.
-        last = self.memory.last_probe_at
-        if self.memory.last_probe is None or last is None:
-            return True
-        return self.clock.now() - last >= self.cluster.probe_interval
-
-    def _reusable_ray(self) -> RayState | None:
-        """Ray's last reading, when it may stand in for a `ray` call (0.6-3 s of a core on the
-        head each): the cluster is converged, nothing since stirred it (no event, no operator,
-        no failed cycle), and Ray was read within a probe interval, so Ray is still verified
-        at least as often as the model is probed."""
-        plan, seen = self.view.plan, self.view.snapshot
-        if self._stirred or self.view.last_error is not None or plan is None:
-            return None
-        if not plan.converged or seen is None or seen.ray is None or not seen.ray.up:
-            return None
-        read_at = self._ray_read_at
-        if read_at is None or self.clock.now() - read_at >= self.cluster.probe_interval:
-            return None
-        return seen.ray
+        return probe_due(self.cluster, self.memory, endpoint, self.clock.now())
 
     async def cycle(self) -> Plan:
         started = self.monotonic()
         # A ready Ray needs one `ray` call a look at most (none while its last reading stands);
         # one that is getting there also reads `ray status` (core.ray_stage.needs_ray_status).
         ray_status = needs_ray_status(self.view.plan)
-        known_ray = self._reusable_ray()
+        known_ray = reusable_ray(
+            self.view,
+            stirred=self._stirred,
+            read_at=self._ray_read_at,
+            now=self.clock.now(),
+            probe_interval=self.cluster.probe_interval,
+        )
         self._stirred = False
         swept = None
         if self.fence is not None and self.may_act() and not self.dry_run:
@@ -273,7 +180,7 @@ class Controller:
             self._ray_read_at = observed.observed_at
         self.progress_at = self.monotonic()  # a slow but bounded observation is progress
         self._operator_edits.clear()
-        self._note_step()
+        self.view.clock_step = note_step(self.clock.noticed(), self.view.clock_step, self.log)
         before = self.memory
         wall = self.clock.wall_of(observed.observed_at)
         effective = self._effective(before, wall)
@@ -298,7 +205,7 @@ class Controller:
         self.view.snapshot = observed
         self.view.plan = plan
         self.on_plan(self)
-        cycle = _Cycle(before=before, observed=observed, plan=plan, events=events)
+        cycle = CycleInProgress(before=before, observed=observed, plan=plan, events=events)
         self._cycle = cycle
         try:
             if plan.actions and not self.stopping and self.may_act():
@@ -313,18 +220,12 @@ class Controller:
         outcomes = cycle.outcomes
         self._learn(cycle)
         self._operator_edits.clear()
-        self.view.snapshot = observed
-        self.view.plan = plan
-        self.view.cycles += 1
-        self.view.last_cycle_at = self.wall_clock()
-        self.view.last_error = None
-        self.view.in_flight = None
+        self.view.cycle_done(observed, plan, self.wall_clock())
         self.action_deadline = None
         self.progress_at = self.monotonic()
         probe = observed.probe if is_new_probe(before, observed.probe) else None
         if probe is not None and probe.verdict.healthy:
-            self.view.probe_window.append(probe.outcome)
-            self.view.last_probe_success_at = self.clock.wall_of(probe.at)
+            self.view.probed(probe.outcome, self.clock.wall_of(probe.at))
         self.on_cycle(self)
         self.on_record(
             self,
@@ -343,23 +244,7 @@ class Controller:
         )
         return plan
 
-    def _note_step(self) -> None:
-        """Log a wall-clock step once, when it first shows or changes; show it in the view.
-        Nothing is decided on it: durations are daemon time, a pause's end is wall clock."""
-        step = self.clock.noticed()
-        was = self.view.clock_step
-        if abs((step or 0.0) - (was or 0.0)) >= STEP_NOTICED:
-            if step is None:
-                self.log.info("clock_step_gone", was=round(was or 0.0, 3))
-            else:
-                self.log.warning(
-                    "clock_step",
-                    seconds=round(step, 3),
-                    note="durations run on the monotonic clock; pauses and windows on the wall",
-                )
-            self.view.clock_step = step
-
-    def _learn(self, cycle: _Cycle) -> None:
+    def _learn(self, cycle: CycleInProgress) -> None:
         """Memory as if the cycle ended now, persisted with the events so far."""
         now = self.clock.now()
         self.memory = remember(
@@ -397,67 +282,20 @@ class Controller:
         if not self.dry_run:  # a dry run changes nothing, its own state included
             self._persist(events)
 
-    def _persist(self, events: list[dict[str, Any]]) -> bool:
-        """Write memory and events; on failure keep them in the process, log, and say so.
-        True when everything is on disk."""
-        self._unsaved.extend(events)
-        if len(self._unsaved) > UNSAVED_EVENTS_KEPT:
-            lost = self._unsaved[:-UNSAVED_EVENTS_KEPT]
-            self._unsaved = self._unsaved[-UNSAVED_EVENTS_KEPT:]
-            self._unsaved_dropped += len(lost)
-            self.log.error(
-                "events_dropped",
-                count=len(lost),
-                kinds=sorted({str(e.get("kind")) for e in lost}),
-                reason="state dir not writable",
-            )
-        gap = [self._persist_gap_event()] if self.persist_error is not None else []
-        try:
-            self.state.save_memory(self.cluster.name, self.memory)
-            self.state.append_events(gap + self._unsaved, keep=EVENTS_KEPT)
-        except OSError as exc:
-            error = f"{self.state.path}: {exc.strerror or exc}"
-            if self.persist_error is None:
-                self.persist_failed_since = self.wall_clock()
-            self.persist_error = error
-            self.log.error(
-                "persist_failed",
-                error=error,
-                unsaved_events=len(self._unsaved),
-                kinds=sorted({str(e.get("kind")) for e in events}),
-            )
-            return False
-        if self.persist_error is not None:
-            self.log.warning("persist_recovered", was=self.persist_error)
-        self._unsaved = []
-        self._unsaved_dropped = 0
-        self.persist_error = None
-        self.persist_failed_since = None
-        return True
+    @property
+    def persist_error(self) -> str | None:
+        """Why the state dir took no writes at the latest try; None while writes succeed."""
+        return self.persistence.error
 
-    def _persist_gap_event(self) -> dict[str, Any]:
-        return self._event(
-            "persist_gap",
-            since=self.persist_failed_since,
-            error=self.persist_error,
-            dropped_events=self._unsaved_dropped,
-        )
+    def _persist(self, events: list[dict[str, Any]]) -> bool:
+        """True when memory and every event so far are on disk."""
+        return self.persistence.save(self.memory, events)
 
     def maintenance_at(self, now: float) -> Window | None:
         return window_at(self.cluster.maintenance, now)
 
     def _effective(self, memory: Memory, now: float) -> Memory:
-        """Memory as the planner sees it: inside a maintenance window, paused by the window
-        (an operator's own pause stays as it is). Never remembered: the window decides."""
-        if memory.paused is not None and memory.paused.active(now):
-            return memory
-        window = self.maintenance_at(now)
-        if window is None:
-            return memory
-        pause = Pause(
-            reason=window.reason, by="maintenance window", since=window.start, until=window.end
-        )
-        return memory.evolve(paused=pause)
+        return overlay(memory, self.cluster.maintenance, now)
 
     def _hold_actions(self) -> bool:
         """Stop before the next action: shutting down, or paused (by an operator or a window)
@@ -514,9 +352,6 @@ class Controller:
         )
         self.on_action(self, outcome)
 
-    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
-        return {"at": self.wall_clock(), "cluster": self.cluster.name, "kind": kind, **fields}
-
     def _reboot_events(self, hosts: list[str]) -> list[dict[str, Any]]:
         events = []
         for host in hosts:
@@ -524,37 +359,22 @@ class Controller:
             events.append(self._event("reboot", host=host))
         return events
 
-    def next_delay(self) -> float:
-        """How long until the next look with no event: the interval when converged, the recheck
-        interval while work is in progress, or sooner when the plan's horizon (a backoff, a
-        deadline, a probe due, a maintenance window's end) comes first."""
-        plan = self.view.plan
-        if plan is None or self.view.last_error is not None:
-            return self.cluster.recheck_interval
-        if plan.actions or plan.phase in WORK_IN_PROGRESS:
-            delay = self.cluster.recheck_interval
-        else:
-            delay = self.cluster.interval
-        now = self.clock.now()
+    def next_look(self, acted: bool = False) -> NextLook:
+        """When to look again with no event (runtime.next_look)."""
         wall = self.wall_clock()
-        window_end = self._window_end(wall)
-        ahead = [
-            t
-            for t in (plan.recheck_at, None if window_end is None else now + window_end - wall)
-            if t is not None
-        ]
-        if ahead:
-            # Just past the deadline: the planner's limits are strict (`> load_stall`). One
-            # that passed while this cycle ran (a look held up by a probe's timeout) is due now,
-            # not an interval later.
-            due = min(ahead)
-            margin = 0.01 * self.cluster.recheck_interval
-            delay = min(delay, due - now + margin if due > now else 0.0)
-        return delay
+        window = self.maintenance_at(wall)
+        return next_look(
+            self.view.plan,
+            acted=acted,
+            failed=self.view.last_error is not None,
+            interval=self.cluster.interval,
+            recheck_interval=self.cluster.recheck_interval,
+            now=self.clock.now(),
+            window_ends_in=None if window is None else window.end - wall,
+        )
 
-    def _window_end(self, now: float) -> float | None:
-        window = self.maintenance_at(now)
-        return window.end if window is not None else None
+    def next_delay(self) -> float:
+        return self.next_look().delay
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -594,17 +414,14 @@ class Controller:
                 self.on_record(self, CycleRecord(ok=False, seconds=self.monotonic() - started))
             if self.stopping:
                 break
-            if acted:
-                # What the actions did is worth seeing now, not a recheck later; budget and
-                # backoff bound how often that can happen.
+            look = self.next_look(acted)
+            self.log.debug("next_look", seconds=round(look.delay, 3), why=look.why)
+            if look.at_once:
                 continue
             ended = self.monotonic()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=self.next_delay())
-            # Never back to back on wake-ups: a burst of events waits a little after the last
-            # cycle, and is then seen by one look.
-            floor = min(0.1 * self.cluster.recheck_interval, 1.0)
-            rest = floor - (self.monotonic() - ended)
+                await asyncio.wait_for(self.wake.wait(), timeout=look.delay)
+            rest = wake_rest(self.cluster.recheck_interval) - (self.monotonic() - ended)
             if rest > 0 and not self.stopping:
                 await asyncio.sleep(rest)
 
@@ -613,74 +430,11 @@ class Controller:
         self.wake.set()
 
     def healthy(self, now: float) -> tuple[bool, str]:
-        """Making progress: a cycle finished within 3 intervals, or a look or an action runs
-        within its own timeouts."""
-        if self.action_deadline is not None:
-            if now <= self.action_deadline:
-                return True, "action in progress"
-            return False, "action overran its timeout"
-        if self.observe_deadline is not None:
-            if now <= self.observe_deadline:
-                return True, "observing"
-            return False, "observation overran its timeouts"
-        age = now - self.progress_at
-        if age <= 3 * self.cluster.interval:
-            return True, "ok"
-        return False, f"no cycle finished for {age:.0f}s"
-
-    # -- operator requests --------------------------------------------------------------
-
-    def _edit(self, edit: Callable[[Memory], Memory]) -> None:
-        self.memory = edit(self.memory)
-        self._operator_edits.append(edit)
-
-    def pause(self, reason: str, by: str, until: float | None) -> bool:
-        """Applied at once; True when it is also on disk."""
-        now = self.wall_clock()
-        self._edit(lambda m: pause_memory(m, reason=reason, by=by, now=now, until=until))
-        self.log.info("paused", by=by, reason=reason, until=until)
-        saved = self._persist([self._event("paused", by=by, reason=reason, until=until)])
-        self.wake.set()
-        return saved
-
-    def resume(self, by: str) -> bool:
-        """Applied at once; True when it is also on disk."""
-        self._edit(resume_memory)
-        self.log.info("resumed", by=by)
-        saved = self._persist([self._event("resumed", by=by)])
-        self.wake.set()
-        return saved
-
-    def fenced(self, host: str, detail: str) -> None:
-        """A host refused this instance's token (HA): another instance owns the cluster now.
-        The action is skipped (no budget spent); ownership is already given up."""
-        self.log.warning("fenced", host=host, detail=detail)
-        self._persist([self._event("fenced", host=host, detail=detail)])
-        self.wake.set()
-
-    def rollout_retry(self, by: str) -> bool:
-        """Roll the desired spec out again after a rollback; False when none holds."""
-        if self.memory.rollout is None or self.memory.rollout.rolled_back is None:
-            return False
-        self._edit(rollout.retry)
-        self.log.info("rollout_retry", by=by)
-        self._persist([self._event("rollout_retry", by=by)])
-        self.wake.set()
-        return True
-
-    def rollout_back(self, by: str) -> bool:
-        """Go to the last-good spec now; False when there is none other than the desired."""
-        cluster, now, wall = self.cluster, self.clock.now(), self.wall_clock()
-        edited = rollout.back(self.memory, cluster, by, now, wall)
-        if edited == self.memory:
-            return False
-        self._edit(lambda m: rollout.back(m, cluster, by, now, wall))
-        self.log.info("rollout_back", by=by)
-        self._persist([self._event("rollout_back", by=by)])
-        self.wake.set()
-        return True
-
-    def reconcile(self, by: str) -> None:
-        self.log.info("reconcile_requested", by=by)
-        self._stirred = True
-        self.wake.set()
+        """For the watchdog and /healthz: this controller makes progress (runtime.cluster_view)."""
+        return liveness(
+            now,
+            action_deadline=self.action_deadline,
+            observe_deadline=self.observe_deadline,
+            progress_at=self.progress_at,
+            interval=self.cluster.interval,
+        )

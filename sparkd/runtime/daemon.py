@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import os
 import signal
 import time
@@ -16,14 +15,14 @@ from aiohttp import web
 
 from sparkd.core.text import printable
 from sparkd.model.cluster import ClusterSpec
-from sparkd.model.exits import EX_CANTCREAT, EX_CONFIG
 from sparkd.model.plan import ActionOutcome
 from sparkd.runtime import logs
 from sparkd.runtime.controller import Controller
 from sparkd.runtime.maintenance import MaintenanceScheduler
 from sparkd.runtime.metrics import Metrics
 from sparkd.runtime.notify import Notifier
-from sparkd.runtime.state import EVENTS_FILE, LOCK_FILE, StateDir
+from sparkd.runtime.startup import StartupError, listen_error, open_state_dir, state_dir_error
+from sparkd.runtime.state import StateDir
 from sparkd.settings import (
     ConfigError,
     DaemonSettings,
@@ -39,54 +38,11 @@ if TYPE_CHECKING:
     from sparkd.ha.control import Control
     from sparkd.ha.ownership import Ownership
 
+# Named here too, where the CLI has found them.
+__all__ = ["Daemon", "StartupError", "open_state_dir", "state_dir_error"]
+
 # Daemon settings that take effect only at start: a reload reports a change and keeps the old.
 RESTART_ONLY = ("listen", "state_dir")
-
-
-class StartupError(Exception):
-    """The daemon cannot start because of its config (a busy port, an unusable state dir):
-    one line naming the setting, and the exit status (sysexits) to leave with."""
-
-    def __init__(self, code: int, line: str) -> None:
-        super().__init__(line)
-        self.code = code
-        self.line = line
-
-
-def open_state_dir(path: Path) -> None:
-    """Create the state dir (0700) or check the one there; raise StartupError (73) saying why
-    it cannot be used."""
-    where = f"daemon.state_dir: {path}"
-    if path.exists() and not path.is_dir():
-        raise StartupError(EX_CANTCREAT, f"{where} is not a directory")
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise StartupError(EX_CANTCREAT, f"{where} cannot be created: {_reason(exc)}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise StartupError(EX_CANTCREAT, f"{where} is not writable by this user")
-    for name in (LOCK_FILE, EVENTS_FILE):
-        # A directory (or a FIFO) where sparkd keeps a file would fail every write or hang.
-        held = path / name
-        if held.exists() and not held.is_file():
-            raise StartupError(EX_CANTCREAT, f"{where}: {name} is not a regular file")
-
-
-def state_dir_error(path: Path, exc: OSError) -> StartupError:
-    return StartupError(EX_CANTCREAT, f"daemon.state_dir: {path}: {_reason(exc)}")
-
-
-def listen_error(listen: str, exc: OSError) -> StartupError:
-    busy = exc.errno == errno.EADDRINUSE
-    reason = "is in use" if busy else f"cannot be bound: {_reason(exc)}"
-    return StartupError(EX_CONFIG, f"daemon.listen: {listen} {reason}")
-
-
-def _reason(exc: OSError) -> str:
-    # asyncio rewrites a bind error's strerror into a sentence; the errno says it plainly.
-    if exc.errno:
-        return os.strerror(exc.errno)
-    return exc.strerror or str(exc) or type(exc).__name__
 
 
 def restart_only_changes(old: DaemonSettings, new: DaemonSettings) -> list[str]:
@@ -134,6 +90,8 @@ class Daemon:
         self._stopping = False
         # Set only with an [ha] section: who owns which cluster, through etcd.
         self.ha: Ownership | None = None
+        # What start set up, undone by stop in reverse (empty before start).
+        self._teardown = contextlib.AsyncExitStack()
 
     def _controller(self, cluster_name: str) -> Controller:
         cluster = self.settings.cluster(cluster_name)
@@ -260,29 +218,28 @@ class Daemon:
         }
 
     async def start(self) -> None:
-        # The web layer sits above the runtime.
-        from sparkd.web.app import GuardedSite, make_app, runner_options
-
-        self.state.ensure()
-        if self.settings.ha is not None:
-            self._start_ha()
-        for cluster in self.settings.clusters:
-            self.controllers[cluster.name] = self._controller(cluster.name)
-        app = make_app(self)
-        self.runner = web.AppRunner(app, **runner_options())
-        await self.runner.setup()
+        """Each step pushes its own undoing on a stack: a step that fails unwinds exactly what
+        came before it, in reverse, and `stop` unwinds the whole of it the same way."""
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(self.pool.close)
+            self.state.ensure()
+            if self.settings.ha is not None:
+                self._make_ha()
+            for cluster in self.settings.clusters:
+                self.controllers[cluster.name] = self._controller(cluster.name)
+            await self._serve_api(stack)
+            self.maintenance.start()
+            stack.push_async_callback(self.maintenance.stop)
+            if self.ha is not None:
+                # After the API is bound: a daemon that cannot serve never contends. Stopped
+                # after the actions in flight (below), so it hands over at once.
+                self.ha.start()
+                stack.push_async_callback(self.ha.stop)
+            stack.push_async_callback(self._stop_controllers)
+            for name, controller in self.controllers.items():
+                self.tasks[name] = self._run(controller)
+            self._teardown = stack.pop_all()
         daemon = self.settings.daemon
-        site = GuardedSite(self.runner, daemon.listen_host, daemon.listen_port, app)
-        try:
-            await site.start()
-        except OSError as exc:
-            await self.runner.cleanup()
-            self.runner = None
-            await self.pool.close()
-            raise listen_error(daemon.listen, exc) from None
-        self.maintenance.start()
-        for name, controller in self.controllers.items():
-            self.tasks[name] = self._run(controller)
         self.log.info(
             "started",
             listen=daemon.listen,
@@ -292,7 +249,35 @@ class Daemon:
         )
         self.notifier.ready(f"watching {len(self.controllers)} cluster(s)")
 
-    def _start_ha(self) -> None:
+    async def _serve_api(self, stack: contextlib.AsyncExitStack) -> None:
+        # The web layer sits above the runtime; it knows the daemon only as web.protocol's.
+        from sparkd.web.app import GuardedSite, make_app, runner_options
+
+        app = make_app(self)
+        runner = web.AppRunner(app, **runner_options())
+        await runner.setup()
+        self.runner = runner
+        stack.push_async_callback(self._close_api)
+        daemon = self.settings.daemon
+        site = GuardedSite(runner, daemon.listen_host, daemon.listen_port, app)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise listen_error(daemon.listen, exc) from None
+
+    async def _close_api(self) -> None:
+        runner, self.runner = self.runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def _stop_controllers(self) -> None:
+        """No new actions; the action in flight finishes or times out."""
+        for controller in self.controllers.values():
+            controller.stop()
+        if self.tasks:
+            await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+    def _make_ha(self) -> None:
         # etcd code only here, and only with an [ha] section.
         from sparkd.ha.metrics import HaCollector
         from sparkd.ha.ownership import Ownership
@@ -303,7 +288,6 @@ class Daemon:
             self.settings.ha, names, on_change=self._ha_changed, on_control=self._ha_control
         )
         self.metrics.registry.register(HaCollector(self.ha))
-        self.ha.start()
 
     def _ha_changed(self, cluster_name: str) -> None:
         # Acquired or lost: look now, so an owner acts at once and a former one stops.
@@ -431,24 +415,16 @@ class Daemon:
         return "reloaded"
 
     async def stop(self) -> None:
-        """No new actions; the action in flight finishes or times out."""
+        """No new actions; the action in flight finishes or times out. Then the rest of what
+        `start` set up, in reverse: HA handed over, the scheduler, the API, the SSH pool."""
         self._stopping = True
         # A reload in progress ends first, so its READY=1 comes before STOPPING=1.
         if self._reloads:
             await asyncio.gather(*self._reloads, return_exceptions=True)
         self.notifier.stopping()
         self.log.info("stopping")
-        for controller in self.controllers.values():
-            controller.stop()
-        if self.tasks:
-            await asyncio.gather(*self.tasks.values(), return_exceptions=True)
-        if self.ha is not None:
-            await self.ha.stop()  # after the actions in flight: hand over at once
-        if self.maintenance.scheduler.running:
-            await self.maintenance.stop()
-        if self.runner is not None:
-            await self.runner.cleanup()
-        await self.pool.close()
+        teardown, self._teardown = self._teardown, contextlib.AsyncExitStack()
+        await teardown.aclose()
         self.stopped.set()
 
     async def serve_forever(self) -> None:

@@ -16,6 +16,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.date import DateTrigger
 
 from sparkd.model.cluster import ClusterSpec, MaintenanceSpec
+from sparkd.model.memory import Memory, Pause
 from sparkd.settings import cron_trigger
 
 
@@ -40,6 +41,20 @@ def window_at(specs: Iterable[MaintenanceSpec], now: float) -> Window | None:
         if found is None or window.end > found.end:
             found = window
     return found
+
+
+def overlay(memory: Memory, specs: Iterable[MaintenanceSpec], now: float) -> Memory:
+    """Memory as the planner sees it: inside a maintenance window, paused by the window (an
+    operator's own pause stays as it is). Never remembered: the window decides."""
+    if memory.paused is not None and memory.paused.active(now):
+        return memory
+    window = window_at(specs, now)
+    if window is None:
+        return memory
+    pause = Pause(
+        reason=window.reason, by="maintenance window", since=window.start, until=window.end
+    )
+    return memory.evolve(paused=pause)
 
 
 class MaintenanceScheduler:

@@ -15,7 +15,8 @@ from sparkd.core import rollout
 from sparkd.model.cluster import ClusterSpec
 
 if TYPE_CHECKING:
-    from sparkd.runtime.controller import Controller, CycleRecord
+    from sparkd.runtime.cluster_view import CycleRecord
+    from sparkd.runtime.controller import Controller
 
 RESULTS = ("accepted", "rolled_back", "rollback_failed")
 

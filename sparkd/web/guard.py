@@ -1,0 +1,224 @@
+"""The API's abuse guards: the Host header check (DNS rebinding), the header deadline of each
+connection, and a TCP site that caps connections, in all and per peer.
+
+The site admits a connection before aiohttp's handler sees it, which reaches into aiohttp's
+`TCPSite` (its `_runner`, `_server`, `_host`, `_port`, `_backlog`, `_bound_port`): kept to
+`GuardedSite`, so an aiohttp upgrade that moves them breaks here alone (and the API tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from sparkd.web.protocol import DAEMON
+
+MAX_CONNECTIONS = 64
+# One peer (an address) holds at most this many; the last KEPT_FOR_NEW_PEERS slots go only to a
+# peer holding none, so one client cannot lock out a scraper or an operator.
+MAX_PER_PEER = 16
+KEPT_FOR_NEW_PEERS = 8
+HEADER_TIMEOUT = 5.0
+KEEPALIVE_TIMEOUT = 15.0
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+def allowed_hosts(listen_host: str) -> frozenset[str]:
+    names = {*LOOPBACK_NAMES, listen_host.lower()}
+    for name in (socket.gethostname(), socket.getfqdn()):
+        if name:
+            names.add(name.lower())
+    return frozenset(names)
+
+
+def host_allowed(header: str, allowed: frozenset[str]) -> bool:
+    """The Host header names an IP address or an allowed name (any port)."""
+    host = header.strip().lower()
+    if host.startswith("["):  # [v6]:port
+        literal, _, _ = host[1:].partition("]")
+        host = literal
+    elif host.count(":") == 1:
+        host = host.partition(":")[0]
+    host = host.rstrip(".")
+    if host in allowed:
+        return True
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def guard(allowed: frozenset[str]) -> Any:
+    @web.middleware
+    async def guard(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        deadlines = request.app[DEADLINES]
+        deadlines.begin(request.protocol)
+        try:
+            host = request.headers.get("Host")
+            if host is not None and not host_allowed(host, allowed):
+                raise web.HTTPMisdirectedRequest(
+                    text="Host header names neither this machine nor its listen address"
+                )
+            return await handler(request)
+        finally:
+            deadlines.end(request.protocol)
+
+    return guard
+
+
+class Deadlines:
+    """The header deadline of each connection: armed when it opens and after each response,
+    cleared while a request is handled; past it the connection is closed."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._timers: dict[RequestHandler, asyncio.TimerHandle] = {}
+        self.expired = 0
+
+    def arm(self, handler: RequestHandler) -> None:
+        old = self._timers.pop(handler, None)
+        if old is not None:
+            old.cancel()
+        loop = asyncio.get_running_loop()
+        self._timers[handler] = loop.call_later(self.timeout, self._expire, handler)
+
+    def begin(self, handler: RequestHandler | None) -> None:
+        timer = self._timers.pop(handler, None) if handler is not None else None
+        if timer is not None:
+            timer.cancel()
+
+    def end(self, handler: RequestHandler | None) -> None:
+        if handler is not None and handler.transport is not None:
+            self.arm(handler)
+
+    def _expire(self, handler: RequestHandler) -> None:
+        self._timers.pop(handler, None)
+        if handler.transport is not None:
+            self.expired += 1
+            handler.force_close()
+
+
+DEADLINES: web.AppKey[Deadlines] = web.AppKey("deadlines")
+
+
+def peer_of(peername: object) -> str:
+    """The client's address, one spelling per address (an IPv4-mapped IPv6 one as IPv4)."""
+    host = peername[0] if isinstance(peername, tuple) and peername else ""
+    try:
+        address = ipaddress.ip_address(str(host).split("%", 1)[0])
+    except ValueError:
+        return str(host)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(address)
+
+
+class _Capped(asyncio.Protocol):
+    """Admits the connection to aiohttp's handler only while under the cap, counted when the
+    connection is made (many are accepted before any of them is)."""
+
+    def __init__(self, site: GuardedSite, handler: RequestHandler) -> None:
+        self.site = site
+        self.handler = handler
+        self.admitted = False
+        self.peer = ""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        total = len(self.site.runner_server().connections)
+        self.peer = peer_of(transport.get_extra_info("peername"))
+        held = self.site.peers.get(self.peer, 0)
+        if (
+            total >= MAX_CONNECTIONS
+            or held >= MAX_PER_PEER
+            or (held and total >= MAX_CONNECTIONS - KEPT_FOR_NEW_PEERS)
+        ):
+            assert isinstance(transport, asyncio.Transport)
+            transport.abort()
+            self.site.note_refused()
+            return
+        self.admitted = True
+        self.site.peers[self.peer] = held + 1
+        self.handler.connection_made(transport)
+        self.site.deadlines.arm(self.handler)
+
+    def data_received(self, data: bytes) -> None:
+        if self.admitted:
+            self.handler.data_received(data)
+
+    def eof_received(self) -> None:
+        if self.admitted:
+            self.handler.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.admitted:
+            self.admitted = False
+            left = self.site.peers.pop(self.peer, 1) - 1
+            if left > 0:
+                self.site.peers[self.peer] = left
+            self.handler.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self.admitted:
+            self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.admitted:
+            self.handler.resume_writing()
+
+
+class GuardedSite(web.TCPSite):
+    """A TCP site with a connection cap and a header deadline per connection."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, app: web.Application) -> None:
+        super().__init__(runner, host, port)
+        self._app = app
+        self.deadlines = app[DEADLINES]
+        self.refused = 0
+        self._refused_logged_at = 0.0
+        self.peers: dict[str, int] = {}
+
+    def runner_server(self) -> web.Server:
+        server = self._runner.server
+        assert server is not None
+        return server
+
+    def note_refused(self) -> None:
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._refused_logged_at > 10:
+            self._refused_logged_at = now
+            self._app[DAEMON].log.warning(
+                "api_connections_refused", cap=MAX_CONNECTIONS, refused_total=self.refused
+            )
+
+    def _protocol(self) -> asyncio.Protocol:
+        return _Capped(self, self.runner_server()())
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._protocol, self._host, self._port, backlog=self._backlog
+        )
+        if self._server.sockets:
+            self._bound_port = self._server.sockets[0].getsockname()[1]
+
+
+def runner_options() -> dict[str, Any]:
+    """For web.AppRunner: header sizes and the idle keep-alive limit."""
+    return {
+        "access_log": None,
+        "keepalive_timeout": KEEPALIVE_TIMEOUT,
+        "max_line_size": 8190,
+        "max_field_size": 8190,
+    }

@@ -1,0 +1,37 @@
+"""The web API and the CLI are siblings above the runtime: the API is typed against a protocol
+(web.protocol), not the daemon, and the CLI shows what the API shows through runtime.status_json."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "sparkd"
+WEB = sorted((PACKAGE / "web").rglob("*.py"))
+CLI = sorted([*PACKAGE.glob("cli*.py"), PACKAGE / "commands.py", *(PACKAGE / "cli").rglob("*.py")])
+
+
+def imported(path: Path) -> set[str]:
+    """Every module the file imports, under TYPE_CHECKING and inside functions too."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_web_never_imports_the_daemon() -> None:
+    assert WEB
+    for path in WEB:
+        found = {n for n in imported(path) if n.startswith("sparkd.runtime.daemon")}
+        assert not found, f"{path.relative_to(PACKAGE)} imports {sorted(found)}"
+
+
+def test_the_cli_never_imports_the_web_layer() -> None:
+    assert any(p.exists() for p in CLI)
+    for path in (p for p in CLI if p.exists()):
+        found = {n for n in imported(path) if n.startswith("sparkd.web")}
+        assert not found, f"{path.relative_to(PACKAGE)} imports {sorted(found)}"
