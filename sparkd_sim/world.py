@@ -36,8 +36,9 @@ from sparkd_sim import contract, fake_fabric, fake_kernel, fake_system
 from sparkd_sim.checkpoint import shard_name, write_checkpoint
 from sparkd_sim.config import render_config
 from sparkd_sim.control import ControlServer
+from sparkd_sim.docker_images import image_id
 from sparkd_sim.engine import HostEngine, graphics_processes, normalize_image
-from sparkd_sim.fake_docker import FakeDocker, image_id
+from sparkd_sim.fake_docker import FakeDocker
 from sparkd_sim.openssh import OpenSshHost, find_sshd
 from sparkd_sim.owned import OwnedCommand
 from sparkd_sim.protocol import Done, Reply, Stream, ToolCall, fail
