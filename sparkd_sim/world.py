@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import asyncssh
 
-from sparkd_sim import contract, fake_fabric, fake_kernel, fake_system
+from sparkd_sim import contract, fake_fabric, fake_ip, fake_kernel, fake_nvidia_smi, fake_system
 from sparkd_sim.checkpoint import shard_name, write_checkpoint
 from sparkd_sim.config import render_config
 from sparkd_sim.control import ControlServer
@@ -835,9 +835,9 @@ class World:
         if tool == "systemctl":
             return fake_system.systemctl(state, call.args)
         if tool == "nvidia-smi":
-            return fake_system.nvidia_smi(state, call.args)
+            return fake_nvidia_smi.nvidia_smi(state, call.args)
         if tool == "ip":
-            return fake_system.ip(state, call.args)
+            return fake_ip.ip(state, call.args)
         if tool == "df":
             return fake_system.df(state, call.args)
         if tool == "kill":
