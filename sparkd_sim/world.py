@@ -48,7 +48,9 @@ from sparkd_sim.real_docker import RealDocker
 from sparkd_sim.real_docker import cli as docker_cli
 from sparkd_sim.real_ray import RealRay
 from sparkd_sim.reference import GLM_IMAGE, INTERFACE, MODEL_ID, QWEN_IMAGE, STALE_UNITS
-from sparkd_sim.serve import ModelServer, ServeFaults, ServeProcess, parse_serve
+from sparkd_sim.serve import ServeProcess
+from sparkd_sim.serve_args import parse_serve
+from sparkd_sim.serve_hooks import ModelServer, ServeFaults
 from sparkd_sim.sshd import SimSshHost
 from sparkd_sim.state import (
     Container,
