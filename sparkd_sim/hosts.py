@@ -10,7 +10,7 @@ from sparkd_sim.engine import HostEngine
 from sparkd_sim.serve_hooks import ServeFaults
 from sparkd_sim.sshd import SimSshHost
 from sparkd_sim.state import HostState
-from sparkd_sim.vllm_server import ModelBehaviour
+from sparkd_sim.vllm_behaviour import ModelBehaviour
 
 TOOLS = (
     "docker", "systemctl", "nvidia-smi", "ray", "vllm", "ip", "df", "kill", "cat", "sudo",

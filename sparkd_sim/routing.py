@@ -18,7 +18,8 @@ from sparkd_sim.serve import ServeProcess
 from sparkd_sim.serve_args import parse_serve
 from sparkd_sim.serve_hooks import ModelServer
 from sparkd_sim.state import Container, HostState, RayCluster
-from sparkd_sim.vllm_server import SERVED_KEPT, SimVllmServer
+from sparkd_sim.vllm_behaviour import SERVED_KEPT
+from sparkd_sim.vllm_server import SimVllmServer
 
 # What the docker CLI prints (rc 1) when dockerd does not listen on its socket.
 DOCKER_DOWN = (

@@ -63,7 +63,8 @@ from sparkd_sim.sshd import SimSshHost
 from sparkd_sim.state import HostState
 from sparkd_sim.timing import Timing
 from sparkd_sim.toolserver import ToolServer
-from sparkd_sim.vllm_server import FieldNaming, ModelBehaviour, Served
+from sparkd_sim.vllm_behaviour import ModelBehaviour, Served
+from sparkd_sim.vllm_schema import FieldNaming
 
 # The names tests, the demo and the CLI take from here, wherever they are defined.
 __all__ = [

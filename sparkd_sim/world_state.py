@@ -26,7 +26,8 @@ from sparkd_sim.serve import ServeProcess
 from sparkd_sim.state import Container
 from sparkd_sim.timing import Timing
 from sparkd_sim.toolserver import ToolServer
-from sparkd_sim.vllm_server import FieldNaming, Served
+from sparkd_sim.vllm_behaviour import Served
+from sparkd_sim.vllm_schema import FieldNaming
 
 _SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
