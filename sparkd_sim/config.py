@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from sparkd_sim.reference import INTERFACE, MODEL_ID, QWEN_IMAGE, STALE_UNITS
 
 if TYPE_CHECKING:
-    from sparkd_sim.world import World
+    from sparkd_sim.world_state import WorldState
 
 
 def _q(value: str) -> str:
@@ -17,7 +17,7 @@ def _q(value: str) -> str:
     return json.dumps(value)
 
 
-def render_config(world: World) -> str:
+def render_config(world: WorldState) -> str:
     out = [
         "# Written by the sparkd simulator for its world in " + str(world.directory),
         "[daemon]",

@@ -12,14 +12,21 @@ import contextlib
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from sparkd_sim.world import World
+
+class Controlled(Protocol):
+    """What the socket drives (`World`), named here so this module needs nothing of the world's."""
+
+    async def fault(self, name: str, host: str, arg: str | None = None) -> str: ...
+
+    def query(self, name: str, host: str) -> list[dict[str, Any]]: ...
+
+    async def power(self, action: str, host: str) -> str: ...
 
 
 class ControlServer:
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: Controlled) -> None:
         self._world = world
         self._server: asyncio.AbstractServer | None = None
         self._path: Path | None = None

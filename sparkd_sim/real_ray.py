@@ -31,7 +31,7 @@ from pathlib import Path
 
 from sparkd_sim.engine import HostEngine
 from sparkd_sim.protocol import Done
-from sparkd_sim.serve import Held
+from sparkd_sim.serve_hooks import Held
 from sparkd_sim.state import Container
 
 # Small: the object store only holds what the placement helper's driver puts there (nothing).

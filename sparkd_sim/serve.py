@@ -8,14 +8,13 @@ import asyncio
 import contextlib
 import posixpath
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from sparkd_sim.checkpoint import missing_files
 from sparkd_sim.engine import HostEngine
-from sparkd_sim.protocol import Done, Stream, fail
+from sparkd_sim.protocol import Stream
+from sparkd_sim.serve_args import ServeArgs
+from sparkd_sim.serve_hooks import Held, ModelServer, Placement, ServeFaults, ServerFactory
 from sparkd_sim.state import Container, GpuProcess, RayCluster, SimProcess
 from sparkd_sim.timing import Timing
 from sparkd_sim.vllm_logs import (
@@ -31,178 +30,8 @@ from sparkd_sim.vllm_logs import (
 )
 
 SHARDS = 39
-# vLLM 0.32's top-level usage, as argparse prints it with an error.
-TOP_USAGE = (
-    "usage: vllm [-h] [-v]\n"
-    "            {chat,complete,serve,launch,bench,collect-env,download-kernels,preload,"
-    "run-batch,snapshot}\n"
-    "            ...\n"
-)
 GRAPH_SIZES = 67
 WEIGHTS_MIB = 96073
-
-
-class ModelServer(Protocol):
-    async def start(self) -> int: ...
-    async def stop(self) -> None: ...
-
-
-ServerFactory = Callable[[str, str, int, str | None, int], ModelServer]
-"""(model id, listen address, port, api key, max model len) -> server."""
-
-
-@dataclass
-class Held:
-    """GPUs a placement group holds: the Ray containers its bundles landed in, and what ends
-    the hold (a node holding a bundle died: vLLM's engine dies with it)."""
-
-    nodes: list[tuple[HostEngine, Container]]
-    lost: asyncio.Future[str]
-
-
-class Placement(Protocol):
-    """The GPUs of a real Ray cluster (`World(ray="real")`) instead of `RayCluster`'s count."""
-
-    async def acquire(self, gpus: int) -> Held | list[str]:
-        """The hold, or the lines vLLM prints before it exits for want of it."""
-        ...
-
-    def release(self) -> None: ...
-
-
-_VALUE_FLAGS = {
-    "--port",
-    "--host",
-    "--tensor-parallel-size",
-    "-tp",
-    "--pipeline-parallel-size",
-    "-pp",
-    "--reasoning-parser",
-    "--tool-call-parser",
-    "--max-model-len",
-    "--gpu-memory-utilization",
-    "--served-model-name",
-    "--api-key",
-    "--distributed-executor-backend",
-    "--max-num-seqs",
-    "--kv-cache-dtype",
-    "--dtype",
-    "--quantization",
-    "--download-dir",
-    "--load-format",
-    "--max-num-batched-tokens",
-    "--uvicorn-log-level",
-    "--swap-space",
-    "--block-size",
-    "--seed",
-    "--chat-template",
-    "--limit-mm-per-prompt",
-    "--mm-encoder-tp-mode",
-    "--compilation-config",
-    "--speculative-config",
-    "--data-parallel-size",
-    "--tokenizer",
-    "--revision",
-}
-_BOOL_FLAGS = {
-    "--enable-auto-tool-choice",
-    "--trust-remote-code",
-    "--enforce-eager",
-    "--enable-prefix-caching",
-    "--no-enable-prefix-caching",
-    "--enable-chunked-prefill",
-    "--disable-log-requests",
-    "--disable-log-stats",
-    "--async-scheduling",
-    "--enable-expert-parallel",
-}
-
-
-@dataclass
-class ServeArgs:
-    model: str
-    port: int = 8000
-    host: str | None = None
-    tensor_parallel: int = 1
-    pipeline_parallel: int = 1
-    served_name: str | None = None
-    api_key: str | None = None
-    max_model_len: int = 262144
-    argv: list[str] = field(default_factory=list)
-
-    @property
-    def gpus(self) -> int:
-        return self.tensor_parallel * self.pipeline_parallel
-
-
-def parse_serve(args: list[str], env_api_key: str) -> ServeArgs | Done:
-    usage = "usage: vllm serve [model_tag] [options]\n"
-    if not args or args[0].startswith("-"):
-        return fail(usage + "vllm serve: error: the following arguments are required: model_tag", 2)
-    parsed = ServeArgs(model=args[0], api_key=env_api_key or None, argv=list(args))
-    unknown: list[str] = []
-    i = 1
-    while i < len(args):
-        name, eq, value = args[i].partition("=")
-        if name in _VALUE_FLAGS:
-            if not eq:
-                i += 1
-                if i >= len(args):
-                    return fail(
-                        usage + f"vllm serve: error: argument {name}: expected one argument", 2
-                    )
-                value = args[i]
-            try:
-                if name == "--port":
-                    parsed.port = int(value)
-                elif name in ("--tensor-parallel-size", "-tp"):
-                    parsed.tensor_parallel = int(value)
-                elif name in ("--pipeline-parallel-size", "-pp"):
-                    parsed.pipeline_parallel = int(value)
-                elif name == "--max-model-len":
-                    parsed.max_model_len = int(value)
-            except ValueError:
-                return fail(
-                    usage + f"vllm serve: error: argument {name}: invalid int value: '{value}'", 2
-                )
-            if name == "--served-model-name":
-                parsed.served_name = value
-            elif name == "--api-key":
-                parsed.api_key = value
-            elif name == "--host":
-                parsed.host = value
-        elif name not in _BOOL_FLAGS:
-            unknown.append(args[i])
-        i += 1
-    if unknown:
-        # The serve subparser only collects them; the top-level `vllm` parser reports them, with
-        # its own usage (tests/fixtures/vllm-real/serve-unknown-argument.txt).
-        return fail(TOP_USAGE + "vllm: error: unrecognized arguments: " + " ".join(unknown), 2)
-    return parsed
-
-
-@dataclass
-class ServeFaults:
-    """Per-host switches the world's fault API flips."""
-
-    slow_load: bool = False
-    oom_capture: bool = False
-    # One-shot: the next load stops making progress at 40% and never finishes (a wedged read).
-    stall_load: bool = False
-    # One-shot: the next load sticks at 41% while its log keeps getting warnings/heartbeats.
-    chatty_stall: bool = False
-    # Loads print the harmless lines real vLLM and Ray print (ulimit warning, the autoscaler's
-    # `Error: No available node types...` notice, a Python warning naming a RuntimeError).
-    noisy_log: bool = False
-    # One-shot: the next CUDA-graph capture stops half-way while its ranks spin in an NCCL
-    # wait: no new line, every engine process busy at 100 % CPU, for ever.
-    hang_capture: bool = False
-    # Model path -> the shard its index names that is not on disk: every load of that model
-    # fails before its first shard, as long as the file is missing.
-    missing_weights: dict[str, str] = field(default_factory=dict)
-    # Model path -> a shard that goes from disk once the next serve of that model has started
-    # (a clean-up racing a cutover that was prepared): that load fails for it.
-    vanish_weights: dict[str, str] = field(default_factory=dict)
 
 
 class ServeProcess:

@@ -20,13 +20,12 @@ import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import choose_encoder
 
+from sparkd_sim.vllm_behaviour import SERVED_KEPT, EngineState, ModelBehaviour, Served
 from sparkd_sim.vllm_schema import (
     ENGINE_DEAD_MESSAGE,
     UNAUTHORIZED,
@@ -58,7 +57,6 @@ __all__ = [
     "SimVllmServer",
 ]
 
-EngineState = Literal["ok", "dead", "hung"]
 
 MAX_BODY_BYTES = 1 << 20
 """Request bodies above this are refused with 413."""
@@ -70,38 +68,8 @@ _STATE_POLL = 0.01  # how soon a stalled request notices the engine recovered or
 _SHUTDOWN_GRACE = 0.02  # stop(): wait this long for handlers before cancelling them
 
 
-@dataclass
-class ModelBehaviour:
-    """How the served model behaves; mutable, the world changes it at run time (faults)."""
-
-    style: AnswerStyle = "reasoning_only"
-    naming: FieldNaming = "reasoning"
-    engine: EngineState = "ok"
-    token_latency: float = 0.002
-    """Seconds per generated token (a real GB10 pair: ~0.05)."""
-    first_token_latency: float = 0.01
-    slow_factor: float = 20.0
-    """`slow` and `busy` completions take this many times longer."""
-
-
 class _EngineDied(Exception):
     """The engine died while a request was being generated."""
-
-
-# How many of its latest requests a server remembers (`SimVllmServer.served`).
-SERVED_KEPT = 1000
-
-
-@dataclass(frozen=True)
-class Served:
-    """One request as the server saw it: from its arrival to the end of its response body
-    (a streamed one included), for comparing with what a client measured."""
-
-    method: str
-    path: str
-    status: int
-    at: float  # wall clock at arrival
-    seconds: float
 
 
 class SimVllmServer:

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from sparkd.shell.ssh import SshPool
 from sparkd_demo.cli import sparkd_spec_labels
-from sparkd_sim import world as world_module
+from sparkd_sim import routing
 from sparkd_sim.vllm_server import SimVllmServer
 from sparkd_sim.world import World
 from tests.e2e.conftest import mutations
@@ -40,7 +40,7 @@ async def counted_world(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: SshPool
 ) -> AsyncIterator[World]:
     monkeypatch.setattr(CountingServer, "completions", [])
-    monkeypatch.setattr(world_module, "SimVllmServer", CountingServer)
+    monkeypatch.setattr(routing, "SimVllmServer", CountingServer)
     async with live_world(tmp_path / "world", "healthy", spec_labels=sparkd_spec_labels) as world:
         cluster = cluster_of(world)
         await observe_until(cluster, pool, serving(cluster), probe_due=lambda _: False)

@@ -19,7 +19,7 @@ from sparkd.core import parsers
 from sparkd.core.classify import classify_response, classify_stream
 from sparkd.shell.model_http import parse_vllm_metrics
 from sparkd_sim.protocol import Done
-from sparkd_sim.serve import parse_serve
+from sparkd_sim.serve_args import parse_serve
 from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
 
 REAL = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-real"

@@ -1,0 +1,241 @@
+"""Where calls go: each fake-tool call to its fake (or real) tool, `vllm serve` to a model server,
+`kill` to the process it names, and an SSH channel's port to the server listening for it."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import time
+from collections import deque
+
+from sparkd_sim import fake_fabric, fake_ip, fake_kernel, fake_nvidia_smi, fake_system
+from sparkd_sim.consequences import Consequences
+from sparkd_sim.fake_docker import FakeDocker
+from sparkd_sim.hosts import HungCall, SimHost
+from sparkd_sim.openssh import OpenSshHost
+from sparkd_sim.protocol import Done, Reply, Stream, ToolCall, fail
+from sparkd_sim.serve import ServeProcess
+from sparkd_sim.serve_args import parse_serve
+from sparkd_sim.serve_hooks import ModelServer
+from sparkd_sim.state import Container, HostState, RayCluster
+from sparkd_sim.vllm_behaviour import SERVED_KEPT
+from sparkd_sim.vllm_server import SimVllmServer
+
+# What the docker CLI prints (rc 1) when dockerd does not listen on its socket.
+DOCKER_DOWN = (
+    "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
+    "Is the docker daemon running?"
+)
+
+
+class ToolRouting(Consequences):
+    """The fake tools' calls and the SSH channels, routed to what answers them."""
+
+    def _dashboard_head(self, host: str) -> RayCluster | None:
+        """The Ray head on `host` whose dashboard answers now."""
+        now = time.monotonic()
+        for cluster in self.ray.clusters:
+            if cluster.head_host == host and cluster.dashboard and cluster.answers(now):
+                return cluster
+        return None
+
+    def _real_port(self, address: str, port: int) -> int | None:
+        """Where a channel to `address:port` goes: a model server, or a head's dashboard while
+        it answers; None is refused."""
+        found = self.listening.get((address, port))
+        if found is not None or self.real_ray is not None:
+            real = self.real_ray is not None and port == self.real_ray.dashboard_port
+            return found if found is not None else port if real else None
+        for name, server in self._dashboards.items():
+            head = self._dashboard_head(name) if server.address == address else None
+            if head is not None and head.dashboard_port == port:
+                return server.port
+        return None
+
+    # -- the fake tools --------------------------------------------------------------------------
+
+    async def handle(self, call: ToolCall) -> Reply:
+        host = self.hosts.get(call.host)
+        if host is None:
+            return fail(f"{call.tool}: unknown simulated host {call.host!r}", 125)
+        if call.tool == "@ssh":
+            # From the ForceCommand wrapper of a host behind a real sshd.
+            self._record(host.name, "ssh", call.args[0] if call.args else "")
+            return Done()
+        container = host.state.containers.get(call.container) if call.container else None
+        self._record(host.name, "tool", " ".join(call.argv), container.name if container else None)
+        state = host.state
+        tool = call.tool
+        if any(tuple(call.argv[: len(prefix)]) == prefix for prefix in host.hung_tools):
+            return self._hang(host, call)
+        if tool == "ray" and container is not None and self._frozen(container.id):
+            # Its processes are stopped: the CLI waits on them for ever.
+            return self._hang(host, call)
+        if tool == "docker":
+            if container is not None:
+                return fail("bash: docker: command not found", 127)
+            if host.docker_down:
+                return fail(DOCKER_DOWN, 1)
+            return await FakeDocker(host.engine, lambda c: self.session_env(host.name, c))(call)
+        if tool == "ray":
+            if self.real_ray is not None and container is not None:
+                return await self.real_ray.cli(container, call.args)
+            return self.ray.cli(container, call.args)
+        if tool == "vllm":
+            return self._vllm(host, container, call)
+        if tool == "systemctl":
+            return fake_system.systemctl(state, call.args)
+        if tool == "nvidia-smi":
+            return fake_nvidia_smi.nvidia_smi(state, call.args)
+        if tool == "ip":
+            return fake_ip.ip(state, call.args)
+        if tool == "df":
+            return fake_system.df(state, call.args)
+        if tool == "kill":
+            return fake_system.kill(state, call.args, self._deliver_signal)
+        if tool == "cat" and call.args == [fake_kernel.MEMINFO_PATH]:
+            return Done(stdout=fake_kernel.meminfo(state))
+        if tool == "cat":
+            return fake_system.cat_boot_id(state, call.args)
+        if tool == "journalctl":
+            return fake_kernel.journalctl(state, call.args)
+        if tool == "grep":
+            return fake_fabric.grep(state.interface, state.data_ip, state.link, call.args)
+        return fail(f"bash: {tool}: command not found", 127)
+
+    def _hang(self, host: SimHost, call: ToolCall) -> Stream:
+        """Answer nothing, ever: the call ends only when its caller goes away."""
+        hung = HungCall(host.name, call.argv)
+        self.hung_calls.append(hung)
+        stream = Stream()
+
+        def released() -> None:
+            hung.released = True
+
+        stream.on_disconnect = released
+        return stream
+
+    def _vllm(self, host: SimHost, container: Container | None, call: ToolCall) -> Reply:
+        if container is None:
+            return fail("bash: vllm: command not found", 127)
+        if not call.args or call.args[0] != "serve":
+            return fail(
+                "usage: vllm [-h] [-v] {chat,complete,serve,bench,collect-env,run-batch}"
+                f"\nvllm: error: argument subparser: invalid choice: "
+                f"'{call.args[0] if call.args else ''}'",
+                2,
+            )
+        args = parse_serve(call.args[1:], call.api_key)
+        if isinstance(args, Done):
+            return args
+
+        def make_server(
+            model: str, address: str, port: int, key: str | None, max_len: int
+        ) -> ModelServer:
+            served = self.served.setdefault(host.name, deque(maxlen=SERVED_KEPT))
+            server = SimVllmServer(
+                model,
+                host.behaviour,
+                host=address,
+                # A real sshd dials the model port it is asked for, so there the model listens
+                # on it; elsewhere on an ephemeral one, so worlds never collide.
+                port=port if self.ssh_server == "openssh" else 0,
+                api_key=key,
+                max_model_len=max_len,
+                served=served,
+            )
+            return _MappedServer(server, address, port, self.listening)
+
+        serve = ServeProcess(
+            host.engine,
+            container,
+            args,
+            self.ray.cluster_of(container.id),
+            {h.name: h.engine for h in self.hosts.values()},
+            self.timing,
+            host.faults,
+            make_server,
+            self.real_ray.placement(container) if self.real_ray is not None else None,
+        )
+        self.serves.append(serve)
+        serve.stream.exit_code.add_done_callback(lambda _: self._forget(serve))
+        if self.real_ray is not None:
+            # No `_node_lost` from real Ray: the engine a frozen node hung ends with its serve.
+            serve.stream.exit_code.add_done_callback(lambda _: self._unhang_engine(serve))
+        return serve.stream
+
+    def _forget(self, serve: ServeProcess) -> None:
+        with contextlib.suppress(ValueError):
+            self.serves.remove(serve)
+        # A broken link hung this process's NCCL, not the next launch's.
+        for host in self.hosts.values():
+            if host.engine is serve.engine and host.name in self._engines_hung_by_link:
+                self._engines_hung_by_link.discard(host.name)
+                if host.behaviour.engine == "hung":
+                    host.behaviour.engine = "ok"
+
+    def _deliver_signal(self, state: HostState, pid: int, sig: int) -> bool:
+        host = self.hosts[state.name]
+        for serve in self.serves:
+            if serve.engine is host.engine and serve.pid == pid:
+                if sig:
+                    serve.kill_api_server() if sig == 9 else serve.terminate()
+                return True
+            for engine, _, proc, _ in serve.workers:
+                if engine is host.engine and proc.pid == pid:
+                    if sig:
+                        serve.crash(f"RayWorkerWrapper pid={pid} killed by signal {sig}")
+                    return True
+        for container in state.containers.values():
+            for index, proc in enumerate(container.processes):
+                if proc.pid == pid:
+                    if sig in (19, 20):
+                        self._freeze(container)
+                    elif sig == 18:
+                        self._thaw(container)
+                    elif sig:
+                        # The main process, or a Ray daemon `ray start --block` watches: either
+                        # way the container's main command ends.
+                        rc = 128 + sig if index == 0 else 1
+                        host.engine.stop_container(container, rc, by_user=False)
+                    return True
+        for gpu in list(state.gpu_processes):
+            if gpu.pid == pid and gpu.container_id is None:
+                if sig:
+                    state.gpu_processes.remove(gpu)
+                return True
+        return False
+
+    def install_forced_command(self, host: str, program: str) -> None:
+        """A forced-command program in front of `host`'s sshd (the OpenSSH server only)."""
+        ssh = self.host(host).ssh
+        if not isinstance(ssh, OpenSshHost):
+            raise ValueError("a forced command needs ssh_server='openssh'")
+        ssh.install_forced_command(program)
+
+
+class _MappedServer:
+    """A model server on an ephemeral port, known to the world by the port vLLM was given."""
+
+    def __init__(
+        self,
+        server: SimVllmServer,
+        address: str,
+        port: int,
+        table: dict[tuple[str, int], int],
+    ) -> None:
+        self.server = server
+        self.key = (address, port)
+        self.table = table
+
+    async def start(self) -> int:
+        if self.key in self.table:
+            raise OSError(errno.EADDRINUSE, f"[Errno 98] address already in use: {self.key}")
+        real = await self.server.start()
+        self.table[self.key] = real
+        return self.key[1]
+
+    async def stop(self) -> None:
+        if self.table.get(self.key) == self.server.port:
+            del self.table[self.key]
+        await self.server.stop()
