@@ -72,3 +72,6 @@ _.started_in
 _._crash
 _._crash_rc
 _.expired
+# The controller's answer to "when is the next look" without running a cycle: what the horizon
+# tests and the time-invariant machine ask (the loop takes the same `next_look` with its reason).
+_.next_delay
