@@ -316,8 +316,11 @@ class Ownership:
                 self._drop(claim, "owner key gone or replaced", kv)
         now = self.clock()
         held = [name for name, claim in self.claims.items() if claim.token is not None]
-        was_deferring = self.peers.defer_to
+        was_deferring, was_assigned = self.peers.defer_to, self.peers.assigned
         self.peers.read(self.claims, members, owners, held, now)
+        if self.peers.assigned != was_assigned and self.peers.fingerprint is not None:
+            mine = sorted(c for c, m in self.peers.assigned.items() if m == self.spec.instance)
+            self.log.info("share", clusters=mine, members=sorted(self.peers.seen))
         fresh: list[str] = []
         for name, claim in self.claims.items():
             if claim.token is not None:
