@@ -9,7 +9,8 @@ The timings are this instance's own clock (CLOCK_BOOTTIME), never a time another
 * a fresh instance waits one TTL (`settle`) before contending for its share, so instances
   started together register first and spread the clusters without handing any off;
 * a held cluster assigned to another member is handed off only once that member has been
-  seen for two TTLs, while the cluster is settled, and one handoff per HANDOFF_SPACING.
+  seen for two TTLs, two rounds in a row assigned it there, while the cluster is settled,
+  and one handoff per HANDOFF_SPACING.
 Without a fingerprint (an instance on its own, as the ownership tests run it) there is no
 sharing: it contends for every cluster and hands nothing off.
 """
@@ -43,6 +44,8 @@ class Peers:
         self.seen: dict[str, float] = {}
         self.members: list[Member] = []
         self.assigned: dict[str, str] = {}
+        # The round before's: a handoff needs two rounds that agree, never one odd reading.
+        self.assigned_before: dict[str, str] = {}
         # When each cluster was first read with no owner key, since it last had one.
         self.unheld_since: dict[str, float] = {}
         self.handed_off_at: float | None = None
@@ -93,6 +96,7 @@ class Peers:
         current = {n: h for n, h in holders.items() if h in sharing} | dict.fromkeys(
             held, self.instance
         )
+        self.assigned_before = self.assigned
         self.assigned = assign(names, sharing, current)
 
     def contend(self, cluster: str, now: float) -> bool:
@@ -118,6 +122,8 @@ class Peers:
         for name in sorted(held):
             to = self.assigned.get(name, self.instance)
             if to == self.instance or now - self.seen.get(to, now) < 2 * self.ttl:
+                continue
+            if self.assigned_before.get(name) != to:
                 continue
             if quiet(name):
                 return name

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import itertools
+import json
 from collections import Counter
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkd.ha.shard import Member, assign, cap, fingerprint, odd_one_out
+from sparkd.ha.etcd import KeyValue
+from sparkd.ha.peers import Peers
+from sparkd.ha.shard import HANDOFF_SPACING, Member, assign, cap, fingerprint, odd_one_out, score
 
 NAMES = st.text("abcdefghij-0123456789", min_size=1, max_size=6)
 CLUSTERS = st.lists(NAMES.map(lambda s: f"c-{s}"), min_size=0, max_size=14, unique=True)
@@ -121,3 +124,39 @@ def test_the_odd_instance_defers_and_a_tie_goes_to_the_one_acting() -> None:
     assert odd_one_out("f1", tie, ["f1"]) is None
     # A member from before fingerprints (none in its key) counts for nobody.
     assert odd_one_out("f1", [Member("a", None), Member("b", None)], []) is None
+
+
+def kv(key: str, value: dict[str, object]) -> KeyValue:
+    return KeyValue(key, json.dumps(value).encode(), 1, 1, 1)
+
+
+def test_a_handoff_needs_two_rounds_that_agree() -> None:
+    """One reading that moves a cluster (a key read mid-change) hands nothing off; the same
+    assignment read again does."""
+    members = [kv(f"m/{m}", {"instance": m, "fingerprint": "f"}) for m in ("ops-a", "ops-b")]
+
+    def owners(held: dict[str, str]) -> dict[str, KeyValue]:
+        return {c: kv(f"o/{c}", {"instance": m}) for c, m in held.items()}
+
+    # Four clusters, a holding the two it keeps; then it also holds a third, one of its first
+    # two scoring lowest for it, so that one is what it sheds.
+    names = next(
+        n
+        for i in range(100)
+        if min((n := [f"c{i}-{j}" for j in range(4)])[:3], key=lambda c: score(c, "ops-a")) != n[2]
+    )
+    peers = Peers("ops-a", "f", ttl=3, settle=0)
+    before = {names[0]: "ops-a", names[1]: "ops-a", names[2]: "ops-b", names[3]: "ops-b"}
+    peers.read(names, members, owners(before), [names[0], names[1]], now=0.0)
+    assert peers.handoff(names[:2], 10.0, lambda c: True) is None  # balanced
+    moved = {**before, names[2]: "ops-a"}
+    mine = names[:3]
+    peers.read(names, members, owners(moved), mine, now=10.0)
+    shed = min(mine, key=lambda c: score(c, "ops-a"))
+    assert peers.assigned[shed] == "ops-b"
+    assert peers.handoff(mine, 10.0, lambda c: True) is None  # the first round saying so
+    peers.read(names, members, owners(moved), mine, now=11.0)
+    assert peers.handoff(mine, 11.0, lambda c: c != shed) is None  # not settled
+    assert peers.handoff(mine, 11.0, lambda c: True) == shed
+    peers.handed_off(11.0)
+    assert peers.handoff(mine, 11.0 + HANDOFF_SPACING - 0.1, lambda c: True) is None
