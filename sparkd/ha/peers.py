@@ -6,8 +6,9 @@ The timings are this instance's own clock (CLOCK_BOOTTIME), never a time another
 * a cluster nobody holds is contended by whichever member it is assigned to; by anyone once it
   has gone unheld for one TTL (after its settling), whatever the assignment says, so it is
   never left unowned;
-* a fresh instance waits one TTL (`settle`) before contending for its share, so instances
-  started together register first and spread the clusters without handing any off;
+* a fresh instance waits one TTL (`settle`) before contending for its share of clusters it
+  has not seen owned, so instances started together register first and spread them without
+  handing any off; a cluster whose owner it saw go is its to take at once;
 * a held cluster assigned to another member is handed off only once that member has been
   seen for two TTLs, two rounds in a row assigned it there, while the cluster is settled,
   and one handoff per HANDOFF_SPACING.
@@ -48,6 +49,8 @@ class Peers:
         self.assigned_before: dict[str, str] = {}
         # When each cluster was first read with no owner key, since it last had one.
         self.unheld_since: dict[str, float] = {}
+        # Clusters read with an owner key: losing that owner is a takeover, not a start.
+        self.seen_held: set[str] = set()
         self.handed_off_at: float | None = None
         self.handoffs = 0
         # The fingerprint this instance defers to while its own differs from the others'.
@@ -69,6 +72,7 @@ class Peers:
         for name in names:
             if name in owners:
                 self.unheld_since.pop(name, None)
+                self.seen_held.add(name)
             else:
                 self.unheld_since.setdefault(name, now)
         for name in set(self.unheld_since) - set(names):
@@ -105,7 +109,10 @@ class Peers:
             return True
         if self.defer_to is not None:
             return False
-        if self.registered_at is None or now - self.registered_at < self.settle:
+        if self.registered_at is None:
+            return False
+        settling = now - self.registered_at < self.settle
+        if settling and cluster not in self.seen_held:
             return False
         # Counted from the end of the settling: the member it is assigned to had its chance.
         since = max(self.unheld_since.get(cluster, now), self.registered_at + self.settle)

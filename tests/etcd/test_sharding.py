@@ -209,3 +209,19 @@ async def test_the_instance_whose_config_differs_refuses_and_says_so(
     finally:
         for one in (a, b, odd):
             await one.stop()
+
+
+async def test_a_fresh_instance_takes_over_at_once_what_it_saw_owned(etcd: EtcdServer) -> None:
+    clock = Clock()
+    a = instance(etcd, "ops-a", clock, settle=0)
+    b = instance(etcd, "ops-b", clock)  # it waits one TTL only for clusters it never saw owned
+    try:
+        await a.round()
+        await b.round()
+        assert all(a.may_act(c) for c in CLUSTERS)
+        await a.stop()  # a graceful stop, within b's first TTL: b takes every cluster at once
+        await b.round()
+        assert all(b.may_act(c) for c in CLUSTERS)
+        assert b.takeovers == len(CLUSTERS)
+    finally:
+        await b.stop()
