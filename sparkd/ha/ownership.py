@@ -227,6 +227,8 @@ class Ownership:
     async def _run(self) -> None:
         while not self._stopping:
             started = self.clock()
+            # Cleared before the round: a deletion heard during it brings the next one at once.
+            self._poke.clear()
             try:
                 await self.round()
             except Exception:  # the renewals must outlive any surprise; may_act stays bounded
@@ -238,7 +240,6 @@ class Ownership:
             # A lost lease is granted again at once; otherwise the next renewal is due.
             delay = 0.0 if self.lease is None and self.reachable else self.spec.renew_interval
             delay = max(0.0, delay - (self.clock() - started))
-            self._poke.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._poke.wait(), timeout=delay)
 

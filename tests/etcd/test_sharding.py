@@ -4,7 +4,9 @@ spacing, orphans, and the instance whose config differs."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -223,5 +225,35 @@ async def test_a_fresh_instance_takes_over_at_once_what_it_saw_owned(etcd: EtcdS
         await b.round()
         assert all(b.may_act(c) for c in CLUSTERS)
         assert b.takeovers == len(CLUSTERS)
+    finally:
+        await b.stop()
+
+
+async def test_a_deletion_heard_during_a_round_brings_the_next_at_once(etcd: EtcdServer) -> None:
+    a = Ownership(spec(etcd, "a"), ["c1"])
+    await a.round()
+    b = Ownership(spec(etcd, "b"), ["c1"])
+    # The standby never renews on its own: only the deletion it heard can make it try again.
+    b.spec = b.spec.model_copy(update={"renew_interval": 3600.0})
+    plain = b.round
+    inside, leave = asyncio.Event(), asyncio.Event()
+
+    async def held_open() -> None:
+        await plain()
+        if not inside.is_set():  # the first round stays open while the owner goes
+            inside.set()
+            await leave.wait()
+
+    b.round = held_open  # type: ignore[method-assign]
+    b.start()
+    try:
+        await asyncio.wait_for(inside.wait(), 5)
+        await a.stop()  # its key deleted: b's watch hears it while its round is still open
+        await asyncio.sleep(0.5)
+        leave.set()
+        took = time.monotonic()
+        while not b.may_act("c1"):
+            assert time.monotonic() - took < 2.0, "the deletion heard mid-round was lost"
+            await asyncio.sleep(0.02)
     finally:
         await b.stop()
