@@ -16,6 +16,8 @@ The rules (HA.md section 4.2, after Patroni and client-go's leader election):
 * A graceful stop revokes the lease: every owner key goes at once and a standby takes over.
 * An operator's pause or resume is a control record in etcd (sparkd.ha.control): the owner
   reads it every renewal, hears it through the watch, and hands each new one to its controller.
+* Several instances share the clusters (sparkd.ha.peers): each contends only for its share,
+  hands one off when the share moves, and refuses them all while its config differs.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import structlog
 from sparkd.ha.config import HaSpec
 from sparkd.ha.control import Control, applied_key, applied_revision, control_key, decode, encode
 from sparkd.ha.etcd import EtcdClient, EtcdError, EtcdUnavailable, KeyValue
+from sparkd.ha.peers import Peers
 from sparkd.shell.catalogue import FenceToken
 
 Role = Literal["owner", "standby", "no etcd"]
@@ -70,6 +73,9 @@ class Ownership:
         wall_clock: Callable[[], float] = time.time,
         on_change: Callable[[str], None] = lambda cluster: None,
         on_control: Callable[[str, int, Control], bool] = lambda cluster, revision, c: False,
+        fingerprint: str | None = None,
+        settle: float = 0.0,
+        quiet: Callable[[str], bool] = lambda cluster: True,
     ) -> None:
         self.spec = spec
         self.client = client or EtcdClient(
@@ -81,6 +87,10 @@ class Ownership:
         self.on_control = on_control
         # Per cluster, the mod revision of the control record last handed to the controller.
         self.control_seen: dict[str, int] = {}
+        # Whether a cluster may be handed off now: no action in flight, no grace window open.
+        self.quiet = quiet
+        self.peers = Peers(spec.instance, fingerprint, spec.lease_ttl, settle)
+        self._member_written: str | None = None
         self.claims = {name: Claim(name) for name in clusters}
         self.lease: int | None = None
         self.granted = 0
@@ -199,6 +209,7 @@ class Ownership:
             "etcd": "reachable" if self.reachable else "unreachable",
             "endpoint": self.client.endpoint,
             "lease_remaining_seconds": round(self.lease_remaining(), 3),
+            **self.peers.status(),
             "clusters": {
                 name: {
                     "role": self.role(name),
@@ -220,6 +231,8 @@ class Ownership:
     async def _run(self) -> None:
         while not self._stopping:
             started = self.clock()
+            # Cleared before the round: a deletion heard during it brings the next one at once.
+            self._poke.clear()
             try:
                 await self.round()
             except Exception:  # the renewals must outlive any surprise; may_act stays bounded
@@ -231,7 +244,6 @@ class Ownership:
             # A lost lease is granted again at once; otherwise the next renewal is due.
             delay = 0.0 if self.lease is None and self.reachable else self.spec.renew_interval
             delay = max(0.0, delay - (self.clock() - started))
-            self._poke.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._poke.wait(), timeout=delay)
 
@@ -265,30 +277,60 @@ class Ownership:
     async def _grant(self) -> None:
         lease, ttl = await self.client.grant(self.spec.lease_ttl)
         self.lease, self.granted = lease, ttl
+        await self._register()
+        self.peers.registered_at = self.clock()
+        self.log.info("lease_granted", ttl=ttl)
+
+    async def _register(self) -> None:
+        assert self.lease is not None
         member = {
             "instance": self.spec.instance,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "clusters": sorted(self.claims),
+            **self.peers.member_value(),
         }
         await self.client.put(
             f"{self.spec.prefix}members/{self.spec.instance}",
             json.dumps(member).encode(),
-            lease,
+            self.lease,
         )
-        self.log.info("lease_granted", ttl=ttl)
+        self._member_written = self.peers.fingerprint
+
+    def set_fingerprint(self, fingerprint: str | None) -> None:
+        """The clusters' config changed (a reload): the member key says so from the next round."""
+        self.peers.fingerprint = fingerprint
+        self._poke.set()
 
     async def _check_and_acquire(self, sent: float) -> None:
         assert self.lease is not None
+        if self._member_written != self.peers.fingerprint:
+            await self._register()
+        members, _ = await self.client.get_prefix(f"{self.spec.prefix}members/")
+        owned = f"{self.spec.prefix}owner/"
+        kvs, self.revision = await self.client.get_prefix(owned)
+        owners = {kv.key.removeprefix(owned): kv for kv in kvs}
+        owners = {name: kv for name, kv in owners.items() if name in self.claims}
         # Ownership stands until the round proves it: a held key that moved is dropped here,
         # before this round's renewal could extend the deadline for it.
+        for claim in self.claims.values():
+            kv = owners.get(claim.cluster)
+            if claim.token is not None and (
+                kv is None or kv.create_revision != claim.token or kv.lease != self.lease
+            ):
+                self._drop(claim, "owner key gone or replaced", kv)
+        now = self.clock()
+        held = [name for name, claim in self.claims.items() if claim.token is not None]
+        was_deferring, was_assigned = self.peers.defer_to, self.peers.assigned
+        self.peers.read(self.claims, members, owners, held, now)
+        if self.peers.assigned != was_assigned and self.peers.fingerprint is not None:
+            mine = sorted(c for c, m in self.peers.assigned.items() if m == self.spec.instance)
+            self.log.info("share", clusters=mine, members=sorted(self.peers.seen))
         fresh: list[str] = []
         for name, claim in self.claims.items():
-            kv, self.revision = await self.client.get(self.key(name))
             if claim.token is not None:
-                if kv is None or kv.create_revision != claim.token or kv.lease != self.lease:
-                    self._drop(claim, "owner key gone or replaced", kv)
                 continue
+            kv = owners.get(name)
             if kv is not None and kv.lease == self.lease:
                 # Bound to this process's own lease: written by an acquire whose answer was lost.
                 claim.token = kv.create_revision
@@ -299,9 +341,12 @@ class Ownership:
             if kv is not None:
                 self._note_holder(claim, kv)
                 continue
+            if not self.peers.contend(name, now):
+                continue
             value = {
                 "instance": self.spec.instance,
                 "nonce": self.nonce,
+                "config": self.peers.fingerprint,
                 "since": self.wall_clock(),
             }
             answer = await self.client.create(
@@ -323,7 +368,40 @@ class Ownership:
         self._listed.set()
         for name in fresh:
             self.on_change(name)
+        await self._share(was_deferring, now)
         await self._read_controls()
+
+    async def _share(self, was_deferring: str | None, now: float) -> None:
+        """Give back what is no longer this instance's: every cluster while its config differs
+        from the others', else at most one whose share moved to another member."""
+        peers = self.peers
+        if peers.defer_to != was_deferring:
+            if peers.defer_to is None:
+                self.log.info("config_matches", fingerprint=peers.fingerprint)
+            else:
+                self.log.error(
+                    "config_mismatch", fingerprint=peers.fingerprint, others=peers.defer_to,
+                    reason="this instance's clusters or their specs differ from the other "
+                    "instances': it refuses every cluster until its config matches theirs",
+                )  # fmt: skip
+        held = [name for name, claim in self.claims.items() if claim.token is not None]
+        if peers.defer_to is not None:
+            give = held
+        else:
+            one = peers.handoff(held, now, self.quiet)
+            give = [one] if one is not None else []
+        for name in give:
+            claim = self.claims[name]
+            token = claim.token
+            assert token is not None
+            to = peers.assigned.get(name) if peers.defer_to is None else None
+            self.log.info("handed_off", cluster=name, token=token, to=to)
+            # Before the delete: from here this instance starts nothing more on it.
+            claim.token = None
+            self.on_change(name)
+            if to is not None:
+                peers.handed_off(now)
+            await self.client.delete_if(self.key(name), token)
 
     async def _read_controls(self) -> None:
         """Hand each held cluster's newest control record to its controller, once."""

@@ -285,9 +285,37 @@ class Daemon:
         assert self.settings.ha is not None
         names = [c.name for c in self.settings.clusters]
         self.ha = Ownership(
-            self.settings.ha, names, on_change=self._ha_changed, on_control=self._ha_control
+            self.settings.ha,
+            names,
+            on_change=self._ha_changed,
+            on_control=self._ha_control,
+            fingerprint=self._fingerprint(self.settings),
+            # Instances started together register before any contends: no handoffs needed.
+            settle=float(self.settings.ha.lease_ttl),
+            quiet=self._ha_quiet,
         )
         self.metrics.registry.register(HaCollector(self.ha))
+
+    @staticmethod
+    def _fingerprint(settings: Settings) -> str:
+        from sparkd.ha.shard import fingerprint
+
+        return fingerprint(c.model_dump(mode="json") for c in settings.clusters)
+
+    def _ha_quiet(self, cluster_name: str) -> bool:
+        # A handoff waits for a settled cluster: no action in flight, no grace window open.
+        from sparkd.ha.shard import SETTLED_PHASES
+
+        controller = self.controllers.get(cluster_name)
+        if controller is None:
+            return True
+        plan = controller.view.plan
+        return (
+            controller.view.in_flight is None
+            and plan is not None
+            and not plan.actions
+            and plan.phase in SETTLED_PHASES
+        )
 
     def _ha_changed(self, cluster_name: str) -> None:
         # Acquired or lost: look now, so an owner acts at once and a former one stops.
@@ -385,6 +413,8 @@ class Daemon:
             pending.append("ha: changed")
             new = new.model_copy(update={"ha": self.settings.ha})
         self.settings = new
+        if self.ha is not None:
+            self.ha.set_fingerprint(self._fingerprint(new))
         wanted = {c.name: c for c in new.clusters}
         changed = [
             name
