@@ -11,7 +11,7 @@ import pytest
 
 from sparkd.runtime.daemon import Daemon
 from sparkd_sim.world import World
-from tests.e2e.conftest import FAST_EXECUTOR, eventually, mutations, world_settings
+from tests.support.daemon import FAST_EXECUTOR, eventually, mutations, world_settings
 
 TOKEN = "s3cret-token-value"
 

@@ -14,7 +14,9 @@ from sparkd.cli_api import render_status
 from sparkd.runtime.daemon import Daemon
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
-from tests.e2e.conftest import (
+from tests.e2e.test_invariants_sim import cycle_until, cycles
+from tests.e2e.test_metrics import fetch, parse, value
+from tests.support.daemon import (
     FAST_EXECUTOR,
     controller,
     converge,
@@ -22,8 +24,6 @@ from tests.e2e.conftest import (
     mutations,
     world_settings,
 )
-from tests.e2e.test_invariants_sim import cycle_until, cycles
-from tests.e2e.test_metrics import fetch, parse, value
 
 GIB = 1 << 30
 

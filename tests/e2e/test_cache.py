@@ -12,7 +12,7 @@ from sparkd.core.spec import container_name
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.fake_docker import image_id
 from sparkd_sim.world import World
-from tests.e2e.conftest import controller, converge, eventually, mutations
+from tests.support.daemon import controller, converge, eventually, mutations
 
 
 async def test_containers_mount_the_cache_and_old_entries_are_pruned(

@@ -23,7 +23,8 @@ from sparkd.runtime.notify import Notifier
 from sparkd.runtime.state import StateDir
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
-from tests.e2e.conftest import (
+from tests.e2e.test_process import phase, start_daemon, status
+from tests.support.daemon import (
     FAST_EXECUTOR,
     controller,
     eventually,
@@ -32,7 +33,6 @@ from tests.e2e.conftest import (
     world_settings,
     write_fast_config,
 )
-from tests.e2e.test_process import phase, start_daemon, status
 
 TOKEN = "durable-token"
 

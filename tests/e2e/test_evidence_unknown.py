@@ -21,7 +21,7 @@ from sparkd.shell.ssh import SshPool
 from sparkd_demo.cli import sparkd_spec_labels
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
-from tests.e2e.conftest import controller, converge, eventually, mutations
+from tests.support.daemon import controller, converge, eventually, mutations
 
 # The real load (30 s init, 600 s of shards, 120 s of graph capture) against the real
 # probe_interval (60 s), scaled to the tests' probe_interval (1.2 s): a load spans ~12 probes.

@@ -12,7 +12,7 @@ from sparkd.runtime.controller import Controller
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
-from tests.e2e.conftest import controller, converge, mutations
+from tests.support.daemon import controller, converge, mutations
 
 NEW_TAG = "vllm/vllm-openai:v0.33.0"
 

@@ -15,7 +15,8 @@ from sparkd.runtime.controller import Controller
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
-from tests.e2e.conftest import controller, converge, eventually, mutations
+from tests.support.daemon import controller, converge, eventually, mutations
+from tests.support.worlds import both_servers
 
 
 async def cycle_until(ctl: Controller, done: str, cycles: int = 200) -> list[Plan]:
@@ -188,6 +189,7 @@ def with_impostor_key(world: World, host: str, path: Path) -> Path:
     return path
 
 
+@both_servers
 async def test_a_changed_host_key_is_reported_and_nothing_is_sent_to_that_host(
     seed_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
@@ -212,6 +214,7 @@ async def test_a_changed_host_key_is_reported_and_nothing_is_sent_to_that_host(
     assert "spark-b (worker) unreachable (host_key: " in phase["reason"]
 
 
+@both_servers
 async def test_a_hung_remote_tool_is_ended_on_the_host_and_the_daemon_reads_on(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:

@@ -21,8 +21,8 @@ from sparkd.model.plan import PHASES
 from sparkd.model.probe import PROBE_OUTCOMES
 from sparkd.runtime.daemon import Daemon
 from sparkd_sim.world import World
-from tests.e2e.conftest import FAST_EXECUTOR, eventually, world_settings
 from tests.ops.tools import tool
+from tests.support.daemon import FAST_EXECUTOR, eventually, world_settings
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"

@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 
 from sparkd_sim.world import World
-from tests.e2e.conftest import eventually, free_port, write_fast_config
+from tests.support.daemon import eventually, free_port, write_fast_config
 
 
 async def test_ready_status_watchdog_reloading_stopping(seed_world: World, tmp_path: Path) -> None:

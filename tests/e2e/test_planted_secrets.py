@@ -13,8 +13,8 @@ import aiohttp
 
 from sparkd.settings import load_settings
 from sparkd_sim.world import World
-from tests.e2e.conftest import eventually, free_port, mutations, write_fast_config
 from tests.e2e.test_process import phase, sparkd, start_daemon, status
+from tests.support.daemon import eventually, free_port, mutations, write_fast_config
 
 KEY_A = "sk-planted-alpha-3c9e1d2b4a7f"
 KEY_B = "sk-planted-bravo-8c7d6e5f0a9b"

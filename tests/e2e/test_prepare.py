@@ -10,9 +10,9 @@ from sparkd.core import rollout
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.checkpoint import shard_name
 from sparkd_sim.world import World
-from tests.e2e.conftest import eventually, mutations
 from tests.e2e.test_api import TOKEN, get
 from tests.e2e.test_rollout import daemon_with, serves, serving_with_last_good
+from tests.support.daemon import eventually, mutations
 
 OTHER = "/models/Qwen3.5-122B-A10B-FP8-v2"
 

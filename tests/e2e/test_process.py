@@ -16,7 +16,8 @@ import aiohttp
 from sparkd.runtime.state import StateDir
 from sparkd_sim.state import GpuProcess
 from sparkd_sim.world import World
-from tests.e2e.conftest import eventually, free_port, mutations, write_fast_config
+from tests.support.daemon import eventually, free_port, mutations, write_fast_config
+from tests.support.worlds import both_servers
 
 SPARKD = [sys.executable, "-m", "sparkd.cli"]
 
@@ -146,6 +147,7 @@ async def test_sigterm_stops_cleanly_and_sighup_keeps_a_good_config(
     assert '"event": "stopping"' in text
 
 
+@both_servers
 async def test_live_plan_probe_status(healthy_world: World, tmp_path: Path) -> None:
     port = free_port()
     config = write_fast_config(healthy_world, tmp_path / "sparkd.toml", tmp_path / "state", port)
@@ -195,7 +197,7 @@ async def test_live_plan_probe_status(healthy_world: World, tmp_path: Path) -> N
 async def test_sparkd_sim_healthy_is_drift_free_for_the_config_it_prints(tmp_path: Path) -> None:
     """`sparkd sim --scenario healthy`, then `sparkd plan` on the config it printed: nothing to
     change (no Ray or model restart for a spec the simulator spelled differently)."""
-    from tests.live.conftest import FIRST_ADDRESS
+    from tests.support.live import FIRST_ADDRESS
 
     directory = tmp_path / "world"
     # Its own address block: another world of this run may hold FIRST_ADDRESS's.

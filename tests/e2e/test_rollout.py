@@ -18,7 +18,9 @@ from sparkd.runtime.state import StateDir
 from sparkd.settings import RolloutCheck
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
-from tests.e2e.conftest import (
+from tests.e2e.test_api import TOKEN, get, post
+from tests.e2e.test_metrics import fetch
+from tests.support.daemon import (
     FAST_EXECUTOR,
     controller,
     converge,
@@ -26,8 +28,6 @@ from tests.e2e.conftest import (
     mutations,
     world_settings,
 )
-from tests.e2e.test_api import TOKEN, get, post
-from tests.e2e.test_metrics import fetch
 
 BAD_FLAG = "--enable-resoning"
 

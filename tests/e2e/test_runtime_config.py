@@ -21,7 +21,7 @@ from sparkd.runtime.daemon import Daemon
 from sparkd.runtime.notify import Notifier
 from sparkd.settings import load_settings
 from sparkd_sim.world import World
-from tests.e2e.conftest import eventually, free_port, write_fast_config
+from tests.support.daemon import eventually, free_port, write_fast_config
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "etc" / "sparkd" / "sparkd.toml"

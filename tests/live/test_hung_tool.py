@@ -13,8 +13,8 @@ from sparkd.shell import catalogue
 from sparkd.shell.observe import observe, tool_timeout
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
-from tests.live.conftest import Live, cluster_of
 from tests.sim.conftest import eventually
+from tests.support.live import Live, cluster_of
 
 # Each tool gets a third of this: one second, the shortest a `timeout` here allows.
 COMMAND_TIMEOUT = 3.0

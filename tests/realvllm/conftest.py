@@ -30,7 +30,7 @@ from sparkd.settings import ClusterSpec, SshSpec
 from sparkd.shell import model_http
 from sparkd.shell.observe import opener
 from sparkd.shell.ssh import HostConnection
-from tests.sshd.conftest import RealSshd, running_sshd
+from tests.support.sshd import RealSshd, running_sshd
 from tests.toy import reference_cluster
 
 ROOT = Path(__file__).resolve().parents[2]

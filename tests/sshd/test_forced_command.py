@@ -27,7 +27,7 @@ from sparkd_sim.ray_dashboard import DashboardServer
 from sparkd_sim.state import RayCluster, RayNode
 from sparkd_sim.timing import Timing
 from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
-from tests.sshd.conftest import RealSshd, running_sshd
+from tests.support.sshd import RealSshd, running_sshd
 from tests.toy import reference_cluster
 
 pytestmark = pytest.mark.sshd

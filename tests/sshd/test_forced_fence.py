@@ -15,7 +15,7 @@ from sparkd.shell import catalogue, forced
 from sparkd.shell.catalogue import FenceToken
 from sparkd.shell.fencing import HostFence, HostRefused
 from sparkd.shell.ssh import HostConnection, SshFailure, SshPool
-from tests.sshd.conftest import running_sshd
+from tests.support.sshd import running_sshd
 from tests.toy import reference_cluster
 
 pytestmark = pytest.mark.sshd
@@ -142,9 +142,9 @@ async def test_an_owner_recovers_a_cluster_through_fenced_wrappers(tmp_path: Pat
     """Every command an HA owner really sends (sweep, reads, fenced actions) passes the
     `[ha]` wrapper of each host, and the cold start converges."""
     from sparkd_demo.cli import sparkd_spec_labels
-    from tests.e2e.conftest import converge
     from tests.e2e.test_fencing import Owner, fenced_controller, record_path
-    from tests.sshd.conftest import openssh_world
+    from tests.support.daemon import converge
+    from tests.support.sshd import openssh_world
 
     async with openssh_world(
         tmp_path / "world", "seed-morning", spec_labels=sparkd_spec_labels

@@ -14,7 +14,7 @@ from sparkd.shell import catalogue, model_http
 from sparkd.shell.observe import opener, read_host
 from sparkd.shell.ssh import HostConnection, SshFailure
 from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
-from tests.sshd.conftest import RealSshd, running_sshd
+from tests.support.sshd import RealSshd, running_sshd
 from tests.toy import reference_cluster
 
 pytestmark = pytest.mark.sshd

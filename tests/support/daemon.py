@@ -1,4 +1,4 @@
-"""The real daemon (controllers, executor, API) against the simulated world over SSH."""
+"""Helpers for the real daemon (controllers, executor, API) against the simulated world over SSH."""
 
 from __future__ import annotations
 
@@ -9,15 +9,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from sparkd.runtime.controller import Controller
 from sparkd.runtime.state import StateDir
 from sparkd.settings import ClusterSpec, Settings, load_settings
 from sparkd.shell.execute import ExecutorTiming
 from sparkd.shell.ssh import SshPool
-from sparkd_demo.cli import sparkd_spec_labels
-from sparkd_sim.timing import FAST_FACTOR, Timing
+from sparkd_sim.timing import FAST_FACTOR
 from sparkd_sim.world import CommandRecord, World
 
 FAST_EXECUTOR = ExecutorTiming(poll=0.03, serve_appear=5.0, stop_grace=2.0)
@@ -136,30 +133,6 @@ async def converge(controller: Controller, cycles: int = 60, pause: float = 0.1)
             return plans
         await asyncio.sleep(pause)
     raise AssertionError(f"not converged after {cycles} cycles: {plans[-1].reason}")
-
-
-@pytest.fixture
-async def seed_world(tmp_path: Path) -> AsyncIterator[World]:
-    async with World(tmp_path / "world", scenario="seed-morning", timing=Timing.fast()) as w:
-        yield w
-
-
-@pytest.fixture
-async def healthy_world(tmp_path: Path) -> AsyncIterator[World]:
-    async with World(
-        tmp_path / "world",
-        scenario="healthy",
-        timing=Timing.fast(),
-        spec_labels=sparkd_spec_labels,
-    ) as w:
-        yield w
-
-
-@pytest.fixture
-async def pool() -> AsyncIterator[SshPool]:
-    p = SshPool(reconnect_initial=0.05, reconnect_max=0.2)
-    yield p
-    await p.close()
 
 
 def controller(world: World, pool: SshPool, state: Path, **kwargs: Any) -> Controller:
