@@ -15,7 +15,6 @@ from sparkd.runtime.daemon import Daemon
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
 from tests.e2e.test_invariants_sim import cycle_until, cycles
-from tests.e2e.test_metrics import fetch, parse, value
 from tests.support.daemon import (
     FAST_EXECUTOR,
     controller,
@@ -24,6 +23,7 @@ from tests.support.daemon import (
     mutations,
     world_settings,
 )
+from tests.support.http import fetch, parse, value
 
 GIB = 1 << 30
 

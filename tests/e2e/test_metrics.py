@@ -23,32 +23,7 @@ from sparkd.runtime.daemon import Daemon
 from sparkd_sim.world import World
 from tests.ops.tools import tool
 from tests.support.daemon import FAST_EXECUTOR, eventually, world_settings
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-OPENMETRICS = "application/openmetrics-text; version=1.0.0"
-
-
-def parse(text: str) -> Samples:
-    samples: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
-    return samples
-
-
-def value(samples: Samples, name: str, **labels: str) -> float | None:
-    return samples.get((name, frozenset(labels.items())))
-
-
-def series(samples: Samples, name: str) -> dict[frozenset[tuple[str, str]], float]:
-    return {labels: v for (n, labels), v in samples.items() if n == name}
-
-
-async def fetch(url: str, accept: str | None = None) -> tuple[str, str]:
-    headers = {"Accept": accept} if accept else {}
-    async with aiohttp.ClientSession() as s, s.get(url, headers=headers) as r:
-        assert r.status == 200
-        return r.headers["Content-Type"], await r.text()
+from tests.support.http import OPENMETRICS, Samples, fetch, parse, series, value
 
 
 async def consistent(url: str) -> tuple[dict[str, Any], Samples]:
