@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.settings import ClusterSpec, HostSpec, SshSpec
+from sparkd.settings import ClusterSpec, HostSpec
 from sparkd.shell import catalogue, forced
 from sparkd.shell.catalogue import FenceToken
 from sparkd.shell.fencing import HostFence, HostRefused
 from sparkd.shell.ssh import HostConnection, SshFailure, SshPool
-from tests.support.sshd import running_sshd
-from tests.toy import reference_cluster
+from tests.support.sshd import cluster_behind, install_forced_command, running_sshd
 
 pytestmark = pytest.mark.sshd
 ETCD = 31337
@@ -42,27 +41,9 @@ def world(tmp_path: Path) -> Iterator[Fenced]:
     home.mkdir()
     env = f"SetEnv PATH={tools}:/usr/local/bin:/usr/bin:/bin HOME={home}\n"
     with running_sshd(tmp_path, env) as sshd:
-        reference = reference_cluster()
-        host = reference.head.model_copy(update={"address": sshd.address, "port": sshd.port})
-        cluster = reference.model_copy(
-            update={
-                "hosts": (host, *reference.workers),
-                "ssh": SshSpec(
-                    user=sshd.user,
-                    key_file=sshd.key_file,
-                    known_hosts_file=sshd.known_hosts,
-                    connect_timeout=5.0,
-                    command_timeout=10.0,
-                ),
-            }
-        )
-        program = tmp_path / "sparkd-forced-command"
-        key = forced.public_key(cluster.ssh)
-        text = forced.wrapper(cluster, host, key, str(program), fenced=True)
-        program.write_text(text)
-        program.chmod(0o755)
-        line = next(line[2:] for line in text.splitlines() if line.startswith('# command="'))
-        (tmp_path / "authorized_keys").write_text(line + "\n")
+        cluster = cluster_behind(sshd)
+        host = cluster.head
+        install_forced_command(tmp_path, cluster, host, fenced=True)
         yield Fenced(cluster, host, calls, home)
 
 

@@ -21,9 +21,12 @@ from typing import Any
 import asyncssh
 import pytest
 
+from sparkd.settings import ClusterSpec, HostSpec, SshSpec
+from sparkd.shell import forced
 from sparkd_sim.openssh import LOGIN_USER, ensure_login_user
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import Scenario, World
+from tests.toy import reference_cluster
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
 
@@ -113,6 +116,43 @@ def running_sshd(tmp_path: Path, extra_config: str = "") -> Iterator[RealSshd]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def cluster_behind(
+    sshd: RealSshd, ssh: dict[str, Any] | None = None, **sections: dict[str, Any]
+) -> ClusterSpec:
+    """The reference cluster with its head behind `sshd` (its workers as they are), some fields of
+    its ssh section (`ssh=`) and of other sections replaced (e.g. `model={"port": 1}`)."""
+    reference = reference_cluster()
+    head = reference.head.model_copy(update={"address": sshd.address, "port": sshd.port})
+    ssh_spec = SshSpec(
+        user=sshd.user,
+        key_file=sshd.key_file,
+        known_hosts_file=sshd.known_hosts,
+        connect_timeout=5.0,
+        command_timeout=10.0,
+    ).model_copy(update=ssh or {})
+    updates = {
+        name: getattr(reference, name).model_copy(update=fields)
+        for name, fields in sections.items()
+    }
+    return reference.model_copy(
+        update={"hosts": (head, *reference.workers), "ssh": ssh_spec, **updates}
+    )
+
+
+def install_forced_command(
+    directory: Path, cluster: ClusterSpec, host: HostSpec, *, fenced: bool = False
+) -> None:
+    """sparkd's forced-command wrapper for `host` at directory/sparkd-forced-command, and
+    sshd's authorized_keys (running_sshd's, in the same directory) holding only its line."""
+    program = directory / "sparkd-forced-command"
+    key = forced.public_key(cluster.ssh)
+    text = forced.wrapper(cluster, host, key, str(program), fenced=fenced)
+    program.write_text(text)
+    program.chmod(0o755)
+    line = next(line[2:] for line in text.splitlines() if line.startswith('# command="'))
+    (directory / "authorized_keys").write_text(line + "\n")
 
 
 # -- the simulated world with a real sshd per host ---------------------------------------------
