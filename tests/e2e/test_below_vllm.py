@@ -14,11 +14,13 @@ from sparkd.cli_api import render_status
 from sparkd.runtime.daemon import Daemon
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
-from tests.e2e.test_invariants_sim import cycle_until, cycles
 from tests.support.daemon import (
     FAST_EXECUTOR,
     controller,
     converge,
+    converged,
+    cycle_until,
+    cycles,
     eventually,
     mutations,
     world_settings,
@@ -31,9 +33,7 @@ GIB = 1 << 30
 async def test_xid_79_blocks_with_a_reboot_and_restarts_nothing(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    ctl = controller(healthy_world, pool, tmp_path / "state")
-    await converge(ctl, cycles=100)
-    since = time.time()
+    ctl, since = await converged(healthy_world, pool, tmp_path / "state", cycles=100)
     await healthy_world.fault("xid-79", "spark-b")
     await healthy_world.fault("crash-model", "spark-a")
     plans = await cycle_until(ctl, "needs a reboot of spark-b (XID 79 (GPU has fallen off the bus)")
@@ -50,9 +50,7 @@ async def test_xid_79_blocks_with_a_reboot_and_restarts_nothing(
 async def test_application_xids_and_teardowns_change_nothing(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    ctl = controller(healthy_world, pool, tmp_path / "state")
-    await converge(ctl, cycles=100)
-    since = time.time()
+    ctl, since = await converged(healthy_world, pool, tmp_path / "state", cycles=100)
     await healthy_world.fault("xid-13", "spark-a")
     await healthy_world.fault("xid-45", "spark-b")
     plans = await cycles(ctl, 5)
@@ -71,9 +69,7 @@ async def test_application_xids_and_teardowns_change_nothing(
 async def test_a_host_gone_after_its_omens_is_wedged(
     healthy_world: World, pool: SshPool, tmp_path: Path, fault: str, evidence: str
 ) -> None:
-    ctl = controller(healthy_world, pool, tmp_path / "state")
-    await converge(ctl, cycles=100)
-    since = time.time()
+    ctl, since = await converged(healthy_world, pool, tmp_path / "state", cycles=100)
     await healthy_world.fault(fault, "spark-b", "1.5")
     plans = await cycle_until(ctl, "spark-b wedged: needs a power cycle")
     assert evidence in plans[-1].reason
@@ -86,9 +82,7 @@ async def test_a_host_gone_after_its_omens_is_wedged(
 async def test_memory_pressure_holds_the_launch_until_it_eases(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    ctl = controller(healthy_world, pool, tmp_path / "state")
-    await converge(ctl, cycles=100)
-    since = time.time()
+    ctl, since = await converged(healthy_world, pool, tmp_path / "state", cycles=100)
     await healthy_world.fault("memory-pressure", "spark-a", str(GIB))
     await healthy_world.fault("crash-model", "spark-a")
     plans = await cycle_until(ctl, "memory pressure on spark-a: MemAvailable 1.0 GiB below 4.0 GiB")

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from sparkd.model.plan import Plan
 from sparkd.runtime.controller import Controller
 from sparkd.runtime.state import StateDir
 from sparkd.settings import ClusterSpec, Settings, load_settings
@@ -145,6 +146,36 @@ def controller(world: World, pool: SshPool, state: Path, **kwargs: Any) -> Contr
         executor_timing=FAST_EXECUTOR,
         **kwargs,
     )
+
+
+async def converged(
+    world: World, pool: SshPool, state: Path, cycles: int = 60, **kwargs: Any
+) -> tuple[Controller, float]:
+    """A controller (as `controller` makes it) cycled until converged, and the wall clock then:
+    what a test's world does after it is what the test checks."""
+    ctl = controller(world, pool, state, **kwargs)
+    await converge(ctl, cycles=cycles)
+    return ctl, time.time()
+
+
+async def cycles(ctl: Controller, count: int, pause: float = 0.0) -> list[Plan]:
+    plans = []
+    for _ in range(count):
+        plans.append(await ctl.cycle())
+        if pause:
+            await asyncio.sleep(pause)
+    return plans
+
+
+async def cycle_until(ctl: Controller, done: str, limit: int = 300) -> list[Plan]:
+    """Cycle until a plan's reason holds `done` or its phase is `done`; the plans on the way."""
+    plans = []
+    for _ in range(limit):
+        plan = await ctl.cycle()
+        plans.append(plan)
+        if done in plan.reason or plan.phase == done:
+            return plans
+    raise AssertionError(f"never {done!r}: {plans[-1].phase}: {plans[-1].reason}")
 
 
 FAST_TOML = {

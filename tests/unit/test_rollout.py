@@ -512,8 +512,7 @@ def test_a_rollout_remembered_from_the_future_still_rolls_back() -> None:
 def test_an_mtu_mismatch_after_the_new_spec_served_does_not_roll_it_back() -> None:
     """The probes fail while the data link's MTU is wrong: the restart is held for the fabric,
     and what the fabric did is no failure of the spec."""
-    from tests.unit.test_fabric_recovery import SOUND
-    from tests.unit.test_invariants_applicable import host
+    from tests.support.planning import SOUND, host
 
     run = serving()
     run.desired = with_args(run.desired, "--max-num-seqs", "8")
