@@ -1,18 +1,21 @@
 """What the planner's named cases and property tests share: generated situations over the
 example set, a host's reading changed in a snapshot, the kinds of a plan's actions, a sound
-fabric port."""
+fabric port, a healthy toy with the memory of having served it, a load that stalls."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from sparkd.core.judge import MODEL_STARTS, RAY_STARTS
+from sparkd.core.planner import plan
+from sparkd.core.remember import remember
 from sparkd.model.memory import Memory
 from sparkd.model.observed import Fabric, Observed
-from sparkd.model.plan import Plan
+from sparkd.model.plan import Action, Plan
 from tests.examples import EXAMPLE_SET
 from tests.toy import Toy
 
@@ -48,3 +51,45 @@ SOUND = Fabric(
     rate_gbps=200.0,
     gid_index=3,
 )
+
+
+# A planner case's world and memory, built when the case runs.
+Setup = Callable[[], tuple[Toy, Memory]]
+
+
+def served(toy: Toy) -> Memory:
+    nodes = tuple(sorted(n.node_id for n in toy.ray_nodes if n.alive))
+    return Memory(
+        launched_at=toy.serve_started,
+        launch_nodes=nodes,
+        model_ready_at=toy.now - 100,
+        last_probe_at=toy.now - 60,
+    )
+
+
+def healthy() -> tuple[Toy, Memory]:
+    toy = Toy.healthy()
+    return toy, served(toy)
+
+
+def loading(progress_age: float, elapsed: float, stage: str = "weights") -> Setup:
+    def setup() -> tuple[Toy, Memory]:
+        toy = Toy.healthy()
+        toy.apply(Action(kind="restart_model", host="spark-a", target="m", reason=""))
+        toy.load_seconds = 10 * elapsed + 10_000
+        memory = Memory(launched_at=toy.serve_started)
+        # sparkd watched the load until it last advanced, `progress_age` ago; then it froze.
+        toy.advance(elapsed - progress_age)
+        seen = toy.observe()
+        memory = remember(memory, seen, (), toy.now, plan(toy.cluster, seen, memory, toy.now))
+        toy.load_stalled_at = toy.now
+        toy.advance(progress_age)
+        if stage == "failed":
+            toy.log_tail = (
+                "RuntimeError: Engine core initialization failed. See root cause above. "
+                "Failed core proc(s): {}",
+            )
+        toy.load_failed = stage == "failed"
+        return toy, memory
+
+    return setup

@@ -11,11 +11,12 @@ from hypothesis import strategies as st
 from sparkd.core import cache, facts
 from sparkd.core.planner import plan
 from sparkd.core.spec import container_name, model_spec_hashes, ray_spec_hash, ray_spec_hashes
-from sparkd.model.memory import Attempt, Memory
+from sparkd.model.memory import Attempt
 from sparkd.model.observed import CacheEntry, HostFacts, Observed
 from sparkd.model.plan import Plan
 from sparkd.settings import ClusterSpec
 from sparkd.shell import catalogue
+from tests.support.planning import served
 from tests.toy import Toy, reference_cluster
 from tests.unit.test_forced_command import decide
 
@@ -121,16 +122,6 @@ def test_listing_parses_find_printf() -> None:
 
 
 # -- pruning --------------------------------------------------------------------------------
-
-
-def served(toy: Toy) -> Memory:
-    nodes = tuple(sorted(n.node_id for n in toy.ray_nodes if n.alive))
-    return Memory(
-        launched_at=toy.serve_started,
-        launch_nodes=nodes,
-        model_ready_at=toy.now - 100,
-        last_probe_at=toy.now - 60,
-    )
 
 
 def with_cache(

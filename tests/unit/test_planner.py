@@ -15,9 +15,8 @@ from sparkd.model.memory import Attempt, Blocked, Memory, Pause
 from sparkd.model.observed import GpuProcess, ModelEndpoint, RayNode
 from sparkd.model.plan import Plan
 from sparkd.settings import ClusterSpec
+from tests.support.planning import Setup, healthy, loading
 from tests.toy import Toy
-
-Setup = Callable[[], tuple[Toy, Memory]]
 
 
 @dataclass(frozen=True)
@@ -43,21 +42,6 @@ def replace_container(toy: Toy, host: str, **changes: Any) -> None:
     toy.containers[host][name] = box.model_copy(update=changes)
 
 
-def served(toy: Toy) -> Memory:
-    nodes = tuple(sorted(n.node_id for n in toy.ray_nodes if n.alive))
-    return Memory(
-        launched_at=toy.serve_started,
-        launch_nodes=nodes,
-        model_ready_at=toy.now - 100,
-        last_probe_at=toy.now - 60,
-    )
-
-
-def healthy() -> tuple[Toy, Memory]:
-    toy = Toy.healthy()
-    return toy, served(toy)
-
-
 def seed() -> tuple[Toy, Memory]:
     return Toy.seed_morning(), Memory()
 
@@ -77,27 +61,11 @@ def healthy_then(mutate: Callable[[Toy, Memory], Memory | None]) -> Setup:
     return setup
 
 
-def _worker_unreachable(toy: Toy, memory: Memory) -> None:
-    toy.unreachable("spark-b", "timeout")
-
-
-def _head_unreachable(toy: Toy, memory: Memory) -> None:
-    toy.unreachable("spark-a", "refused")
-
-
 def _head_exited(toy: Toy, memory: Memory) -> None:
     replace_container(toy, "spark-a", state="exited", status="Exited (1) 1 minute ago")
     toy.ray_nodes = []
     toy.serve_running = False
     toy.ready = False
-
-
-def _head_drift(toy: Toy, memory: Memory) -> None:
-    replace_container(toy, "spark-a", labels={"sparkd.cluster": "sparks", LABEL_SPEC: "old"})
-
-
-def _worker_drift(toy: Toy, memory: Memory) -> None:
-    replace_container(toy, "spark-b", labels={"sparkd.cluster": "sparks", LABEL_SPEC: "old"})
 
 
 def _worker_missing_from_ray(age: float) -> Callable[[Toy, Memory], None]:
@@ -108,64 +76,6 @@ def _worker_missing_from_ray(age: float) -> Callable[[Toy, Memory], None]:
     return mutate
 
 
-def _wrong_ip(toy: Toy, memory: Memory) -> None:
-    toy.ray_nodes = [n for n in toy.ray_nodes if n.ip != "192.168.200.13"]
-    toy.ray_nodes.append(RayNode(node_id="node09", ip="10.1.230.181", alive=True, gpus=1.0))
-
-
-def _gpus_short(toy: Toy, memory: Memory) -> None:
-    toy.ray_nodes = [
-        n.model_copy(update={"gpus": 0.0}) if not n.is_head else n for n in toy.ray_nodes
-    ]
-
-
-def _serve_never_started(toy: Toy, memory: Memory) -> Memory:
-    toy.serve_running = False
-    toy.ready = False
-    return Memory()
-
-
-def _serve_exited(toy: Toy, memory: Memory) -> None:
-    toy.serve_running = False
-    toy.ready = False
-    toy.log_tail = ("RuntimeError: NCCL error: unhandled system error",)
-
-
-def _serve_drift(toy: Toy, memory: Memory) -> None:
-    toy.serve_spec = "0ld5pec"
-
-
-def _worker_rejoined(toy: Toy, memory: Memory) -> None:
-    worker_ip = "192.168.200.13"
-    toy.ray_nodes = [n for n in toy.ray_nodes if n.ip != worker_ip]
-    toy.ray_nodes.append(RayNode(node_id="node77", ip=worker_ip, alive=True, gpus=1.0))
-
-
-def loading(progress_age: float, elapsed: float, stage: str = "weights") -> Setup:
-    def setup() -> tuple[Toy, Memory]:
-        toy = Toy.healthy()
-        from sparkd.model.plan import Action
-
-        toy.apply(Action(kind="restart_model", host="spark-a", target="m", reason=""))
-        toy.load_seconds = 10 * elapsed + 10_000
-        memory = Memory(launched_at=toy.serve_started)
-        # sparkd watched the load until it last advanced, `progress_age` ago; then it froze.
-        toy.advance(elapsed - progress_age)
-        seen = toy.observe()
-        memory = remember(memory, seen, (), toy.now, plan(toy.cluster, seen, memory, toy.now))
-        toy.load_stalled_at = toy.now
-        toy.advance(progress_age)
-        if stage == "failed":
-            toy.log_tail = (
-                "RuntimeError: Engine core initialization failed. See root cause above. "
-                "Failed core proc(s): {}",
-            )
-        toy.load_failed = stage == "failed"
-        return toy, memory
-
-    return setup
-
-
 def probe_failing(outcome: str, failures_before: int, busy: bool = False) -> Setup:
     def setup() -> tuple[Toy, Memory]:
         toy, memory = healthy()
@@ -174,90 +84,6 @@ def probe_failing(outcome: str, failures_before: int, busy: bool = False) -> Set
         return toy, memory.model_copy(update={"consecutive_failures": failures_before})
 
     return setup
-
-
-def _endpoint_gone_after_ready(toy: Toy, memory: Memory) -> None:
-    toy.ready = False
-    toy.probe_at = toy.now
-    toy.probe_style = "refused"
-
-
-def _foreign_gpu(toy: Toy, memory: Memory) -> None:
-    toy.gpu["spark-a"].append(GpuProcess(pid=48213, name="/usr/bin/python3", used_memory_mib=96073))
-
-
-def _foreign_gpu_killable(toy: Toy, memory: Memory) -> None:
-    _foreign_gpu(toy, memory)
-    with_policy(toy, allow_kill_foreign_gpu=True)
-
-
-def _harmless_gpu(toy: Toy, memory: Memory) -> None:
-    toy.gpu["spark-a"].append(GpuProcess(pid=2558, name="/usr/lib/xorg/Xorg", used_memory_mib=18))
-
-
-def _image_missing(toy: Toy, memory: Memory) -> Memory:
-    toy.containers["spark-b"].clear()
-    toy.images["spark-b"] = ["hellohal2064/vllm-glm47-gb10:latest"]
-    return memory
-
-
-def _budget_spent(toy: Toy, memory: Memory) -> Memory:
-    toy.probe_style = "http_error"
-    key = "restart_model:spark-a:/models/Qwen3.5-122B-A10B-FP8"
-    attempts = tuple(Attempt(key=key, at=toy.now - 600 * i, ok=True) for i in range(1, 4))
-    return memory.model_copy(update={"consecutive_failures": 2, "attempts": attempts})
-
-
-def _backing_off(toy: Toy, memory: Memory) -> Memory:
-    toy.probe_style = "http_error"
-    key = "restart_model:spark-a:/models/Qwen3.5-122B-A10B-FP8"
-    attempts = (Attempt(key=key, at=toy.now - 10, ok=True),)
-    return memory.model_copy(update={"consecutive_failures": 2, "attempts": attempts})
-
-
-def _stale_unit_back(toy: Toy, memory: Memory) -> None:
-    from tests.toy import Unit
-
-    toy.units["spark-a"]["vllm-cluster.service"] = Unit(active=False, enabled=True)
-
-
-def _stale_unit_inactive_disabled(toy: Toy, memory: Memory) -> None:
-    from tests.toy import Unit
-
-    toy.units["spark-a"]["vllm-cluster.service"] = Unit(active=False, enabled=False)
-
-
-def _paused(toy: Toy, memory: Memory) -> Memory:
-    _head_exited(toy, memory)
-    return memory.model_copy(
-        update={"paused": Pause(reason="maintenance", by="alice", since=toy.now, until=None)}
-    )
-
-
-def _pause_expired(toy: Toy, memory: Memory) -> Memory:
-    _head_exited(toy, memory)
-    return memory.model_copy(
-        update={"paused": Pause(reason="x", by="bob", since=toy.now - 100, until=toy.now - 1)}
-    )
-
-
-def _latched(toy: Toy, memory: Memory) -> Memory:
-    _head_exited(toy, memory)
-    return memory.model_copy(update={"blocked": Blocked(reason="budget spent: ...", since=1.0)})
-
-
-def _other_model_on_port(toy: Toy, memory: Memory) -> Memory:
-    toy.serve_running = False
-    toy.ready = False
-    toy._endpoint = lambda: ModelEndpoint(  # type: ignore[method-assign]
-        status="up", health_status=200, models=("/models/GLM-4.7-Flash",)
-    )
-    return Memory()
-
-
-def _rebooted_note(toy: Toy, memory: Memory) -> Memory:
-    toy.reboot("spark-b")
-    return memory.model_copy(update={"boot_ids": {"spark-b": "boot-spark-b-1"}})
 
 
 def _ray_read_failed(since: float | None, serving: bool) -> Callable[[Toy, Memory], Memory]:
@@ -273,6 +99,55 @@ def _ray_read_failed(since: float | None, serving: bool) -> Callable[[Toy, Memor
     return mutate
 
 
+# Each case after the builders only it uses.
+CASES: list[Case] = []
+
+
+def _foreign_gpu_with_stale_unit(toy: Toy, memory: Memory) -> None:
+    from tests.toy import Unit
+
+    _foreign_gpu(toy, memory)
+    toy.units["spark-a"]["vllm-cluster.service"] = Unit(active=True, enabled=True)
+
+
+CASES.append(
+    Case(
+        "foreign_gpu_process_with_a_stale_unit_cleans_first",
+        healthy_then(_foreign_gpu_with_stale_unit),
+        "cleaning",
+        ("stop_unit",),
+        "1 stale unit(s) to stop; foreign GPU process pid 48213",
+    )
+)
+CASES.append(
+    Case(
+        "one_failed_ray_read_while_serving_restarts_nothing",
+        healthy_then(_ray_read_failed(None, serving=True)),
+        "degraded",
+        (),
+        "but the model serves; watching",
+    )
+)
+CASES.append(
+    Case(
+        "ray_not_answering_briefly_waits",
+        healthy_then(_ray_read_failed(10, serving=False)),
+        "starting_ray",
+        (),
+        "Ray head not answering",
+    )
+)
+CASES.append(
+    Case(
+        "ray_not_answering_past_join_timeout_restarts_head",
+        healthy_then(_ray_read_failed(300, serving=False)),
+        "starting_ray",
+        ("restart_ray", "restart_ray"),
+        "Ray head not answering for 5m00s",
+    )
+)
+
+
 def _gpu_short_for(seconds: float) -> Callable[[Toy, Memory], Memory]:
     def mutate(toy: Toy, memory: Memory) -> Memory:
         _gpus_short(toy, memory)
@@ -283,10 +158,33 @@ def _gpu_short_for(seconds: float) -> Callable[[Toy, Memory], Memory]:
     return mutate
 
 
+CASES.append(
+    Case(
+        "gpu_shortfall_past_join_timeout_rejoins_the_short_worker",
+        healthy_then(_gpu_short_for(300)),
+        "starting_ray",
+        ("restart_ray",),
+        "Ray node on 192.168.200.13 registered with 0 GPUs",
+        hosts=("spark-b",),
+    )
+)
+
+
 def _between_probes(toy: Toy, memory: Memory) -> Memory:
     observed_probe = toy.observe().probe
     toy.probe_at = None  # no probe due this cycle
     return memory.model_copy(update={"last_probe": observed_probe})
+
+
+CASES.append(
+    Case(
+        "healthy_between_probes_stays_healthy",
+        healthy_then(_between_probes),
+        "healthy",
+        (),
+        "probe reasoning_only",
+    )
+)
 
 
 def _launch_memory_missed(toy: Toy, memory: Memory) -> Memory:
@@ -299,68 +197,22 @@ def _launch_memory_missed(toy: Toy, memory: Memory) -> Memory:
     return memory
 
 
-def _dry_run_budget(toy: Toy, memory: Memory) -> Memory:
-    return _budget_spent(toy, memory)
-
-
-def _foreign_gpu_with_stale_unit(toy: Toy, memory: Memory) -> None:
-    from tests.toy import Unit
-
-    _foreign_gpu(toy, memory)
-    toy.units["spark-a"]["vllm-cluster.service"] = Unit(active=True, enabled=True)
-
-
-CASES = [
-    Case(
-        "foreign_gpu_process_with_a_stale_unit_cleans_first",
-        healthy_then(_foreign_gpu_with_stale_unit),
-        "cleaning",
-        ("stop_unit",),
-        "1 stale unit(s) to stop; foreign GPU process pid 48213",
-    ),
-    Case(
-        "one_failed_ray_read_while_serving_restarts_nothing",
-        healthy_then(_ray_read_failed(None, serving=True)),
-        "degraded",
-        (),
-        "but the model serves; watching",
-    ),
-    Case(
-        "ray_not_answering_briefly_waits",
-        healthy_then(_ray_read_failed(10, serving=False)),
-        "starting_ray",
-        (),
-        "Ray head not answering",
-    ),
-    Case(
-        "ray_not_answering_past_join_timeout_restarts_head",
-        healthy_then(_ray_read_failed(300, serving=False)),
-        "starting_ray",
-        ("restart_ray", "restart_ray"),
-        "Ray head not answering for 5m00s",
-    ),
-    Case(
-        "gpu_shortfall_past_join_timeout_rejoins_the_short_worker",
-        healthy_then(_gpu_short_for(300)),
-        "starting_ray",
-        ("restart_ray",),
-        "Ray node on 192.168.200.13 registered with 0 GPUs",
-        hosts=("spark-b",),
-    ),
-    Case(
-        "healthy_between_probes_stays_healthy",
-        healthy_then(_between_probes),
-        "healthy",
-        (),
-        "probe reasoning_only",
-    ),
+CASES.append(
     Case(
         "a_launch_memory_missed_is_loading",
         healthy_then(_launch_memory_missed),
         "loading",
         (),
         "left alone while it progresses",
-    ),
+    )
+)
+
+
+def _dry_run_budget(toy: Toy, memory: Memory) -> Memory:
+    return _budget_spent(toy, memory)
+
+
+CASES.append(
     Case(
         "dry_run_never_latches",
         healthy_then(_dry_run_budget),
@@ -368,14 +220,18 @@ CASES = [
         (),
         "dry-run: 3 consecutive failed probes",
         kwargs={"dry_run": True},
-    ),
+    )
+)
+CASES.append(
     Case(
         "seed_morning_cleans_then_starts_ray",
         seed,
         "cleaning",
         ("stop_unit",) * 4 + ("remove_container",) * 2 + ("start_ray_head", "start_ray_worker"),
         "4 stale unit(s) to stop, 2 conflicting container(s) to remove",
-    ),
+    )
+)
+CASES.append(
     Case(
         "unreachable_worker_leaves_it_alone_but_cleans_head",
         seed_worker_unreachable,
@@ -383,43 +239,79 @@ CASES = [
         ("stop_unit",) * 4 + ("remove_container", "start_ray_head"),
         "spark-b (worker) unreachable (unreachable: No route to host)",
         hosts=("spark-a",),
-    ),
-    Case("healthy_is_converged", healthy, "healthy", (), "probe reasoning_only"),
+    )
+)
+CASES.append(Case("healthy_is_converged", healthy, "healthy", (), "probe reasoning_only"))
+CASES.append(
     Case(
         "healthy_with_answer",
         probe_failing("answer", 0),
         "healthy",
         (),
         "probe answer",
-    ),
+    )
+)
+
+
+def _worker_unreachable(toy: Toy, memory: Memory) -> None:
+    toy.unreachable("spark-b", "timeout")
+
+
+CASES.append(
     Case(
         "worker_unreachable_touches_nothing",
         healthy_then(_worker_unreachable),
         "unreachable",
         (),
         "spark-b (worker) unreachable (timeout",
-    ),
+    )
+)
+
+
+def _head_unreachable(toy: Toy, memory: Memory) -> None:
+    toy.unreachable("spark-a", "refused")
+
+
+CASES.append(
     Case(
         "head_unreachable_touches_nothing",
         healthy_then(_head_unreachable),
         "unreachable",
         (),
         "spark-a (head) unreachable (refused",
-    ),
+    )
+)
+CASES.append(
     Case(
         "head_exited_restarts_head_then_workers",
         healthy_then(_head_exited),
         "starting_ray",
         ("start_ray_head", "restart_ray"),
         "new Ray head: workers must rejoin",
-    ),
+    )
+)
+
+
+def _head_drift(toy: Toy, memory: Memory) -> None:
+    replace_container(toy, "spark-a", labels={"sparkd.cluster": "sparks", LABEL_SPEC: "old"})
+
+
+CASES.append(
     Case(
         "head_spec_drift_rolls_out_in_order",
         healthy_then(_head_drift),
         "starting_ray",
         ("restart_ray", "restart_ray"),
         "spec drift",
-    ),
+    )
+)
+
+
+def _worker_drift(toy: Toy, memory: Memory) -> None:
+    replace_container(toy, "spark-b", labels={"sparkd.cluster": "sparks", LABEL_SPEC: "old"})
+
+
+CASES.append(
     Case(
         "worker_spec_drift_restarts_only_worker",
         healthy_then(_worker_drift),
@@ -427,14 +319,18 @@ CASES = [
         ("restart_ray",),
         "spec drift",
         hosts=("spark-b",),
-    ),
+    )
+)
+CASES.append(
     Case(
         "worker_joining_within_timeout_waits",
         healthy_then(_worker_missing_from_ray(10)),
         "starting_ray",
         (),
         "Ray node on spark-b joining",
-    ),
+    )
+)
+CASES.append(
     Case(
         "worker_not_joined_after_timeout_restarts",
         healthy_then(_worker_missing_from_ray(300)),
@@ -442,7 +338,16 @@ CASES = [
         ("restart_ray",),
         "not in Ray",
         hosts=("spark-b",),
-    ),
+    )
+)
+
+
+def _wrong_ip(toy: Toy, memory: Memory) -> None:
+    toy.ray_nodes = [n for n in toy.ray_nodes if n.ip != "192.168.200.13"]
+    toy.ray_nodes.append(RayNode(node_id="node09", ip="10.1.230.181", alive=True, gpus=1.0))
+
+
+CASES.append(
     Case(
         "worker_on_wrong_ip_restarts_worker",
         healthy_then(_wrong_ip),
@@ -450,197 +355,387 @@ CASES = [
         ("restart_ray",),
         "10.1.230.181, not a configured data IP",
         hosts=("spark-b",),
-    ),
+    )
+)
+
+
+def _gpus_short(toy: Toy, memory: Memory) -> None:
+    toy.ray_nodes = [
+        n.model_copy(update={"gpus": 0.0}) if not n.is_head else n for n in toy.ray_nodes
+    ]
+
+
+CASES.append(
     Case(
         "node_registered_without_its_gpu_is_restarted",
         healthy_then(_gpus_short),
         "starting_ray",
         ("restart_ray",),
         "Ray node on 192.168.200.13 registered with 0 GPUs",
-    ),
+    )
+)
+
+
+def _serve_never_started(toy: Toy, memory: Memory) -> Memory:
+    toy.serve_running = False
+    toy.ready = False
+    return Memory()
+
+
+CASES.append(
     Case(
         "ray_ready_serve_missing_starts_model",
         healthy_then(_serve_never_started),
         "starting_model",
         ("start_model",),
         "vllm serve is not running",
-    ),
+    )
+)
+
+
+def _serve_exited(toy: Toy, memory: Memory) -> None:
+    toy.serve_running = False
+    toy.ready = False
+    toy.log_tail = ("RuntimeError: NCCL error: unhandled system error",)
+
+
+CASES.append(
     Case(
         "serve_exited_starts_model_with_log",
         healthy_then(_serve_exited),
         "starting_model",
         ("start_model",),
         "vllm serve exited (last log: RuntimeError: NCCL error",
-    ),
+    )
+)
+
+
+def _serve_drift(toy: Toy, memory: Memory) -> None:
+    toy.serve_spec = "0ld5pec"
+
+
+CASES.append(
     Case(
         "serve_spec_drift_restarts_model",
         healthy_then(_serve_drift),
         "starting_model",
         ("restart_model",),
         "spec drift: serving 0ld5pec",
-    ),
+    )
+)
+
+
+def _worker_rejoined(toy: Toy, memory: Memory) -> None:
+    worker_ip = "192.168.200.13"
+    toy.ray_nodes = [n for n in toy.ray_nodes if n.ip != worker_ip]
+    toy.ray_nodes.append(RayNode(node_id="node77", ip=worker_ip, alive=True, gpus=1.0))
+
+
+CASES.append(
     Case(
         "worker_rejoined_restarts_model",
         healthy_then(_worker_rejoined),
         "starting_model",
         ("restart_model",),
         "Ray nodes changed since launch (a node rejoined with a new id)",
-    ),
+    )
+)
+CASES.append(
     Case(
         "load_progressing_is_left_alone",
         loading(progress_age=30, elapsed=360),
         "loading",
         (),
         "left alone while it progresses",
-    ),
+    )
+)
+CASES.append(
     Case(
         "load_progressing_slowly_past_stall_window_is_left_alone",
         loading(progress_age=599, elapsed=3000),
         "loading",
         (),
         "loading weights",
-    ),
+    )
+)
+CASES.append(
     Case(
         "load_stalled_restarts_model",
         loading(progress_age=601, elapsed=900),
         "starting_model",
         ("restart_model",),
         "load stalled: no progress for 10m01s",
-    ),
+    )
+)
+CASES.append(
     Case(
         "load_past_timeout_restarts_even_if_progressing",
         loading(progress_age=5, elapsed=3601),
         "starting_model",
         ("restart_model",),
         "load not finished after 1h00m (load_timeout 1h00m)",
-    ),
+    )
+)
+CASES.append(
     Case(
         "load_failed_in_log_restarts_model",
         loading(progress_age=5, elapsed=120, stage="failed"),
         "starting_model",
         ("restart_model",),
         "load failed: RuntimeError: Engine core initialization failed",
-    ),
+    )
+)
+CASES.append(
     Case(
         "first_probe_failure_is_degraded",
         probe_failing("http_error", 0),
         "degraded",
         (),
         "probe http_error; failure 1 of 3",
-    ),
+    )
+)
+CASES.append(
     Case(
         "third_probe_failure_restarts_model",
         probe_failing("empty", 2),
         "degraded",
         ("restart_model",),
         "3 consecutive failed probes (last: probe empty)",
-    ),
+    )
+)
+CASES.append(
     Case(
         "garbled_counts",
         probe_failing("garbled", 2),
         "degraded",
         ("restart_model",),
         "probe garbled",
-    ),
+    )
+)
+CASES.append(
     Case(
         "not_run_never_counts",
         probe_failing("not_run", 2),
         "degraded",
         (),
         "probe could not run",
-    ),
+    )
+)
+CASES.append(
     Case(
         "busy_timeout_never_counts",
         probe_failing("timeout", 2, busy=True),
         "degraded",
         (),
         "busy: probe timed out",
-    ),
+    )
+)
+CASES.append(
     Case(
         "hung_timeout_counts",
         probe_failing("timeout", 2, busy=False),
         "degraded",
         ("restart_model",),
         "probe timeout",
-    ),
+    )
+)
+
+
+def _endpoint_gone_after_ready(toy: Toy, memory: Memory) -> None:
+    toy.ready = False
+    toy.probe_at = toy.now
+    toy.probe_style = "refused"
+
+
+CASES.append(
     Case(
         "endpoint_gone_after_ready_counts_probe",
         healthy_then(_endpoint_gone_after_ready),
         "degraded",
         (),
         "probe refused; failure 1 of 3",
-    ),
+    )
+)
+
+
+def _foreign_gpu(toy: Toy, memory: Memory) -> None:
+    toy.gpu["spark-a"].append(GpuProcess(pid=48213, name="/usr/bin/python3", used_memory_mib=96073))
+
+
+CASES.append(
     Case(
         "foreign_gpu_process_blocks",
         healthy_then(_foreign_gpu),
         "blocked",
         (),
         "foreign GPU process pid 48213 (/usr/bin/python3, 96073 MiB) on spark-a",
-    ),
+    )
+)
+
+
+def _foreign_gpu_killable(toy: Toy, memory: Memory) -> None:
+    _foreign_gpu(toy, memory)
+    with_policy(toy, allow_kill_foreign_gpu=True)
+
+
+CASES.append(
     Case(
         "foreign_gpu_process_killed_when_allowed",
         healthy_then(_foreign_gpu_killable),
         "cleaning",
         ("kill_gpu_process",),
         "1 foreign GPU process(es) to kill",
-    ),
-    Case("graphics_process_is_harmless", healthy_then(_harmless_gpu), "healthy", (), "probe"),
+    )
+)
+
+
+def _harmless_gpu(toy: Toy, memory: Memory) -> None:
+    toy.gpu["spark-a"].append(GpuProcess(pid=2558, name="/usr/lib/xorg/Xorg", used_memory_mib=18))
+
+
+CASES.append(
+    Case("graphics_process_is_harmless", healthy_then(_harmless_gpu), "healthy", (), "probe")
+)
+
+
+def _image_missing(toy: Toy, memory: Memory) -> Memory:
+    toy.containers["spark-b"].clear()
+    toy.images["spark-b"] = ["hellohal2064/vllm-glm47-gb10:latest"]
+    return memory
+
+
+CASES.append(
     Case(
         "missing_image_blocks",
         healthy_then(_image_missing),
         "blocked",
         (),
         "image hellohal2064/vllm-qwen3.5-gb10 missing on spark-b",
-    ),
+    )
+)
+
+
+def _budget_spent(toy: Toy, memory: Memory) -> Memory:
+    toy.probe_style = "http_error"
+    key = "restart_model:spark-a:/models/Qwen3.5-122B-A10B-FP8"
+    attempts = tuple(Attempt(key=key, at=toy.now - 600 * i, ok=True) for i in range(1, 4))
+    return memory.model_copy(update={"consecutive_failures": 2, "attempts": attempts})
+
+
+CASES.append(
     Case(
         "budget_spent_latches_blocked",
         healthy_then(_budget_spent),
         "blocked",
         (),
         "budget spent: restart_model",
-    ),
+    )
+)
+
+
+def _backing_off(toy: Toy, memory: Memory) -> Memory:
+    toy.probe_style = "http_error"
+    key = "restart_model:spark-a:/models/Qwen3.5-122B-A10B-FP8"
+    attempts = (Attempt(key=key, at=toy.now - 10, ok=True),)
+    return memory.model_copy(update={"consecutive_failures": 2, "attempts": attempts})
+
+
+CASES.append(
     Case(
         "backoff_withholds_repeat",
         healthy_then(_backing_off),
         "degraded",
         (),
         "backing off restart_model",
-    ),
+    )
+)
+
+
+def _stale_unit_back(toy: Toy, memory: Memory) -> None:
+    from tests.toy import Unit
+
+    toy.units["spark-a"]["vllm-cluster.service"] = Unit(active=False, enabled=True)
+
+
+CASES.append(
     Case(
         "stale_unit_enabled_again_is_stopped",
         healthy_then(_stale_unit_back),
         "cleaning",
         ("stop_unit",),
         "1 stale unit(s) to stop",
-    ),
+    )
+)
+
+
+def _stale_unit_inactive_disabled(toy: Toy, memory: Memory) -> None:
+    from tests.toy import Unit
+
+    toy.units["spark-a"]["vllm-cluster.service"] = Unit(active=False, enabled=False)
+
+
+CASES.append(
     Case(
         "inactive_disabled_unit_is_left_alone",
         healthy_then(_stale_unit_inactive_disabled),
         "healthy",
         (),
         "probe",
-    ),
+    )
+)
+
+
+def _paused(toy: Toy, memory: Memory) -> Memory:
+    _head_exited(toy, memory)
+    return memory.model_copy(
+        update={"paused": Pause(reason="maintenance", by="alice", since=toy.now, until=None)}
+    )
+
+
+CASES.append(
     Case(
         "paused_plans_nothing",
         healthy_then(_paused),
         "paused",
         (),
         "paused by alice: maintenance",
-    ),
+    )
+)
+
+
+def _pause_expired(toy: Toy, memory: Memory) -> Memory:
+    _head_exited(toy, memory)
+    return memory.model_copy(
+        update={"paused": Pause(reason="x", by="bob", since=toy.now - 100, until=toy.now - 1)}
+    )
+
+
+CASES.append(
     Case(
         "expired_pause_acts",
         healthy_then(_pause_expired),
         "starting_ray",
         ("start_ray_head", "restart_ray"),
         "Ray head container exited",
-    ),
+    )
+)
+
+
+def _latched(toy: Toy, memory: Memory) -> Memory:
+    _head_exited(toy, memory)
+    return memory.model_copy(update={"blocked": Blocked(reason="budget spent: ...", since=1.0)})
+
+
+CASES.append(
     Case(
         "blocked_latch_plans_nothing",
         healthy_then(_latched),
         "blocked",
         (),
         "latched; `sparkd resume sparks` to retry",
-    ),
+    )
+)
+CASES.append(
     Case(
         "dry_run_plans_nothing",
         healthy_then(_head_exited),
@@ -648,22 +743,44 @@ CASES = [
         (),
         "dry-run: ",
         kwargs={"dry_run": True},
-    ),
+    )
+)
+
+
+def _other_model_on_port(toy: Toy, memory: Memory) -> Memory:
+    toy.serve_running = False
+    toy.ready = False
+    toy._endpoint = lambda: ModelEndpoint(  # type: ignore[method-assign]
+        status="up", health_status=200, models=("/models/GLM-4.7-Flash",)
+    )
+    return Memory()
+
+
+CASES.append(
     Case(
         "other_model_on_port_blocks",
         healthy_then(_other_model_on_port),
         "blocked",
         (),
         "already serves /models/GLM-4.7-Flash",
-    ),
+    )
+)
+
+
+def _rebooted_note(toy: Toy, memory: Memory) -> Memory:
+    toy.reboot("spark-b")
+    return memory.model_copy(update={"boot_ids": {"spark-b": "boot-spark-b-1"}})
+
+
+CASES.append(
     Case(
         "reboot_is_named_in_reason",
         healthy_then(_rebooted_note),
         "cleaning",
         ("remove_container", "start_ray_worker"),
         "spark-b rebooted (boot id changed)",
-    ),
-]
+    )
+)
 
 
 def run(case: Case) -> Plan:
@@ -709,7 +826,6 @@ def test_four_different_units_are_not_one_budget() -> None:
 
 
 def test_a_respawning_foreign_process_is_one_fight_not_a_new_pid_each_time() -> None:
-    from sparkd.core.remember import remember
     from sparkd.model.plan import ActionOutcome
 
     toy, memory = healthy()
