@@ -110,42 +110,36 @@ def _foreign_gpu_with_stale_unit(toy: Toy, memory: Memory) -> None:
     toy.units["spark-a"]["vllm-cluster.service"] = Unit(active=True, enabled=True)
 
 
-CASES.append(
+CASES += [
     Case(
         "foreign_gpu_process_with_a_stale_unit_cleans_first",
         healthy_then(_foreign_gpu_with_stale_unit),
         "cleaning",
         ("stop_unit",),
         "1 stale unit(s) to stop; foreign GPU process pid 48213",
-    )
-)
-CASES.append(
+    ),
     Case(
         "one_failed_ray_read_while_serving_restarts_nothing",
         healthy_then(_ray_read_failed(None, serving=True)),
         "degraded",
         (),
         "but the model serves; watching",
-    )
-)
-CASES.append(
+    ),
     Case(
         "ray_not_answering_briefly_waits",
         healthy_then(_ray_read_failed(10, serving=False)),
         "starting_ray",
         (),
         "Ray head not answering",
-    )
-)
-CASES.append(
+    ),
     Case(
         "ray_not_answering_past_join_timeout_restarts_head",
         healthy_then(_ray_read_failed(300, serving=False)),
         "starting_ray",
         ("restart_ray", "restart_ray"),
         "Ray head not answering for 5m00s",
-    )
-)
+    ),
+]
 
 
 def _gpu_short_for(seconds: float) -> Callable[[Toy, Memory], Memory]:
@@ -158,7 +152,7 @@ def _gpu_short_for(seconds: float) -> Callable[[Toy, Memory], Memory]:
     return mutate
 
 
-CASES.append(
+CASES += [
     Case(
         "gpu_shortfall_past_join_timeout_rejoins_the_short_worker",
         healthy_then(_gpu_short_for(300)),
@@ -166,8 +160,8 @@ CASES.append(
         ("restart_ray",),
         "Ray node on 192.168.200.13 registered with 0 GPUs",
         hosts=("spark-b",),
-    )
-)
+    ),
+]
 
 
 def _between_probes(toy: Toy, memory: Memory) -> Memory:
@@ -176,15 +170,15 @@ def _between_probes(toy: Toy, memory: Memory) -> Memory:
     return memory.model_copy(update={"last_probe": observed_probe})
 
 
-CASES.append(
+CASES += [
     Case(
         "healthy_between_probes_stays_healthy",
         healthy_then(_between_probes),
         "healthy",
         (),
         "probe reasoning_only",
-    )
-)
+    ),
+]
 
 
 def _launch_memory_missed(toy: Toy, memory: Memory) -> Memory:
@@ -197,22 +191,22 @@ def _launch_memory_missed(toy: Toy, memory: Memory) -> Memory:
     return memory
 
 
-CASES.append(
+CASES += [
     Case(
         "a_launch_memory_missed_is_loading",
         healthy_then(_launch_memory_missed),
         "loading",
         (),
         "left alone while it progresses",
-    )
-)
+    ),
+]
 
 
 def _dry_run_budget(toy: Toy, memory: Memory) -> Memory:
     return _budget_spent(toy, memory)
 
 
-CASES.append(
+CASES += [
     Case(
         "dry_run_never_latches",
         healthy_then(_dry_run_budget),
@@ -220,18 +214,14 @@ CASES.append(
         (),
         "dry-run: 3 consecutive failed probes",
         kwargs={"dry_run": True},
-    )
-)
-CASES.append(
+    ),
     Case(
         "seed_morning_cleans_then_starts_ray",
         seed,
         "cleaning",
         ("stop_unit",) * 4 + ("remove_container",) * 2 + ("start_ray_head", "start_ray_worker"),
         "4 stale unit(s) to stop, 2 conflicting container(s) to remove",
-    )
-)
-CASES.append(
+    ),
     Case(
         "unreachable_worker_leaves_it_alone_but_cleans_head",
         seed_worker_unreachable,
@@ -239,79 +229,75 @@ CASES.append(
         ("stop_unit",) * 4 + ("remove_container", "start_ray_head"),
         "spark-b (worker) unreachable (unreachable: No route to host)",
         hosts=("spark-a",),
-    )
-)
-CASES.append(Case("healthy_is_converged", healthy, "healthy", (), "probe reasoning_only"))
-CASES.append(
+    ),
+    Case("healthy_is_converged", healthy, "healthy", (), "probe reasoning_only"),
     Case(
         "healthy_with_answer",
         probe_failing("answer", 0),
         "healthy",
         (),
         "probe answer",
-    )
-)
+    ),
+]
 
 
 def _worker_unreachable(toy: Toy, memory: Memory) -> None:
     toy.unreachable("spark-b", "timeout")
 
 
-CASES.append(
+CASES += [
     Case(
         "worker_unreachable_touches_nothing",
         healthy_then(_worker_unreachable),
         "unreachable",
         (),
         "spark-b (worker) unreachable (timeout",
-    )
-)
+    ),
+]
 
 
 def _head_unreachable(toy: Toy, memory: Memory) -> None:
     toy.unreachable("spark-a", "refused")
 
 
-CASES.append(
+CASES += [
     Case(
         "head_unreachable_touches_nothing",
         healthy_then(_head_unreachable),
         "unreachable",
         (),
         "spark-a (head) unreachable (refused",
-    )
-)
-CASES.append(
+    ),
     Case(
         "head_exited_restarts_head_then_workers",
         healthy_then(_head_exited),
         "starting_ray",
         ("start_ray_head", "restart_ray"),
         "new Ray head: workers must rejoin",
-    )
-)
+    ),
+]
 
 
 def _head_drift(toy: Toy, memory: Memory) -> None:
     replace_container(toy, "spark-a", labels={"sparkd.cluster": "sparks", LABEL_SPEC: "old"})
 
 
-CASES.append(
+CASES += [
     Case(
         "head_spec_drift_rolls_out_in_order",
         healthy_then(_head_drift),
         "starting_ray",
         ("restart_ray", "restart_ray"),
         "spec drift",
-    )
-)
+    ),
+]
 
 
 def _worker_drift(toy: Toy, memory: Memory) -> None:
     replace_container(toy, "spark-b", labels={"sparkd.cluster": "sparks", LABEL_SPEC: "old"})
 
 
-CASES.append(
+CASES += [
     Case(
         "worker_spec_drift_restarts_only_worker",
         healthy_then(_worker_drift),
@@ -319,18 +305,14 @@ CASES.append(
         ("restart_ray",),
         "spec drift",
         hosts=("spark-b",),
-    )
-)
-CASES.append(
+    ),
     Case(
         "worker_joining_within_timeout_waits",
         healthy_then(_worker_missing_from_ray(10)),
         "starting_ray",
         (),
         "Ray node on spark-b joining",
-    )
-)
-CASES.append(
+    ),
     Case(
         "worker_not_joined_after_timeout_restarts",
         healthy_then(_worker_missing_from_ray(300)),
@@ -338,8 +320,8 @@ CASES.append(
         ("restart_ray",),
         "not in Ray",
         hosts=("spark-b",),
-    )
-)
+    ),
+]
 
 
 def _wrong_ip(toy: Toy, memory: Memory) -> None:
@@ -347,7 +329,7 @@ def _wrong_ip(toy: Toy, memory: Memory) -> None:
     toy.ray_nodes.append(RayNode(node_id="node09", ip="10.1.230.181", alive=True, gpus=1.0))
 
 
-CASES.append(
+CASES += [
     Case(
         "worker_on_wrong_ip_restarts_worker",
         healthy_then(_wrong_ip),
@@ -355,8 +337,8 @@ CASES.append(
         ("restart_ray",),
         "10.1.230.181, not a configured data IP",
         hosts=("spark-b",),
-    )
-)
+    ),
+]
 
 
 def _gpus_short(toy: Toy, memory: Memory) -> None:
@@ -365,15 +347,15 @@ def _gpus_short(toy: Toy, memory: Memory) -> None:
     ]
 
 
-CASES.append(
+CASES += [
     Case(
         "node_registered_without_its_gpu_is_restarted",
         healthy_then(_gpus_short),
         "starting_ray",
         ("restart_ray",),
         "Ray node on 192.168.200.13 registered with 0 GPUs",
-    )
-)
+    ),
+]
 
 
 def _serve_never_started(toy: Toy, memory: Memory) -> Memory:
@@ -382,15 +364,15 @@ def _serve_never_started(toy: Toy, memory: Memory) -> Memory:
     return Memory()
 
 
-CASES.append(
+CASES += [
     Case(
         "ray_ready_serve_missing_starts_model",
         healthy_then(_serve_never_started),
         "starting_model",
         ("start_model",),
         "vllm serve is not running",
-    )
-)
+    ),
+]
 
 
 def _serve_exited(toy: Toy, memory: Memory) -> None:
@@ -399,30 +381,30 @@ def _serve_exited(toy: Toy, memory: Memory) -> None:
     toy.log_tail = ("RuntimeError: NCCL error: unhandled system error",)
 
 
-CASES.append(
+CASES += [
     Case(
         "serve_exited_starts_model_with_log",
         healthy_then(_serve_exited),
         "starting_model",
         ("start_model",),
         "vllm serve exited (last log: RuntimeError: NCCL error",
-    )
-)
+    ),
+]
 
 
 def _serve_drift(toy: Toy, memory: Memory) -> None:
     toy.serve_spec = "0ld5pec"
 
 
-CASES.append(
+CASES += [
     Case(
         "serve_spec_drift_restarts_model",
         healthy_then(_serve_drift),
         "starting_model",
         ("restart_model",),
         "spec drift: serving 0ld5pec",
-    )
-)
+    ),
+]
 
 
 def _worker_rejoined(toy: Toy, memory: Memory) -> None:
@@ -431,114 +413,92 @@ def _worker_rejoined(toy: Toy, memory: Memory) -> None:
     toy.ray_nodes.append(RayNode(node_id="node77", ip=worker_ip, alive=True, gpus=1.0))
 
 
-CASES.append(
+CASES += [
     Case(
         "worker_rejoined_restarts_model",
         healthy_then(_worker_rejoined),
         "starting_model",
         ("restart_model",),
         "Ray nodes changed since launch (a node rejoined with a new id)",
-    )
-)
-CASES.append(
+    ),
     Case(
         "load_progressing_is_left_alone",
         loading(progress_age=30, elapsed=360),
         "loading",
         (),
         "left alone while it progresses",
-    )
-)
-CASES.append(
+    ),
     Case(
         "load_progressing_slowly_past_stall_window_is_left_alone",
         loading(progress_age=599, elapsed=3000),
         "loading",
         (),
         "loading weights",
-    )
-)
-CASES.append(
+    ),
     Case(
         "load_stalled_restarts_model",
         loading(progress_age=601, elapsed=900),
         "starting_model",
         ("restart_model",),
         "load stalled: no progress for 10m01s",
-    )
-)
-CASES.append(
+    ),
     Case(
         "load_past_timeout_restarts_even_if_progressing",
         loading(progress_age=5, elapsed=3601),
         "starting_model",
         ("restart_model",),
         "load not finished after 1h00m (load_timeout 1h00m)",
-    )
-)
-CASES.append(
+    ),
     Case(
         "load_failed_in_log_restarts_model",
         loading(progress_age=5, elapsed=120, stage="failed"),
         "starting_model",
         ("restart_model",),
         "load failed: RuntimeError: Engine core initialization failed",
-    )
-)
-CASES.append(
+    ),
     Case(
         "first_probe_failure_is_degraded",
         probe_failing("http_error", 0),
         "degraded",
         (),
         "probe http_error; failure 1 of 3",
-    )
-)
-CASES.append(
+    ),
     Case(
         "third_probe_failure_restarts_model",
         probe_failing("empty", 2),
         "degraded",
         ("restart_model",),
         "3 consecutive failed probes (last: probe empty)",
-    )
-)
-CASES.append(
+    ),
     Case(
         "garbled_counts",
         probe_failing("garbled", 2),
         "degraded",
         ("restart_model",),
         "probe garbled",
-    )
-)
-CASES.append(
+    ),
     Case(
         "not_run_never_counts",
         probe_failing("not_run", 2),
         "degraded",
         (),
         "probe could not run",
-    )
-)
-CASES.append(
+    ),
     Case(
         "busy_timeout_never_counts",
         probe_failing("timeout", 2, busy=True),
         "degraded",
         (),
         "busy: probe timed out",
-    )
-)
-CASES.append(
+    ),
     Case(
         "hung_timeout_counts",
         probe_failing("timeout", 2, busy=False),
         "degraded",
         ("restart_model",),
         "probe timeout",
-    )
-)
+    ),
+]
 
 
 def _endpoint_gone_after_ready(toy: Toy, memory: Memory) -> None:
@@ -547,30 +507,30 @@ def _endpoint_gone_after_ready(toy: Toy, memory: Memory) -> None:
     toy.probe_style = "refused"
 
 
-CASES.append(
+CASES += [
     Case(
         "endpoint_gone_after_ready_counts_probe",
         healthy_then(_endpoint_gone_after_ready),
         "degraded",
         (),
         "probe refused; failure 1 of 3",
-    )
-)
+    ),
+]
 
 
 def _foreign_gpu(toy: Toy, memory: Memory) -> None:
     toy.gpu["spark-a"].append(GpuProcess(pid=48213, name="/usr/bin/python3", used_memory_mib=96073))
 
 
-CASES.append(
+CASES += [
     Case(
         "foreign_gpu_process_blocks",
         healthy_then(_foreign_gpu),
         "blocked",
         (),
         "foreign GPU process pid 48213 (/usr/bin/python3, 96073 MiB) on spark-a",
-    )
-)
+    ),
+]
 
 
 def _foreign_gpu_killable(toy: Toy, memory: Memory) -> None:
@@ -578,24 +538,24 @@ def _foreign_gpu_killable(toy: Toy, memory: Memory) -> None:
     with_policy(toy, allow_kill_foreign_gpu=True)
 
 
-CASES.append(
+CASES += [
     Case(
         "foreign_gpu_process_killed_when_allowed",
         healthy_then(_foreign_gpu_killable),
         "cleaning",
         ("kill_gpu_process",),
         "1 foreign GPU process(es) to kill",
-    )
-)
+    ),
+]
 
 
 def _harmless_gpu(toy: Toy, memory: Memory) -> None:
     toy.gpu["spark-a"].append(GpuProcess(pid=2558, name="/usr/lib/xorg/Xorg", used_memory_mib=18))
 
 
-CASES.append(
-    Case("graphics_process_is_harmless", healthy_then(_harmless_gpu), "healthy", (), "probe")
-)
+CASES += [
+    Case("graphics_process_is_harmless", healthy_then(_harmless_gpu), "healthy", (), "probe"),
+]
 
 
 def _image_missing(toy: Toy, memory: Memory) -> Memory:
@@ -604,15 +564,15 @@ def _image_missing(toy: Toy, memory: Memory) -> Memory:
     return memory
 
 
-CASES.append(
+CASES += [
     Case(
         "missing_image_blocks",
         healthy_then(_image_missing),
         "blocked",
         (),
         "image hellohal2064/vllm-qwen3.5-gb10 missing on spark-b",
-    )
-)
+    ),
+]
 
 
 def _budget_spent(toy: Toy, memory: Memory) -> Memory:
@@ -622,15 +582,15 @@ def _budget_spent(toy: Toy, memory: Memory) -> Memory:
     return memory.model_copy(update={"consecutive_failures": 2, "attempts": attempts})
 
 
-CASES.append(
+CASES += [
     Case(
         "budget_spent_latches_blocked",
         healthy_then(_budget_spent),
         "blocked",
         (),
         "budget spent: restart_model",
-    )
-)
+    ),
+]
 
 
 def _backing_off(toy: Toy, memory: Memory) -> Memory:
@@ -640,15 +600,15 @@ def _backing_off(toy: Toy, memory: Memory) -> Memory:
     return memory.model_copy(update={"consecutive_failures": 2, "attempts": attempts})
 
 
-CASES.append(
+CASES += [
     Case(
         "backoff_withholds_repeat",
         healthy_then(_backing_off),
         "degraded",
         (),
         "backing off restart_model",
-    )
-)
+    ),
+]
 
 
 def _stale_unit_back(toy: Toy, memory: Memory) -> None:
@@ -657,15 +617,15 @@ def _stale_unit_back(toy: Toy, memory: Memory) -> None:
     toy.units["spark-a"]["vllm-cluster.service"] = Unit(active=False, enabled=True)
 
 
-CASES.append(
+CASES += [
     Case(
         "stale_unit_enabled_again_is_stopped",
         healthy_then(_stale_unit_back),
         "cleaning",
         ("stop_unit",),
         "1 stale unit(s) to stop",
-    )
-)
+    ),
+]
 
 
 def _stale_unit_inactive_disabled(toy: Toy, memory: Memory) -> None:
@@ -674,15 +634,15 @@ def _stale_unit_inactive_disabled(toy: Toy, memory: Memory) -> None:
     toy.units["spark-a"]["vllm-cluster.service"] = Unit(active=False, enabled=False)
 
 
-CASES.append(
+CASES += [
     Case(
         "inactive_disabled_unit_is_left_alone",
         healthy_then(_stale_unit_inactive_disabled),
         "healthy",
         (),
         "probe",
-    )
-)
+    ),
+]
 
 
 def _paused(toy: Toy, memory: Memory) -> Memory:
@@ -692,15 +652,15 @@ def _paused(toy: Toy, memory: Memory) -> Memory:
     )
 
 
-CASES.append(
+CASES += [
     Case(
         "paused_plans_nothing",
         healthy_then(_paused),
         "paused",
         (),
         "paused by alice: maintenance",
-    )
-)
+    ),
+]
 
 
 def _pause_expired(toy: Toy, memory: Memory) -> Memory:
@@ -710,15 +670,15 @@ def _pause_expired(toy: Toy, memory: Memory) -> Memory:
     )
 
 
-CASES.append(
+CASES += [
     Case(
         "expired_pause_acts",
         healthy_then(_pause_expired),
         "starting_ray",
         ("start_ray_head", "restart_ray"),
         "Ray head container exited",
-    )
-)
+    ),
+]
 
 
 def _latched(toy: Toy, memory: Memory) -> Memory:
@@ -726,16 +686,14 @@ def _latched(toy: Toy, memory: Memory) -> Memory:
     return memory.model_copy(update={"blocked": Blocked(reason="budget spent: ...", since=1.0)})
 
 
-CASES.append(
+CASES += [
     Case(
         "blocked_latch_plans_nothing",
         healthy_then(_latched),
         "blocked",
         (),
         "latched; `sparkd resume sparks` to retry",
-    )
-)
-CASES.append(
+    ),
     Case(
         "dry_run_plans_nothing",
         healthy_then(_head_exited),
@@ -743,8 +701,8 @@ CASES.append(
         (),
         "dry-run: ",
         kwargs={"dry_run": True},
-    )
-)
+    ),
+]
 
 
 def _other_model_on_port(toy: Toy, memory: Memory) -> Memory:
@@ -756,15 +714,15 @@ def _other_model_on_port(toy: Toy, memory: Memory) -> Memory:
     return Memory()
 
 
-CASES.append(
+CASES += [
     Case(
         "other_model_on_port_blocks",
         healthy_then(_other_model_on_port),
         "blocked",
         (),
         "already serves /models/GLM-4.7-Flash",
-    )
-)
+    ),
+]
 
 
 def _rebooted_note(toy: Toy, memory: Memory) -> Memory:
@@ -772,15 +730,15 @@ def _rebooted_note(toy: Toy, memory: Memory) -> Memory:
     return memory.model_copy(update={"boot_ids": {"spark-b": "boot-spark-b-1"}})
 
 
-CASES.append(
+CASES += [
     Case(
         "reboot_is_named_in_reason",
         healthy_then(_rebooted_note),
         "cleaning",
         ("remove_container", "start_ray_worker"),
         "spark-b rebooted (boot id changed)",
-    )
-)
+    ),
+]
 
 
 def run(case: Case) -> Plan:
