@@ -93,3 +93,12 @@ def loading(progress_age: float, elapsed: float, stage: str = "weights") -> Setu
         return toy, memory
 
     return setup
+
+
+CLEANUPS = frozenset({"stop_unit", "remove_container", "kill_gpu_process"})
+
+
+def needs_a_human(result: Plan) -> bool:
+    """`blocked`, or cleaning first (a cleanup needs neither the disk nor the GPU)."""
+    cleaning = result.phase == "cleaning" and bool(kinds(result) & CLEANUPS)
+    return result.phase == "blocked" or cleaning

@@ -16,9 +16,9 @@ from sparkd.model.observed import CacheEntry, HostFacts, Observed
 from sparkd.model.plan import Plan
 from sparkd.settings import ClusterSpec
 from sparkd.shell import catalogue
+from tests.support.forced import decide
 from tests.support.planning import served
 from tests.toy import Toy, reference_cluster
-from tests.unit.test_forced_command import decide
 
 IMAGE_ID = "sha256:" + "ab12cd34ef56" + "0" * 52
 OTHER_ID = "sha256:" + "99aa88bb77cc" + "1" * 52

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sparkd.settings import EX_CONFIG, ConfigError, load_settings
-from tests.unit.test_settings import BASE, usable, write
+from tests.support.config import BASE, usable, write
 
 CASES = [
     ("image_as_option", ('image = "hellohal2064/vllm-qwen3.5-gb10"', 'image = "--privileged"'),

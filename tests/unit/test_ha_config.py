@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sparkd.settings import EX_CONFIG, load_settings
-from tests.unit.test_settings import BASE, problems, run_cli, usable, write
+from tests.support.config import BASE, problems, run_cli, usable, write
 
 HA = '\n[ha]\netcd_endpoints = ["http://127.0.0.1:23790"]\n'
 

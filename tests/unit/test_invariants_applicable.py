@@ -17,20 +17,10 @@ from sparkd.core.ray_stage import needs_ray_status
 from sparkd.core.spec import container_name
 from sparkd.model.memory import LoadMark, Memory
 from sparkd.model.observed import LoadProgress, Observed
-from sparkd.model.plan import Plan
 from sparkd.shell.catalogue import fact_script
 from tests.examples import EXAMPLE_SET
-from tests.support.planning import COMMON, STARTS, host, kinds, situations
+from tests.support.planning import COMMON, STARTS, host, kinds, needs_a_human, situations
 from tests.toy import Toy
-
-CLEANUPS = frozenset({"stop_unit", "remove_container", "kill_gpu_process"})
-
-
-def needs_a_human(result: Plan) -> bool:
-    """`blocked`, or cleaning first (a cleanup needs neither the disk nor the GPU)."""
-    cleaning = result.phase == "cleaning" and bool(kinds(result) & CLEANUPS)
-    return result.phase == "blocked" or cleaning
-
 
 # -- 4a: drift waits while the image is unsafe ---------------------------------------------------
 
