@@ -312,8 +312,7 @@ async def test_dashboard_and_rules_name_only_exported_or_recorded_metrics(
 ) -> None:
     import yaml
 
-    from tests.ops.test_dashboard import expressions, metric_names
-    from tests.ops.tools import RULES
+    from tests.ops.tools import RULES, expressions, metric_names
 
     _, text = await fetch(f"{healthy_daemon.url}/metrics")
     exported: set[str] = set()

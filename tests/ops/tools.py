@@ -3,11 +3,13 @@ shipped systemd unit read and checked by systemd-analyze."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,3 +71,19 @@ def analyze_unit(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]
     return subprocess.run(
         [analyze, *args, str(unit)], capture_output=True, text=True, timeout=60, check=False
     )
+
+
+METRIC = re.compile(r"\b((?:cluster:)?sparkd_[a-z0-9_:]+)")
+
+
+def dashboard() -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return document
+
+
+def expressions() -> list[str]:
+    return [t["expr"] for p in dashboard()["panels"] for t in p["targets"]]
+
+
+def metric_names(expr: str) -> set[str]:
+    return set(METRIC.findall(expr))

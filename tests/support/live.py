@@ -77,3 +77,11 @@ def serving(cluster: ClusterSpec) -> Callable[[Observed], bool]:
 class Live:
     world: World
     cluster: ClusterSpec
+
+
+TIMEOUT_RC = 124  # timeout(1)'s exit status when it had to stop the command
+
+
+async def released(world: World) -> bool:
+    """Every held call's connection to the world closed: no part of those tools still runs."""
+    return bool(world.hung_calls) and all(call.released for call in world.hung_calls)
