@@ -158,13 +158,19 @@ def test_a_rollback_that_fails_latches_blocked_with_both_causes() -> None:
     assert record is not None and record.result == "rollback_failed"
 
 
-def test_retry_rolls_the_desired_spec_out_again_and_back_goes_to_last_good() -> None:
+def rolled_back_and_held() -> Run:
+    """A bad flag rolled out, its serve failed, rolled back to last-good and held there."""
     run = serving()
     run.on_launch = ["arg_error"]
     run.desired = with_args(run.desired, "--enable-resoning")
     run.cycle()
     run.cycle()
     run.until("degraded")
+    return run
+
+
+def test_retry_rolls_the_desired_spec_out_again_and_back_goes_to_last_good() -> None:
+    run = rolled_back_and_held()
     first = run.memory.rollout
     run.memory = rollout.retry(run.memory)
     again = run.cycle()
@@ -199,12 +205,7 @@ def test_back_relaunches_the_last_good_spec_during_a_rollout() -> None:
 
 
 def test_a_config_change_while_held_ends_the_hold() -> None:
-    run = serving()
-    run.on_launch = ["arg_error"]
-    run.desired = with_args(run.desired, "--enable-resoning")
-    run.cycle()
-    run.cycle()
-    run.until("degraded")
+    run = rolled_back_and_held()
     run.on_launch = []
     run.desired = with_args(run.desired.model_copy(), "--max-num-seqs", "8")
     made = run.cycle()
