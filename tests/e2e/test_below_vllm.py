@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -15,17 +16,16 @@ from sparkd.runtime.daemon import Daemon
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
 from tests.support.daemon import (
-    FAST_EXECUTOR,
     controller,
     converge,
     converged,
     cycle_until,
     cycles,
+    daemon_on,
     eventually,
     mutations,
-    world_settings,
 )
-from tests.support.http import fetch, parse, value
+from tests.support.http import fetch, scraped
 
 GIB = 1 << 30
 
@@ -98,24 +98,14 @@ async def test_memory_pressure_holds_the_launch_until_it_eases(
 
 @pytest.fixture
 async def daemon(healthy_world: World, tmp_path: Path) -> AsyncIterator[Daemon]:
-    d = Daemon(
-        world_settings(healthy_world, tmp_path / "state"),
-        healthy_world.config_path,
-        executor_timing=FAST_EXECUTOR,
-    )
-    await d.start()
-    yield d
-    await d.stop()
+    async with daemon_on(healthy_world, tmp_path / "state") as d:
+        yield d
 
 
 async def test_the_metrics_count_each_kernel_line_once_and_show_memory_and_triage(
     healthy_world: World, daemon: Daemon
 ) -> None:
-    url = f"{daemon.url}/metrics"
-
-    async def sample(name: str, **labels: str) -> float | None:
-        _, text = await fetch(url)
-        return value(parse(text), name, cluster="sparks", **labels)
+    sample = partial(scraped, f"{daemon.url}/metrics", cluster="sparks")
 
     async def triaged() -> bool:
         return await sample("sparkd_cluster_triage", **{"class": "memory_pressure"}) == 1
@@ -171,11 +161,7 @@ async def test_an_mtu_mismatch_holds_the_relaunch_until_the_mtu_is_set(
 async def test_a_flap_is_reported_for_its_window_and_counted(
     healthy_world: World, daemon: Daemon
 ) -> None:
-    url = f"{daemon.url}/metrics"
-
-    async def sample(name: str, **labels: str) -> float | None:
-        _, text = await fetch(url)
-        return value(parse(text), name, cluster="sparks", **labels)
+    sample = partial(scraped, f"{daemon.url}/metrics", cluster="sparks")
 
     async def fabric_seen() -> bool:
         return await sample("sparkd_fabric_gid_index", host="spark-b") == 3

@@ -22,7 +22,7 @@ from sparkd.model.probe import PROBE_OUTCOMES
 from sparkd.runtime.daemon import Daemon
 from sparkd_sim.world import World
 from tests.ops.tools import tool
-from tests.support.daemon import FAST_EXECUTOR, eventually, world_settings
+from tests.support.daemon import FAST_EXECUTOR, daemon_on, eventually, world_settings
 from tests.support.http import OPENMETRICS, Samples, fetch, parse, series, value
 
 
@@ -44,26 +44,14 @@ async def consistent(url: str) -> tuple[dict[str, Any], Samples]:
 
 @pytest.fixture
 async def seed_daemon(seed_world: World, tmp_path: Path) -> AsyncIterator[Daemon]:
-    daemon = Daemon(
-        world_settings(seed_world, tmp_path / "state"),
-        seed_world.config_path,
-        executor_timing=FAST_EXECUTOR,
-    )
-    await daemon.start()
-    yield daemon
-    await daemon.stop()
+    async with daemon_on(seed_world, tmp_path / "state") as daemon:
+        yield daemon
 
 
 @pytest.fixture
 async def healthy_daemon(healthy_world: World, tmp_path: Path) -> AsyncIterator[Daemon]:
-    daemon = Daemon(
-        world_settings(healthy_world, tmp_path / "state"),
-        healthy_world.config_path,
-        executor_timing=FAST_EXECUTOR,
-    )
-    await daemon.start()
-    yield daemon
-    await daemon.stop()
+    async with daemon_on(healthy_world, tmp_path / "state") as daemon:
+        yield daemon
 
 
 async def phase_is(daemon: Daemon, wanted: str) -> bool:

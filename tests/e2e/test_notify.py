@@ -19,13 +19,19 @@ from sparkd_sim.world import World
 from tests.support.daemon import eventually, free_port, write_fast_config
 
 
+def notify_socket(path: Path) -> socket.socket:
+    """The datagram socket systemd would listen on at `path` (NOTIFY_SOCKET), non-blocking."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.setblocking(False)
+    return sock
+
+
 async def test_ready_status_watchdog_reloading_stopping(seed_world: World, tmp_path: Path) -> None:
     port = free_port()
     config = write_fast_config(seed_world, tmp_path / "sparkd.toml", tmp_path / "state", port)
     path = tmp_path / "notify.sock"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(path))
-    sock.setblocking(False)
+    sock = notify_socket(path)
     received: list[str] = []
     loop = asyncio.get_running_loop()
 
@@ -80,9 +86,7 @@ async def test_a_hung_host_within_its_timeouts_keeps_the_watchdog_fed(
                flags=re.M)
     )  # fmt: skip
     path = tmp_path / "notify.sock"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(path))
-    sock.setblocking(False)
+    sock = notify_socket(path)
     pings: list[float] = []
     loop = asyncio.get_running_loop()
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from sparkd.model.plan import Plan
 from sparkd.runtime.controller import Controller
+from sparkd.runtime.daemon import Daemon
 from sparkd.runtime.state import StateDir
 from sparkd.settings import ClusterSpec, Settings, load_settings
 from sparkd.shell.execute import ExecutorTiming
@@ -134,6 +135,18 @@ async def converge(controller: Controller, cycles: int = 60, pause: float = 0.1)
             return plans
         await asyncio.sleep(pause)
     raise AssertionError(f"not converged after {cycles} cycles: {plans[-1].reason}")
+
+
+@contextlib.asynccontextmanager
+async def daemon_on(world: World, state: Path) -> AsyncIterator[Daemon]:
+    """The whole daemon (controllers, executor, API) on the world's config with scaled times,
+    stopped on the way out."""
+    daemon = Daemon(world_settings(world, state), world.config_path, executor_timing=FAST_EXECUTOR)
+    await daemon.start()
+    try:
+        yield daemon
+    finally:
+        await daemon.stop()
 
 
 def controller(world: World, pool: SshPool, state: Path, **kwargs: Any) -> Controller:

@@ -52,3 +52,9 @@ async def fetch(url: str, accept: str | None = None) -> tuple[str, str]:
     async with aiohttp.ClientSession() as s, s.get(url, headers=headers) as r:
         assert r.status == 200
         return r.headers["Content-Type"], await r.text()
+
+
+async def scraped(url: str, name: str, **labels: str) -> float | None:
+    """The value of one series in the /metrics at `url` (None where it is not exported)."""
+    _, text = await fetch(url)
+    return value(parse(text), name, **labels)
