@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
-from tests.support.daemon import controller, converge, eventually, mutations
+from tests.support.daemon import after_its_own_launch, controller, converge, eventually, mutations
 from tests.support.worlds import both_servers
 
 
@@ -63,9 +62,7 @@ async def test_once_on_healthy_runs_nothing(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
     ctl = controller(healthy_world, pool, tmp_path / "state")
-    # The world launches its own model just after it starts; only sparkd's commands count.
-    await eventually(lambda: bool(mutations(healthy_world)), within=10)
-    since = time.time()
+    since = await after_its_own_launch(healthy_world)
     plans = await converge(ctl)
     assert all(p.actions == () for p in plans)
     assert plans[-1].phase == "healthy"

@@ -171,6 +171,13 @@ async def converged(
     return ctl, time.time()
 
 
+async def after_its_own_launch(world: World) -> float:
+    """The wall clock once a `healthy` world has launched its own model (just after it starts):
+    only sparkd's commands after it count."""
+    await eventually(lambda: bool(mutations(world)), within=10)
+    return time.time()
+
+
 async def cycles(ctl: Controller, count: int, pause: float = 0.0) -> list[Plan]:
     plans = []
     for _ in range(count):
