@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -17,35 +16,7 @@ import aiohttp
 
 from sparkd_sim.world import World
 from tests.support.daemon import eventually, free_port, write_fast_config
-
-
-class NotifySocket:
-    """The datagram socket systemd would listen on (NOTIFY_SOCKET): each message as it arrives,
-    and the monotonic times of the watchdog pings among them."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(path))
-        self.sock.setblocking(False)
-        self.received: list[str] = []
-        self.pings: list[float] = []
-        self.loop = asyncio.get_running_loop()
-        self.loop.add_reader(self.sock.fileno(), self.drain)
-
-    def drain(self) -> None:
-        while True:
-            try:
-                message = self.sock.recv(4096).decode("latin-1")
-            except BlockingIOError:
-                return
-            self.received.append(message)
-            if message == "WATCHDOG=1":
-                self.pings.append(time.monotonic())
-
-    def close(self) -> None:
-        self.loop.remove_reader(self.sock.fileno())
-        self.sock.close()
+from tests.support.process import NotifySocket
 
 
 async def test_ready_status_watchdog_reloading_stopping(seed_world: World, tmp_path: Path) -> None:
@@ -53,6 +24,7 @@ async def test_ready_status_watchdog_reloading_stopping(seed_world: World, tmp_p
     config = write_fast_config(seed_world, tmp_path / "sparkd.toml", tmp_path / "state", port)
     path = tmp_path / "notify.sock"
     notify = NotifySocket(path)
+    notify.watch()
     received = notify.received
     env = {**os.environ, "NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "400000"}
     log = (tmp_path / "daemon.log").open("wb")
@@ -97,6 +69,7 @@ async def test_a_hung_host_within_its_timeouts_keeps_the_watchdog_fed(
     )  # fmt: skip
     path = tmp_path / "notify.sock"
     notify = NotifySocket(path)
+    notify.watch()
     pings = notify.pings
     # systemd restarts the unit when no ping comes for WATCHDOG_USEC; sparkd pings at half.
     limit = 2.0
