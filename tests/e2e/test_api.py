@@ -6,14 +6,12 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from sparkd.runtime.daemon import Daemon
 from sparkd_sim.world import World
-from tests.e2e.conftest import FAST_EXECUTOR, eventually, mutations, world_settings
-
-TOKEN = "s3cret-token-value"
+from tests.support.daemon import FAST_EXECUTOR, eventually, mutations, world_settings
+from tests.support.http import TOKEN, get, post
 
 
 async def started(world: World, state: Path, token_file: Path | None) -> Daemon:
@@ -32,17 +30,6 @@ async def daemon(seed_world: World, tmp_path: Path) -> AsyncIterator[Daemon]:
     d = await started(seed_world, tmp_path / "state", token)
     yield d
     await d.stop()
-
-
-async def get(url: str) -> tuple[int, dict]:  # type: ignore[type-arg]
-    async with aiohttp.ClientSession() as s, s.get(url) as r:
-        return r.status, await r.json()
-
-
-async def post(url: str, body: object = None, token: str | None = TOKEN) -> tuple[int, str]:
-    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
-    async with aiohttp.ClientSession() as s, s.post(url, json=body, headers=headers) as r:
-        return r.status, await r.text()
 
 
 async def test_status_healthz_events_through_recovery(daemon: Daemon) -> None:

@@ -17,8 +17,8 @@ import pytest
 
 from sparkd.web.app import HEADER_TIMEOUT, MAX_CONNECTIONS, MAX_PER_PEER
 from sparkd_sim.world import World
-from tests.e2e.conftest import eventually, free_port, write_fast_config
-from tests.e2e.test_process import phase, sparkd, start_daemon, status
+from tests.support.daemon import eventually, free_port, write_fast_config
+from tests.support.process import sparkd, start_daemon, status, wait_phase
 
 TOKEN = "abuse-token"
 
@@ -49,11 +49,7 @@ async def running(healthy_world: World, tmp_path: Path) -> AsyncIterator[Running
     log = tmp_path / "daemon.log"
     proc = await start_daemon(config, log)
     try:
-
-        async def up() -> bool:
-            return phase(await status(port)) is not None
-
-        await eventually(up, within=20)
+        await wait_phase(port, None, within=20)
         yield Running(proc, port, config, log)
     finally:
         if proc.returncode is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -14,16 +15,17 @@ from sparkd.cli.api import render_status
 from sparkd.runtime.daemon import Daemon
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
-from tests.e2e.conftest import (
-    FAST_EXECUTOR,
+from tests.support.daemon import (
     controller,
     converge,
+    converged,
+    cycle_until,
+    cycles,
+    daemon_on,
     eventually,
     mutations,
-    world_settings,
 )
-from tests.e2e.test_invariants_sim import cycle_until, cycles
-from tests.e2e.test_metrics import fetch, parse, value
+from tests.support.http import fetch, scraped
 
 GIB = 1 << 30
 
@@ -31,9 +33,7 @@ GIB = 1 << 30
 async def test_xid_79_blocks_with_a_reboot_and_restarts_nothing(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    ctl = controller(healthy_world, pool, tmp_path / "state")
-    await converge(ctl, cycles=100)
-    since = time.time()
+    ctl, since = await converged(healthy_world, pool, tmp_path / "state", cycles=100)
     await healthy_world.fault("xid-79", "spark-b")
     await healthy_world.fault("crash-model", "spark-a")
     plans = await cycle_until(ctl, "needs a reboot of spark-b (XID 79 (GPU has fallen off the bus)")
@@ -50,9 +50,7 @@ async def test_xid_79_blocks_with_a_reboot_and_restarts_nothing(
 async def test_application_xids_and_teardowns_change_nothing(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    ctl = controller(healthy_world, pool, tmp_path / "state")
-    await converge(ctl, cycles=100)
-    since = time.time()
+    ctl, since = await converged(healthy_world, pool, tmp_path / "state", cycles=100)
     await healthy_world.fault("xid-13", "spark-a")
     await healthy_world.fault("xid-45", "spark-b")
     plans = await cycles(ctl, 5)
@@ -71,9 +69,7 @@ async def test_application_xids_and_teardowns_change_nothing(
 async def test_a_host_gone_after_its_omens_is_wedged(
     healthy_world: World, pool: SshPool, tmp_path: Path, fault: str, evidence: str
 ) -> None:
-    ctl = controller(healthy_world, pool, tmp_path / "state")
-    await converge(ctl, cycles=100)
-    since = time.time()
+    ctl, since = await converged(healthy_world, pool, tmp_path / "state", cycles=100)
     await healthy_world.fault(fault, "spark-b", "1.5")
     plans = await cycle_until(ctl, "spark-b wedged: needs a power cycle")
     assert evidence in plans[-1].reason
@@ -86,9 +82,7 @@ async def test_a_host_gone_after_its_omens_is_wedged(
 async def test_memory_pressure_holds_the_launch_until_it_eases(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    ctl = controller(healthy_world, pool, tmp_path / "state")
-    await converge(ctl, cycles=100)
-    since = time.time()
+    ctl, since = await converged(healthy_world, pool, tmp_path / "state", cycles=100)
     await healthy_world.fault("memory-pressure", "spark-a", str(GIB))
     await healthy_world.fault("crash-model", "spark-a")
     plans = await cycle_until(ctl, "memory pressure on spark-a: MemAvailable 1.0 GiB below 4.0 GiB")
@@ -104,24 +98,14 @@ async def test_memory_pressure_holds_the_launch_until_it_eases(
 
 @pytest.fixture
 async def daemon(healthy_world: World, tmp_path: Path) -> AsyncIterator[Daemon]:
-    d = Daemon(
-        world_settings(healthy_world, tmp_path / "state"),
-        healthy_world.config_path,
-        executor_timing=FAST_EXECUTOR,
-    )
-    await d.start()
-    yield d
-    await d.stop()
+    async with daemon_on(healthy_world, tmp_path / "state") as d:
+        yield d
 
 
 async def test_the_metrics_count_each_kernel_line_once_and_show_memory_and_triage(
     healthy_world: World, daemon: Daemon
 ) -> None:
-    url = f"{daemon.url}/metrics"
-
-    async def sample(name: str, **labels: str) -> float | None:
-        _, text = await fetch(url)
-        return value(parse(text), name, cluster="sparks", **labels)
+    sample = partial(scraped, f"{daemon.url}/metrics", cluster="sparks")
 
     async def triaged() -> bool:
         return await sample("sparkd_cluster_triage", **{"class": "memory_pressure"}) == 1
@@ -177,11 +161,7 @@ async def test_an_mtu_mismatch_holds_the_relaunch_until_the_mtu_is_set(
 async def test_a_flap_is_reported_for_its_window_and_counted(
     healthy_world: World, daemon: Daemon
 ) -> None:
-    url = f"{daemon.url}/metrics"
-
-    async def sample(name: str, **labels: str) -> float | None:
-        _, text = await fetch(url)
-        return value(parse(text), name, cluster="sparks", **labels)
+    sample = partial(scraped, f"{daemon.url}/metrics", cluster="sparks")
 
     async def fabric_seen() -> bool:
         return await sample("sparkd_fabric_gid_index", host="spark-b") == 3

@@ -12,7 +12,7 @@ from sparkd.core.spec import container_name
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.docker_images import image_id
 from sparkd_sim.world import World
-from tests.e2e.conftest import controller, converge, eventually, mutations
+from tests.support.daemon import after_its_own_launch, controller, converge, eventually, mutations
 
 
 async def test_containers_mount_the_cache_and_old_entries_are_pruned(
@@ -89,8 +89,7 @@ async def test_an_upgrade_restarts_no_container_made_without_the_mount(
     ctl = controller(
         healthy_world, pool, tmp_path / "state", cluster={"model": {"cache_dir": cache_dir}}
     )
-    await eventually(lambda: bool(mutations(healthy_world)), within=10)
-    since = time.time()
+    since = await after_its_own_launch(healthy_world)
     plans = await converge(ctl)
     assert all(p.actions == () for p in plans)
     assert plans[-1].phase == "healthy"

@@ -18,8 +18,8 @@ from sparkd.runtime.controller import Controller, CycleRecord
 from sparkd.shell.ssh import SshPool
 from sparkd.web.app import cluster_json
 from sparkd_sim.world import World
-from tests.e2e.conftest import controller, mutations, running
 from tests.e2e.test_events import until
+from tests.support.daemon import controller, mutations, running
 
 # Forward: enough to make every Ray node look older than its container, were node sightings
 # and container ages compared on the wall clock; back: an hour.

@@ -24,7 +24,7 @@ from sparkd.runtime.notify import Notifier
 from sparkd.runtime.state import StateDir
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
-from tests.e2e.conftest import (
+from tests.support.daemon import (
     FAST_EXECUTOR,
     controller,
     eventually,
@@ -33,7 +33,7 @@ from tests.e2e.conftest import (
     world_settings,
     write_fast_config,
 )
-from tests.e2e.test_process import phase, start_daemon, status
+from tests.support.process import start_daemon, wait_phase
 
 TOKEN = "durable-token"
 
@@ -87,11 +87,7 @@ async def test_sigkill_mid_cycle_loses_no_finished_action(
 
     second = await start_daemon(config, log)
     try:
-
-        async def healthy() -> bool:
-            return phase(await status(port)) == "healthy"
-
-        await eventually(healthy, within=60)
+        await wait_phase(port, "healthy", within=60)
     finally:
         second.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(second.wait(), 20) == 0

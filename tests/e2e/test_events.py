@@ -14,7 +14,7 @@ from sparkd.runtime.controller import Controller
 from sparkd.shell.events import ContainerEvent, parse_event, relevant
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
-from tests.e2e.conftest import controller, running
+from tests.support.daemon import controller, running
 from tests.toy import reference_cluster
 
 # Far longer than any test here runs: only an event can bring the next cycle.

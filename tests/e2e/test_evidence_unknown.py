@@ -15,13 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.model.plan import Plan
-from sparkd.runtime.controller import Controller
 from sparkd.shell.ssh import SshPool
 from sparkd_demo.cli import sparkd_spec_labels
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
-from tests.e2e.conftest import controller, converge, eventually, mutations
+from tests.support.daemon import controller, converge, converged, cycles, eventually, mutations
 
 # The real load (30 s init, 600 s of shards, 120 s of graph capture) against the real
 # probe_interval (60 s), scaled to the tests' probe_interval (1.2 s): a load spans ~12 probes.
@@ -47,14 +45,6 @@ async def long_load_world(tmp_path: Path) -> AsyncIterator[World]:
         spec_labels=sparkd_spec_labels,
     ) as world:
         yield world
-
-
-async def cycles(ctl: Controller, count: int, pause: float = 0.1) -> list[Plan]:
-    plans = []
-    for _ in range(count):
-        plans.append(await ctl.cycle())
-        await asyncio.sleep(pause)
-    return plans
 
 
 async def test_a_serve_restarted_by_hand_loads_with_its_own_grace(
@@ -84,9 +74,7 @@ async def test_a_serve_restarted_by_hand_loads_with_its_own_grace(
 async def test_docker_down_on_the_head_keeps_probing_and_acts_on_nothing(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    ctl = controller(healthy_world, pool, tmp_path / "s")
-    await converge(ctl, cycles=200)
-    since = time.time()
+    ctl, since = await converged(healthy_world, pool, tmp_path / "s", cycles=200)
     await healthy_world.fault("docker-down", "spark-a")
     plans = await cycles(ctl, 12, pause=0.2)
     last = plans[-1]
@@ -107,9 +95,7 @@ async def test_docker_down_on_the_head_keeps_probing_and_acts_on_nothing(
 async def test_docker_hung_on_a_worker_is_not_an_unreachable_host(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    ctl = controller(healthy_world, pool, tmp_path / "s")
-    await converge(ctl, cycles=200)
-    since = time.time()
+    ctl, since = await converged(healthy_world, pool, tmp_path / "s", cycles=200)
     await healthy_world.fault("docker-hung", "spark-b")
     plans = await cycles(ctl, 6, pause=0.2)
     last = plans[-1]
@@ -127,11 +113,9 @@ async def test_docker_hung_on_a_worker_is_not_an_unreachable_host(
 async def test_a_renamed_data_interface_is_reported_not_healthy(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    ctl = controller(healthy_world, pool, tmp_path / "s")
-    await converge(ctl, cycles=200)
-    since = time.time()
+    ctl, since = await converged(healthy_world, pool, tmp_path / "s", cycles=200)
     await healthy_world.fault("rename-iface", "spark-b")
-    plans = await cycles(ctl, 4)
+    plans = await cycles(ctl, 4, pause=0.1)
     last = plans[-1]
     assert last.phase == "degraded", last.reason
     assert 'Device "enp1s0f0np0" does not exist.' in last.reason

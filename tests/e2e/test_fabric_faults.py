@@ -10,8 +10,7 @@ from sparkd.runtime.controller import Controller
 from sparkd.runtime.metrics import Metrics
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
-from tests.e2e.conftest import controller, converge, mutations
-from tests.e2e.test_invariants_sim import cycle_until, cycles
+from tests.support.daemon import controller, converge, cycle_until, cycles, mutations
 
 
 def watched(world: World, pool: SshPool, state: Path) -> tuple[Controller, Metrics]:

@@ -14,7 +14,7 @@ from sparkd.shell.catalogue import FenceToken
 from sparkd.shell.fencing import HostFence
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
-from tests.e2e.conftest import controller, converge, eventually, mutations
+from tests.support.daemon import controller, converge, eventually, mutations
 
 ETCD = 987654321
 PREFIX = re.compile(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
-from tests.e2e.conftest import controller, converge, eventually, mutations, running
+from tests.support.daemon import controller, converge, eventually, mutations, running
 
 # The defaults' ratios (interval 30 s, probe_interval 60 s, probe.timeout 30 s, hang_window 60 s,
 # hang_ready_grace 70 s) on the tests' probe_interval of 1.2 s.

@@ -9,8 +9,8 @@ from pathlib import Path
 from sparkd.model.plan import ActionOutcome
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
-from tests.e2e.conftest import controller, mutations, running
 from tests.e2e.test_events import until
+from tests.support.daemon import controller, mutations, running
 
 # Far longer than any test here runs: with no event stream, only the horizon can bring the
 # next cycle sooner.

@@ -7,28 +7,12 @@ import dataclasses
 import time
 from pathlib import Path
 
-from sparkd.model.plan import Plan
-from sparkd.runtime.controller import Controller
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
-from tests.e2e.conftest import controller, converge, mutations
+from tests.support.daemon import controller, converge, converged, cycle_until, cycles, mutations
 
 NEW_TAG = "vllm/vllm-openai:v0.33.0"
-
-
-async def cycles(ctl: Controller, count: int) -> list[Plan]:
-    return [await ctl.cycle() for _ in range(count)]
-
-
-async def cycle_until(ctl: Controller, done: str, limit: int = 300) -> list[Plan]:
-    plans = []
-    for _ in range(limit):
-        plan = await ctl.cycle()
-        plans.append(plan)
-        if done in plan.reason or plan.phase == done:
-            return plans
-    raise AssertionError(f"never {done!r}: {plans[-1].phase}: {plans[-1].reason}")
 
 
 def launches(world: World, since: float) -> list[str]:
@@ -70,9 +54,7 @@ async def test_an_orphaned_engine_holds_the_launch_until_ray_takes_it_away(
     tmp_path: Path, pool: SshPool
 ) -> None:
     async with World(tmp_path / "world", scenario="seed-morning", timing=Timing.fast()) as world:
-        ctl = controller(world, pool, tmp_path / "state")
-        await converge(ctl, cycles=200)
-        since = time.time()
+        ctl, since = await converged(world, pool, tmp_path / "state", cycles=200)
         await world.fault("orphan-engine", "spark-a")
         plans = await cycle_until(ctl, "engine processes still hold the GPUs")
         assert "VLLM::EngineCore" in plans[-1].reason
@@ -92,9 +74,7 @@ async def test_nothing_starts_on_a_full_disk_until_space_is_freed(
     tmp_path: Path, pool: SshPool
 ) -> None:
     async with World(tmp_path / "world", scenario="seed-morning", timing=Timing.fast()) as world:
-        ctl = controller(world, pool, tmp_path / "state")
-        await converge(ctl, cycles=200)
-        since = time.time()
+        ctl, since = await converged(world, pool, tmp_path / "state", cycles=200)
         await world.fault("full-disk", "spark-a", "65536")
         await world.fault("crash-model", "spark-a")
         plans = await cycle_until(ctl, "disk full on spark-a (65536 bytes free)")
@@ -112,9 +92,7 @@ async def test_a_lost_gpu_blocks_with_reboot_and_a_reboot_recovers(
     tmp_path: Path, pool: SshPool
 ) -> None:
     async with World(tmp_path / "world", scenario="seed-morning", timing=Timing.fast()) as world:
-        ctl = controller(world, pool, tmp_path / "state")
-        await converge(ctl, cycles=200)
-        since = time.time()
+        ctl, since = await converged(world, pool, tmp_path / "state", cycles=200)
         await world.fault("lost-gpu", "spark-b")
         await world.fault("crash-model", "spark-a")
         plans = await cycle_until(ctl, "the GPU of spark-b is lost: needs a reboot of")

@@ -11,21 +11,18 @@ from pathlib import Path
 import asyncssh
 
 from sparkd.model.plan import Action, Plan
-from sparkd.runtime.controller import Controller
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
-from tests.e2e.conftest import controller, converge, eventually, mutations
-
-
-async def cycle_until(ctl: Controller, done: str, cycles: int = 200) -> list[Plan]:
-    plans = []
-    for _ in range(cycles):
-        plan = await ctl.cycle()
-        plans.append(plan)
-        if done in plan.reason or plan.phase == done:
-            return plans
-    raise AssertionError(f"never {done!r}: {plans[-1].phase}: {plans[-1].reason}")
+from tests.support.daemon import (
+    controller,
+    converge,
+    converged,
+    cycle_until,
+    eventually,
+    mutations,
+)
+from tests.support.worlds import both_servers
 
 
 def ray_restarts(world: World, host: str, since: float) -> list[str]:
@@ -42,14 +39,12 @@ async def test_ray_unreadable_during_a_progressing_load_is_watched_not_restarted
     # A load that takes several join timeouts, so a restart of Ray would have had its chance.
     timing = dataclasses.replace(Timing.fast(), model_load=12.0)
     async with World(tmp_path / "world", scenario="seed-morning", timing=timing) as world:
-        ctl = controller(world, pool, tmp_path / "state")
-        await converge(ctl, cycles=200)
-        since = time.time()
+        ctl, since = await converged(world, pool, tmp_path / "state", cycles=200)
         await world.fault("crash-model", "spark-a")
-        await cycle_until(ctl, "loading")
+        await cycle_until(ctl, "loading", limit=200)
         hung_at = time.time()
         await world.fault("hang-tool", "spark-a", "ray")
-        plans = await cycle_until(ctl, "but the model serves; watching")
+        plans = await cycle_until(ctl, "but the model serves; watching", limit=200)
         assert any("the model's load advances; watching" in p.reason for p in plans)
         assert all(p.actions == () for p in plans), [p.reason for p in plans if p.actions]
         assert ray_restarts(world, "spark-a", hung_at) == []
@@ -146,9 +141,7 @@ async def test_a_stuck_load_with_a_chatty_log_is_restarted_after_load_stall(
     tmp_path: Path, pool: SshPool
 ) -> None:
     async with World(tmp_path / "world", scenario="seed-morning", timing=Timing.fast()) as world:
-        ctl = controller(world, pool, tmp_path / "state")
-        await converge(ctl, cycles=200)
-        since = time.time()
+        ctl, since = await converged(world, pool, tmp_path / "state", cycles=200)
         await world.fault("chatty-stall", "spark-a")
         await world.fault("crash-model", "spark-a")
         plans = await converge(ctl, cycles=400)
@@ -188,6 +181,7 @@ def with_impostor_key(world: World, host: str, path: Path) -> Path:
     return path
 
 
+@both_servers
 async def test_a_changed_host_key_is_reported_and_nothing_is_sent_to_that_host(
     seed_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
@@ -212,6 +206,7 @@ async def test_a_changed_host_key_is_reported_and_nothing_is_sent_to_that_host(
     assert "spark-b (worker) unreachable (host_key: " in phase["reason"]
 
 
+@both_servers
 async def test_a_hung_remote_tool_is_ended_on_the_host_and_the_daemon_reads_on(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:

@@ -14,8 +14,8 @@ from sparkd.runtime.controller import Controller
 from sparkd.runtime.daemon import Daemon
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
-from tests.e2e.conftest import FAST_EXECUTOR, controller, eventually, mutations, world_settings
-from tests.e2e.test_metrics import parse, value
+from tests.support.daemon import FAST_EXECUTOR, controller, eventually, mutations, world_settings
+from tests.support.http import parse, value
 
 REASON = "weekly host updates"
 

@@ -21,34 +21,9 @@ from sparkd.model.plan import PHASES
 from sparkd.model.probe import PROBE_OUTCOMES
 from sparkd.runtime.daemon import Daemon
 from sparkd_sim.world import World
-from tests.e2e.conftest import FAST_EXECUTOR, eventually, world_settings
 from tests.ops.tools import tool
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-OPENMETRICS = "application/openmetrics-text; version=1.0.0"
-
-
-def parse(text: str) -> Samples:
-    samples: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
-    return samples
-
-
-def value(samples: Samples, name: str, **labels: str) -> float | None:
-    return samples.get((name, frozenset(labels.items())))
-
-
-def series(samples: Samples, name: str) -> dict[frozenset[tuple[str, str]], float]:
-    return {labels: v for (n, labels), v in samples.items() if n == name}
-
-
-async def fetch(url: str, accept: str | None = None) -> tuple[str, str]:
-    headers = {"Accept": accept} if accept else {}
-    async with aiohttp.ClientSession() as s, s.get(url, headers=headers) as r:
-        assert r.status == 200
-        return r.headers["Content-Type"], await r.text()
+from tests.support.daemon import FAST_EXECUTOR, daemon_on, eventually, world_settings
+from tests.support.http import OPENMETRICS, Samples, fetch, parse, series, value
 
 
 async def consistent(url: str) -> tuple[dict[str, Any], Samples]:
@@ -69,26 +44,14 @@ async def consistent(url: str) -> tuple[dict[str, Any], Samples]:
 
 @pytest.fixture
 async def seed_daemon(seed_world: World, tmp_path: Path) -> AsyncIterator[Daemon]:
-    daemon = Daemon(
-        world_settings(seed_world, tmp_path / "state"),
-        seed_world.config_path,
-        executor_timing=FAST_EXECUTOR,
-    )
-    await daemon.start()
-    yield daemon
-    await daemon.stop()
+    async with daemon_on(seed_world, tmp_path / "state") as daemon:
+        yield daemon
 
 
 @pytest.fixture
 async def healthy_daemon(healthy_world: World, tmp_path: Path) -> AsyncIterator[Daemon]:
-    daemon = Daemon(
-        world_settings(healthy_world, tmp_path / "state"),
-        healthy_world.config_path,
-        executor_timing=FAST_EXECUTOR,
-    )
-    await daemon.start()
-    yield daemon
-    await daemon.stop()
+    async with daemon_on(healthy_world, tmp_path / "state") as daemon:
+        yield daemon
 
 
 async def phase_is(daemon: Daemon, wanted: str) -> bool:
@@ -337,8 +300,7 @@ async def test_dashboard_and_rules_name_only_exported_or_recorded_metrics(
 ) -> None:
     import yaml
 
-    from tests.ops.test_dashboard import expressions, metric_names
-    from tests.ops.tools import RULES
+    from tests.ops.tools import RULES, expressions, metric_names
 
     _, text = await fetch(f"{healthy_daemon.url}/metrics")
     exported: set[str] = set()

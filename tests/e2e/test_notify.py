@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -16,27 +15,17 @@ from pathlib import Path
 import aiohttp
 
 from sparkd_sim.world import World
-from tests.e2e.conftest import eventually, free_port, write_fast_config
+from tests.support.daemon import eventually, free_port, write_fast_config
+from tests.support.process import NotifySocket
 
 
 async def test_ready_status_watchdog_reloading_stopping(seed_world: World, tmp_path: Path) -> None:
     port = free_port()
     config = write_fast_config(seed_world, tmp_path / "sparkd.toml", tmp_path / "state", port)
     path = tmp_path / "notify.sock"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(path))
-    sock.setblocking(False)
-    received: list[str] = []
-    loop = asyncio.get_running_loop()
-
-    def drain() -> None:
-        while True:
-            try:
-                received.append(sock.recv(4096).decode("latin-1"))
-            except BlockingIOError:
-                return
-
-    loop.add_reader(sock.fileno(), drain)
+    notify = NotifySocket(path)
+    notify.watch()
+    received = notify.received
     env = {**os.environ, "NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "400000"}
     log = (tmp_path / "daemon.log").open("wb")
     proc = await asyncio.create_subprocess_exec(
@@ -56,10 +45,9 @@ async def test_ready_status_watchdog_reloading_stopping(seed_world: World, tmp_p
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 20) == 0
         await asyncio.sleep(0.1)
-        drain()
+        notify.drain()
     finally:
-        loop.remove_reader(sock.fileno())
-        sock.close()
+        notify.close()
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
@@ -80,22 +68,9 @@ async def test_a_hung_host_within_its_timeouts_keeps_the_watchdog_fed(
                flags=re.M)
     )  # fmt: skip
     path = tmp_path / "notify.sock"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(path))
-    sock.setblocking(False)
-    pings: list[float] = []
-    loop = asyncio.get_running_loop()
-
-    def drain() -> None:
-        while True:
-            try:
-                message = sock.recv(4096).decode("latin-1")
-            except BlockingIOError:
-                return
-            if message == "WATCHDOG=1":
-                pings.append(time.monotonic())
-
-    loop.add_reader(sock.fileno(), drain)
+    notify = NotifySocket(path)
+    notify.watch()
+    pings = notify.pings
     # systemd restarts the unit when no ping comes for WATCHDOG_USEC; sparkd pings at half.
     limit = 2.0
     env = {**os.environ, "NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": str(int(limit * 1e6))}
@@ -112,8 +87,7 @@ async def test_a_hung_host_within_its_timeouts_keeps_the_watchdog_fed(
         await eventually(lambda: reported_hung(port), within=30, poll=0.2)
         seen_at = time.monotonic()
     finally:
-        loop.remove_reader(sock.fileno())
-        sock.close()
+        notify.close()
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), 30)
     # The look that met the silent host outlasted 3 intervals, so this is the case at stake.

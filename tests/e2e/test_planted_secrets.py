@@ -13,8 +13,8 @@ import aiohttp
 
 from sparkd.settings import load_settings
 from sparkd_sim.world import World
-from tests.e2e.conftest import eventually, free_port, mutations, write_fast_config
-from tests.e2e.test_process import phase, sparkd, start_daemon, status
+from tests.support.daemon import eventually, free_port, mutations, write_fast_config
+from tests.support.process import phase, sparkd, start_daemon, status, wait_phase
 
 KEY_A = "sk-planted-alpha-3c9e1d2b4a7f"
 KEY_B = "sk-planted-bravo-8c7d6e5f0a9b"
@@ -67,11 +67,7 @@ async def test_no_planted_secret_in_any_output(seed_world: World, tmp_path: Path
     outputs: dict[str, str] = {}
     daemon = await start_daemon(config, log)
     try:
-
-        async def healthy() -> bool:
-            return phase(await status(port)) == "healthy"
-
-        await eventually(healthy, within=90)
+        await wait_phase(port, "healthy", within=90)
         assert launches(seed_world) == 1
         plant(log_dir, KEY_A, TOKEN)
         # The operator pastes the token into a pause reason; it is stored, evented, shown.
@@ -146,11 +142,7 @@ async def test_a_rotated_out_key_never_reaches_a_restarted_process(
     log_dir = Path(load_settings(config).clusters[0].model.log_dir)
     daemon = await start_daemon(config, tmp_path / "daemon.log")
     try:
-
-        async def healthy() -> bool:
-            return phase(await status(port)) == "healthy"
-
-        await eventually(healthy, within=90)
+        await wait_phase(port, "healthy", within=90)
     finally:
         daemon.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(daemon.wait(), 20) == 0

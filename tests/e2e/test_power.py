@@ -12,8 +12,7 @@ from typing import Any
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.timing import FAST_FACTOR
 from sparkd_sim.world import World
-from tests.e2e.conftest import controller, converge, mutations
-from tests.e2e.test_invariants_sim import cycle_until, cycles
+from tests.support.daemon import controller, converge, cycle_until, cycles, mutations
 
 
 def power(world: World, **changes: Any) -> dict[str, Any]:

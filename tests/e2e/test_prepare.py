@@ -3,16 +3,15 @@ stops nothing, says why in /status, and is cut over once when the files are ther
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from sparkd.core import rollout
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.checkpoint import shard_name
 from sparkd_sim.world import World
-from tests.e2e.conftest import eventually, mutations
-from tests.e2e.test_api import TOKEN, get
-from tests.e2e.test_rollout import daemon_with, serves, serving_with_last_good
+from tests.support.daemon import eventually, mutations
+from tests.support.http import get
+from tests.support.rollout import serves, serving_with_last_good
 
 OTHER = "/models/Qwen3.5-122B-A10B-FP8-v2"
 
@@ -20,16 +19,11 @@ OTHER = "/models/Qwen3.5-122B-A10B-FP8-v2"
 async def test_a_reload_to_a_model_missing_a_weight_file_stops_nothing_until_it_appears(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    state = tmp_path / "s"
-    old = await serving_with_last_good(healthy_world, pool, state)
-    good = old.memory.last_good
-    assert good is not None
+    old = await serving_with_last_good(healthy_world, pool, tmp_path / "s")
+    good = old.good
     await healthy_world.fault("missing-weights", "spark-a", OTHER)
     assert not (healthy_world.model_dir(OTHER) / shard_name(2)).exists()
-    token = tmp_path / "token"
-    token.write_text(TOKEN + "\n")
-    since = time.time()
-    daemon = await daemon_with(healthy_world, state, token, id=OTHER)
+    daemon, since = await old.daemon(tmp_path / "token", id=OTHER)
     try:
         ctl = daemon.controllers["sparks"]
         want = rollout.identity(ctl.cluster)

@@ -7,48 +7,15 @@ import json
 import os
 import signal
 import stat
-import sys
 import time
 from pathlib import Path
-
-import aiohttp
 
 from sparkd.runtime.state import StateDir
 from sparkd_sim.state import GpuProcess
 from sparkd_sim.world import World
-from tests.e2e.conftest import eventually, free_port, mutations, write_fast_config
-
-SPARKD = [sys.executable, "-m", "sparkd.cli"]
-
-
-async def sparkd(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *SPARKD, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
-async def start_daemon(config: Path, log: Path) -> asyncio.subprocess.Process:
-    handle = log.open("ab")
-    return await asyncio.create_subprocess_exec(
-        *SPARKD, "run", "--config", str(config), stdout=handle, stderr=handle,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-
-
-async def status(port: int) -> dict:  # type: ignore[type-arg]
-    try:
-        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/status") as r:
-            return await r.json()  # type: ignore[no-any-return]
-    except aiohttp.ClientError:
-        return {}
-
-
-def phase(body: dict) -> str | None:  # type: ignore[type-arg]
-    clusters = body.get("clusters") or []
-    return clusters[0]["phase"] if clusters else None
+from tests.support.daemon import eventually, free_port, mutations, write_fast_config
+from tests.support.process import SPARKD, phase, sparkd, start_daemon, status, wait_phase
+from tests.support.worlds import both_servers
 
 
 async def test_kill_9_mid_recovery_then_restart(seed_world: World, tmp_path: Path) -> None:
@@ -69,11 +36,7 @@ async def test_kill_9_mid_recovery_then_restart(seed_world: World, tmp_path: Pat
         await first.wait()
     second = await start_daemon(config, log)
     try:
-
-        async def healthy() -> bool:
-            return phase(await status(port)) == "healthy"
-
-        await eventually(healthy, within=60)
+        await wait_phase(port, "healthy", within=60)
     finally:
         second.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(second.wait(), 20) == 0
@@ -128,11 +91,7 @@ async def test_sigterm_stops_cleanly_and_sighup_keeps_a_good_config(
     log = tmp_path / "daemon.log"
     proc = await start_daemon(config, log)
     try:
-
-        async def up() -> bool:
-            return phase(await status(port)) is not None
-
-        await eventually(up, within=20)
+        await wait_phase(port, None, within=20)
         good = config.read_text()
         config.write_text(good.replace('role = "worker"', 'role = "head"'))
         proc.send_signal(signal.SIGHUP)
@@ -146,6 +105,7 @@ async def test_sigterm_stops_cleanly_and_sighup_keeps_a_good_config(
     assert '"event": "stopping"' in text
 
 
+@both_servers
 async def test_live_plan_probe_status(healthy_world: World, tmp_path: Path) -> None:
     port = free_port()
     config = write_fast_config(healthy_world, tmp_path / "sparkd.toml", tmp_path / "state", port)
@@ -195,7 +155,7 @@ async def test_live_plan_probe_status(healthy_world: World, tmp_path: Path) -> N
 async def test_sparkd_sim_healthy_is_drift_free_for_the_config_it_prints(tmp_path: Path) -> None:
     """`sparkd sim --scenario healthy`, then `sparkd plan` on the config it printed: nothing to
     change (no Ray or model restart for a spec the simulator spelled differently)."""
-    from tests.live.conftest import FIRST_ADDRESS
+    from tests.support.live import FIRST_ADDRESS
 
     directory = tmp_path / "world"
     # Its own address block: another world of this run may hold FIRST_ADDRESS's.

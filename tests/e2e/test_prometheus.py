@@ -18,10 +18,9 @@ import pytest
 import yaml
 
 from sparkd_sim.world import World
-from tests.e2e.conftest import eventually, free_port, write_fast_config
-from tests.e2e.test_process import sparkd, start_daemon, status
-from tests.ops.test_dashboard import dashboard
-from tests.ops.tools import ALERTMANAGER_CONFIG, RULES, scaled_rules, tool
+from tests.ops.tools import ALERTMANAGER_CONFIG, RULES, dashboard, scaled_rules, tool
+from tests.support.daemon import eventually, free_port, write_fast_config
+from tests.support.process import sparkd, start_daemon, status
 
 WEBHOOK_BASE = "https://alerts.example.invalid"
 

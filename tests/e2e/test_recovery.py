@@ -8,13 +8,15 @@ from pathlib import Path
 
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
-from tests.e2e.conftest import controller, converge, eventually, mutations
+from tests.support.daemon import after_its_own_launch, controller, converge, eventually, mutations
+from tests.support.worlds import both_servers
 
 
 def kinds(plans: list) -> list[str]:  # type: ignore[type-arg]
     return [a.kind for p in plans for a in p.actions]
 
 
+@both_servers
 async def test_cold_start_from_seed_morning(
     seed_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
@@ -61,9 +63,7 @@ async def test_once_on_healthy_runs_nothing(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
     ctl = controller(healthy_world, pool, tmp_path / "state")
-    # The world launches its own model just after it starts; only sparkd's commands count.
-    await eventually(lambda: bool(mutations(healthy_world)), within=10)
-    since = time.time()
+    since = await after_its_own_launch(healthy_world)
     plans = await converge(ctl)
     assert all(p.actions == () for p in plans)
     assert plans[-1].phase == "healthy"
@@ -79,6 +79,7 @@ async def recover_after(world: World, pool: SshPool, state: Path, fault: str, ho
     return plans
 
 
+@both_servers
 async def test_worker_reboot_recovers(seed_world: World, pool: SshPool, tmp_path: Path) -> None:
     plans = await recover_after(seed_world, pool, tmp_path / "s", "reboot", "spark-b")
     assert "start_ray_worker" in kinds(plans)
@@ -86,6 +87,7 @@ async def test_worker_reboot_recovers(seed_world: World, pool: SshPool, tmp_path
     assert plans[-1].phase == "healthy"
 
 
+@both_servers
 async def test_head_reboot_recovers(seed_world: World, pool: SshPool, tmp_path: Path) -> None:
     plans = await recover_after(seed_world, pool, tmp_path / "s", "reboot", "spark-a")
     done = kinds(plans)
@@ -97,6 +99,7 @@ async def test_head_reboot_recovers(seed_world: World, pool: SshPool, tmp_path: 
     assert done.index("start_ray_head") < done.index("restart_ray")
 
 
+@both_servers
 async def test_model_crash_recovers(seed_world: World, pool: SshPool, tmp_path: Path) -> None:
     plans = await recover_after(seed_world, pool, tmp_path / "s", "crash-model", "spark-a")
     assert kinds(plans) == ["start_model"]

@@ -4,7 +4,6 @@ that fails there is rolled back to the last-good one, which serves again."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,44 +13,13 @@ from sparkd.core import rollout
 from sparkd.model.cluster import RolloutCheck
 from sparkd.model.plan import Plan
 from sparkd.runtime.controller import Controller
-from sparkd.runtime.daemon import Daemon
-from sparkd.runtime.state import StateDir
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
-from tests.e2e.conftest import (
-    FAST_EXECUTOR,
-    controller,
-    converge,
-    eventually,
-    mutations,
-    world_settings,
-)
-from tests.e2e.test_api import TOKEN, get, post
-from tests.e2e.test_metrics import fetch
+from tests.support.daemon import eventually, mutations
+from tests.support.http import fetch, get, post
+from tests.support.rollout import serves, serving_with_last_good
 
 BAD_FLAG = "--enable-resoning"
-
-
-def serves(world: World, since: float) -> list[str]:
-    """The `vllm serve` command lines run on the head since `since`."""
-    return [r.command for r in mutations(world, "spark-a", since) if "vllm serve" in r.command]
-
-
-async def last_good(ctl: Controller) -> None:
-    """Cycle until the serving spec is last-good (its acceptance probes answered)."""
-    for _ in range(100):
-        await ctl.cycle()
-        if ctl.memory.last_good is not None:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("no last-good spec recorded")
-
-
-def reloaded(ctl: Controller, state: Path, **model: Any) -> Controller:
-    """The controller a config reload makes: the new spec, the memory on disk."""
-    cluster = ctl.cluster
-    spec = cluster.model_copy(update={"model": cluster.model.model_copy(update=model)})
-    return Controller(spec, ctl.pool, StateDir(state), executor_timing=FAST_EXECUTOR)
 
 
 async def until(ctl: Controller, done: Any, cycles: int = 300) -> list[Plan]:
@@ -70,13 +38,6 @@ def rolled_back_and_serving(plan: Plan | None, ctl: Controller) -> bool:
     return plan is not None and plan.phase == "degraded" and held
 
 
-async def serving_with_last_good(world: World, pool: SshPool, state: Path) -> Controller:
-    ctl = controller(world, pool, state)
-    await converge(ctl)
-    await last_good(ctl)
-    return ctl
-
-
 def assert_rolled_back(ctl: Controller, plans: list[Plan], bad: str, good: str, why: str) -> None:
     started = next(p for p in plans if p.rollback is not None)
     assert why in (started.rollback or "")
@@ -92,13 +53,9 @@ def assert_rolled_back(ctl: Controller, plans: list[Plan], bad: str, good: str, 
 async def test_a_good_change_rolls_out_with_one_cutover_and_is_accepted(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    state = tmp_path / "s"
-    old = await serving_with_last_good(healthy_world, pool, state)
-    good = old.memory.last_good
-    assert good is not None
-    since = time.time()
-    args = (*old.cluster.model.extra_args, "--max-num-seqs", "8")
-    ctl = reloaded(old, state, extra_args=args)
+    old = await serving_with_last_good(healthy_world, pool, tmp_path / "s")
+    good = old.good
+    ctl, since = old.reload(extra_args=old.args("--max-num-seqs", "8"))
     plans = await until(
         ctl, lambda p, c: c.memory.rollout is not None and c.memory.rollout.result == "accepted"
     )
@@ -115,12 +72,9 @@ async def test_a_good_change_rolls_out_with_one_cutover_and_is_accepted(
 async def test_a_bad_argument_rolls_back_and_serves_again(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    state = tmp_path / "s"
-    old = await serving_with_last_good(healthy_world, pool, state)
-    good = old.memory.last_good
-    assert good is not None
-    since = time.time()
-    ctl = reloaded(old, state, extra_args=(*old.cluster.model.extra_args, BAD_FLAG))
+    old = await serving_with_last_good(healthy_world, pool, tmp_path / "s")
+    good = old.good
+    ctl, since = old.reload(extra_args=old.args(BAD_FLAG))
     plans = await until(ctl, rolled_back_and_serving)
     bad = rollout.identity(ctl.cluster)
     assert_rolled_back(ctl, plans, bad, good.hash, f"unrecognized arguments: {BAD_FLAG}")
@@ -136,35 +90,29 @@ async def test_a_bad_argument_rolls_back_and_serves_again(
 async def test_a_missing_weight_file_rolls_back_and_serves_again(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    state = tmp_path / "s"
-    old = await serving_with_last_good(healthy_world, pool, state)
-    good = old.memory.last_good
-    assert good is not None
+    old = await serving_with_last_good(healthy_world, pool, tmp_path / "s")
+    good = old.good
     other = "/models/Qwen3.5-122B-A10B-FP8-v2"
     # Whole when the cutover is prepared; a shard goes once the new serve has started.
     healthy_world.add_checkpoint(other)
     await healthy_world.fault("vanish-weights", "spark-a", other)
-    since = time.time()
-    ctl = reloaded(old, state, id=other)
+    ctl, since = old.reload(id=other)
     plans = await until(ctl, rolled_back_and_serving)
     why = f"FileNotFoundError: Weight files referenced in index but missing: {{'{other}/"
     assert_rolled_back(ctl, plans, rollout.identity(ctl.cluster), good.hash, why)
     launched = serves(healthy_world, since)
     assert [other in c for c in launched] == [True, False]
     assert ctl.view.snapshot is not None and ctl.view.snapshot.endpoint is not None
-    assert ctl.view.snapshot.endpoint.serves(old.cluster.model.served_name)
+    assert ctl.view.snapshot.endpoint.serves(old.ctl.cluster.model.served_name)
 
 
 async def test_a_stalled_load_rolls_back_and_serves_again(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    state = tmp_path / "s"
-    old = await serving_with_last_good(healthy_world, pool, state)
-    good = old.memory.last_good
-    assert good is not None
+    old = await serving_with_last_good(healthy_world, pool, tmp_path / "s")
+    good = old.good
     await healthy_world.fault("stall-load", "spark-a")  # the next load stops at 40 %
-    since = time.time()
-    ctl = reloaded(old, state, extra_args=(*old.cluster.model.extra_args, "--max-num-seqs", "8"))
+    ctl, since = old.reload(extra_args=old.args("--max-num-seqs", "8"))
     plans = await until(ctl, rolled_back_and_serving)
     assert_rolled_back(ctl, plans, rollout.identity(ctl.cluster), good.hash, "load stalled")
     launched = serves(healthy_world, since)
@@ -179,29 +127,12 @@ def sample(text: str, name: str, **labels: str) -> float | None:
     return None
 
 
-async def daemon_with(world: World, state: Path, token: Path, **model: Any) -> Daemon:
-    settings = world_settings(world, state)
-    cluster = settings.clusters[0]
-    cluster = cluster.model_copy(update={"model": cluster.model.model_copy(update=model)})
-    daemon = settings.daemon.model_copy(update={"control_token_file": token})
-    settings = settings.model_copy(update={"daemon": daemon, "clusters": (cluster,)})
-    started = Daemon(settings, world.config_path, executor_timing=FAST_EXECUTOR)
-    await started.start()
-    return started
-
-
 async def test_rollout_retry_and_back_through_the_api_with_metrics_and_status(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    state = tmp_path / "s"
-    old = await serving_with_last_good(healthy_world, pool, state)
-    good = old.memory.last_good
-    assert good is not None
-    token = tmp_path / "token"
-    token.write_text(TOKEN + "\n")
-    since = time.time()
-    args = (*old.cluster.model.extra_args, BAD_FLAG)
-    daemon = await daemon_with(healthy_world, state, token, extra_args=args)
+    old = await serving_with_last_good(healthy_world, pool, tmp_path / "s")
+    good = old.good
+    daemon, since = await old.daemon(tmp_path / "token", extra_args=old.args(BAD_FLAG))
     try:
         ctl = daemon.controllers["sparks"]
         base = f"{daemon.url}/clusters/sparks/rollout"
@@ -240,16 +171,11 @@ async def test_rollout_retry_and_back_through_the_api_with_metrics_and_status(
 async def test_rollout_back_through_the_api_goes_to_last_good_during_a_load(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    state = tmp_path / "s"
-    old = await serving_with_last_good(healthy_world, pool, state)
-    good = old.memory.last_good
-    assert good is not None
-    token = tmp_path / "token"
-    token.write_text(TOKEN + "\n")
+    old = await serving_with_last_good(healthy_world, pool, tmp_path / "s")
+    good = old.good
     await healthy_world.fault("slow-load", "spark-a")  # progresses: never rolled back by itself
-    since = time.time()
-    args = (*old.cluster.model.extra_args, "--max-num-seqs", "8")
-    daemon = await daemon_with(healthy_world, state, token, extra_args=args)
+    args = old.args("--max-num-seqs", "8")
+    daemon, since = await old.daemon(tmp_path / "token", extra_args=args)
     try:
         ctl = daemon.controllers["sparks"]
         base = f"{daemon.url}/clusters/sparks/rollout"
@@ -274,12 +200,9 @@ async def test_rollout_back_through_the_api_goes_to_last_good_during_a_load(
 async def test_a_failed_acceptance_check_rolls_back_and_serves_again(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    state = tmp_path / "s"
-    old = await serving_with_last_good(healthy_world, pool, state)
-    good = old.memory.last_good
-    assert good is not None
-    since = time.time()
-    ctl = reloaded(old, state, extra_args=(*old.cluster.model.extra_args, "--max-num-seqs", "8"))
+    old = await serving_with_last_good(healthy_world, pool, tmp_path / "s")
+    good = old.good
+    ctl, since = old.reload(extra_args=old.args("--max-num-seqs", "8"))
     # Reasoning-only answers of 50 tokens (max_tokens 50) can never give 51.
     check = RolloutCheck(prompt="Name three rivers.", max_tokens=50, min_completion_tokens=51)
     ctl.cluster = ctl.cluster.model_copy(
@@ -297,13 +220,10 @@ async def test_a_change_held_before_cutover_never_stops_the_serving_deployment(
 ) -> None:
     """The log_dir without room (below model.min_disk_free) holds the cutover: the old serve
     keeps serving, nothing on the head is stopped, no rollout counts as failed."""
-    state = tmp_path / "s"
-    old = await serving_with_last_good(healthy_world, pool, state)
-    good = old.memory.last_good
-    assert good is not None
+    old = await serving_with_last_good(healthy_world, pool, tmp_path / "s")
+    good = old.good
     await healthy_world.fault("full-disk", "spark-a")
-    since = time.time()
-    ctl = reloaded(old, state, extra_args=(*old.cluster.model.extra_args, "--max-num-seqs", "8"))
+    ctl, since = old.reload(extra_args=old.args("--max-num-seqs", "8"))
     plans = [await ctl.cycle() for _ in range(8)]
     assert all(not p.actions for p in plans)
     assert plans[-1].phase == "blocked" and "disk full on spark-a" in plans[-1].reason

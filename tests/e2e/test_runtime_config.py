@@ -21,43 +21,12 @@ from sparkd.runtime.daemon import Daemon
 from sparkd.runtime.notify import Notifier
 from sparkd.settings import load_settings
 from sparkd_sim.world import World
-from tests.e2e.conftest import eventually, free_port, write_fast_config
+from tests.support.daemon import eventually, free_port, write_fast_config
+from tests.support.process import NotifySocket
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "etc" / "sparkd" / "sparkd.toml"
 SPARKD = [sys.executable, "-m", "sparkd.cli"]
-
-
-class NotifySocket:
-    """A datagram socket standing in for systemd's; NOTIFY_SOCKET points at it."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(path))
-        self.sock.setblocking(False)
-        self.received: list[str] = []
-
-    def drain(self) -> list[str]:
-        while True:
-            try:
-                self.received.append(self.sock.recv(4096).decode("latin-1"))
-            except BlockingIOError:
-                return self.received
-
-    def watch(self) -> None:
-        asyncio.get_running_loop().add_reader(self.sock.fileno(), self.drain)
-
-    def close(self) -> None:
-        asyncio.get_running_loop().remove_reader(self.sock.fileno())
-        self.sock.close()
-
-    def after(self, index: int, prefix: str) -> int | None:
-        """The index of the first message from `index` on that starts with `prefix`."""
-        for position in range(index, len(self.received)):
-            if self.received[position].startswith(prefix):
-                return position
-        return None
 
 
 def example_config(directory: Path, listen: str, state_dir: Path) -> Path:

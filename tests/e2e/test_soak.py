@@ -24,7 +24,7 @@ from sparkd.runtime.controller import Controller
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
-from tests.e2e.conftest import controller
+from tests.support.daemon import controller
 
 COUNT = int(os.environ.get("SPARKD_SOAK_COUNT", "2"))
 FAULTS = int(os.environ.get("SPARKD_SOAK_FAULTS", "3"))

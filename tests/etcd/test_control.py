@@ -14,7 +14,6 @@ from sparkd.ha.control import Control
 from sparkd.ha.etcd import EtcdClient, EtcdUnavailable
 from sparkd.ha.ownership import Ownership
 from sparkd_sim.world import World
-from tests.e2e.conftest import eventually, mutations
 from tests.etcd.conftest import EtcdServer
 from tests.etcd.test_ownership import spec, wait_for
 from tests.etcd.test_two_daemons import (
@@ -26,6 +25,7 @@ from tests.etcd.test_two_daemons import (
     seed_world,
     start_owner_and_standby,
 )
+from tests.support.daemon import eventually, mutations
 
 pytestmark = pytest.mark.etcd
 __all__ = ["seed_world"]  # a fixture, used by name

@@ -19,7 +19,6 @@ from sparkd.model import exits
 from sparkd.shell import catalogue
 from sparkd_sim.owned import OwnedCommand
 from sparkd_sim.world import World
-from tests.e2e.conftest import eventually, mutations
 from tests.etcd.conftest import EtcdServer
 from tests.etcd.test_two_daemons import (
     SPARKD,
@@ -30,6 +29,7 @@ from tests.etcd.test_two_daemons import (
     seed_world,
     start_owner_and_standby,
 )
+from tests.support.daemon import eventually, mutations
 
 pytestmark = pytest.mark.etcd
 __all__ = ["seed_world"]

@@ -23,16 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sparkd.commands import sparkd_spec_labels
-from sparkd.sim.timing import Timing
-from sparkd.sim.world import World
 
 from sparkd.ha.etcd import EtcdClient
 from sparkd.ha.shard import assign
 from sparkd.settings import load_settings
-from tests.e2e.conftest import eventually
+from sparkd_demo.cli import sparkd_spec_labels
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import World
 from tests.etcd.conftest import EtcdServer
 from tests.etcd.test_two_daemons import TTL, Instance
+from tests.support.daemon import eventually
 
 pytestmark = pytest.mark.etcd
 

@@ -24,8 +24,8 @@ import pytest
 from sparkd.ha.etcd import EtcdClient
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
-from tests.e2e.conftest import eventually, free_port, mutations, write_fast_config
 from tests.etcd.conftest import Blackhole, EtcdServer, lease_remaining
+from tests.support.daemon import eventually, free_port, mutations, write_fast_config
 
 pytestmark = pytest.mark.etcd
 

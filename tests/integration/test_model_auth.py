@@ -7,7 +7,7 @@ import asyncio
 
 from sparkd.shell import model_http
 from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
-from tests.integration.test_model_http import MODEL, cluster, opener_for
+from tests.support.model_client import MODEL, cluster, opener_for
 
 KEY = "sk-served-1234abcd"
 

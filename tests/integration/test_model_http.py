@@ -15,24 +15,8 @@ from sparkd.core.classify import EngineLoad
 from sparkd.model.cluster import ClusterSpec
 from sparkd.shell import model_http
 from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
+from tests.support.model_client import MODEL, cluster, opener_for
 from tests.toy import reference_cluster
-
-MODEL = "/models/Qwen3.5-122B-A10B-FP8"
-
-
-def opener_for(port: int) -> model_http.Opener:
-    async def open_() -> model_http.Streams:
-        try:
-            return await asyncio.open_connection("127.0.0.1", port)
-        except ConnectionRefusedError as exc:
-            raise model_http.ChannelRefused(str(exc)) from None
-
-    return open_
-
-
-def cluster(**probe: Any) -> ClusterSpec:
-    spec = reference_cluster()
-    return spec.model_copy(update={"probe": spec.probe.model_copy(update=probe)})
 
 
 @pytest.fixture

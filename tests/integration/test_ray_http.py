@@ -15,7 +15,7 @@ from aiohttp import web
 
 from sparkd.model.observed import RayState
 from sparkd.shell import ray_http
-from tests.integration.test_model_http import opener_for
+from tests.support.model_client import opener_for
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ray-http"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -11,18 +11,15 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from sparkd.model.observed import HostErrorKind, Observed
+from sparkd.model.observed import Observed
 from sparkd.shell.observe import observe
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
-from tests.live.conftest import QUICK_SSH, cluster_of, live_world, observe_until
+from tests.support.live import QUICK_SSH, cluster_of, kinds, live_world, observe_until
+from tests.support.worlds import both_servers
 
 REBOOT_DOWNTIME = 1.0
-
-
-def kinds(observed: Observed) -> dict[str, HostErrorKind | None]:
-    return {h.name: h.error.kind if h.error is not None else None for h in observed.hosts}
 
 
 @pytest.fixture
@@ -53,12 +50,14 @@ async def test_a_rebooting_host_refuses_then_returns_with_a_new_boot_id(
     assert worker.boot_id == world.hosts["spark-b"].state.boot_id != old_boot
 
 
+@both_servers
 async def test_an_unreachable_host_is_refused(seed_world: World, pool: SshPool) -> None:
     await seed_world.fault("unreachable", "spark-b")
     observed = await observe(cluster_of(seed_world), pool)
     assert kinds(observed) == {"spark-a": None, "spark-b": "refused"}
 
 
+@both_servers
 async def test_a_blackholed_host_times_out_without_delaying_the_head(
     seed_world: World, pool: SshPool
 ) -> None:
@@ -76,6 +75,7 @@ async def test_a_blackholed_host_times_out_without_delaying_the_head(
     assert 1.0 <= elapsed < 1.5, elapsed
 
 
+@both_servers
 async def test_an_established_connection_gone_silent_times_out(
     seed_world: World, pool: SshPool
 ) -> None:

@@ -19,7 +19,7 @@ from sparkd.model.memory import Memory
 from sparkd.shell import catalogue
 from sparkd.shell.observe import observe, tool_timeout
 from sparkd.shell.ssh import SshPool
-from tests.live.conftest import Live
+from tests.support.live import Live
 
 # Peak RSS may grow by at most this much over all the hostile observations (the output cap is
 # 8 MiB of text; reading it costs a few copies, never what the host chooses).

@@ -12,18 +12,11 @@ from sparkd.model.memory import Memory
 from sparkd.shell import catalogue
 from sparkd.shell.observe import observe, tool_timeout
 from sparkd.shell.ssh import SshPool
-from sparkd_sim.world import World
-from tests.live.conftest import Live, cluster_of
-from tests.sim.conftest import eventually
+from tests.support.live import TIMEOUT_RC, Live, cluster_of, released
+from tests.support.sim import eventually
 
 # Each tool gets a third of this: one second, the shortest a `timeout` here allows.
 COMMAND_TIMEOUT = 3.0
-TIMEOUT_RC = 124  # timeout(1)'s exit status when it had to stop the command
-
-
-async def released(world: World) -> bool:
-    """Every held call's connection to the world closed: no part of those tools still runs."""
-    return bool(world.hung_calls) and all(call.released for call in world.hung_calls)
 
 
 async def test_a_hung_tool_is_killed_and_the_other_sections_arrive(

@@ -21,7 +21,7 @@ from sparkd.shell.observe import observe, probe_once
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
-from tests.live.conftest import cluster_of, live_world, observe_until
+from tests.support.live import cluster_of, live_world, observe_until
 
 MODEL_LOAD = 1.2  # long enough for several observations to see the shards progress
 API_KEY = "sk-sparkd-test-4f9a1c"

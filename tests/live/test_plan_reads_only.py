@@ -19,8 +19,8 @@ from sparkd_demo.cli import sparkd_spec_labels
 from sparkd_sim import routing
 from sparkd_sim.vllm_server import SimVllmServer
 from sparkd_sim.world import World
-from tests.e2e.conftest import mutations
-from tests.live.conftest import cluster_of, live_world, observe_until, serving
+from tests.support.daemon import mutations
+from tests.support.live import cluster_of, live_world, observe_until, serving
 
 SPARKD = [sys.executable, "-m", "sparkd.cli"]
 

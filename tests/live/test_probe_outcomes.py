@@ -15,7 +15,8 @@ from sparkd.shell.ssh import SshPool
 from sparkd_demo.cli import sparkd_spec_labels
 from sparkd_sim.vllm_schema import FieldNaming
 from sparkd_sim.world import World
-from tests.live.conftest import Live, cluster_of, live_world, observe_until, serving
+from tests.support.live import Live, cluster_of, live_world, observe_until, serving
+from tests.support.worlds import both_servers
 
 # Long enough for a healthy answer here (tens of milliseconds), far shorter than a busy one.
 PROBE_TIMEOUT = 0.5
@@ -45,6 +46,7 @@ async def both_ways(cluster: ClusterSpec, pool: SshPool) -> tuple[ProbeResult, P
         ("no_answer", "no_answer", False),
     ],
 )
+@both_servers
 async def test_each_answer_style_is_classified(
     healthy: Live, pool: SshPool, style: str, outcome: ProbeOutcome, healthy_verdict: bool
 ) -> None:

@@ -8,8 +8,8 @@ from sparkd.model.snapshot import dump_snapshot, load_snapshot
 from sparkd.shell.observe import observe
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
-from tests.e2e.conftest import mutations
-from tests.live.conftest import Live, cluster_of
+from tests.support.daemon import mutations
+from tests.support.live import Live, cluster_of
 
 STALE_UNITS = (
     "vllm-cluster.service",

@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 
 from sparkd_sim.world import WRONG_IP_OFFSET, World
-from tests.live.conftest import FIRST_ADDRESS
-from tests.live.test_hung_tool import TIMEOUT_RC, released
-from tests.sim.conftest import connect, eventually, run
+from tests.support.live import FIRST_ADDRESS, TIMEOUT_RC, released
+from tests.support.sim import connect, eventually, run
 
 
 async def test_hang_tool_holds_calls_until_their_caller_goes(seed_world: World) -> None:

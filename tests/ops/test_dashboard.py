@@ -2,30 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
-from typing import Any
 
 import yaml
 
-from tests.ops.tools import DASHBOARD, ROOT
+from tests.ops.tools import DASHBOARD, ROOT, dashboard, expressions, metric_names
 
 PROVISIONING = ROOT / "etc" / "grafana" / "provisioning"
-METRIC = re.compile(r"\b((?:cluster:)?sparkd_[a-z0-9_:]+)")
-
-
-def dashboard() -> dict[str, Any]:
-    document: dict[str, Any] = json.loads(DASHBOARD.read_text())
-    return document
-
-
-def expressions() -> list[str]:
-    return [t["expr"] for p in dashboard()["panels"] for t in p["targets"]]
-
-
-def metric_names(expr: str) -> set[str]:
-    return set(METRIC.findall(expr))
 
 
 def test_provisionable_with_a_datasource_variable() -> None:

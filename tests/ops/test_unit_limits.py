@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,14 +12,9 @@ from sparkd.settings import load_settings
 from sparkd.shell.execute import Executor
 from sparkd.shell.ssh import SshPool
 from sparkd.web.app import MAX_CONNECTIONS
+from tests.ops.tools import analyze_unit, setting
 
 ROOT = Path(__file__).resolve().parents[2]
-UNIT = ROOT / "systemd" / "sparkd.service"
-
-
-def setting(name: str) -> str:
-    [value] = re.findall(rf"^{name}=(.*)$", UNIT.read_text(), flags=re.M)
-    return value.strip()
 
 
 def seconds(value: str) -> float:
@@ -52,17 +45,7 @@ def test_descriptor_limit_leaves_room_beside_the_api_connection_cap() -> None:
 
 
 def test_security_exposure_is_at_most_1_5(tmp_path: Path) -> None:
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("no systemd-analyze on this machine")
-    unit = tmp_path / "sparkd.service"
-    unit.write_text(UNIT.read_text())
-    result = subprocess.run(
-        [analyze, "security", "--offline=true", "--no-pager", str(unit)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = analyze_unit(tmp_path, "security", "--offline=true", "--no-pager")
     found = re.search(r"Overall exposure level for sparkd\.service: (\d+\.\d+)", result.stdout)
     if found is None:
         pytest.skip(f"systemd-analyze security --offline cannot run here: {result.stderr[:200]}")

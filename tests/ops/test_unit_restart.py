@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import re
 import shlex
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
-from tests.ops.test_unit_limits import UNIT, setting
+from tests.ops.tools import UNIT, analyze_unit, setting
 
 SPARKD = "/usr/local/bin/sparkd"
 
@@ -55,12 +52,5 @@ def test_a_good_config_becomes_sparkd_run_in_the_same_process(tmp_path: Path) ->
 
 
 def test_the_unit_verifies(tmp_path: Path) -> None:
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("no systemd-analyze on this machine")
-    unit = tmp_path / "sparkd.service"
-    unit.write_text(UNIT.read_text())
-    result = subprocess.run(
-        [analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60, check=False
-    )
+    result = analyze_unit(tmp_path, "verify")
     assert result.returncode == 0, result.stderr

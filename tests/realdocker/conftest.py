@@ -26,7 +26,7 @@ from sparkd.shell.ssh import HostConnection, SshFailure, SshPool
 from sparkd_sim import real_docker
 from sparkd_sim.real_docker import Daemon
 from sparkd_sim.world import World
-from tests.live.conftest import cluster_of
+from tests.support.live import cluster_of
 
 # A block of addresses of its own, away from the other tiers' worlds.
 FIRST_ADDRESS = f"127.{20 + os.getpid() % 200}.92.2"

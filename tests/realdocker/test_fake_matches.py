@@ -22,8 +22,8 @@ from sparkd.shell import catalogue
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.real_docker import IMAGE
 from sparkd_sim.world import World
-from tests.live.conftest import cluster_of
 from tests.realdocker.conftest import FIRST_ADDRESS, Tier
+from tests.support.live import cluster_of
 
 pytestmark = [pytest.mark.realdocker, pytest.mark.asyncio(loop_scope="module")]
 

@@ -28,7 +28,7 @@ from sparkd.shell.ssh import SshPool
 from sparkd_sim import real_ray
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
-from tests.e2e.conftest import fast_cluster
+from tests.support.daemon import fast_cluster
 
 # Ray's own failure detection, shortened for tests only (tests/fixtures/ray-real/README.md): a
 # killed raylet is DEAD in `ray list nodes` after ~2 s instead of ~15, a hung one instead of ~64.

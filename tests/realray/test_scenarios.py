@@ -18,9 +18,9 @@ import pytest
 from sparkd.model.plan import Plan
 from sparkd.runtime.controller import Controller
 from sparkd_sim.world import World
-from tests.e2e.conftest import converge as converge_every
-from tests.e2e.conftest import mutations
 from tests.realray.conftest import RealCluster
+from tests.support.daemon import converge as converge_every
+from tests.support.daemon import mutations
 
 pytestmark = [pytest.mark.realray, pytest.mark.asyncio(loop_scope="module")]
 

@@ -27,12 +27,10 @@ import pytest
 import pytest_asyncio
 
 from sparkd.model.cluster import ClusterSpec
-from sparkd.model.spec import SshSpec
 from sparkd.shell import model_http
 from sparkd.shell.observe import opener
 from sparkd.shell.ssh import HostConnection
-from tests.sshd.conftest import RealSshd, running_sshd
-from tests.toy import reference_cluster
+from tests.support.sshd import RealSshd, cluster_behind, running_sshd
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("SPARKD_VLLM_VENV", ROOT / ".venv-vllm"))
@@ -234,28 +232,16 @@ def serving(
 
 def cluster_for(sshd: RealSshd, server: RealVllm, **probe: object) -> ClusterSpec:
     """The reference cluster with its head behind `sshd` and its model at `server`."""
-    reference = reference_cluster()
-    head = reference.head.model_copy(update={"address": sshd.address, "port": sshd.port})
-    return reference.model_copy(
-        update={
-            "hosts": (head, *reference.workers),
-            "ssh": SshSpec(
-                user=sshd.user,
-                key_file=sshd.key_file,
-                known_hosts_file=sshd.known_hosts,
-                connect_timeout=5.0,
-                command_timeout=30.0,
-            ),
-            "model": reference.model.model_copy(
-                update={
-                    "id": str(server.model),
-                    "port": server.port,
-                    "tunnel_host": server.address,
-                    "extra_args": server.extra,
-                }
-            ),
-            "probe": reference.probe.model_copy(update={"timeout": 30.0, **probe}),
-        }
+    return cluster_behind(
+        sshd,
+        {"command_timeout": 30.0},
+        model={
+            "id": str(server.model),
+            "port": server.port,
+            "tunnel_host": server.address,
+            "extra_args": server.extra,
+        },
+        probe={"timeout": 30.0, **probe},
     )
 
 

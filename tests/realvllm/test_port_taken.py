@@ -21,7 +21,7 @@ from sparkd.shell import model_http
 from sparkd.shell.observe import opener
 from sparkd.shell.ssh import HostConnection
 from tests.realvllm.conftest import START_LIMIT, RealVllm, cluster_for, serving
-from tests.sshd.conftest import RealSshd
+from tests.support.sshd import RealSshd
 from tests.toy import Toy
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.asyncio(loop_scope="module")]

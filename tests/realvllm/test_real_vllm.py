@@ -28,7 +28,7 @@ from sparkd.shell import model_http
 from sparkd.shell.ssh import HostConnection
 from tests.examples import EXAMPLE_SET
 from tests.realvllm.conftest import Reached, args_of, cluster_for, serving
-from tests.sshd.conftest import RealSshd
+from tests.support.sshd import RealSshd
 from tests.toy import Toy
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.asyncio(loop_scope="module")]

@@ -8,7 +8,7 @@ import asyncssh
 
 from sparkd_sim.reference import MODEL_ID, QWEN_IMAGE, STALE_UNITS
 from sparkd_sim.world import World
-from tests.sim.conftest import Result, eventually, run
+from tests.support.sim import Result, eventually, run
 
 HEAD = "sparkd-sparks-ray-head"
 WORKER = "sparkd-sparks-ray-worker"

@@ -14,7 +14,7 @@ import pytest
 
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
-from tests.sim.conftest import connect, eventually, run
+from tests.support.sim import connect, eventually, run
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ import pytest
 from sparkd.core import parsers
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
-from tests.sim.conftest import connect, eventually, run
 from tests.sim.steps import (
     HEAD,
     clean_up,
@@ -26,7 +25,7 @@ from tests.sim.steps import (
     serve_command,
     start_ray,
 )
-from tests.sim.test_vllm_matches_real import REAL_LINES
+from tests.support.sim import REAL_LINES, connect, eventually, run
 
 TOP = f"docker top {HEAD} -eo pid,etimes,times,time,args"
 

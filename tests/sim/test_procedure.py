@@ -10,25 +10,8 @@ import pytest
 
 from sparkd_sim.reference import MODEL_ID
 from sparkd_sim.world import World
-from tests.sim.conftest import eventually, http, run
 from tests.sim.steps import HEAD, clean_up, ray_status, serve_command, start_ray
-
-PROBE = {
-    "model": MODEL_ID,
-    "messages": [{"role": "user", "content": "Say hello in one sentence."}],
-    "max_tokens": 50,
-    "temperature": 0,
-}
-
-
-async def refused(conn: asyncssh.SSHClientConnection, host: str, port: int) -> bool:
-    try:
-        _, writer = await conn.open_connection(host, port)
-    except asyncssh.ChannelOpenError as exc:
-        assert (exc.code, exc.reason) == (asyncssh.OPEN_CONNECT_FAILED, "Connection refused")
-        return True
-    writer.close()
-    return False
+from tests.support.sim import PROBE, eventually, http, refused, run
 
 
 async def test_relaunch_after_reboot_by_hand(

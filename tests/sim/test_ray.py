@@ -10,7 +10,6 @@ import time
 import asyncssh
 
 from sparkd_sim.world import World
-from tests.sim.conftest import eventually, run, sample
 from tests.sim.steps import (
     HEAD,
     WORKER,
@@ -20,6 +19,7 @@ from tests.sim.steps import (
     ray_worker_command,
     start_ray,
 )
+from tests.support.sim import eventually, run, sample
 
 
 def _shape(text: str) -> list[str]:

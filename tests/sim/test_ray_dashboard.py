@@ -13,8 +13,8 @@ import pytest
 from sparkd.core import ray_json
 from sparkd.shell.ray_http import DASHBOARD_HOST, NODES_PATH, STATUS_PATH
 from sparkd_sim.world import World
-from tests.sim.conftest import http, run
 from tests.sim.steps import clean_up, ray_head_command, start_ray
+from tests.support.sim import http, run
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "ray-http"
 

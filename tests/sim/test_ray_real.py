@@ -16,7 +16,6 @@ import asyncssh
 
 from sparkd_sim.state import RayNode
 from sparkd_sim.world import World
-from tests.sim.conftest import Result, eventually, run
 from tests.sim.steps import (
     HEAD,
     WORKER,
@@ -26,6 +25,7 @@ from tests.sim.steps import (
     ray_worker_command,
     start_ray,
 )
+from tests.support.sim import Result, eventually, run
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "ray-real"
 NODES = f"timeout -k 2 10 docker exec {HEAD} ray list nodes --format=json"

@@ -21,6 +21,7 @@ from sparkd.shell.model_http import parse_vllm_metrics
 from sparkd_sim.protocol import Done
 from sparkd_sim.serve_args import parse_serve
 from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
+from tests.support.sim import REAL_LINES
 
 REAL = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-real"
 MODEL = "/models/Qwen3.5-122B-A10B-FP8"
@@ -179,17 +180,6 @@ async def test_a_dead_engine_answers_as_the_real_one(
         status, ours = resp.status, await resp.json()
     assert status == 500
     assert ours == json.loads(real("engine-dead-keepalive-chat-500.json"))
-
-
-# The real server's start-up and shutdown lines sparkd's log reading may meet, as patterns.
-REAL_LINES = (
-    r"^Loading safetensors checkpoint shards: +\d+% Completed \| \d+/\d+ ",
-    r"^\(APIServer pid=\d+\) INFO \d\d-\d\d \d\d:\d\d:\d\d \[entry\.py:\d+\] "
-    r"Starting vLLM server on http://[\d.]+:\d+$",
-    r"^INFO: +Started server process \[\d+\]$",
-    r"^INFO: +Waiting for application startup\.$",
-    r"^INFO: +Application startup complete\.$",
-)
 
 
 def test_the_real_log_reads_as_ready_and_each_line_pattern_is_real() -> None:

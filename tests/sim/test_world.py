@@ -16,7 +16,7 @@ import pytest
 from sparkd_sim.cli import main
 from sparkd_sim.timing import FAST_FACTOR, Timing
 from sparkd_sim.world import World, host_names
-from tests.sim.conftest import connect, run
+from tests.support.sim import connect, run
 
 REPO = Path(__file__).resolve().parents[2]
 

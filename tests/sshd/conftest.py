@@ -1,176 +1,18 @@
-"""A real OpenSSH sshd on loopback, for the tier that checks sparkd against OpenSSH itself.
-
-Skipped with a message where sshd is missing, except under CI=true, where it must be there
-(.ci/run installs openssh-server).
-"""
+"""A real OpenSSH sshd on loopback, for the tier that checks sparkd against OpenSSH itself
+(tests/support/sshd.py). The worlds behind OpenSSH are tests/support/worlds.py's `openssh`
+parameter."""
 
 from __future__ import annotations
 
-import os
-import pwd
-import shutil
-import socket
-import subprocess
-import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import asyncssh
 import pytest
 
-from sparkd.shell.ssh import SshPool
-from sparkd_demo.cli import sparkd_spec_labels
-from sparkd_sim.openssh import LOGIN_USER, ensure_login_user
-from sparkd_sim.timing import Timing
-from sparkd_sim.world import Scenario, World
-from tests.live.conftest import Live, cluster_of, observe_until, serving
-
-SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
-
-
-@dataclass(frozen=True)
-class RealSshd:
-    address: str
-    port: int
-    user: str
-    key_file: Path
-    known_hosts: Path
-    other_key_file: Path
-
-
-def _free_port(address: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((address, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def require_sshd() -> None:
-    if SSHD is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("sshd is missing: .ci/run must install openssh-server")
-        pytest.skip("no sshd on this machine (apt-get install openssh-server)")
-    if os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("the OpenSSH tier needs root in CI (sshd's privilege separation)")
-        pytest.skip("a real sshd needs root here (privilege separation)")
+from tests.support.sshd import RealSshd, running_sshd
 
 
 @pytest.fixture
 def sshd(tmp_path: Path) -> Iterator[RealSshd]:
     with running_sshd(tmp_path) as server:
         yield server
-
-
-@contextmanager
-def running_sshd(tmp_path: Path, extra_config: str = "") -> Iterator[RealSshd]:
-    """sshd on a free loopback port, its authorized_keys at tmp_path/authorized_keys (read at
-    each login, so a test may rewrite it); `extra_config` is appended to sshd_config."""
-    require_sshd()
-    # Debian's sshd refuses to start without its privilege-separation directory.
-    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-    user = pwd.getpwuid(os.geteuid()).pw_name
-    address = "127.0.0.1"
-    port = _free_port(address)
-    host_key = asyncssh.generate_private_key("ssh-ed25519")
-    client_key = asyncssh.generate_private_key("ssh-ed25519")
-    other_key = asyncssh.generate_private_key("ssh-ed25519")
-    host_key_file = tmp_path / "ssh_host_ed25519_key"
-    host_key.write_private_key(str(host_key_file))
-    host_key_file.chmod(0o600)
-    key_file = tmp_path / "id_ed25519"
-    client_key.write_private_key(str(key_file))
-    key_file.chmod(0o600)
-    other_key_file = tmp_path / "other_ed25519"
-    other_key.write_private_key(str(other_key_file))
-    other_key_file.chmod(0o600)
-    authorized = tmp_path / "authorized_keys"
-    authorized.write_bytes(client_key.export_public_key())
-    known_hosts = tmp_path / "known_hosts"
-    public = host_key.export_public_key().decode().strip()
-    known_hosts.write_text(f"[{address}]:{port} {public}\n")
-    config = tmp_path / "sshd_config"
-    config.write_text(
-        f"ListenAddress {address}:{port}\n"
-        f"HostKey {host_key_file}\n"
-        f"AuthorizedKeysFile {authorized}\n"
-        "PidFile none\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-        "PermitRootLogin prohibit-password\nStrictModes no\nUseDNS no\n"
-        "MaxSessions 30\nMaxStartups 30\nAllowTcpForwarding yes\nLogLevel ERROR\n" + extra_config
-    )
-    proc = subprocess.Popen([SSHD, "-f", str(config), "-D", "-e"], stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            with socket.create_connection((address, port), timeout=0.5):
-                break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                err = proc.stderr.read().decode() if proc.stderr else ""
-                proc.kill()
-                pytest.fail(f"sshd did not start: {err}")
-            time.sleep(0.05)
-    try:
-        yield RealSshd(address, port, user, key_file, known_hosts, other_key_file)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-# -- the simulated world with a real sshd per host ---------------------------------------------
-
-# Address blocks of this run's own (127.N.128.2 up): in this tier the model really listens on port
-# 30000 of its head's address, so two runs on one machine must not share a head address. Apart
-# from tests/live's 127.N.0.x blocks.
-FIRST_ADDRESS = f"127.{20 + os.getpid() % 200}.128.2"
-
-
-def openssh_world(directory: Path, scenario: Scenario, **options: Any) -> World:
-    """A world whose hosts each run a real OpenSSH sshd (skipped where there is none)."""
-    require_sshd()
-    ensure_login_user()
-    options.setdefault("timing", Timing.fast())
-    return World(
-        directory,
-        scenario=scenario,
-        first_address=FIRST_ADDRESS,
-        user=LOGIN_USER,
-        ssh_server="openssh",
-        **options,
-    )
-
-
-@pytest.fixture
-async def pool() -> AsyncIterator[SshPool]:
-    p = SshPool(reconnect_initial=0.05, reconnect_max=0.2)
-    yield p
-    await p.close()
-
-
-# The fixtures below carry the names the shared scenario bodies (tests/e2e, tests/live) take.
-
-
-@pytest.fixture
-async def seed_world(tmp_path: Path) -> AsyncIterator[World]:
-    async with openssh_world(tmp_path / "world", "seed-morning") as world:
-        yield world
-
-
-@pytest.fixture
-async def healthy_world(tmp_path: Path) -> AsyncIterator[World]:
-    async with openssh_world(tmp_path / "world", "healthy", spec_labels=sparkd_spec_labels) as w:
-        yield w
-
-
-@pytest.fixture
-async def healthy(healthy_world: World, pool: SshPool) -> Live:
-    cluster = cluster_of(healthy_world)
-    await observe_until(cluster, pool, serving(cluster), probe_due=lambda _: False)
-    return Live(healthy_world, cluster)

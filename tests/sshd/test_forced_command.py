@@ -21,16 +21,15 @@ from sparkd.core import parsers
 from sparkd.model import exits
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import RayState
-from sparkd.model.spec import HostSpec, SshSpec
-from sparkd.shell import catalogue, forced, model_http, ray_http
+from sparkd.model.spec import HostSpec
+from sparkd.shell import catalogue, model_http, ray_http
 from sparkd.shell.observe import channel, opener
 from sparkd.shell.ssh import HostConnection, SshFailure
 from sparkd_sim.ray_dashboard import DashboardServer
 from sparkd_sim.state import RayCluster, RayNode
 from sparkd_sim.timing import Timing
 from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
-from tests.sshd.conftest import RealSshd, running_sshd
-from tests.toy import reference_cluster
+from tests.support.sshd import RealSshd, cluster_behind, install_forced_command, running_sshd
 
 pytestmark = pytest.mark.sshd
 
@@ -105,35 +104,18 @@ def world(tmp_path: Path, model: int, dashboard: int, other_listener: int) -> It
     with running_sshd(tmp_path, f"SetEnv {path}\n{match}") as sshd:
         key_file = tmp_path / "api_key_source"
         key_file.write_text(API_KEY + "\n")
-        reference = reference_cluster()
-        host = reference.head.model_copy(update={"address": sshd.address, "port": sshd.port})
-        cluster = reference.model_copy(
-            update={
-                "hosts": (host, *reference.workers),
-                "ssh": SshSpec(
-                    user=sshd.user,
-                    key_file=sshd.key_file,
-                    known_hosts_file=sshd.known_hosts,
-                    connect_timeout=5.0,
-                    command_timeout=10.0,
-                ),
-                "ray": reference.ray.model_copy(update={"dashboard_port": dashboard}),
-                "model": reference.model.model_copy(
-                    update={
-                        "port": model,
-                        "tunnel_host": "127.0.0.1",
-                        "log_dir": tmp_path / "serve",
-                        "api_key_file": key_file,
-                    }
-                ),
-            }
+        cluster = cluster_behind(
+            sshd,
+            ray={"dashboard_port": dashboard},
+            model={
+                "port": model,
+                "tunnel_host": "127.0.0.1",
+                "log_dir": tmp_path / "serve",
+                "api_key_file": key_file,
+            },
         )
-        program = tmp_path / "sparkd-forced-command"
-        text = forced.wrapper(cluster, host, forced.public_key(cluster.ssh), str(program))
-        program.write_text(text)
-        program.chmod(0o755)
-        line = next(line[2:] for line in text.splitlines() if line.startswith('# command="'))
-        (tmp_path / "authorized_keys").write_text(line + "\n")
+        host = cluster.head
+        install_forced_command(tmp_path, cluster, host)
         yield Forced(sshd, cluster, host, calls, other_listener)
 
 

@@ -12,13 +12,12 @@ import pytest
 
 from sparkd.model import exits
 from sparkd.model.cluster import ClusterSpec
-from sparkd.model.spec import HostSpec, SshSpec
+from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue, forced
 from sparkd.shell.catalogue import FenceToken
 from sparkd.shell.fencing import HostFence, HostRefused
 from sparkd.shell.ssh import HostConnection, SshFailure, SshPool
-from tests.sshd.conftest import running_sshd
-from tests.toy import reference_cluster
+from tests.support.sshd import cluster_behind, install_forced_command, running_sshd
 
 pytestmark = pytest.mark.sshd
 ETCD = 31337
@@ -44,27 +43,9 @@ def world(tmp_path: Path) -> Iterator[Fenced]:
     home.mkdir()
     env = f"SetEnv PATH={tools}:/usr/local/bin:/usr/bin:/bin HOME={home}\n"
     with running_sshd(tmp_path, env) as sshd:
-        reference = reference_cluster()
-        host = reference.head.model_copy(update={"address": sshd.address, "port": sshd.port})
-        cluster = reference.model_copy(
-            update={
-                "hosts": (host, *reference.workers),
-                "ssh": SshSpec(
-                    user=sshd.user,
-                    key_file=sshd.key_file,
-                    known_hosts_file=sshd.known_hosts,
-                    connect_timeout=5.0,
-                    command_timeout=10.0,
-                ),
-            }
-        )
-        program = tmp_path / "sparkd-forced-command"
-        key = forced.public_key(cluster.ssh)
-        text = forced.wrapper(cluster, host, key, str(program), fenced=True)
-        program.write_text(text)
-        program.chmod(0o755)
-        line = next(line[2:] for line in text.splitlines() if line.startswith('# command="'))
-        (tmp_path / "authorized_keys").write_text(line + "\n")
+        cluster = cluster_behind(sshd)
+        host = cluster.head
+        install_forced_command(tmp_path, cluster, host, fenced=True)
         yield Fenced(cluster, host, calls, home)
 
 
@@ -144,9 +125,9 @@ async def test_an_owner_recovers_a_cluster_through_fenced_wrappers(tmp_path: Pat
     """Every command an HA owner really sends (sweep, reads, fenced actions) passes the
     `[ha]` wrapper of each host, and the cold start converges."""
     from sparkd_demo.cli import sparkd_spec_labels
-    from tests.e2e.conftest import converge
     from tests.e2e.test_fencing import Owner, fenced_controller, record_path
-    from tests.sshd.conftest import openssh_world
+    from tests.support.daemon import converge
+    from tests.support.sshd import openssh_world
 
     async with openssh_world(
         tmp_path / "world", "seed-morning", spec_labels=sparkd_spec_labels

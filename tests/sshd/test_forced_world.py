@@ -13,9 +13,9 @@ from sparkd.runtime.controller import Controller, CycleRecord
 from sparkd.shell import forced
 from sparkd.shell.ssh import SshPool
 from sparkd_demo.cli import sparkd_spec_labels
-from tests.e2e.conftest import controller, running
 from tests.e2e.test_events import until
-from tests.sshd.conftest import openssh_world
+from tests.support.daemon import controller, running
+from tests.support.sshd import openssh_world
 
 pytestmark = pytest.mark.sshd
 

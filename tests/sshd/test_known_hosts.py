@@ -15,7 +15,7 @@ import pytest
 
 from sparkd.settings import load_settings
 from sparkd.shell.ssh import HostConnection
-from tests.sshd.conftest import RealSshd
+from tests.support.sshd import RealSshd
 from tests.toy import EXAMPLE_CONFIG
 
 pytestmark = pytest.mark.sshd

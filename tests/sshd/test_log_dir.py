@@ -14,8 +14,8 @@ from sparkd.shell import catalogue
 from sparkd.shell.ssh import SshFailure, SshPool
 from sparkd_demo.cli import sparkd_spec_labels
 from sparkd_sim.openssh import LOGIN_USER
-from tests.live.conftest import cluster_of
-from tests.sshd.conftest import openssh_world
+from tests.support.live import cluster_of
+from tests.support.sshd import openssh_world
 
 pytestmark = pytest.mark.sshd
 

@@ -10,36 +10,19 @@ import pytest
 
 from sparkd.core import parsers
 from sparkd.model.cluster import ClusterSpec
-from sparkd.model.spec import HostSpec, SshSpec
+from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue, model_http
 from sparkd.shell.observe import opener, read_host
 from sparkd.shell.ssh import HostConnection, SshFailure
 from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
-from tests.sshd.conftest import RealSshd, running_sshd
-from tests.toy import reference_cluster
+from tests.support.sshd import RealSshd, cluster_behind, running_sshd
 
 pytestmark = pytest.mark.sshd
 
 
 def specs(sshd: RealSshd, **ssh: object) -> tuple[ClusterSpec, HostSpec]:
-    cluster = reference_cluster()
-    host = cluster.head.model_copy(update={"address": sshd.address, "port": sshd.port})
-    ssh_spec = SshSpec(
-        user=sshd.user,
-        key_file=sshd.key_file,
-        known_hosts_file=sshd.known_hosts,
-        connect_timeout=5.0,
-        command_timeout=10.0,
-    ).model_copy(update=ssh)
-    workers = tuple(cluster.workers)
-    cluster = cluster.model_copy(
-        update={
-            "hosts": (host, *workers),
-            "ssh": ssh_spec,
-            "model": cluster.model.model_copy(update={"port": 1}),
-        }
-    )
-    return cluster, host
+    cluster = cluster_behind(sshd, ssh, model={"port": 1})
+    return cluster, cluster.head
 
 
 async def test_commands_exit_codes_and_timeout(sshd: RealSshd) -> None:

@@ -1,9 +1,6 @@
-"""The daemon's scenarios once more, with every simulated host behind a real OpenSSH sshd.
-
-The scenario bodies are the asyncssh tier's own (tests/e2e, tests/live), imported here: pytest
-runs them again with this directory's fixtures (conftest.py), whose worlds run sshd. Only what
-OpenSSH alone can show is written here.
-"""
+"""What only OpenSSH can show of the simulated world behind it. The daemon's scenarios that must
+hold behind both servers take `@both_servers` in their own modules (tests/support/worlds.py): its
+OpenSSH parameter carries this tier's `sshd` marker."""
 
 from __future__ import annotations
 
@@ -16,43 +13,11 @@ from sparkd.shell import catalogue
 from sparkd.shell.observe import observe
 from sparkd.shell.ssh import SshFailure, SshPool
 from sparkd_sim.openssh import OpenSshHost, descendants
-from tests.e2e.conftest import eventually
-from tests.e2e.test_judgement import (
-    test_a_changed_host_key_is_reported_and_nothing_is_sent_to_that_host,
-    test_a_hung_remote_tool_is_ended_on_the_host_and_the_daemon_reads_on,
-)
-from tests.e2e.test_process import test_live_plan_probe_status
-from tests.e2e.test_recovery import (
-    test_cold_start_from_seed_morning,
-    test_head_reboot_recovers,
-    test_model_crash_recovers,
-    test_worker_reboot_recovers,
-)
-from tests.live.conftest import cluster_of
-from tests.live.test_host_errors import (
-    kinds,
-    test_a_blackholed_host_times_out_without_delaying_the_head,
-    test_an_established_connection_gone_silent_times_out,
-    test_an_unreachable_host_is_refused,
-)
-from tests.live.test_probe_outcomes import test_each_answer_style_is_classified
-from tests.sshd.conftest import openssh_world
+from tests.support.daemon import eventually
+from tests.support.live import cluster_of, kinds
+from tests.support.sshd import openssh_world
 
 pytestmark = pytest.mark.sshd
-
-__all__ = [
-    "test_a_blackholed_host_times_out_without_delaying_the_head",
-    "test_a_changed_host_key_is_reported_and_nothing_is_sent_to_that_host",
-    "test_a_hung_remote_tool_is_ended_on_the_host_and_the_daemon_reads_on",
-    "test_an_established_connection_gone_silent_times_out",
-    "test_an_unreachable_host_is_refused",
-    "test_cold_start_from_seed_morning",
-    "test_each_answer_style_is_classified",
-    "test_head_reboot_recovers",
-    "test_live_plan_probe_status",
-    "test_model_crash_recovers",
-    "test_worker_reboot_recovers",
-]
 
 
 def exe(pid: int) -> str:

@@ -12,7 +12,7 @@ from sparkd.core import parsers
 from sparkd.core.planner import plan
 from sparkd.model.base import MAX_REASON
 from sparkd.model.plan import Action, ActionOutcome
-from tests.unit.test_planner import healthy
+from tests.support.planning import healthy
 
 
 def smi(count: int, name_length: int) -> str:

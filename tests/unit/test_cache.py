@@ -12,12 +12,13 @@ from sparkd.core import cache, parsers
 from sparkd.core.planner import plan
 from sparkd.core.spec import container_name, model_spec_hashes, ray_spec_hash, ray_spec_hashes
 from sparkd.model.cluster import ClusterSpec
-from sparkd.model.memory import Attempt, Memory
+from sparkd.model.memory import Attempt
 from sparkd.model.observed import CacheEntry, HostFacts, Observed
 from sparkd.model.plan import Plan
 from sparkd.shell import catalogue
+from tests.support.forced import decide
+from tests.support.planning import served
 from tests.toy import Toy, reference_cluster
-from tests.unit.test_forced_command import decide
 
 IMAGE_ID = "sha256:" + "ab12cd34ef56" + "0" * 52
 OTHER_ID = "sha256:" + "99aa88bb77cc" + "1" * 52
@@ -121,16 +122,6 @@ def test_listing_parses_find_printf() -> None:
 
 
 # -- pruning --------------------------------------------------------------------------------
-
-
-def served(toy: Toy) -> Memory:
-    nodes = tuple(sorted(n.node_id for n in toy.ray_nodes if n.alive))
-    return Memory(
-        launched_at=toy.serve_started,
-        launch_nodes=nodes,
-        model_ready_at=toy.now - 100,
-        last_probe_at=toy.now - 60,
-    )
 
 
 def with_cache(

@@ -12,7 +12,7 @@ import pytest
 
 from sparkd.model.exits import EX_CONFIG
 from sparkd.settings import ConfigError, load_settings
-from tests.unit.test_settings import BASE, usable, write
+from tests.support.config import BASE, usable, write
 
 CASES = [
     ("image_as_option", ('image = "hellohal2064/vllm-qwen3.5-gb10"', 'image = "--privileged"'),

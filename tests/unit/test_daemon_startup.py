@@ -15,7 +15,7 @@ from sparkd.runtime.controller import Controller
 from sparkd.runtime.daemon import Daemon, StartupError
 from sparkd.runtime.maintenance import MaintenanceScheduler
 from sparkd.settings import Settings, load_settings
-from tests.e2e.conftest import free_port
+from tests.support.daemon import free_port
 from tests.toy import EXAMPLE_CONFIG
 
 

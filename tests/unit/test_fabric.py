@@ -12,8 +12,8 @@ from sparkd.core.planner import plan
 from sparkd.core.remember import remember
 from sparkd.model.observed import Fabric
 from tests.examples import EXAMPLE_SET
+from tests.support.planning import COMMON, SOUND, STARTS, host, kinds, situations
 from tests.toy import Toy
-from tests.unit.test_invariants_applicable import COMMON, STARTS, host, kinds, situations
 
 FABRIC = Path(__file__).resolve().parent.parent / "fixtures" / "fabric"
 HEAD_IP = "192.168.200.12"
@@ -24,16 +24,7 @@ def read(name: str, ip: str = HEAD_IP) -> Fabric:
 
 
 def test_a_sound_port() -> None:
-    assert read("healthy.txt") == Fabric(
-        mtu=9000,
-        carrier_changes=2,
-        rdma_device="rocep1s0f0",
-        port=1,
-        port_state="ACTIVE",
-        phys_state="LinkUp",
-        rate_gbps=200.0,
-        gid_index=3,
-    )
+    assert read("healthy.txt") == SOUND
 
 
 def test_the_gid_row_follows_the_address_and_its_type() -> None:

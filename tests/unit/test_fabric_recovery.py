@@ -9,22 +9,12 @@ from hypothesis import strategies as st
 from sparkd.core.planner import plan
 from sparkd.core.remember import remember
 from sparkd.model.memory import Memory
-from sparkd.model.observed import Fabric, HostError, Observed
+from sparkd.model.observed import HostError, Observed
 from sparkd.model.plan import ActionOutcome, Plan
 from tests.examples import EXAMPLE_SET
+from tests.support.planning import COMMON, SOUND, host
 from tests.toy import Toy
-from tests.unit.test_invariants_applicable import COMMON, host
 
-SOUND = Fabric(
-    mtu=9000,
-    carrier_changes=2,
-    rdma_device="rocep1s0f0",
-    port=1,
-    port_state="ACTIVE",
-    phys_state="LinkUp",
-    rate_gbps=200.0,
-    gid_index=3,
-)
 RECOVERY = "fabric sound again after a hold of"
 
 

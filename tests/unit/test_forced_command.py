@@ -15,19 +15,11 @@ from hypothesis import strategies as st
 
 from sparkd.model import exits
 from sparkd.model.cluster import ClusterSpec
-from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue, forced
+from tests.support.forced import KEY, decide
 from tests.toy import EXAMPLE_CONFIG, reference_cluster
 
-KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample sparkd"
 PID_MAX = int(Path("/proc/sys/kernel/pid_max").read_text())
-
-
-def decide(cluster: ClusterSpec, host: HostSpec) -> Callable[[str], bool]:
-    namespace: dict[str, Any] = {"__name__": "sparkd_forced_wrapper"}
-    exec(compile(forced.wrapper(cluster, host, KEY), "wrapper", "exec"), namespace)
-    allowed: Callable[[str], bool] = namespace["allowed"]
-    return allowed
 
 
 def with_key_file(cluster: ClusterSpec) -> ClusterSpec:

@@ -12,7 +12,7 @@ import pytest
 
 from sparkd.model.exits import EX_CONFIG
 from sparkd.settings import load_settings
-from tests.unit.test_settings import BASE, problems, run_cli, usable, write
+from tests.support.config import BASE, problems, run_cli, usable, write
 
 HA = '\n[ha]\netcd_endpoints = ["http://127.0.0.1:23790"]\n'
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from sparkd.core.planner import plan
 from sparkd.model.memory import Attempt, Blocked, Memory, Pause
 from sparkd.model.observed import RayNode, RayState
+from tests.support.planning import healthy, loading
 from tests.toy import Toy
-from tests.unit.test_planner import healthy, loading
 
 MODEL_KEY = "restart_model:spark-a:/models/Qwen3.5-122B-A10B-FP8"
 

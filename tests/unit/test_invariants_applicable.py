@@ -4,9 +4,8 @@ on generated clusters (healthy, loading, stalled, serve gone) and as named cases
 from __future__ import annotations
 
 import re
-from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sparkd.core.assemble import head_extras, host_facts
@@ -17,40 +16,11 @@ from sparkd.core.ray_stage import needs_ray_status
 from sparkd.core.spec import container_name
 from sparkd.model.memory import LoadMark, Memory
 from sparkd.model.observed import LoadProgress, Observed
-from sparkd.model.plan import MODEL_STARTS, RAY_STARTS, Plan
+from sparkd.model.plan import MODEL_STARTS, RAY_STARTS
 from sparkd.shell.catalogue import fact_script
 from tests.examples import EXAMPLE_SET
+from tests.support.planning import COMMON, STARTS, host, kinds, needs_a_human, situations
 from tests.toy import Toy
-
-COMMON = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-STARTS = RAY_STARTS | MODEL_STARTS
-BASES = [e for e in EXAMPLE_SET if e.name != "seed-morning"]
-
-
-def host(observed: Observed, name: str, **update: Any) -> Observed:
-    hosts = tuple(h.model_copy(update=update) if h.name == name else h for h in observed.hosts)
-    return observed.model_copy(update={"hosts": hosts})
-
-
-CLEANUPS = frozenset({"stop_unit", "remove_container", "kill_gpu_process"})
-
-
-def needs_a_human(result: Plan) -> bool:
-    """`blocked`, or cleaning first (a cleanup needs neither the disk nor the GPU)."""
-    cleaning = result.phase == "cleaning" and bool(kinds(result) & CLEANUPS)
-    return result.phase == "blocked" or cleaning
-
-
-def kinds(result: Plan, host_name: str | None = None) -> set[str]:
-    return {a.kind for a in result.actions if host_name is None or a.host == host_name}
-
-
-@st.composite
-def situations(draw: st.DrawFn) -> tuple[Toy, Memory, float]:
-    example = draw(st.sampled_from(BASES))
-    toy, memory = example.build()
-    return toy, memory, toy.now + draw(st.floats(0, 120))
-
 
 # -- 4a: drift waits while the image is unsafe ---------------------------------------------------
 

@@ -104,7 +104,7 @@ def test_config_rejects_a_bad_window(
 
 
 def test_check_config_shows_the_next_opening(tmp_path: Path) -> None:
-    from tests.unit.test_settings import usable
+    from tests.support.config import usable
 
     text = (
         EXAMPLE_CONFIG.read_text()

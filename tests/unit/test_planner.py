@@ -15,9 +15,8 @@ from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Attempt, Blocked, Memory, Pause
 from sparkd.model.observed import GpuProcess, ModelEndpoint, RayNode
 from sparkd.model.plan import Plan
+from tests.support.planning import Setup, healthy, loading
 from tests.toy import Toy
-
-Setup = Callable[[], tuple[Toy, Memory]]
 
 
 @dataclass(frozen=True)
@@ -43,21 +42,6 @@ def replace_container(toy: Toy, host: str, **changes: Any) -> None:
     toy.containers[host][name] = box.model_copy(update=changes)
 
 
-def served(toy: Toy) -> Memory:
-    nodes = tuple(sorted(n.node_id for n in toy.ray_nodes if n.alive))
-    return Memory(
-        launched_at=toy.serve_started,
-        launch_nodes=nodes,
-        model_ready_at=toy.now - 100,
-        last_probe_at=toy.now - 60,
-    )
-
-
-def healthy() -> tuple[Toy, Memory]:
-    toy = Toy.healthy()
-    return toy, served(toy)
-
-
 def seed() -> tuple[Toy, Memory]:
     return Toy.seed_morning(), Memory()
 
@@ -77,27 +61,11 @@ def healthy_then(mutate: Callable[[Toy, Memory], Memory | None]) -> Setup:
     return setup
 
 
-def _worker_unreachable(toy: Toy, memory: Memory) -> None:
-    toy.unreachable("spark-b", "timeout")
-
-
-def _head_unreachable(toy: Toy, memory: Memory) -> None:
-    toy.unreachable("spark-a", "refused")
-
-
 def _head_exited(toy: Toy, memory: Memory) -> None:
     replace_container(toy, "spark-a", state="exited", status="Exited (1) 1 minute ago")
     toy.ray_nodes = []
     toy.serve_running = False
     toy.ready = False
-
-
-def _head_drift(toy: Toy, memory: Memory) -> None:
-    replace_container(toy, "spark-a", labels={"sparkd.cluster": "sparks", LABEL_SPEC: "old"})
-
-
-def _worker_drift(toy: Toy, memory: Memory) -> None:
-    replace_container(toy, "spark-b", labels={"sparkd.cluster": "sparks", LABEL_SPEC: "old"})
 
 
 def _worker_missing_from_ray(age: float) -> Callable[[Toy, Memory], None]:
@@ -108,64 +76,6 @@ def _worker_missing_from_ray(age: float) -> Callable[[Toy, Memory], None]:
     return mutate
 
 
-def _wrong_ip(toy: Toy, memory: Memory) -> None:
-    toy.ray_nodes = [n for n in toy.ray_nodes if n.ip != "192.168.200.13"]
-    toy.ray_nodes.append(RayNode(node_id="node09", ip="10.1.230.181", alive=True, gpus=1.0))
-
-
-def _gpus_short(toy: Toy, memory: Memory) -> None:
-    toy.ray_nodes = [
-        n.model_copy(update={"gpus": 0.0}) if not n.is_head else n for n in toy.ray_nodes
-    ]
-
-
-def _serve_never_started(toy: Toy, memory: Memory) -> Memory:
-    toy.serve_running = False
-    toy.ready = False
-    return Memory()
-
-
-def _serve_exited(toy: Toy, memory: Memory) -> None:
-    toy.serve_running = False
-    toy.ready = False
-    toy.log_tail = ("RuntimeError: NCCL error: unhandled system error",)
-
-
-def _serve_drift(toy: Toy, memory: Memory) -> None:
-    toy.serve_spec = "0ld5pec"
-
-
-def _worker_rejoined(toy: Toy, memory: Memory) -> None:
-    worker_ip = "192.168.200.13"
-    toy.ray_nodes = [n for n in toy.ray_nodes if n.ip != worker_ip]
-    toy.ray_nodes.append(RayNode(node_id="node77", ip=worker_ip, alive=True, gpus=1.0))
-
-
-def loading(progress_age: float, elapsed: float, stage: str = "weights") -> Setup:
-    def setup() -> tuple[Toy, Memory]:
-        toy = Toy.healthy()
-        from sparkd.model.plan import Action
-
-        toy.apply(Action(kind="restart_model", host="spark-a", target="m", reason=""))
-        toy.load_seconds = 10 * elapsed + 10_000
-        memory = Memory(launched_at=toy.serve_started)
-        # sparkd watched the load until it last advanced, `progress_age` ago; then it froze.
-        toy.advance(elapsed - progress_age)
-        seen = toy.observe()
-        memory = remember(memory, seen, (), toy.now, plan(toy.cluster, seen, memory, toy.now))
-        toy.load_stalled_at = toy.now
-        toy.advance(progress_age)
-        if stage == "failed":
-            toy.log_tail = (
-                "RuntimeError: Engine core initialization failed. See root cause above. "
-                "Failed core proc(s): {}",
-            )
-        toy.load_failed = stage == "failed"
-        return toy, memory
-
-    return setup
-
-
 def probe_failing(outcome: str, failures_before: int, busy: bool = False) -> Setup:
     def setup() -> tuple[Toy, Memory]:
         toy, memory = healthy()
@@ -174,90 +84,6 @@ def probe_failing(outcome: str, failures_before: int, busy: bool = False) -> Set
         return toy, memory.model_copy(update={"consecutive_failures": failures_before})
 
     return setup
-
-
-def _endpoint_gone_after_ready(toy: Toy, memory: Memory) -> None:
-    toy.ready = False
-    toy.probe_at = toy.now
-    toy.probe_style = "refused"
-
-
-def _foreign_gpu(toy: Toy, memory: Memory) -> None:
-    toy.gpu["spark-a"].append(GpuProcess(pid=48213, name="/usr/bin/python3", used_memory_mib=96073))
-
-
-def _foreign_gpu_killable(toy: Toy, memory: Memory) -> None:
-    _foreign_gpu(toy, memory)
-    with_policy(toy, allow_kill_foreign_gpu=True)
-
-
-def _harmless_gpu(toy: Toy, memory: Memory) -> None:
-    toy.gpu["spark-a"].append(GpuProcess(pid=2558, name="/usr/lib/xorg/Xorg", used_memory_mib=18))
-
-
-def _image_missing(toy: Toy, memory: Memory) -> Memory:
-    toy.containers["spark-b"].clear()
-    toy.images["spark-b"] = ["hellohal2064/vllm-glm47-gb10:latest"]
-    return memory
-
-
-def _budget_spent(toy: Toy, memory: Memory) -> Memory:
-    toy.probe_style = "http_error"
-    key = "restart_model:spark-a:/models/Qwen3.5-122B-A10B-FP8"
-    attempts = tuple(Attempt(key=key, at=toy.now - 600 * i, ok=True) for i in range(1, 4))
-    return memory.model_copy(update={"consecutive_failures": 2, "attempts": attempts})
-
-
-def _backing_off(toy: Toy, memory: Memory) -> Memory:
-    toy.probe_style = "http_error"
-    key = "restart_model:spark-a:/models/Qwen3.5-122B-A10B-FP8"
-    attempts = (Attempt(key=key, at=toy.now - 10, ok=True),)
-    return memory.model_copy(update={"consecutive_failures": 2, "attempts": attempts})
-
-
-def _stale_unit_back(toy: Toy, memory: Memory) -> None:
-    from tests.toy import Unit
-
-    toy.units["spark-a"]["vllm-cluster.service"] = Unit(active=False, enabled=True)
-
-
-def _stale_unit_inactive_disabled(toy: Toy, memory: Memory) -> None:
-    from tests.toy import Unit
-
-    toy.units["spark-a"]["vllm-cluster.service"] = Unit(active=False, enabled=False)
-
-
-def _paused(toy: Toy, memory: Memory) -> Memory:
-    _head_exited(toy, memory)
-    return memory.model_copy(
-        update={"paused": Pause(reason="maintenance", by="alice", since=toy.now, until=None)}
-    )
-
-
-def _pause_expired(toy: Toy, memory: Memory) -> Memory:
-    _head_exited(toy, memory)
-    return memory.model_copy(
-        update={"paused": Pause(reason="x", by="bob", since=toy.now - 100, until=toy.now - 1)}
-    )
-
-
-def _latched(toy: Toy, memory: Memory) -> Memory:
-    _head_exited(toy, memory)
-    return memory.model_copy(update={"blocked": Blocked(reason="budget spent: ...", since=1.0)})
-
-
-def _other_model_on_port(toy: Toy, memory: Memory) -> Memory:
-    toy.serve_running = False
-    toy.ready = False
-    toy._endpoint = lambda: ModelEndpoint(  # type: ignore[method-assign]
-        status="up", health_status=200, models=("/models/GLM-4.7-Flash",)
-    )
-    return Memory()
-
-
-def _rebooted_note(toy: Toy, memory: Memory) -> Memory:
-    toy.reboot("spark-b")
-    return memory.model_copy(update={"boot_ids": {"spark-b": "boot-spark-b-1"}})
 
 
 def _ray_read_failed(since: float | None, serving: bool) -> Callable[[Toy, Memory], Memory]:
@@ -273,34 +99,8 @@ def _ray_read_failed(since: float | None, serving: bool) -> Callable[[Toy, Memor
     return mutate
 
 
-def _gpu_short_for(seconds: float) -> Callable[[Toy, Memory], Memory]:
-    def mutate(toy: Toy, memory: Memory) -> Memory:
-        _gpus_short(toy, memory)
-        toy.serve_running = False
-        toy.ready = False
-        return memory.model_copy(update={"ray_unsettled_since": toy.now - seconds})
-
-    return mutate
-
-
-def _between_probes(toy: Toy, memory: Memory) -> Memory:
-    observed_probe = toy.observe().probe
-    toy.probe_at = None  # no probe due this cycle
-    return memory.model_copy(update={"last_probe": observed_probe})
-
-
-def _launch_memory_missed(toy: Toy, memory: Memory) -> Memory:
-    from sparkd.model.plan import Action
-
-    toy.apply(Action(kind="restart_model", host="spark-a", target="m", reason=""))
-    toy.load_seconds = 10_000
-    toy.advance(60)
-    # Memory still says the previous launch was ready: the new launch must read as loading.
-    return memory
-
-
-def _dry_run_budget(toy: Toy, memory: Memory) -> Memory:
-    return _budget_spent(toy, memory)
+# Each case after the builders only it uses.
+CASES: list[Case] = []
 
 
 def _foreign_gpu_with_stale_unit(toy: Toy, memory: Memory) -> None:
@@ -310,7 +110,7 @@ def _foreign_gpu_with_stale_unit(toy: Toy, memory: Memory) -> None:
     toy.units["spark-a"]["vllm-cluster.service"] = Unit(active=True, enabled=True)
 
 
-CASES = [
+CASES += [
     Case(
         "foreign_gpu_process_with_a_stale_unit_cleans_first",
         healthy_then(_foreign_gpu_with_stale_unit),
@@ -339,6 +139,20 @@ CASES = [
         ("restart_ray", "restart_ray"),
         "Ray head not answering for 5m00s",
     ),
+]
+
+
+def _gpu_short_for(seconds: float) -> Callable[[Toy, Memory], Memory]:
+    def mutate(toy: Toy, memory: Memory) -> Memory:
+        _gpus_short(toy, memory)
+        toy.serve_running = False
+        toy.ready = False
+        return memory.model_copy(update={"ray_unsettled_since": toy.now - seconds})
+
+    return mutate
+
+
+CASES += [
     Case(
         "gpu_shortfall_past_join_timeout_rejoins_the_short_worker",
         healthy_then(_gpu_short_for(300)),
@@ -347,6 +161,16 @@ CASES = [
         "Ray node on 192.168.200.13 registered with 0 GPUs",
         hosts=("spark-b",),
     ),
+]
+
+
+def _between_probes(toy: Toy, memory: Memory) -> Memory:
+    observed_probe = toy.observe().probe
+    toy.probe_at = None  # no probe due this cycle
+    return memory.model_copy(update={"last_probe": observed_probe})
+
+
+CASES += [
     Case(
         "healthy_between_probes_stays_healthy",
         healthy_then(_between_probes),
@@ -354,6 +178,20 @@ CASES = [
         (),
         "probe reasoning_only",
     ),
+]
+
+
+def _launch_memory_missed(toy: Toy, memory: Memory) -> Memory:
+    from sparkd.model.plan import Action
+
+    toy.apply(Action(kind="restart_model", host="spark-a", target="m", reason=""))
+    toy.load_seconds = 10_000
+    toy.advance(60)
+    # Memory still says the previous launch was ready: the new launch must read as loading.
+    return memory
+
+
+CASES += [
     Case(
         "a_launch_memory_missed_is_loading",
         healthy_then(_launch_memory_missed),
@@ -361,6 +199,14 @@ CASES = [
         (),
         "left alone while it progresses",
     ),
+]
+
+
+def _dry_run_budget(toy: Toy, memory: Memory) -> Memory:
+    return _budget_spent(toy, memory)
+
+
+CASES += [
     Case(
         "dry_run_never_latches",
         healthy_then(_dry_run_budget),
@@ -392,6 +238,14 @@ CASES = [
         (),
         "probe answer",
     ),
+]
+
+
+def _worker_unreachable(toy: Toy, memory: Memory) -> None:
+    toy.unreachable("spark-b", "timeout")
+
+
+CASES += [
     Case(
         "worker_unreachable_touches_nothing",
         healthy_then(_worker_unreachable),
@@ -399,6 +253,14 @@ CASES = [
         (),
         "spark-b (worker) unreachable (timeout",
     ),
+]
+
+
+def _head_unreachable(toy: Toy, memory: Memory) -> None:
+    toy.unreachable("spark-a", "refused")
+
+
+CASES += [
     Case(
         "head_unreachable_touches_nothing",
         healthy_then(_head_unreachable),
@@ -413,6 +275,14 @@ CASES = [
         ("start_ray_head", "restart_ray"),
         "new Ray head: workers must rejoin",
     ),
+]
+
+
+def _head_drift(toy: Toy, memory: Memory) -> None:
+    replace_container(toy, "spark-a", labels={"sparkd.cluster": "sparks", LABEL_SPEC: "old"})
+
+
+CASES += [
     Case(
         "head_spec_drift_rolls_out_in_order",
         healthy_then(_head_drift),
@@ -420,6 +290,14 @@ CASES = [
         ("restart_ray", "restart_ray"),
         "spec drift",
     ),
+]
+
+
+def _worker_drift(toy: Toy, memory: Memory) -> None:
+    replace_container(toy, "spark-b", labels={"sparkd.cluster": "sparks", LABEL_SPEC: "old"})
+
+
+CASES += [
     Case(
         "worker_spec_drift_restarts_only_worker",
         healthy_then(_worker_drift),
@@ -443,6 +321,15 @@ CASES = [
         "not in Ray",
         hosts=("spark-b",),
     ),
+]
+
+
+def _wrong_ip(toy: Toy, memory: Memory) -> None:
+    toy.ray_nodes = [n for n in toy.ray_nodes if n.ip != "192.168.200.13"]
+    toy.ray_nodes.append(RayNode(node_id="node09", ip="10.1.230.181", alive=True, gpus=1.0))
+
+
+CASES += [
     Case(
         "worker_on_wrong_ip_restarts_worker",
         healthy_then(_wrong_ip),
@@ -451,6 +338,16 @@ CASES = [
         "10.1.230.181, not a configured data IP",
         hosts=("spark-b",),
     ),
+]
+
+
+def _gpus_short(toy: Toy, memory: Memory) -> None:
+    toy.ray_nodes = [
+        n.model_copy(update={"gpus": 0.0}) if not n.is_head else n for n in toy.ray_nodes
+    ]
+
+
+CASES += [
     Case(
         "node_registered_without_its_gpu_is_restarted",
         healthy_then(_gpus_short),
@@ -458,6 +355,16 @@ CASES = [
         ("restart_ray",),
         "Ray node on 192.168.200.13 registered with 0 GPUs",
     ),
+]
+
+
+def _serve_never_started(toy: Toy, memory: Memory) -> Memory:
+    toy.serve_running = False
+    toy.ready = False
+    return Memory()
+
+
+CASES += [
     Case(
         "ray_ready_serve_missing_starts_model",
         healthy_then(_serve_never_started),
@@ -465,6 +372,16 @@ CASES = [
         ("start_model",),
         "vllm serve is not running",
     ),
+]
+
+
+def _serve_exited(toy: Toy, memory: Memory) -> None:
+    toy.serve_running = False
+    toy.ready = False
+    toy.log_tail = ("RuntimeError: NCCL error: unhandled system error",)
+
+
+CASES += [
     Case(
         "serve_exited_starts_model_with_log",
         healthy_then(_serve_exited),
@@ -472,6 +389,14 @@ CASES = [
         ("start_model",),
         "vllm serve exited (last log: RuntimeError: NCCL error",
     ),
+]
+
+
+def _serve_drift(toy: Toy, memory: Memory) -> None:
+    toy.serve_spec = "0ld5pec"
+
+
+CASES += [
     Case(
         "serve_spec_drift_restarts_model",
         healthy_then(_serve_drift),
@@ -479,6 +404,16 @@ CASES = [
         ("restart_model",),
         "spec drift: serving 0ld5pec",
     ),
+]
+
+
+def _worker_rejoined(toy: Toy, memory: Memory) -> None:
+    worker_ip = "192.168.200.13"
+    toy.ray_nodes = [n for n in toy.ray_nodes if n.ip != worker_ip]
+    toy.ray_nodes.append(RayNode(node_id="node77", ip=worker_ip, alive=True, gpus=1.0))
+
+
+CASES += [
     Case(
         "worker_rejoined_restarts_model",
         healthy_then(_worker_rejoined),
@@ -563,6 +498,16 @@ CASES = [
         ("restart_model",),
         "probe timeout",
     ),
+]
+
+
+def _endpoint_gone_after_ready(toy: Toy, memory: Memory) -> None:
+    toy.ready = False
+    toy.probe_at = toy.now
+    toy.probe_style = "refused"
+
+
+CASES += [
     Case(
         "endpoint_gone_after_ready_counts_probe",
         healthy_then(_endpoint_gone_after_ready),
@@ -570,6 +515,14 @@ CASES = [
         (),
         "probe refused; failure 1 of 3",
     ),
+]
+
+
+def _foreign_gpu(toy: Toy, memory: Memory) -> None:
+    toy.gpu["spark-a"].append(GpuProcess(pid=48213, name="/usr/bin/python3", used_memory_mib=96073))
+
+
+CASES += [
     Case(
         "foreign_gpu_process_blocks",
         healthy_then(_foreign_gpu),
@@ -577,6 +530,15 @@ CASES = [
         (),
         "foreign GPU process pid 48213 (/usr/bin/python3, 96073 MiB) on spark-a",
     ),
+]
+
+
+def _foreign_gpu_killable(toy: Toy, memory: Memory) -> None:
+    _foreign_gpu(toy, memory)
+    with_policy(toy, allow_kill_foreign_gpu=True)
+
+
+CASES += [
     Case(
         "foreign_gpu_process_killed_when_allowed",
         healthy_then(_foreign_gpu_killable),
@@ -584,7 +546,25 @@ CASES = [
         ("kill_gpu_process",),
         "1 foreign GPU process(es) to kill",
     ),
+]
+
+
+def _harmless_gpu(toy: Toy, memory: Memory) -> None:
+    toy.gpu["spark-a"].append(GpuProcess(pid=2558, name="/usr/lib/xorg/Xorg", used_memory_mib=18))
+
+
+CASES += [
     Case("graphics_process_is_harmless", healthy_then(_harmless_gpu), "healthy", (), "probe"),
+]
+
+
+def _image_missing(toy: Toy, memory: Memory) -> Memory:
+    toy.containers["spark-b"].clear()
+    toy.images["spark-b"] = ["hellohal2064/vllm-glm47-gb10:latest"]
+    return memory
+
+
+CASES += [
     Case(
         "missing_image_blocks",
         healthy_then(_image_missing),
@@ -592,6 +572,17 @@ CASES = [
         (),
         "image hellohal2064/vllm-qwen3.5-gb10 missing on spark-b",
     ),
+]
+
+
+def _budget_spent(toy: Toy, memory: Memory) -> Memory:
+    toy.probe_style = "http_error"
+    key = "restart_model:spark-a:/models/Qwen3.5-122B-A10B-FP8"
+    attempts = tuple(Attempt(key=key, at=toy.now - 600 * i, ok=True) for i in range(1, 4))
+    return memory.model_copy(update={"consecutive_failures": 2, "attempts": attempts})
+
+
+CASES += [
     Case(
         "budget_spent_latches_blocked",
         healthy_then(_budget_spent),
@@ -599,6 +590,17 @@ CASES = [
         (),
         "budget spent: restart_model",
     ),
+]
+
+
+def _backing_off(toy: Toy, memory: Memory) -> Memory:
+    toy.probe_style = "http_error"
+    key = "restart_model:spark-a:/models/Qwen3.5-122B-A10B-FP8"
+    attempts = (Attempt(key=key, at=toy.now - 10, ok=True),)
+    return memory.model_copy(update={"consecutive_failures": 2, "attempts": attempts})
+
+
+CASES += [
     Case(
         "backoff_withholds_repeat",
         healthy_then(_backing_off),
@@ -606,6 +608,16 @@ CASES = [
         (),
         "backing off restart_model",
     ),
+]
+
+
+def _stale_unit_back(toy: Toy, memory: Memory) -> None:
+    from tests.toy import Unit
+
+    toy.units["spark-a"]["vllm-cluster.service"] = Unit(active=False, enabled=True)
+
+
+CASES += [
     Case(
         "stale_unit_enabled_again_is_stopped",
         healthy_then(_stale_unit_back),
@@ -613,6 +625,16 @@ CASES = [
         ("stop_unit",),
         "1 stale unit(s) to stop",
     ),
+]
+
+
+def _stale_unit_inactive_disabled(toy: Toy, memory: Memory) -> None:
+    from tests.toy import Unit
+
+    toy.units["spark-a"]["vllm-cluster.service"] = Unit(active=False, enabled=False)
+
+
+CASES += [
     Case(
         "inactive_disabled_unit_is_left_alone",
         healthy_then(_stale_unit_inactive_disabled),
@@ -620,6 +642,17 @@ CASES = [
         (),
         "probe",
     ),
+]
+
+
+def _paused(toy: Toy, memory: Memory) -> Memory:
+    _head_exited(toy, memory)
+    return memory.model_copy(
+        update={"paused": Pause(reason="maintenance", by="alice", since=toy.now, until=None)}
+    )
+
+
+CASES += [
     Case(
         "paused_plans_nothing",
         healthy_then(_paused),
@@ -627,6 +660,17 @@ CASES = [
         (),
         "paused by alice: maintenance",
     ),
+]
+
+
+def _pause_expired(toy: Toy, memory: Memory) -> Memory:
+    _head_exited(toy, memory)
+    return memory.model_copy(
+        update={"paused": Pause(reason="x", by="bob", since=toy.now - 100, until=toy.now - 1)}
+    )
+
+
+CASES += [
     Case(
         "expired_pause_acts",
         healthy_then(_pause_expired),
@@ -634,6 +678,15 @@ CASES = [
         ("start_ray_head", "restart_ray"),
         "Ray head container exited",
     ),
+]
+
+
+def _latched(toy: Toy, memory: Memory) -> Memory:
+    _head_exited(toy, memory)
+    return memory.model_copy(update={"blocked": Blocked(reason="budget spent: ...", since=1.0)})
+
+
+CASES += [
     Case(
         "blocked_latch_plans_nothing",
         healthy_then(_latched),
@@ -649,6 +702,19 @@ CASES = [
         "dry-run: ",
         kwargs={"dry_run": True},
     ),
+]
+
+
+def _other_model_on_port(toy: Toy, memory: Memory) -> Memory:
+    toy.serve_running = False
+    toy.ready = False
+    toy._endpoint = lambda: ModelEndpoint(  # type: ignore[method-assign]
+        status="up", health_status=200, models=("/models/GLM-4.7-Flash",)
+    )
+    return Memory()
+
+
+CASES += [
     Case(
         "other_model_on_port_blocks",
         healthy_then(_other_model_on_port),
@@ -656,6 +722,15 @@ CASES = [
         (),
         "already serves /models/GLM-4.7-Flash",
     ),
+]
+
+
+def _rebooted_note(toy: Toy, memory: Memory) -> Memory:
+    toy.reboot("spark-b")
+    return memory.model_copy(update={"boot_ids": {"spark-b": "boot-spark-b-1"}})
+
+
+CASES += [
     Case(
         "reboot_is_named_in_reason",
         healthy_then(_rebooted_note),
@@ -709,7 +784,6 @@ def test_four_different_units_are_not_one_budget() -> None:
 
 
 def test_a_respawning_foreign_process_is_one_fight_not_a_new_pid_each_time() -> None:
-    from sparkd.core.remember import remember
     from sparkd.model.plan import ActionOutcome
 
     toy, memory = healthy()

@@ -26,8 +26,8 @@ from sparkd.model.observed import (
 )
 from sparkd.model.plan import ActionOutcome, Plan
 from tests.examples import EXAMPLE_SET
+from tests.support.planning import COMMON, host
 from tests.toy import Toy
-from tests.unit.test_invariants_applicable import COMMON, host
 
 KERNEL = Path(__file__).resolve().parent.parent / "fixtures" / "kernel"
 COMMAND = ("/usr/local/bin/spark-power", "cycle", "{host}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from hypothesis import HealthCheck, event, given, settings
@@ -15,112 +14,19 @@ from sparkd.cli.commands import _parser
 from sparkd.core import rollout
 from sparkd.core.acceptance import judge_check
 from sparkd.core.model_stage import exit_cause
-from sparkd.core.planner import plan
-from sparkd.core.remember import remember
 from sparkd.model.cluster import ClusterSpec, RolloutCheck
 from sparkd.model.memory import Memory
 from sparkd.model.observed import Observed
-from sparkd.model.plan import ActionOutcome, ActionResult, Plan
 from sparkd.model.probe import CheckResult
 from sparkd_sim.vllm_logs import EXECUTOR_STEP, engine_failed, missing_weight_files
+from tests.support.toy_run import Run, serving
 from tests.toy import Toy
-
-ARG_ERROR = (
-    "usage: vllm [-h] [-v]",
-    "vllm: error: unrecognized arguments: --enable-resoning",
-)
 
 
 def with_args(cluster: ClusterSpec, *args: str, rollback: bool = True) -> ClusterSpec:
     model = cluster.model.model_copy(update={"extra_args": (*cluster.model.extra_args, *args)})
     policy = cluster.rollout.model_copy(update={"rollback": rollback})
     return cluster.model_copy(update={"model": model, "rollout": policy})
-
-
-@dataclass
-class Run:
-    """The controller's cycle over the toy: plan, act with the spec the plan launches, learn."""
-
-    toy: Toy
-    desired: ClusterSpec
-    memory: Memory = field(default_factory=Memory)
-    plans: list[Plan] = field(default_factory=list)
-    # Called after the actions of each cycle that launched the model (a fault on the new load).
-    on_launch: list[str] = field(default_factory=list)
-    # How the acceptance checks come out when they run.
-    checks_pass: bool = True
-
-    def cycle(self, seconds: float = 60.0) -> Plan:
-        toy = self.toy
-        observed = toy.observe()
-        if rollout.checks_due(self.desired, self.memory) and observed.probe is not None:
-            checks = tuple(
-                CheckResult(index=i, ok=self.checks_pass, detail="answer lacks 'Paris'")
-                for i in range(len(self.desired.rollout.checks))
-            )
-            observed = observed.model_copy(update={"checks": checks})
-        made = plan(self.desired, observed, self.memory, toy.now)
-        spec = rollout.acting_spec(self.desired, self.memory, made)
-        outcomes = []
-        for action in made.actions:
-            toy.cluster = spec
-            toy.apply(action)
-            result: ActionResult = "ok"
-            if action.kind in ("start_model", "restart_model"):
-                self.launched(spec)
-                # As the executor: a serve gone before it was seen running fails its start.
-                result = "ok" if toy.serve_running else "failed"
-            outcomes.append(
-                ActionOutcome(action=action, result=result, started_at=toy.now, finished_at=toy.now)
-            )
-        after = remember(self.memory, observed, outcomes, toy.now, made)
-        self.memory = rollout.track(
-            self.memory, after, self.desired, observed, outcomes, made, toy.now, toy.now
-        )
-        self.plans.append(made)
-        toy.advance(seconds)
-        return made
-
-    def launched(self, spec: ClusterSpec) -> None:
-        toy = self.toy
-        toy.log_tail = ()
-        toy.load_stalled_at = None
-        bad = rollout.identity(spec) != rollout.identity(self.good_spec)
-        for fault in self.on_launch:
-            # `X` hits only a spec other than last-good; `X_all` every launch.
-            kind = fault.removesuffix("_all")
-            if not bad and kind == fault:
-                continue
-            if kind == "arg_error":
-                toy.serve_running = False
-                toy.log_tail = ARG_ERROR
-            elif kind == "exit":
-                toy.serve_running = False
-            elif kind == "stall":
-                toy.load_stalled_at = toy.now
-
-    @property
-    def good_spec(self) -> ClusterSpec:
-        good = self.memory.last_good
-        return rollout.spec_of(self.desired, good) if good is not None else self.desired
-
-    def until(self, phase: str, limit: int = 40) -> Plan:
-        for _ in range(limit):
-            made = self.cycle()
-            if made.phase == phase:
-                return made
-        raise AssertionError(f"never {phase}: {[p.reason for p in self.plans[-3:]]}")
-
-
-def serving() -> Run:
-    """A cluster that has served long enough to have a last-good spec."""
-    toy = Toy.healthy()
-    run = Run(toy=toy, desired=toy.cluster)
-    run.memory = Memory(launched_at=toy.serve_started, model_ready_at=toy.now - 100)
-    for _ in range(4):
-        run.cycle()
-    assert run.memory.last_good is not None
-    return run
 
 
 def test_last_good_is_recorded_after_the_acceptance_probes_and_not_before() -> None:
@@ -252,13 +158,19 @@ def test_a_rollback_that_fails_latches_blocked_with_both_causes() -> None:
     assert record is not None and record.result == "rollback_failed"
 
 
-def test_retry_rolls_the_desired_spec_out_again_and_back_goes_to_last_good() -> None:
+def rolled_back_and_held() -> Run:
+    """A bad flag rolled out, its serve failed, rolled back to last-good and held there."""
     run = serving()
     run.on_launch = ["arg_error"]
     run.desired = with_args(run.desired, "--enable-resoning")
     run.cycle()
     run.cycle()
     run.until("degraded")
+    return run
+
+
+def test_retry_rolls_the_desired_spec_out_again_and_back_goes_to_last_good() -> None:
+    run = rolled_back_and_held()
     first = run.memory.rollout
     run.memory = rollout.retry(run.memory)
     again = run.cycle()
@@ -293,12 +205,7 @@ def test_back_relaunches_the_last_good_spec_during_a_rollout() -> None:
 
 
 def test_a_config_change_while_held_ends_the_hold() -> None:
-    run = serving()
-    run.on_launch = ["arg_error"]
-    run.desired = with_args(run.desired, "--enable-resoning")
-    run.cycle()
-    run.cycle()
-    run.until("degraded")
+    run = rolled_back_and_held()
     run.on_launch = []
     run.desired = with_args(run.desired.model_copy(), "--max-num-seqs", "8")
     made = run.cycle()
@@ -512,8 +419,7 @@ def test_a_rollout_remembered_from_the_future_still_rolls_back() -> None:
 def test_an_mtu_mismatch_after_the_new_spec_served_does_not_roll_it_back() -> None:
     """The probes fail while the data link's MTU is wrong: the restart is held for the fabric,
     and what the fabric did is no failure of the spec."""
-    from tests.unit.test_fabric_recovery import SOUND
-    from tests.unit.test_invariants_applicable import host
+    from tests.support.planning import SOUND, host
 
     run = serving()
     run.desired = with_args(run.desired, "--max-num-seqs", "8")

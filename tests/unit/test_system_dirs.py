@@ -14,7 +14,7 @@ import pytest
 from sparkd.model.memory import Memory
 from sparkd.runtime.state import StateDir
 from sparkd.settings import ConfigError, load_settings
-from tests.unit.test_settings import BASE, usable, write
+from tests.support.config import BASE, usable, write
 
 SYSTEM = ["/", "/tmp", "/tmp/", "/etc", "//etc", "///etc/", "/var/lib", "/var/lib/../../etc",
           "/usr/./lib", "/proc/self", "/proc/1/cwd", "/sys/fs/cgroup", "/dev/shm", "/dev",

@@ -17,15 +17,8 @@ from sparkd.model.memory import Memory
 from sparkd.model.observed import HostError
 from sparkd.model.plan import TRIAGE_CLASSES, Plan
 from tests.examples import EXAMPLE_SET
+from tests.support.planning import COMMON, STARTS, host, kinds, needs_a_human, situations
 from tests.toy import Toy
-from tests.unit.test_invariants_applicable import (
-    COMMON,
-    STARTS,
-    host,
-    kinds,
-    needs_a_human,
-    situations,
-)
 
 KERNEL = Path(__file__).resolve().parent.parent / "fixtures" / "kernel"
 GIB = 1 << 30

@@ -20,8 +20,8 @@ from sparkd.model.plan import MODEL_STARTS
 from sparkd.model.weights import ModelFiles, WeightIndex
 from sparkd.shell import catalogue, ssh
 from sparkd.shell.catalogue.reads import _SECTION_FUNCTION
+from tests.support.toy_run import Run, serving
 from tests.toy import Toy, reference_cluster
-from tests.unit.test_rollout import Run, serving
 
 SHARDS = tuple(f"model-{i:05d}-of-00004.safetensors" for i in range(1, 5))
 DIR = "/models/Qwen3.5-122B-A10B-FP8"

@@ -1,4 +1,4 @@
-"""The real daemon (controllers, executor, API) against the simulated world over SSH."""
+"""Helpers for the real daemon (controllers, executor, API) against the simulated world over SSH."""
 
 from __future__ import annotations
 
@@ -9,16 +9,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from sparkd.model.cluster import ClusterSpec
+from sparkd.model.plan import Plan
 from sparkd.runtime.controller import Controller
+from sparkd.runtime.daemon import Daemon
 from sparkd.runtime.state import StateDir
 from sparkd.settings import Settings, load_settings
 from sparkd.shell.execute import ExecutorTiming
 from sparkd.shell.ssh import SshPool
-from sparkd_demo.cli import sparkd_spec_labels
-from sparkd_sim.timing import FAST_FACTOR, Timing
+from sparkd_sim.timing import FAST_FACTOR
 from sparkd_sim.world import CommandRecord, World
 
 FAST_EXECUTOR = ExecutorTiming(poll=0.03, serve_appear=5.0, stop_grace=2.0)
@@ -139,28 +138,16 @@ async def converge(controller: Controller, cycles: int = 60, pause: float = 0.1)
     raise AssertionError(f"not converged after {cycles} cycles: {plans[-1].reason}")
 
 
-@pytest.fixture
-async def seed_world(tmp_path: Path) -> AsyncIterator[World]:
-    async with World(tmp_path / "world", scenario="seed-morning", timing=Timing.fast()) as w:
-        yield w
-
-
-@pytest.fixture
-async def healthy_world(tmp_path: Path) -> AsyncIterator[World]:
-    async with World(
-        tmp_path / "world",
-        scenario="healthy",
-        timing=Timing.fast(),
-        spec_labels=sparkd_spec_labels,
-    ) as w:
-        yield w
-
-
-@pytest.fixture
-async def pool() -> AsyncIterator[SshPool]:
-    p = SshPool(reconnect_initial=0.05, reconnect_max=0.2)
-    yield p
-    await p.close()
+@contextlib.asynccontextmanager
+async def daemon_on(world: World, state: Path) -> AsyncIterator[Daemon]:
+    """The whole daemon (controllers, executor, API) on the world's config with scaled times,
+    stopped on the way out."""
+    daemon = Daemon(world_settings(world, state), world.config_path, executor_timing=FAST_EXECUTOR)
+    await daemon.start()
+    try:
+        yield daemon
+    finally:
+        await daemon.stop()
 
 
 def controller(world: World, pool: SshPool, state: Path, **kwargs: Any) -> Controller:
@@ -173,6 +160,43 @@ def controller(world: World, pool: SshPool, state: Path, **kwargs: Any) -> Contr
         executor_timing=FAST_EXECUTOR,
         **kwargs,
     )
+
+
+async def converged(
+    world: World, pool: SshPool, state: Path, cycles: int = 60, **kwargs: Any
+) -> tuple[Controller, float]:
+    """A controller (as `controller` makes it) cycled until converged, and the wall clock then:
+    what a test's world does after it is what the test checks."""
+    ctl = controller(world, pool, state, **kwargs)
+    await converge(ctl, cycles=cycles)
+    return ctl, time.time()
+
+
+async def after_its_own_launch(world: World) -> float:
+    """The wall clock once a `healthy` world has launched its own model (just after it starts):
+    only sparkd's commands after it count."""
+    await eventually(lambda: bool(mutations(world)), within=10)
+    return time.time()
+
+
+async def cycles(ctl: Controller, count: int, pause: float = 0.0) -> list[Plan]:
+    plans = []
+    for _ in range(count):
+        plans.append(await ctl.cycle())
+        if pause:
+            await asyncio.sleep(pause)
+    return plans
+
+
+async def cycle_until(ctl: Controller, done: str, limit: int = 300) -> list[Plan]:
+    """Cycle until a plan's reason holds `done` or its phase is `done`; the plans on the way."""
+    plans = []
+    for _ in range(limit):
+        plan = await ctl.cycle()
+        plans.append(plan)
+        if done in plan.reason or plan.phase == done:
+            return plans
+    raise AssertionError(f"never {done!r}: {plans[-1].phase}: {plans[-1].reason}")
 
 
 FAST_TOML = {

@@ -1,0 +1,2 @@
+"""Helpers the test tiers share: import them from here, never from another tier's conftest or
+test module."""
