@@ -37,6 +37,7 @@ from sparkd.runtime import logs
 from sparkd.runtime.clock import DaemonClock, elapsed, ops_boot_id
 from sparkd.runtime.maintenance import Window, window_at
 from sparkd.runtime.state import StateDir
+from sparkd.runtime.store import LocalStore, MemoryStore
 from sparkd.settings import ClusterSpec
 from sparkd.shell.events import EventWatch
 from sparkd.shell.execute import Executor, ExecutorTiming
@@ -139,6 +140,7 @@ class Controller:
         on_record: Callable[[Controller, CycleRecord], None] = lambda c, r: None,
         may_act: Callable[[], bool] = lambda: True,
         fence: HostFence | None = None,
+        store: MemoryStore | None = None,
     ) -> None:
         self.cluster = cluster
         self.pool = pool
@@ -159,7 +161,9 @@ class Controller:
         self.wake = asyncio.Event()
         self.stopping = False
         self.log = logs.get().bind(cluster=cluster.name)
-        read = state.read_memory(cluster.name, wall_clock())
+        # HA: memory in etcd, written by the owner only; else the state dir.
+        self.store = store or LocalStore(state)
+        read = self.store.read(cluster.name, wall_clock())
         self.clock = DaemonClock(
             wall_clock,
             monotonic,
@@ -174,6 +178,7 @@ class Controller:
             on_start=self._action_started,
             on_finish=self._action_finished,
             fence=fence,
+            ready=lambda action: self.store.ready(self.cluster.name, action),
         )
         # Persisting: the latest error (None while writes succeed), since when, and the
         # events not yet written.
@@ -249,6 +254,7 @@ class Controller:
         if self.fence is not None and self.may_act() and not self.dry_run:
             # A new owner's first step, before it looks: the former owner's commands still
             # running on a host finish first, and any later one of its is refused there.
+            await self._adopt()
             await self.fence.sweep()
             swept = self.fence.token()
         # A hung host makes a look last up to its command timeout, which may be several
@@ -343,6 +349,17 @@ class Controller:
         )
         return plan
 
+    async def _adopt(self) -> None:
+        """A new owner continues from the store's memory; the former owner's last action, if
+        its outcome never landed, is only known from the look that follows."""
+        adopted = await self.store.adopt(self.cluster.name, self.memory, self.clock.now())
+        if adopted is not None:
+            self.memory = bounded(adopted.memory, self.clock.now()).evolve(clock=self.clock.anchor)
+            unknown = (
+                [self._event("intent_unknown", intent=adopted.intent)] if adopted.intent else []
+            )
+            self._persist([self._event("memory_adopted", source=adopted.source), *unknown])
+
     def _note_step(self) -> None:
         """Log a wall-clock step once, when it first shows or changes; show it in the view.
         Nothing is decided on it: durations are daemon time, a pause's end is wall clock."""
@@ -413,7 +430,7 @@ class Controller:
             )
         gap = [self._persist_gap_event()] if self.persist_error is not None else []
         try:
-            self.state.save_memory(self.cluster.name, self.memory)
+            self.store.save(self.cluster.name, self.memory)
             self.state.append_events(gap + self._unsaved, keep=EVENTS_KEPT)
         except OSError as exc:
             error = f"{self.state.path}: {exc.strerror or exc}"
@@ -483,6 +500,7 @@ class Controller:
             self._persist([])
 
     def _action_finished(self, outcome: ActionOutcome) -> None:
+        self.store.settled(self.cluster.name)
         self.view.recent.appendleft(outcome)
         self.view.in_flight = None
         self.action_deadline = None

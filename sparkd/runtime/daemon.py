@@ -38,6 +38,7 @@ from sparkd.shell.ssh import SshPool
 
 if TYPE_CHECKING:
     from sparkd.ha.control import Control
+    from sparkd.ha.memory import EtcdStore
     from sparkd.ha.ownership import Ownership
 
 # Daemon settings that take effect only at start: a reload reports a change and keeps the old.
@@ -135,6 +136,8 @@ class Daemon:
         self._stopping = False
         # Set only with an [ha] section: who owns which cluster, through etcd.
         self.ha: Ownership | None = None
+        # With [ha], memory lives in etcd (the state dir keeps a copy).
+        self.memory_store: EtcdStore | None = None
 
     def _controller(self, cluster_name: str) -> Controller:
         cluster = self.settings.cluster(cluster_name)
@@ -158,6 +161,7 @@ class Daemon:
             on_record=self.metrics.record,
             may_act=(lambda: ha.may_act(cluster_name)) if ha is not None else (lambda: True),
             fence=fence,
+            store=self.memory_store,
         )
         if fence is not None and ha is not None:
 
@@ -295,6 +299,7 @@ class Daemon:
 
     def _start_ha(self) -> None:
         # etcd code only here, and only with an [ha] section.
+        from sparkd.ha.memory import EtcdStore
         from sparkd.ha.metrics import HaCollector
         from sparkd.ha.ownership import Ownership
 
@@ -304,7 +309,16 @@ class Daemon:
             self.settings.ha, names, on_change=self._ha_changed, on_control=self._ha_control
         )
         self.metrics.registry.register(HaCollector(self.ha))
+        self.memory_store = EtcdStore(self.ha, self.state, on_refused=self._ha_refused)
         self.ha.start()
+
+    def _ha_refused(self, cluster_name: str, detail: str) -> None:
+        # etcd refused a write guarded by the token: the fenced host's path.
+        assert self.ha is not None
+        self.ha.fenced(cluster_name, "etcd", detail)
+        controller = self.controllers.get(cluster_name)
+        if controller is not None:
+            controller.fenced("etcd", detail)
 
     def _ha_changed(self, cluster_name: str) -> None:
         # Acquired or lost: look now, so an owner acts at once and a former one stops.
@@ -443,6 +457,8 @@ class Daemon:
             controller.stop()
         if self.tasks:
             await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        if self.memory_store is not None:
+            await self.memory_store.close()  # the last memory lands before the lease goes
         if self.ha is not None:
             await self.ha.stop()  # after the actions in flight: hand over at once
         if self.maintenance.scheduler.running:
