@@ -44,11 +44,13 @@ def intent_key(prefix: str, cluster: str) -> str:
     return f"{prefix}clusters/{cluster}/intent"
 
 
-def encode(memory: Memory, now: float, token: int, instance: str) -> bytes:
+def encode(memory: Memory, now: float, token: int, instance: str, control: int = 0) -> bytes:
     record = {
         "version": RECORD_VERSION,
         "token": token,
         "instance": instance,
+        # The operator's control record (its etcd revision) this memory has taken, if any.
+        "control": control,
         # Wall clock, for people only: nothing is decided on it.
         "written": time.time(),
         "memory": to_ages(memory, now).model_dump(mode="json"),
@@ -56,16 +58,18 @@ def encode(memory: Memory, now: float, token: int, instance: str) -> bytes:
     return json.dumps(record, sort_keys=True).encode()
 
 
-def decode(raw: bytes, now: float) -> Memory:
-    """The stored memory on the daemon time whose present is `now`; one nobody can read holds
-    the cluster `blocked` until an operator resumes it, as an unreadable state file does."""
+def decode(raw: bytes, now: float) -> tuple[Memory, int]:
+    """The stored memory on the daemon time whose present is `now`, and the control record it
+    took; one nobody can read holds the cluster `blocked` until an operator resumes it, as an
+    unreadable state file does."""
     try:
         record = json.loads(raw)
         stored = Memory.model_validate(record["memory"])
-    except (ValueError, KeyError, TypeError) as exc:
+        control = int(record.get("control") or 0)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         reason = f"memory in etcd unreadable ({type(exc).__name__}); not acting until resumed"
-        return Memory(blocked=Blocked(reason=reason, since=now))
-    return from_ages(stored, now)
+        return Memory(blocked=Blocked(reason=reason, since=now)), 0
+    return from_ages(stored, now), control
 
 
 class EtcdStore:
@@ -85,6 +89,8 @@ class EtcdStore:
         self.log = logs.get().bind(component="ha")
         # Per cluster: the token whose memory this instance continues from.
         self.adopted: dict[str, int] = {}
+        # Per cluster: the newest control record the memory took (its etcd revision).
+        self.controls: dict[str, int] = {}
         self._pending: dict[str, tuple[Memory, float]] = {}
         self._settled: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = {}
@@ -136,13 +142,14 @@ class EtcdStore:
             stored, _ = await self.ha.client.get(key)
             left, _ = await self.ha.client.get(ikey)
             if stored is None:
-                raw = encode(memory, now, token, self.ha.spec.instance)
+                raw = self._encode(cluster, memory, now, token)
                 if not await self.ha.client.guarded(owner, token, {key: raw}, absent=key):
                     # Written meanwhile, or the key moved on: the next look tries again.
                     return None
                 adopted, source = memory, "imported"
             else:
-                adopted, source = decode(stored.value, now), "etcd"
+                (adopted, control), source = decode(stored.value, now), "etcd"
+                self.controls[cluster] = control
             intent = _intent(left.value) if left is not None else None
             if left is not None and not await self.ha.client.guarded(owner, token, {}, [ikey]):
                 return None
@@ -174,8 +181,7 @@ class EtcdStore:
             pending = self._pending.pop(cluster, None)
             if pending is not None:
                 memory, now = pending
-                raw = encode(memory, now, token, self.ha.spec.instance)
-                puts[memory_key(self.prefix, cluster)] = raw
+                puts[memory_key(self.prefix, cluster)] = self._encode(cluster, memory, now, token)
             # Cleared by the first write after the outcome (`settled`), not before.
             self._settled.discard(cluster)
             try:
@@ -192,6 +198,22 @@ class EtcdStore:
     def settled(self, cluster: str) -> None:
         self._settled.add(cluster)
 
+    # -- operators' control records (sparkd.ha.control) -----------------------------------
+
+    def current(self, cluster: str) -> bool:
+        """This instance owns `cluster` and continues from etcd's memory: a control record
+        is applied to that memory, never to the local one a takeover is about to replace."""
+        return self._token(cluster) is not None
+
+    def took(self, cluster: str, revision: int) -> bool:
+        """Whether the memory already took the control record at `revision` (a former owner
+        applied it): applied again, a resume would clear a latch set after it."""
+        return revision <= self.controls.get(cluster, 0)
+
+    def applied(self, cluster: str, revision: int) -> None:
+        """The controller applied the record: every memory written from now on says so."""
+        self.controls[cluster] = max(revision, self.controls.get(cluster, 0))
+
     async def close(self) -> None:
         """Let the writes in progress land (a graceful stop, before the lease is revoked)."""
         writers = [task for task in self._writers.values() if not task.done()]
@@ -204,6 +226,10 @@ class EtcdStore:
 
     # -- writing --------------------------------------------------------------------------
 
+    def _encode(self, cluster: str, memory: Memory, now: float, token: int) -> bytes:
+        control = self.controls.get(cluster, 0)
+        return encode(memory, now, token, self.ha.spec.instance, control)
+
     async def _write_behind(self, cluster: str) -> None:
         while True:
             async with self._lock(cluster):
@@ -212,11 +238,7 @@ class EtcdStore:
                 if pending is None or token is None:
                     return
                 memory, now = pending
-                puts = {
-                    memory_key(self.prefix, cluster): encode(
-                        memory, now, token, self.ha.spec.instance
-                    )
-                }
+                puts = {memory_key(self.prefix, cluster): self._encode(cluster, memory, now, token)}
                 deletes = [intent_key(self.prefix, cluster)] if cluster in self._settled else []
                 written: bool | None
                 try:

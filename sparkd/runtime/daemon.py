@@ -331,6 +331,12 @@ class Daemon:
         controller = self.controllers.get(cluster_name)
         if controller is None:
             return False
+        store = self.memory_store
+        if store is not None:
+            if not store.current(cluster_name):
+                return False  # offered again once the memory from etcd is in
+            if store.took(cluster_name, revision):
+                return True  # a former owner applied it to the memory this one continues
         # Anyone with etcd access may have written it: shown on operators' terminals.
         by = printable(redact(control.by))
         controller.log.info("control", revision=revision, paused=control.paused, by=by)
@@ -338,6 +344,8 @@ class Daemon:
             controller.pause(printable(redact(control.reason)), by, control.until)
         else:
             controller.resume(by)
+        if store is not None:
+            store.applied(cluster_name, revision)
         return True
 
     def _run(self, controller: Controller) -> asyncio.Task[None]:

@@ -176,3 +176,27 @@ async def test_the_outcome_clears_the_intent(boxes: tuple[Box, Box], admin: Etcd
     assert intent is None
     kv, _ = await admin.get(memory_key(PREFIX, "c1"))
     assert kv is not None and json.loads(kv.value)["memory"]["consecutive_failures"] == 1
+
+
+async def test_a_control_record_the_memory_took_is_not_taken_again_by_the_next_owner(
+    boxes: tuple[Box, Box], admin: EtcdClient
+) -> None:
+    a, b = boxes
+    await a.ha.round()
+    local = Memory(clock=ClockAnchor(boot_id="boot-a", offset=a.offset, mono_at=1.0))
+    assert await a.store.adopt("c1", local, a.now) is not None
+    # An operator's resume at revision 41 applied, then a latch set after it.
+    a.store.save("c1", local)
+    a.store.applied("c1", 41)
+    a.store.save("c1", local.evolve(blocked=Blocked(reason="kept failing", since=a.now)))
+    await a.store.close()
+    assert a.ha.lease is not None
+    await admin.revoke(a.ha.lease)
+    await b.ha.round()
+    assert not b.store.current("c1")
+    adopted = await b.store.adopt("c1", Memory(), b.now)
+    assert adopted is not None and adopted.memory.blocked is not None
+    assert b.store.current("c1")
+    # The resume is not applied again over the later latch; a newer record is.
+    assert b.store.took("c1", 41)
+    assert not b.store.took("c1", 42)
