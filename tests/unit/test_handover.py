@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkd.core.handover import from_ages, to_ages
+from sparkd.ha.memory import decode, encode
 from sparkd.model.memory import Attempt, Blocked, ClockAnchor, LoadMark, Memory, Pause, Rollout
 
 # Daemon time on one box: near the wall clock of its anchor, any boot.
@@ -78,13 +79,16 @@ def test_to_the_store_and_back_never_shortens_a_grace(
     written: tuple[Memory, float], reader_now: float, gap: float
 ) -> None:
     memory, writer_now = written
-    # The reader's clock is another box's: any reading, read any time after the write.
-    read = from_ages(to_ages(memory, writer_now), reader_now + gap)
+    # The reader's clock is another box's: any reading, read any time after the write; the
+    # record goes through its JSON as etcd holds it.
+    read, control = decode(encode(memory, writer_now, 7, "ops-a", 41), reader_now + gap)
+    assert control == 41
     for before, after in zip(stamps(memory), stamps(read), strict=True):
         assert (before is None) == (after is None)
         if before is not None and after is not None:
-            # Age at the read never exceeds age at the write: what remained still remains.
-            assert (reader_now + gap) - after <= writer_now - before + 1e-6
+            # Age at the read never exceeds age at the write: what remained still remains. Nor
+            # is it less: the gap between write and read is not counted, nothing more.
+            assert abs(((reader_now + gap) - after) - (writer_now - before)) < 1e-3
             assert after <= reader_now + gap
     assert [(a.key, a.ok) for a in read.attempts] == [(a.key, a.ok) for a in memory.attempts]
     assert read.paused == memory.paused
@@ -106,6 +110,12 @@ def test_a_grace_resumes_with_what_remained_on_a_clock_far_behind() -> None:
     assert read.load_mark is not None
     assert read.load_mark.at == 1_999_913_600.0 - 20
     assert read.load_mark.launch == 1_999_913_600.0 - 50
+
+
+def test_a_record_nobody_can_read_holds_the_cluster() -> None:
+    read, control = decode(b'{"memory": {"attempts": "many"}}', 500.0)
+    assert read.blocked is not None and "unreadable" in read.blocked.reason
+    assert control == 0
 
 
 def test_an_age_from_the_future_is_taken_as_now() -> None:
