@@ -260,7 +260,13 @@ class EtcdStore:
 
     def _refused(self, cluster: str, token: int) -> None:
         self._pending.pop(cluster, None)
-        self.adopted.pop(cluster, None)
+        if self.adopted.get(cluster) == token:
+            del self.adopted[cluster]
+        if self.ha.token(cluster) != token:
+            # An older claim's write, refused after this instance took the cluster again (or
+            # after it was already demoted): the current claim stands.
+            self.log.info("memory_write_refused", cluster=cluster, token=token, stale=True)
+            return
         detail = f"etcd refused a write guarded by token {token}: the owner key moved on"
         self.log.warning("memory_write_refused", cluster=cluster, token=token)
         self.on_refused(cluster, detail)
