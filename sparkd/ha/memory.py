@@ -28,7 +28,7 @@ from sparkd.model.memory import Blocked, Memory
 from sparkd.model.plan import Action
 from sparkd.runtime import logs
 from sparkd.runtime.clock import elapsed
-from sparkd.runtime.state import MemoryRead, StateDir
+from sparkd.runtime.state import MemoryRead, StateDir, _validate_ignoring_unknown
 from sparkd.runtime.store import Adopted
 
 RECORD_VERSION = 1
@@ -64,7 +64,8 @@ def decode(raw: bytes, now: float) -> tuple[Memory, int]:
     unreadable state file does."""
     try:
         record = json.loads(raw)
-        stored = Memory.model_validate(record["memory"])
+        # As from the state file: fields a newer sparkd wrote (a rolling upgrade) are ignored.
+        stored, _ = _validate_ignoring_unknown(dict(record["memory"]))
         control = int(record.get("control") or 0)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         reason = f"memory in etcd unreadable ({type(exc).__name__}); not acting until resumed"

@@ -3,6 +3,8 @@ attempt, pause or latch lost, whatever the two boxes' daemon clocks read."""
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -116,6 +118,13 @@ def test_a_record_nobody_can_read_holds_the_cluster() -> None:
     read, control = decode(b'{"memory": {"attempts": "many"}}', 500.0)
     assert read.blocked is not None and "unreadable" in read.blocked.reason
     assert control == 0
+
+
+def test_fields_a_newer_sparkd_wrote_are_ignored() -> None:
+    record = json.loads(encode(Memory(launched_at=90.0), 100.0, 7, "ops-a"))
+    record["memory"]["from_the_future"] = 1
+    read, _ = decode(json.dumps(record).encode(), 500.0)
+    assert read.blocked is None and read.launched_at == 490.0
 
 
 def test_an_age_from_the_future_is_taken_as_now() -> None:
