@@ -162,6 +162,12 @@ class EtcdStore:
         )  # fmt: skip
         return Adopted(adopted, source, intent)
 
+    async def continued(self, cluster: str) -> None:
+        """The controller continues from the adopted memory: a pause or resume recorded while
+        no owner could take it applies now, before the new owner's first action, not at its
+        next renewal."""
+        await self.ha.offer_controls()
+
     async def ready(self, cluster: str, action: Action) -> str | None:
         """Write the attempt and the intent before the command goes; why not, when it must
         not go."""

@@ -321,6 +321,10 @@ class Ownership:
             self.on_change(name)
         await self._read_controls()
 
+    async def offer_controls(self) -> None:
+        """Hand the newest control records over now: a new owner, once its memory is in."""
+        await self._read_controls()
+
     async def _read_controls(self) -> None:
         """Hand each held cluster's newest control record to its controller, once."""
         held = [name for name, claim in self.claims.items() if claim.token is not None]

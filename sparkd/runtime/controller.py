@@ -359,6 +359,7 @@ class Controller:
                 [self._event("intent_unknown", intent=adopted.intent)] if adopted.intent else []
             )
             self._persist([self._event("memory_adopted", source=adopted.source), *unknown])
+            await self.store.continued(self.cluster.name)
 
     def _note_step(self) -> None:
         """Log a wall-clock step once, when it first shows or changes; show it in the view.

@@ -4,7 +4,8 @@ The controller writes memory as each action starts and finishes (`save`); before
 command is sent, `ready` must have made the intended attempt durable (on disk it already is;
 in etcd it is written with the intent record, guarded by the owner's token); `settled` says
 the action's outcome is known (the intent goes with the next write); `adopt`, before each look
-of an owner, brings the store's memory in when this instance has just become the owner.
+of an owner, brings the store's memory in when this instance has just become the owner, and
+`continued`, once that memory is the controller's, applies what operators asked meanwhile.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class MemoryStore(Protocol):
 
     async def adopt(self, cluster: str, memory: Memory, now: float) -> Adopted | None: ...
 
+    async def continued(self, cluster: str) -> None: ...
+
     async def ready(self, cluster: str, action: Action) -> str | None: ...
 
     def settled(self, cluster: str) -> None: ...
@@ -52,6 +55,9 @@ class LocalStore:
         self.state.save_memory(cluster, memory)
 
     async def adopt(self, cluster: str, memory: Memory, now: float) -> Adopted | None:
+        return None
+
+    async def continued(self, cluster: str) -> None:
         return None
 
     async def ready(self, cluster: str, action: Action) -> str | None:

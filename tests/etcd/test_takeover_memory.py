@@ -5,7 +5,10 @@ owner's API and metrics and from what the simulated hosts ran."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -13,7 +16,10 @@ import pytest
 from sparkd.settings import load_settings
 from sparkd.sim.world import World
 from tests.e2e.conftest import eventually, mutations
+from tests.etcd.conftest import EtcdServer
+from tests.etcd.test_control import cli, paused_by
 from tests.etcd.test_two_daemons import (
+    PRODUCTION_TIMINGS,
     TTL,
     Instance,
     check_never_two_actors,
@@ -26,6 +32,26 @@ from tests.etcd.test_two_daemons import (
 pytestmark = pytest.mark.etcd
 
 __all__ = ["pair", "seed_world"]
+
+
+@pytest.fixture
+async def slow_renewals(
+    seed_world: World, etcd: EtcdServer, tmp_path: Path
+) -> AsyncIterator[tuple[Instance, Instance]]:
+    """Two operated instances on the production timings: a renewal every 5 s, so a record a
+    new owner reads only at its next renewal would come long after its first look."""
+    token = tmp_path / "control-token"
+    token.write_text("s3cret-operator-token\n")
+    token.chmod(0o600)
+    a, b = (
+        Instance(name, seed_world, etcd, tmp_path, timings=PRODUCTION_TIMINGS, token_file=token)
+        for name in ("ops-a", "ops-b")
+    )
+    try:
+        yield a, b
+    finally:
+        await a.stop()
+        await b.stop()
 
 
 async def get(instance: Instance, path: str) -> str:
@@ -106,3 +132,32 @@ async def test_the_standby_keeps_the_spent_attempt_and_the_loads_grace(
         assert mine[0].at > a.killed_at
     check_never_two_actors(seed_world, a, b)
     assert time.time() > a.killed_at
+
+
+async def test_a_pause_no_owner_took_holds_from_the_new_owners_first_step(
+    seed_world: World, slow_renewals: tuple[Instance, Instance]
+) -> None:
+    a, b = slow_renewals
+    cluster = cluster_name(seed_world)
+    await start_owner_and_standby(a, b, cluster)
+
+    async def healthy() -> bool:
+        clusters = (await a.status()).get("clusters") or []
+        return bool(clusters) and clusters[0]["phase"] == "healthy"
+
+    await eventually(healthy, within=90)
+    # The owner dies; while nobody owns the cluster an operator pauses it (through the
+    # standby), and the model crashes: the record is in etcd, in no memory yet.
+    await a.kill()
+    code, out = await cli(b, "pause", cluster, "--reason", "swapping a cable")
+    assert code == 0, out
+    since = time.time()
+    await seed_world.fault("crash-model", "spark-a")
+
+    async def b_owns_paused() -> bool:
+        return await b.role(cluster) == "owner" and await paused_by(b) == "swapping a cable"
+
+    await eventually(b_owns_paused, within=40)
+    await asyncio.sleep(2)
+    # The new owner continued from etcd's memory (no pause in it) and still never acted.
+    assert mutations(seed_world, since=since) == [], "a paused cluster was acted on"
