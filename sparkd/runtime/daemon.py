@@ -38,8 +38,8 @@ from sparkd.shell.ssh import SshPool
 
 if TYPE_CHECKING:
     from sparkd.ha.control import Control
-    from sparkd.ha.memory import EtcdStore
     from sparkd.ha.ownership import Ownership
+    from sparkd.runtime.ha_store import EtcdStore
 
 # Daemon settings that take effect only at start: a reload reports a change and keeps the old.
 RESTART_ONLY = ("listen", "state_dir")
@@ -299,9 +299,9 @@ class Daemon:
 
     def _start_ha(self) -> None:
         # etcd code only here, and only with an [ha] section.
-        from sparkd.ha.memory import EtcdStore
         from sparkd.ha.metrics import HaCollector
         from sparkd.ha.ownership import Ownership
+        from sparkd.runtime.ha_store import EtcdStore
 
         assert self.settings.ha is not None
         names = [c.name for c in self.settings.clusters]

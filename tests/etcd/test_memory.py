@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from sparkd.ha.etcd import EtcdClient
-from sparkd.ha.memory import EtcdStore, intent_key, memory_key
+from sparkd.ha.memory import intent_key, memory_key
 from sparkd.ha.ownership import Ownership
 from sparkd.model.memory import Attempt, Blocked, ClockAnchor, LoadMark, Memory, Pause
 from sparkd.model.plan import Action
+from sparkd.runtime.ha_store import EtcdStore
 from sparkd.runtime.state import StateDir
 from tests.etcd.conftest import EtcdServer
 from tests.etcd.test_ownership import spec, wait_for

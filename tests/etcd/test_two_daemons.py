@@ -441,10 +441,11 @@ async def test_etcd_code_is_imported_only_with_ha(
     plain = write_fast_config(seed_world, tmp_path / "plain.toml", tmp_path / "s1", plain_port)
     without = await imported_by_run(plain, plain_port, cluster)
     assert "sparkd.runtime.controller" in without  # the check sees what it ran
-    assert not {"sparkd.ha.etcd", "sparkd.ha.ownership"} & without, sorted(without)
+    etcd_code = {"sparkd.ha.etcd", "sparkd.ha.ownership", "sparkd.runtime.ha_store"}
+    assert not etcd_code & without, sorted(without)
     ha = Instance("ops-a", seed_world, etcd, tmp_path)
     with_ha = await imported_by_run(ha.config, ha.port, cluster)
-    assert {"sparkd.ha.etcd", "sparkd.ha.ownership"} <= with_ha
+    assert etcd_code <= with_ha
 
 
 async def test_owner_cut_off_from_etcd_stops_before_the_standby_starts(

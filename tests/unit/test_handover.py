@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from sparkd.core.handover import from_ages, to_ages
 from sparkd.ha.memory import decode, encode
 from sparkd.model.memory import Attempt, Blocked, ClockAnchor, LoadMark, Memory, Pause, Rollout
+from sparkd.runtime.ha_store import read_record
 
 # Daemon time on one box: near the wall clock of its anchor, any boot.
 NOW = st.floats(1.0e9, 2.0e9, allow_nan=False)
@@ -123,8 +124,10 @@ def test_a_record_nobody_can_read_holds_the_cluster() -> None:
 def test_fields_a_newer_sparkd_wrote_are_ignored() -> None:
     record = json.loads(encode(Memory(launched_at=90.0), 100.0, 7, "ops-a"))
     record["memory"]["from_the_future"] = 1
-    read, _ = decode(json.dumps(record).encode(), 500.0)
+    read, _ = read_record(json.dumps(record).encode(), 500.0)
     assert read.blocked is None and read.launched_at == 490.0
+    # Without the state dir's reading, the same record would latch the cluster.
+    assert decode(json.dumps(record).encode(), 500.0)[0].blocked is not None
 
 
 def test_an_age_from_the_future_is_taken_as_now() -> None:
