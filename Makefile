@@ -6,6 +6,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SIM_PROJECT := packaging/sparkd-sim
+PACKAGES := sparkd sparkd_sim sparkd_demo
 RAY_STAMP := $(VENV)/.installed-realray
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
@@ -16,10 +18,12 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 
 .PHONY: test demo lint typecheck unit clean bench
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(SIM_PROJECT)/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	# The simulator's own distribution: `sparkd-sim`, and `sparkd sim`/`sparkd demo` through it.
+	$(BIN)/python -m pip install --quiet -e $(SIM_PROJECT)
 	touch $(STAMP)
 
 $(RAY_STAMP): $(STAMP)
@@ -41,11 +45,14 @@ $(BENCH_STAMP): Makefile
 	touch $(BENCH_STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check sparkd tests bench
-	$(BIN)/ruff format --check sparkd tests bench
+	$(BIN)/ruff check $(PACKAGES) tests bench
+	$(BIN)/ruff format --check $(PACKAGES) tests bench
+	$(BIN)/vulture
+	# The import contracts in pyproject.toml (layers, the simulator independent).
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict sparkd bench
+	$(BIN)/mypy --strict $(PACKAGES) bench
 
 test: lint typecheck $(RAY_STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
@@ -58,4 +65,5 @@ demo: $(STAMP)
 	$(BIN)/sparkd demo $(DEMO_ARGS)
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(BENCH_VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache \
+		.import_linter_cache

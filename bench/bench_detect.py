@@ -27,9 +27,9 @@ from bench.common import (
     wait_healthy,
     write_result,
 )
+from sparkd.model.cluster import ClusterSpec
 from sparkd.runtime.controller import Controller
 from sparkd.runtime.state import StateDir
-from sparkd.settings import ClusterSpec
 from sparkd.shell.ssh import SshPool
 
 FAULTS = {

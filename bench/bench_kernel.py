@@ -16,7 +16,7 @@ from typing import Any
 
 from bench.common import median, table, write_result
 from sparkd.core import kernel
-from sparkd.settings import HostSpec
+from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "kernel"

@@ -22,7 +22,7 @@ from bench.common import (
     wait_healthy,
     write_result,
 )
-from sparkd.settings import ClusterSpec
+from sparkd.model.cluster import ClusterSpec
 from sparkd.shell import catalogue
 from sparkd.shell.observe import observe, tool_timeout
 from sparkd.shell.ssh import SshPool

@@ -29,7 +29,7 @@ from bench.common import (
 )
 from sparkd.shell.observe import probe_once
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.control import send_query
+from sparkd_sim.control import send_query
 
 
 async def cli_probe(config: str) -> float:

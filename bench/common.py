@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkd.settings import Settings, load_settings
-from sparkd.sim.control import send_fault
+from sparkd_sim.control import send_fault
 
 RESULTS = Path(__file__).with_name("results")
 REPO = Path(__file__).resolve().parent.parent

@@ -25,10 +25,10 @@ from sparkd.settings import load_settings
 from sparkd.shell import catalogue, ray_http
 from sparkd.shell.observe import channel, tool_timeout
 from sparkd.shell.ssh import SshPool
-from sparkd.sim import real_ray
-from sparkd.sim.openssh import descendants
-from sparkd.sim.timing import Timing
-from sparkd.sim.world import World
+from sparkd_sim import real_ray
+from sparkd_sim.openssh import descendants
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import World
 
 TICK = os.sysconf("SC_CLK_TCK")
 IDLE = "nothing read (Ray's own background in the same window)"

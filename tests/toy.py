@@ -18,6 +18,7 @@ from sparkd.core.spec import (
     model_spec_hash,
     ray_spec_hash,
 )
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import (
     Container,
     GpuProcess,
@@ -34,7 +35,7 @@ from sparkd.model.observed import (
 )
 from sparkd.model.plan import Action
 from sparkd.model.probe import ProbeOutcome, ProbeResult, ProbeVerdict
-from sparkd.settings import ClusterSpec, load_settings
+from sparkd.settings import load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_CONFIG = ROOT / "etc" / "sparkd" / "sparkd.toml"

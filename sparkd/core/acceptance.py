@@ -11,8 +11,8 @@ import json
 import re
 
 from sparkd.core.classify import classify_response
+from sparkd.model.cluster import RolloutCheck
 from sparkd.model.probe import CheckResult
-from sparkd.settings import RolloutCheck
 
 
 def judge_check(index: int, check: RolloutCheck, status: int, body: bytes | str) -> CheckResult:

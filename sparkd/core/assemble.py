@@ -10,14 +10,17 @@ import math
 import re
 from dataclasses import dataclass
 
-from sparkd.core import cache, fabric, facts, kernel, weights
+from sparkd.core import cache, fabric, kernel, parsers, weights
 from sparkd.core.spec import container_name, model_spec_hashes, normalize_image
+from sparkd.core.text import redact
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import GpuProcess, HostError, HostFacts, RayState, ServeState
+from sparkd.model.sections import FactSection, top_container, top_section
+from sparkd.model.spec import HostSpec
 from sparkd.model.weights import ModelFiles
-from sparkd.settings import ClusterSpec, HostSpec
 
 LOG_TAIL_LINES = 20
-REQUIRED_SECTIONS = ("boot_id", "containers", "running")
+REQUIRED_SECTIONS = (FactSection.BOOT_ID, FactSection.CONTAINERS, FactSection.RUNNING)
 _STOPPED_SINCE = re.compile(r"is not running|No such container")
 # Docker answers `top` on a container between restarts of its restart policy with this: it owns
 # no processes now.
@@ -50,8 +53,8 @@ class HeadExtras:
     serve: ServeState | None
 
 
-def _host_clock(sections: dict[str, facts.Section], observed_at: float) -> float:
-    now = sections.get("now")
+def _host_clock(sections: dict[str, parsers.Section], observed_at: float) -> float:
+    now = sections.get(FactSection.NOW)
     if now is not None and now.ok:
         try:
             # bash's $EPOCHREALTIME writes the locale's decimal mark.
@@ -63,26 +66,27 @@ def _host_clock(sections: dict[str, facts.Section], observed_at: float) -> float
     return observed_at
 
 
-def _tops(sections: dict[str, facts.Section]) -> dict[str, tuple[facts.TopRow, ...]]:
-    return {
-        name[len("top ") :]: facts.parse_docker_top(section.body)
-        for name, section in sections.items()
-        if name.startswith("top ") and section.ok
-    }
+def _tops(sections: dict[str, parsers.Section]) -> dict[str, tuple[parsers.TopRow, ...]]:
+    tops: dict[str, tuple[parsers.TopRow, ...]] = {}
+    for name, section in sections.items():
+        container = top_container(name)
+        if container is not None and section.ok:
+            tops[container] = parsers.parse_docker_top(section.body)
+    return tops
 
 
-def _unread_tops(sections: dict[str, facts.Section]) -> list[str]:
+def _unread_tops(sections: dict[str, parsers.Section]) -> list[str]:
     """Running containers whose process list could not be read (not merely stopped since)."""
     unread = []
-    for container in sections["running"].body.split():
-        top = sections.get(f"top {container}")
+    for container in sections[FactSection.RUNNING].body.split():
+        top = sections.get(top_section(container))
         gone = top is not None and (_STOPPED_SINCE.search(top.body) or _RESTARTING.search(top.body))
         if top is None or (not top.ok and not gone):
             unread.append(container)
     return unread
 
 
-def unreadable(sections: dict[str, facts.Section]) -> HostError | None:
+def unreadable(sections: dict[str, parsers.Section]) -> HostError | None:
     """Why this host's sections cannot be trusted as a whole, if they cannot.
 
     Other sections may fail alone and read as "unknown", but without the container list the
@@ -91,14 +95,14 @@ def unreadable(sections: dict[str, facts.Section]) -> HostError | None:
     """
     docker = docker_failure(sections) is not None
     for name in REQUIRED_SECTIONS:
-        if docker and name in ("containers", "running"):
+        if docker and name in (FactSection.CONTAINERS, FactSection.RUNNING):
             continue  # the host answered: Docker alone is down, and that is its own finding
         section = sections.get(name)
         if section is None:
             return HostError(kind="exit_nonzero", detail=f"fact script printed no {name} section")
         if not section.ok:
             return _failed(name, section)
-    garbled = facts.unreadable_container_line(sections["containers"].body)
+    garbled = parsers.unreadable_container_line(sections[FactSection.CONTAINERS].body)
     if garbled is not None:
         return HostError(
             kind="exit_nonzero", detail=f"containers: a `docker ps` line does not read: {garbled}"
@@ -106,9 +110,9 @@ def unreadable(sections: dict[str, facts.Section]) -> HostError | None:
     return None
 
 
-def docker_failure(sections: dict[str, facts.Section]) -> str | None:
+def docker_failure(sections: dict[str, parsers.Section]) -> str | None:
     """Why Docker did not answer (its daemon down, or hung until the tool timeout), if so."""
-    section = sections.get("containers")
+    section = sections.get(FactSection.CONTAINERS)
     if section is None or section.ok:
         return None
     if section.rc == 124 or _DOCKER_DOWN.search(section.body):
@@ -116,17 +120,17 @@ def docker_failure(sections: dict[str, facts.Section]) -> str | None:
     return None
 
 
-def _failed(name: str, section: facts.Section) -> HostError:
+def _failed(name: str, section: parsers.Section) -> HostError:
     return HostError(kind="exit_nonzero", detail=read_failure(name, section))
 
 
-def read_failure(name: str, section: facts.Section) -> str:
+def read_failure(name: str, section: parsers.Section) -> str:
     """Why a section failed, keeping the line that says why (real `systemctl` prints the cause
     first and `See system logs...` last), with a hint when it is a privilege problem."""
     status = f"rc {section.rc}" if section.rc is not None else "cut off"
     if section.rc == 124:
         status = "timed out"
-    why = facts.failure_reason(section.body)
+    why = parsers.failure_reason(section.body)
     detail = f"{name} failed ({status})" + (f": {why}" if why else "")
     if _PRIVILEGE.search(section.body):
         detail += " (a privilege problem: see ssh.sudo and `sparkd commands --sudoers`)"
@@ -134,7 +138,7 @@ def read_failure(name: str, section: facts.Section) -> str:
 
 
 def host_facts(
-    cluster: ClusterSpec, host: HostSpec, sections: dict[str, facts.Section], observed_at: float
+    cluster: ClusterSpec, host: HostSpec, sections: dict[str, parsers.Section], observed_at: float
 ) -> HostFacts:
     tops = _tops(sections)
     owners = {row.pid: name for name, rows in tops.items() for row in rows}
@@ -144,32 +148,32 @@ def host_facts(
         if any(r.elapsed is not None for r in rows)
     }
     docker = docker_failure(sections)
-    unread = _unread_tops(sections) if "running" in sections and docker is None else []
+    unread = _unread_tops(sections) if FactSection.RUNNING in sections and docker is None else []
 
-    def body(name: str) -> str | None:
+    def body(name: FactSection) -> str | None:
         section = sections.get(name)
         return section.body if section is not None and section.ok else None
 
-    def error(name: str) -> str | None:
+    def error(name: FactSection) -> str | None:
         section = sections.get(name)
         if section is None or section.ok:
             return None
         return read_failure(name, section)
 
-    boot = body("boot_id")
-    units_text = body("units")
-    containers_text = body("containers")
-    apps_text = body("gpu_apps")
-    iface_text = body("iface")
+    boot = body(FactSection.BOOT_ID)
+    units_text = body(FactSection.UNITS)
+    containers_text = body(FactSection.CONTAINERS)
+    apps_text = body(FactSection.GPU_APPS)
+    iface_text = body(FactSection.IFACE)
     disk_paths = [str(cluster.model.log_dir), str(cluster.model.cache_root)]
-    disk_section = sections.get("disk")
+    disk_section = sections.get(FactSection.DISK)
     free = (
-        facts.parse_df_paths(disk_section.body, disk_paths)
+        parsers.parse_df_paths(disk_section.body, disk_paths)
         if disk_section is not None and disk_section.rc in (0, 1)
         else dict.fromkeys(disk_paths)
     )
-    docker_disk = body("docker_disk")
-    image = sections.get("image")
+    docker_disk = body(FactSection.DOCKER_DISK)
+    image = sections.get(FactSection.IMAGE)
     images: tuple[str, ...] | None = None
     image_id: str | None = None
     if image is not None and image.rc == 0:
@@ -177,41 +181,41 @@ def host_facts(
         image_id = _image_id(image.body)
     elif image is not None and image.rc == 1 and "no such image" in image.body.lower():
         images = ()
-    ours = _image_ids(body("ours_image"))
+    ours = _image_ids(body(FactSection.OURS_IMAGE))
     containers = (
-        facts.parse_docker_ps(_json_lines(containers_text), started)
+        parsers.parse_docker_ps(_json_lines(containers_text), started)
         if containers_text is not None
         else ()
     )
     containers = tuple(
         c.model_copy(update={"image_id": ours[c.name]}) if c.name in ours else c for c in containers
     )
-    gpu = _stable_gpu_processes(apps_text, body("gpu_apps_after"), owners)
+    gpu = _stable_gpu_processes(apps_text, body(FactSection.GPU_APPS_AFTER), owners)
     if unread or docker is not None:
         gpu = tuple(
             p.model_copy(update={"owner_unknown": True}) if p.container is None else p for p in gpu
         )
-    listing = body("cache")
-    kernel_text = body("kernel")
-    kernel_error = error("kernel")
+    listing = body(FactSection.CACHE)
+    kernel_text = body(FactSection.KERNEL)
+    kernel_error = error(FactSection.KERNEL)
     if kernel_text is not None:
         kernel_error = kernel.unreadable(kernel_text)
-    available, total = kernel.parse_meminfo(body("meminfo") or "")
+    available, total = kernel.parse_meminfo(body(FactSection.MEMINFO) or "")
     # grep exits 2 for the unused GID rows (EINVAL) on every real host: the lines are the facts.
-    links = sections.get("fabric")
+    links = sections.get(FactSection.FABRIC)
     return HostFacts(
         name=host.name,
         boot_id=boot.strip() or None if boot is not None else None,
-        units=facts.parse_systemctl_show(units_text) if units_text is not None else (),
-        units_error=error("units"),
+        units=parsers.parse_systemctl_show(units_text) if units_text is not None else (),
+        units_error=error(FactSection.UNITS),
         containers=containers,
         gpu_processes=gpu,
-        gpu_error=error("gpu_apps"),
-        interface_error=error("iface"),
+        gpu_error=error(FactSection.GPU_APPS),
+        interface_error=error(FactSection.IFACE),
         docker_error=docker,
-        interface=facts.parse_ip_addr(iface_text) if iface_text is not None else None,
+        interface=parsers.parse_ip_addr(iface_text) if iface_text is not None else None,
         disk_free_bytes=free[disk_paths[0]],
-        docker_disk_free_bytes=facts.parse_df_avail(docker_disk) if docker_disk else None,
+        docker_disk_free_bytes=parsers.parse_df_avail(docker_disk) if docker_disk else None,
         images=images,
         image_id=image_id,
         kernel=kernel.parse_kernel_log(kernel_text)
@@ -227,14 +231,14 @@ def host_facts(
     )
 
 
-def _model_files(cluster: ClusterSpec, sections: dict[str, facts.Section]) -> ModelFiles | None:
+def _model_files(cluster: ClusterSpec, sections: dict[str, parsers.Section]) -> ModelFiles | None:
     """The prepare sections (only on the head, only while a rollout prepares)."""
-    stat = sections.get("model_files")
+    stat = sections.get(FactSection.MODEL_FILES)
     directory = weights.host_path(cluster)
     if stat is None or directory is None:
         return None
     files = weights.parse_stat(directory, stat.body, stat.rc)
-    index = sections.get("model_index")
+    index = sections.get(FactSection.MODEL_INDEX)
     return weights.with_index(
         files, index.body if index is not None else None, index.rc if index else None
     )
@@ -260,7 +264,7 @@ def _image_ids(text: str | None) -> dict[str, str]:
 
 def head_extras(
     cluster: ClusterSpec,
-    sections: dict[str, facts.Section],
+    sections: dict[str, parsers.Section],
     observed_at: float,
     secrets: tuple[str, ...] = (),
     known_ray: RayState | None = None,
@@ -269,20 +273,22 @@ def head_extras(
     """`ray_read`: Ray as its dashboard served it this look (then no `ray` section counts)."""
     skew = observed_at - _host_clock(sections, observed_at)
     ray = known_ray.model_copy(update={"reused": True}) if known_ray is not None else ray_read
-    nodes = None if ray is not None else sections.get("ray_nodes")
+    nodes = None if ray is not None else sections.get(FactSection.RAY_NODES)
     if nodes is not None and nodes.ok:
-        ray = facts.parse_ray_nodes(nodes.body)
-        beside = sections.get("ray_status")
-        counted = facts.parse_ray_status(beside.body) if beside is not None and beside.ok else None
+        ray = parsers.parse_ray_nodes(nodes.body)
+        beside = sections.get(FactSection.RAY_STATUS)
+        counted = (
+            parsers.parse_ray_status(beside.body) if beside is not None and beside.ok else None
+        )
         if ray is not None and counted is not None:
             ray = ray.model_copy(update={"gpus_usable": counted.gpus_total})
     if ray is None:
-        status = sections.get("ray_status")
+        status = sections.get(FactSection.RAY_STATUS)
         if status is not None and status.ok:
-            ray = facts.parse_ray_status(status.body)
+            ray = parsers.parse_ray_status(status.body)
         if ray is None:
             said = status if status is not None else nodes
-            detail = facts.failure_reason(said.body) if said is not None else ""
+            detail = parsers.failure_reason(said.body) if said is not None else ""
             if said is not None and said.rc == 124:
                 detail = f"`ray` timed out{': ' + detail if detail else ''}"
             ray = RayState(error=detail or "Ray did not answer")
@@ -294,16 +300,16 @@ def head_extras(
         )
     tops = _tops(sections)
     head_rows = tops.get(container_name(cluster, cluster.head), ())
-    serve_row = facts.find_serve(head_rows)
-    log = sections.get("serve_log")
-    lines = facts.log_lines(log.body) if log is not None and log.ok else []
-    lines = [facts.redact(line, secrets) for line in _since_launch(lines)]
-    mtime_section = sections.get("serve_log_mtime")
+    serve_row = parsers.find_serve(head_rows)
+    log = sections.get(FactSection.SERVE_LOG)
+    lines = parsers.log_lines(log.body) if log is not None and log.ok else []
+    lines = [redact(line, secrets) for line in _since_launch(lines)]
+    mtime_section = sections.get(FactSection.SERVE_LOG_MTIME)
     progress_at: float | None = None
     if mtime_section is not None and mtime_section.ok:
-        mtime = facts.parse_stat_time(mtime_section.body)
+        mtime = parsers.parse_stat_time(mtime_section.body)
         progress_at = mtime + skew if mtime is not None else None
-    spec = sections.get("serve_spec")
+    spec = sections.get(FactSection.SERVE_SPEC)
     spec_hash = spec.body.strip() or None if spec is not None and spec.ok else None
     cpu = _engine_cpu(head_rows)
     if serve_row is None:
@@ -323,7 +329,7 @@ def head_extras(
             pid=serve_row.pid,
             elapsed_seconds=serve_row.elapsed,
             spec_hash=spec_hash,
-            progress=facts.parse_load_progress(lines, progress_at),
+            progress=parsers.parse_load_progress(lines, progress_at),
             log_tail=tuple(lines[-LOG_TAIL_LINES:]),
             cpu_seconds=cpu,
         )
@@ -353,11 +359,11 @@ def _title(args: str) -> str:
     return (named or words or ["?"])[0][:60]
 
 
-def _engine_cpu(rows: tuple[facts.TopRow, ...]) -> float | None:
+def _engine_cpu(rows: tuple[parsers.TopRow, ...]) -> float | None:
     """CPU seconds of the serve process and its engine processes (not Ray's own daemons), of
     this launch only: an engine left over from an earlier launch burns CPU that proves nothing
     about this one."""
-    serve = facts.find_serve(rows)
+    serve = parsers.find_serve(rows)
     born = serve.elapsed if serve is not None else None
     engine = [
         r
@@ -390,10 +396,10 @@ def _stable_gpu_processes(
     """Processes listed both before and after the containers' `top`s (when both were read)."""
     if before is None:
         return ()
-    processes = facts.parse_compute_apps(before, owners)
+    processes = parsers.parse_compute_apps(before, owners)
     if after is None:
         return processes
-    still = {p.pid for p in facts.parse_compute_apps(after)}
+    still = {p.pid for p in parsers.parse_compute_apps(after)}
     return tuple(p for p in processes if p.pid in still)
 
 

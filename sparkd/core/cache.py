@@ -15,16 +15,14 @@ from __future__ import annotations
 import re
 
 from sparkd.core.judge import act
-from sparkd.core.spec import container_name
+from sparkd.core.spec import SHORT_ID_DIGITS, container_name, short_image_id
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import CacheEntry, HostFacts
 from sparkd.model.plan import Action
-from sparkd.settings import ClusterSpec
 
-# Hex digits of the image ID a key starts with.
-IMAGE_DIGITS = 12
 SLUG_MAX = 100
 # An entry sparkd made: image digits, a dash, the model's slug. Never `.` or `..`, never a `/`.
-ENTRY = re.compile(rf"[0-9a-f]{{{IMAGE_DIGITS}}}-[A-Za-z0-9_][A-Za-z0-9._-]{{0,{SLUG_MAX - 1}}}")
+ENTRY = re.compile(rf"[0-9a-f]{{{SHORT_ID_DIGITS}}}-[A-Za-z0-9_][A-Za-z0-9._-]{{0,{SLUG_MAX - 1}}}")
 # At most this many entries pruned per host per plan: each is one bounded `rm -rf`.
 PRUNE_PER_PLAN = 4
 
@@ -37,8 +35,8 @@ def model_slug(model_id: str) -> str:
 
 
 def image_digits(image_id: str) -> str | None:
-    digits = image_id.strip().removeprefix("sha256:")[:IMAGE_DIGITS]
-    return digits if re.fullmatch(rf"[0-9a-f]{{{IMAGE_DIGITS}}}", digits) else None
+    digits = short_image_id(image_id.strip())
+    return digits if re.fullmatch(rf"[0-9a-f]{{{SHORT_ID_DIGITS}}}", digits) else None
 
 
 def cache_key(image_id: str, model_id: str) -> str | None:

@@ -253,10 +253,6 @@ def _classify_message(
     return verdict("empty", "no content, no reasoning, no tool calls", **extra)
 
 
-def is_garbled(text: str) -> bool:
-    return garbled(text) is not None
-
-
 def garbled(text: str) -> str | None:
     """Why `text` is not language, or None. Two signatures of a broken TP/NCCL or FP4 kernel:
     one short unit repeated over most of the text (`!!!!`, `<unk><unk>`, `!?!?`, `<|im_start|>`

@@ -11,20 +11,12 @@ import posixpath
 import re
 
 from sparkd.core import triage
-from sparkd.core.judge import (
-    EVERYTHING,
-    MODEL_STARTS,
-    RAY_STARTS,
-    START_MODEL,
-    Context,
-    Hold,
-    Verdict,
-    act,
-)
-from sparkd.core.spec import LABEL_CLUSTER
+from sparkd.core.judge import Context, Hold, Verdict, act
+from sparkd.core.spec import LABEL_CLUSTER, container_prefix
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import Container, GpuProcess, HostFacts
-from sparkd.model.plan import Action
-from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.model.plan import EVERYTHING, MODEL_STARTS, RAY_STARTS, START_MODEL, Action
+from sparkd.model.spec import HostSpec
 
 # What nvidia-smi prints for a GPU that only a reboot brings back (it exits 15; the kernel logs
 # Xid 79), as opposed to "couldn't communicate with the NVIDIA driver" while it loads after boot.
@@ -41,7 +33,7 @@ def gpu_lost(error: str | None) -> bool:
 
 def ours(desired: ClusterSpec, container: Container) -> bool:
     return container.label(LABEL_CLUSTER) == desired.name and container.name.startswith(
-        f"sparkd-{desired.name}-"
+        container_prefix(desired)
     )
 
 

@@ -18,11 +18,12 @@ import re
 from dataclasses import dataclass
 
 from sparkd.core import hang
-from sparkd.core.judge import MODEL_STARTS, RAY_STARTS, Context, Hold, Verdict, act, ago
+from sparkd.core.judge import Context, Hold, Verdict, act, ago
 from sparkd.core.load import launch_time
 from sparkd.core.spec import container_name
 from sparkd.core.text import printable
 from sparkd.model.observed import Fabric
+from sparkd.model.plan import MODEL_STARTS, RAY_STARTS
 
 _LINE = re.compile(r"^/sys/class/net/(?P<iface>[^/:]{1,64})/(?P<rest>[^:]{1,300}):(?P<value>.*)$")
 _PORT = re.compile(

@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparkd.core.judge import Context, Verdict, act, ago
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory, TokenMark
 from sparkd.model.observed import ModelEndpoint
-from sparkd.settings import ClusterSpec
 
 COUNTER = "vllm:generation_tokens_total"
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from sparkd.core.load import silent_cap
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import LoadMark, Memory
-from sparkd.settings import ClusterSpec
 
 
 def horizon(

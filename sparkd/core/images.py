@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sparkd.core.judge import RAY_STARTS, Context, Hold, Verdict
-from sparkd.core.spec import container_name, normalize_image
+from sparkd.core.judge import Context, Hold, Verdict
+from sparkd.core.spec import container_name, normalize_image, short_image_id
+from sparkd.model.plan import RAY_STARTS
 
 
 @dataclass
@@ -53,7 +54,7 @@ def judge_images(ctx: Context) -> ImageVerdict:
     }
     distinct = sorted({i for i in ids.values() if i is not None})
     if len(distinct) > 1:
-        where = ", ".join(f"{_short(i)} on {name}" for name, i in sorted(ids.items()) if i)
+        where = ", ".join(f"{short_image_id(i)} on {name}" for name, i in sorted(ids.items()) if i)
         why = (
             f"image skew: {desired.ray.image} is {where}; pull the same image on every host "
             "(nothing of Ray is restarted until then)"
@@ -67,7 +68,3 @@ def judge_images(ctx: Context) -> ImageVerdict:
     if blocking:
         verdict.phase = "blocked"
     return verdict
-
-
-def _short(image_id: str) -> str:
-    return image_id.removeprefix("sha256:")[:12]

@@ -10,23 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory
 from sparkd.model.observed import HostError, HostFacts, Observed
 from sparkd.model.plan import Action, ActionKind, Phase, TriageClass
-from sparkd.settings import ClusterSpec, HostSpec
-
-RAY_STARTS: frozenset[ActionKind] = frozenset({"start_ray_head", "start_ray_worker", "restart_ray"})
-MODEL_STARTS: frozenset[ActionKind] = frozenset({"start_model", "restart_model"})
-START_MODEL: frozenset[ActionKind] = frozenset({"start_model"})
-EVERYTHING: frozenset[ActionKind] = frozenset(
-    {
-        "stop_unit",
-        "remove_container",
-        "kill_gpu_process",
-        *RAY_STARTS,
-        *MODEL_STARTS,
-    }
-)
+from sparkd.model.spec import HostSpec
 
 
 @dataclass(frozen=True)
@@ -97,6 +85,8 @@ def act(kind: ActionKind, host: str, target: str, reason: str, subject: str = ""
 
 
 def ago(seconds: float) -> str:
+    """A length of time already run (`1m05s`): since something happened, or how long it has
+    lasted. A time still ahead is `from_now`'s."""
     seconds = max(0.0, seconds)
     if seconds < 60:
         return f"{seconds:.0f}s" if seconds >= 1 else f"{seconds:.2f}s"
@@ -105,3 +95,8 @@ def ago(seconds: float) -> str:
         return f"{minutes}m{secs:02d}s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m"
+
+
+def from_now(seconds: float) -> str:
+    """How far ahead something is due (`1m05s from now`); one already due is `0.00s from now`."""
+    return f"{ago(seconds)} from now"

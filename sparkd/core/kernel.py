@@ -10,7 +10,6 @@ text gives a value, never an exception.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -189,7 +188,3 @@ def parse_meminfo(text: str) -> tuple[int | None, int | None]:
         if match is not None:
             values.setdefault(match.group("key"), int(match.group("n")) * 1024)
     return values.get("MemAvailable"), values.get("MemTotal")
-
-
-def events_of(logs: Iterable[KernelLog | None]) -> list[KernelEvent]:
-    return [event for log in logs if log is not None for event in log.events]

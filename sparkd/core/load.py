@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparkd.core.judge import Context, ago
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import LoadMark
-from sparkd.settings import ClusterSpec
 
 # Two readings of one launch's start time differ by the process age's one-second resolution.
 LAUNCH_SLACK = 2.0

@@ -11,11 +11,11 @@ import re
 from dataclasses import dataclass
 
 from sparkd.core.images import ImageVerdict
-from sparkd.core.judge import START_MODEL, Context, Hold, Verdict, act, ago
+from sparkd.core.judge import Context, Hold, Verdict, act, ago
 from sparkd.core.load import Load
 from sparkd.core.ray_stage import RayVerdict
 from sparkd.core.spec import container_name, model_spec_hash, model_spec_hashes
-from sparkd.model.plan import ActionKind
+from sparkd.model.plan import START_MODEL, ActionKind
 
 
 @dataclass

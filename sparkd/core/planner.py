@@ -23,17 +23,17 @@ from sparkd.core.fabric import judge_fabric, judge_recovery
 from sparkd.core.hang import deadline, judge_hang, track
 from sparkd.core.horizon import horizon
 from sparkd.core.images import judge_images
-from sparkd.core.judge import Context, Hold, Verdict, ago
+from sparkd.core.judge import Context, Hold, Verdict, ago, from_now
 from sparkd.core.load import assess
 from sparkd.core.model_stage import judge_model
 from sparkd.core.power import judge_wedged
 from sparkd.core.probe_stage import judge_probe
 from sparkd.core.ray_stage import judge_ray
 from sparkd.core.triage import judge_memory
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import LoadMark, Memory, TokenMark
 from sparkd.model.observed import Observed
-from sparkd.model.plan import Action, Phase, Plan, TriageClass
-from sparkd.settings import ClusterSpec
+from sparkd.model.plan import MODEL_STARTS, Action, Phase, Plan, TriageClass
 
 # Phase precedence when several stages speak: the earliest names the plan.
 STAGE_ORDER: tuple[Phase, ...] = (
@@ -127,7 +127,7 @@ def plan(
     if memory.paused is not None and memory.paused.active(wall):
         draft = _draft(desired, observed, memory, now)
         pause = memory.paused
-        until = f" until {ago(pause.until - wall)} from now" if pause.until is not None else ""
+        until = f" until {from_now(pause.until - wall)}" if pause.until is not None else ""
         return Plan.model_validate(
             {
                 "cluster": name,
@@ -208,7 +208,7 @@ def plan(
             backoffs.append(wait_until)
             reason = (
                 f"{draft.reason}; backing off {action.kind} {action.target} on {action.host} "
-                f"for {ago(wait_until - now)}"
+                f"until {from_now(wait_until - now)}"
             )
             continue
         allowed.append(action)
@@ -232,7 +232,7 @@ def plan(
 def _spent(draft: _Draft, memory: Memory, desired: ClusterSpec, now: float) -> str | None:
     """A model start whose budget is spent: the new spec (or the rollback) ran out of tries."""
     for action in draft.actions:
-        if action.kind not in ("start_model", "restart_model"):
+        if action.kind not in MODEL_STARTS:
             continue
         used = policy.budget_used(memory, action.key, desired.policy, now)
         if used >= desired.policy.budget:
@@ -255,7 +255,7 @@ def _rollback(
     # Its own budget: the failed spec's attempts (maybe all of them) are not the rollback's.
     back.actions = [
         a.model_copy(update={"subject": f"{a.target} rollback to {steer.good_hash}"})
-        if a.kind in ("start_model", "restart_model")
+        if a.kind in MODEL_STARTS
         else a
         for a in back.actions
     ]

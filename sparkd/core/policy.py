@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from sparkd.model.cluster import PolicySpec
 from sparkd.model.memory import Attempt, Memory
 from sparkd.model.observed import Observed
 from sparkd.model.probe import ProbeResult
-from sparkd.settings import PolicySpec
 
 # Outcomes that never count toward the failure threshold: nothing was learnt about the model.
 UNCOUNTED = frozenset({"not_run"})

@@ -26,10 +26,11 @@ Without `power.command` the same evidence gives `blocked` "needs a power cycle".
 from __future__ import annotations
 
 from sparkd.core import policy
-from sparkd.core.judge import EVERYTHING, MODEL_STARTS, RAY_STARTS, Context, Hold, Verdict, act, ago
+from sparkd.core.judge import Context, Hold, Verdict, act, ago
 from sparkd.core.load import Load
 from sparkd.model.observed import HostErrorKind
-from sparkd.settings import HostSpec
+from sparkd.model.plan import EVERYTHING, MODEL_STARTS, RAY_STARTS
+from sparkd.model.spec import HostSpec
 
 # SSH failures that are silence: the host may be wedged. Any other (auth, host_key, a command
 # that exited non-zero) is the host answering.

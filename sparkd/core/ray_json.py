@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.model.observed import RayState
 
 # Ray's own default; the ALIVE filter applies before it (sparkd lists a few nodes).
@@ -18,7 +18,7 @@ NODES_LIMIT = 100
 
 def _data(body: str) -> dict[str, Any] | None:
     """The `data` of a successful answer, or None."""
-    document: Any = facts.json_or_none(body)
+    document: Any = parsers.json_or_none(body)
     if not isinstance(document, dict) or document.get("result") is not True:
         return None
     data = document.get("data")
@@ -40,7 +40,7 @@ def parse_nodes(body: str) -> RayState | None:
     filtered = _count(listing.get("num_filtered"))
     if not isinstance(rows, list) or filtered is None or filtered > len(rows):
         return None
-    return facts.ray_rows(rows)
+    return parsers.ray_rows(rows)
 
 
 def _field(mapping: dict[str, Any], name: str, camel: str) -> Any:
@@ -68,6 +68,6 @@ def parse_cluster_status(body: str) -> float | None:
     gpu = usage.get("GPU")
     if gpu is None:
         return 0.0
-    if not isinstance(gpu, list) or len(gpu) != 2 or facts.gpu_count(gpu[0]) is None:
+    if not isinstance(gpu, list) or len(gpu) != 2 or parsers.gpu_count(gpu[0]) is None:
         return None
-    return facts.gpu_count(gpu[1])
+    return parsers.gpu_count(gpu[1])

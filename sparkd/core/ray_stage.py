@@ -12,21 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sparkd.core.images import ImageVerdict
-from sparkd.core.judge import (
-    MODEL_STARTS,
-    RAY_STARTS,
-    START_MODEL,
-    Context,
-    Hold,
-    Verdict,
-    act,
-    ago,
-)
+from sparkd.core.judge import Context, Hold, Verdict, act, ago
 from sparkd.core.load import Load
-from sparkd.core.spec import LABEL_SPEC, container_name, ray_spec_hash, ray_spec_hashes
+from sparkd.core.spec import (
+    LABEL_SPEC,
+    container_name,
+    ray_spec_hash,
+    ray_spec_hashes,
+    short_image_id,
+)
 from sparkd.model.observed import Container, RayNode, RayState
-from sparkd.model.plan import Action, Plan
-from sparkd.settings import HostSpec
+from sparkd.model.plan import MODEL_STARTS, RAY_STARTS, START_MODEL, Action, Plan
+from sparkd.model.spec import HostSpec
 
 # Docker's figure for a container's start comes from whole seconds of process age. (A node is new
 # when first seen at or after its container started: sparkd records the start of its own
@@ -182,8 +179,8 @@ def _drift(ctx: Context, host: HostSpec, box: Container, images: ImageVerdict) -
         return f"spec drift: running {running}, desired {want}"
     if images.image_id is not None and box.image_id is not None and box.image_id != images.image_id:
         return (
-            f"image re-pulled: running {box.image_id.removeprefix('sha256:')[:12]}, "
-            f"{ctx.desired.ray.image} is now {images.image_id.removeprefix('sha256:')[:12]}"
+            f"image re-pulled: running {short_image_id(box.image_id)}, "
+            f"{ctx.desired.ray.image} is now {short_image_id(images.image_id)}"
         )
     return None
 

@@ -15,15 +15,13 @@ from sparkd.core.clock import bounded
 from sparkd.core.evidence import of_this_launch
 from sparkd.model.memory import Attempt, Blocked, Memory, Pause
 from sparkd.model.observed import Observed
-from sparkd.model.plan import ActionOutcome, Plan
+from sparkd.model.plan import MODEL_STARTS, RAY_STARTS, ActionOutcome, Plan
 
 # Attempts older than any sane budget window are of no use; keep memory bounded.
 MAX_ATTEMPTS = 256
 MAX_REASON = 300
 # Times a host went unreachable kept per host: enough to say "N times in M minutes".
 MAX_LOSSES = 32
-MODEL_STARTS = frozenset({"start_model", "restart_model"})
-RAY_STARTS = frozenset({"start_ray_head", "start_ray_worker", "restart_ray"})
 
 
 def remember(

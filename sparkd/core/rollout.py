@@ -19,13 +19,13 @@ from typing import Any
 
 from sparkd.core import acceptance, policy
 from sparkd.core.spec import model_spec_hash, model_spec_hashes
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import GoodSpec, Memory, Rollout
 from sparkd.model.observed import Observed
-from sparkd.model.plan import ActionOutcome, Plan
-from sparkd.settings import ClusterSpec, ModelSpec, RaySpec
+from sparkd.model.plan import MODEL_STARTS, ActionKind, ActionOutcome, Plan
+from sparkd.model.spec import ModelSpec, RaySpec
 
-MODEL_STARTS = frozenset({"start_model", "restart_model"})
-STOPS = MODEL_STARTS | {"restart_ray"}
+STOPS: frozenset[ActionKind] = MODEL_STARTS | {"restart_ray"}
 
 
 def identity(spec: ClusterSpec) -> str:

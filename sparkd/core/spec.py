@@ -1,4 +1,4 @@
-"""Names and spec hashes derived from the desired state.
+"""Names and spec hashes derived from the desired cluster.
 
 A container sparkd creates carries `sparkd.spec`, the hash of everything that went into its
 `docker run`; the serve process has its hash in a file beside its log. A different hash is drift.
@@ -10,15 +10,31 @@ import hashlib
 import json
 from typing import Any
 
-from sparkd.settings import DEFAULT_DASHBOARD_PORT, ClusterSpec, HostSpec
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.spec import DEFAULT_DASHBOARD_PORT, HostSpec
 
 LABEL_CLUSTER = "sparkd.cluster"
 LABEL_ROLE = "sparkd.role"
 LABEL_SPEC = "sparkd.spec"
+# Every container sparkd makes is named `sparkd-CLUSTER-...` (and labelled LABEL_CLUSTER).
+CONTAINER_PREFIX = "sparkd-"
+# Docker's short image ID: the first hex digits of `sha256:...`, as `docker images` shows it.
+SHORT_ID_DIGITS = 12
+# Hex digits of a spec hash (the container label, the file beside the serve log).
+SPEC_DIGITS = 12
+
+
+def container_prefix(cluster: ClusterSpec) -> str:
+    """What the names of the cluster's containers start with."""
+    return f"{CONTAINER_PREFIX}{cluster.name}-"
 
 
 def container_name(cluster: ClusterSpec, host: HostSpec) -> str:
-    return f"sparkd-{cluster.name}-ray-{host.role}"
+    return f"{container_prefix(cluster)}ray-{host.role}"
+
+
+def short_image_id(image_id: str) -> str:
+    return image_id.removeprefix("sha256:")[:SHORT_ID_DIGITS]
 
 
 def serve_log_path(cluster: ClusterSpec) -> str:
@@ -35,7 +51,7 @@ def serve_pid_path(cluster: ClusterSpec) -> str:
 
 def _digest(value: Any) -> str:
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return hashlib.sha256(text.encode()).hexdigest()[:SPEC_DIGITS]
 
 
 def ray_spec_hash(cluster: ClusterSpec, host: HostSpec) -> str:
@@ -122,21 +138,6 @@ def _model_hash(cluster: ClusterSpec, ray_hash: str, key: str | None) -> str:
             "ray": ray_hash,
         }
     )
-
-
-def spec_labels(clusters: tuple[ClusterSpec, ...]) -> dict[str, str]:
-    """sparkd's spec hashes by `CLUSTER/role` (and `CLUSTER/model`): what the simulator's
-    `healthy` world stamps on its containers so that a daemon finds it drift-free."""
-    labels: dict[str, str] = {}
-    for cluster in clusters:
-        labels[f"{cluster.name}/head"] = ray_spec_hash(cluster, cluster.head)
-        for worker in cluster.workers:
-            labels[f"{cluster.name}/worker"] = ray_spec_hash(cluster, worker)
-        # A worker's hash carries its data IP: with 2+ workers, each host has its own.
-        for host in cluster.hosts:
-            labels[f"{cluster.name}/host/{host.name}"] = ray_spec_hash(cluster, host)
-        labels[f"{cluster.name}/model"] = model_spec_hash(cluster)
-    return labels
 
 
 def normalize_image(image: str) -> str:

@@ -7,9 +7,12 @@ U+FFFD. Applied once, where the text is parsed, so no terminal showing `sparkd s
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 REPLACEMENT = "\ufffd"
+# What a secret is replaced by wherever it is shown (logs, `/status`, snapshots, log tails).
+MASK = "***"
 # U+061C, U+200E/F: marks; U+202A-E: embeddings and overrides; U+2066-9: isolates.
 _BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 _UNSAFE = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
@@ -38,3 +41,28 @@ def printable_json(value: Any) -> Any:
     if isinstance(value, list):
         return [printable_json(v) for v in value]
     return value
+
+
+# Secrets a line may carry that sparkd never read (so the process-wide redactor cannot know
+# them): the value after each prefix is masked. The first are vLLM's and its environment's,
+# masked in every line; the last, `credentials`, what a PDU's or smart plug's client may echo
+# (`password=...`, `token: ...`), masked in the power command's output only: sparkd's own log
+# lines carry `token=N`, the fencing token, which is no secret.
+SECRET_PATTERNS = (
+    re.compile(r"(--api-key[ =])\S+"),
+    re.compile(r"(Authorization:\s*Bearer\s+)\S+", re.I),
+    re.compile(r"((?:VLLM_API_KEY|HF_TOKEN|HUGGING_FACE_HUB_TOKEN|OPENAI_API_KEY)=)\S+"),
+    re.compile(
+        r"(\b(?:password|passwd|pass|token|secret|api[_-]?key|community)\s*[=:]\s*)\S+", re.I
+    ),
+)
+_EVERY_LINE = SECRET_PATTERNS[:-1]
+
+
+def redact(line: str, secrets: Iterable[str] = (), credentials: bool = False) -> str:
+    for secret in secrets:
+        if secret:
+            line = line.replace(secret, MASK)
+    for pattern in SECRET_PATTERNS if credentials else _EVERY_LINE:
+        line = pattern.sub(rf"\1{MASK}", line)
+    return line

@@ -10,16 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparkd.core import kernel
-from sparkd.core.judge import (
-    MODEL_STARTS,
-    START_MODEL,
-    Context,
-    Hold,
-    Verdict,
-)
+from sparkd.core.judge import Context, Hold, Verdict
 from sparkd.core.load import Load
 from sparkd.model.observed import HostFacts, KernelLog
-from sparkd.model.plan import TriageClass
+from sparkd.model.plan import MODEL_STARTS, START_MODEL, TriageClass
 
 
 @dataclass(frozen=True)

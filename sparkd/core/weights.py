@@ -16,8 +16,8 @@ import posixpath
 import re
 from typing import Any
 
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.weights import ModelFiles, WeightIndex
-from sparkd.settings import ClusterSpec
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"

@@ -14,9 +14,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-MAX_SECONDS = 7 * 24 * 3600.0
-Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
-INSTANCE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+from sparkd.model.fields import NAME_PATTERN, Seconds
 
 
 def default_instance() -> str:
@@ -30,7 +28,7 @@ class HaSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     etcd_endpoints: tuple[str, ...] = Field(min_length=1)
-    instance: Annotated[str, Field(pattern=INSTANCE)] = Field(default_factory=default_instance)
+    instance: Annotated[str, Field(pattern=NAME_PATTERN)] = Field(default_factory=default_instance)
     # etcd grants whole seconds, and never less than 2 with its default election timing.
     lease_ttl: Annotated[int, Field(ge=2, le=3600)] = 15
     renew_interval: Seconds = 5.0

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-
-from sparkd.runtime import logs
+import structlog
 
 
 class EtcdUnavailable(Exception):
@@ -96,7 +95,10 @@ class EtcdClient:
         # The etcd cluster's ID from the latest answer: a rebuilt etcd has another one (and
         # revisions, so fencing tokens, from 1 again).
         self.cluster_id: int | None = None
-        self.log = logs.get().bind(component="etcd")
+        # structlog's logger as runtime.logs configures it (ha sits below runtime).
+        self.log: structlog.stdlib.BoundLogger = structlog.get_logger("sparkd").bind(
+            component="etcd"
+        )
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

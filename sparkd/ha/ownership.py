@@ -31,10 +31,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+import structlog
+
 from sparkd.ha.config import HaSpec
 from sparkd.ha.control import Control, applied_key, applied_revision, control_key, decode, encode
 from sparkd.ha.etcd import EtcdClient, EtcdError, EtcdUnavailable, KeyValue
-from sparkd.runtime import logs
 from sparkd.shell.catalogue import FenceToken
 
 Role = Literal["owner", "standby", "no etcd"]
@@ -93,7 +94,10 @@ class Ownership:
         self.fenced_total = 0
         self.revision = 0
         self.nonce = secrets.token_hex(8)
-        self.log = logs.get().bind(component="ha", instance=spec.instance)
+        # structlog's logger as runtime.logs configures it (ha sits below runtime).
+        self.log: structlog.stdlib.BoundLogger = structlog.get_logger("sparkd").bind(
+            component="ha", instance=spec.instance
+        )
         self._poke = asyncio.Event()
         # Set once a round has listed the owner keys: the watch starts from that revision.
         self._listed = asyncio.Event()

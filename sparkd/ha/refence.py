@@ -12,19 +12,18 @@ import contextlib
 import json
 from typing import TextIO
 
+from sparkd.ha.config import HaSpec
 from sparkd.ha.etcd import EtcdClient, EtcdError, EtcdUnavailable
-from sparkd.settings import ClusterSpec, HostSpec, Settings
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.exits import EX_UNAVAILABLE, EX_USAGE
+from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue
 from sparkd.shell.catalogue import FenceToken
 from sparkd.shell.ssh import SshFailure, SshPool
 
-EX_UNAVAILABLE = 69
 
-
-async def owner_token(settings: Settings, cluster: str) -> FenceToken | str:
+async def owner_token(ha: HaSpec, cluster: str) -> FenceToken | str:
     """The cluster's current owner's fencing token, or why there is none."""
-    ha = settings.ha
-    assert ha is not None
     client = EtcdClient(ha.etcd_endpoints, ha.request_timeout, ha.user, ha.password_file)
     try:
         kv, _ = await client.get(f"{ha.prefix}owner/{cluster}")
@@ -57,13 +56,15 @@ async def _one(pool: SshPool, cluster: ClusterSpec, host: HostSpec, fence: Fence
     return ""
 
 
-async def refence(settings: Settings, name: str, out: TextIO, err: TextIO) -> int:
-    cluster = settings.cluster(name)
-    if settings.ha is None or cluster is None:
-        why = "the config has no [ha] section" if settings.ha is None else f"no cluster {name!r}"
+async def refence(
+    ha: HaSpec | None, cluster: ClusterSpec | None, name: str, out: TextIO, err: TextIO
+) -> int:
+    """Refence the cluster `name` (`cluster`, None when the config has none by that name)."""
+    if ha is None or cluster is None:
+        why = "the config has no [ha] section" if ha is None else f"no cluster {name!r}"
         print(f"sparkd ha refence: {why}", file=err)
-        return 64
-    fence = await owner_token(settings, name)
+        return EX_USAGE
+    fence = await owner_token(ha, name)
     if isinstance(fence, str):
         print(f"sparkd ha refence: {fence}", file=err)
         return EX_UNAVAILABLE

@@ -1,14 +1,15 @@
 """What the planner remembers between cycles. Changed only by `core.remember.remember()`.
 
 Every stamp here is daemon time (see `sparkd.core.clock`), except a pause's, which is wall
-clock: an operator's intent.
+clock: an operator's intent. Each field's meaning is its `description`: docs/snapshot.md's
+tables are generated from them (`python -m tests.snapshot_doc`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from sparkd.model.base import Value
 from sparkd.model.probe import ProbeResult
@@ -17,52 +18,63 @@ MEMORY_VERSION = 1
 
 
 class Attempt(Value):
-    key: str
-    at: float
-    ok: bool
-    # What the action said it was for: a latch names the evidence it fought.
-    reason: str = ""
+    key: str = Field(
+        description="what budget and backoff count it against: `kind:host:subject`, the "
+        "subject being the target unless the action names a steadier one (a respawning "
+        "process's name rather than its PID)"
+    )
+    at: float = Field(description="when it was made")
+    ok: bool = Field(description="whether it succeeded")
+    reason: str = Field(
+        "",
+        description="what the action said it was for: a latch names the evidence it fought",
+    )
 
 
 class Pause(Value):
-    reason: str
-    by: str
-    since: float
-    until: float | None = None
+    reason: str = Field(description="the operator's reason")
+    by: str = Field(description="who paused")
+    since: float = Field(description="when (wall clock)")
+    until: float | None = Field(None, description="when it ends (wall clock); null: until resumed")
 
     def active(self, now: float) -> bool:
         return self.until is None or now < self.until
 
 
 class Blocked(Value):
-    reason: str
-    since: float
+    reason: str = Field(description="the evidence the budget latch fought")
+    since: float = Field(description="when it was set")
 
 
 class LoadMark(Value):
     """The last time a load was seen to advance, and what it looked like then."""
 
-    # Which launch: the serve process's PID, and when it started (host clock, daemon time).
-    pid: int | None = None
-    launch: float
-    key: str
-    cpu_seconds: float | None = None
-    at: float
-    # When the load entered the stage it is in (`key` last changed); silent stages are capped
-    # from here, however much CPU they burn.
-    entered: float | None = None
+    pid: int | None = Field(None, description="the serve process's PID")
+    launch: float = Field(
+        description="when that process started (this look less the elapsed time its host reports)"
+    )
+    key: str = Field(description="where the load stood: `stage|percent|message` of its progress")
+    cpu_seconds: float | None = Field(None, description="CPU seconds the load had used")
+    at: float = Field(description="when the load was last seen to advance")
+    entered: float | None = Field(
+        None,
+        description="when the load entered the stage it is in (`key` last changed): silent "
+        "stages are capped from here, however much CPU they burn",
+    )
 
 
 class TokenMark(Value):
     """vLLM's generation-token counter as last read from one serve process, and since when
     (daemon time) it has stood still with requests running."""
 
-    pid: int | None = None
-    tokens: float
-    # The first look of the current run of looks with requests running and the counter still;
-    # the look itself when the counter moved, the engine was idle, or the counter was first read.
-    since: float
-    running: bool = False
+    pid: int | None = Field(None, description="the serve process it was read from")
+    tokens: float = Field(description="`vllm:generation_tokens_total` as last read")
+    since: float = Field(
+        description="the first look of the current run of looks with requests running and the "
+        "counter still; the look itself when the counter moved, the engine was idle, or the "
+        "counter was first read"
+    )
+    running: bool = Field(False, description="whether requests were running at that look")
 
 
 class ClockAnchor(Value):
@@ -71,21 +83,20 @@ class ClockAnchor(Value):
     restart in the same boot keeps it, so a wall-clock step while sparkd was down changes no
     remembered duration."""
 
-    boot_id: str
-    offset: float
-    mono_at: float
+    boot_id: str = Field(description="the ops box's boot id the anchor holds for")
+    offset: float = Field(description="daemon time minus the monotonic clock")
+    mono_at: float = Field(description="the monotonic clock at the last look")
 
 
 class GoodSpec(Value):
     """The spec that last reached lasting health: its Ray and model sections as configured
     (file paths, never a secret; the API key only by its fingerprint)."""
 
-    hash: str
-    ray: dict[str, Any]
-    model: dict[str, Any]
-    key: str | None = None
-    # Daemon time it was recorded.
-    at: float
+    hash: str = Field(description="its spec hash")
+    ray: dict[str, Any] = Field(description="the `ray` section as configured")
+    model: dict[str, Any] = Field(description="the `model` section as configured")
+    key: str | None = Field(None, description="the API key's fingerprint")
+    at: float = Field(description="when it was recorded")
 
 
 RolloutResult = Literal["in_progress", "accepted", "rolled_back", "rollback_failed", "superseded"]
@@ -95,93 +106,161 @@ class Rollout(Value):
     """One change of spec, from the last-good one to the desired one. Stamps are daemon time,
     except `started`, the wall clock shown to operators."""
 
-    id: int
-    started: float
-    began_at: float
-    from_hash: str
-    to_hash: str
-    result: RolloutResult = "in_progress"
-    # The first stop of the old deployment (a model or Ray restart), and the acceptance.
-    stopped_at: float | None = None
-    accepted_at: float | None = None
-    downtime: float | None = None
-    rolled_back: str | None = None
-    rolled_back_at: float | None = None
-    # When the last-good spec served well again after the rollback.
-    restored_at: float | None = None
-    # The acceptance checks (`rollout.checks`) passed for this rollout's spec.
-    checked: bool = False
+    id: int = Field(description="its number (`rollout_seq` when it began)")
+    started: float = Field(description="when it began (wall clock, shown to operators)")
+    began_at: float = Field(description="when it began")
+    from_hash: str = Field(description="the last-good spec's hash")
+    to_hash: str = Field(description="the desired spec's hash")
+    result: RolloutResult = Field("in_progress", description="how it stands or ended")
+    stopped_at: float | None = Field(
+        None, description="the first stop of the old deployment (a model or Ray restart)"
+    )
+    accepted_at: float | None = Field(None, description="when it was accepted")
+    downtime: float | None = Field(None, description="seconds the model did not serve")
+    rolled_back: str | None = Field(None, description="why it was rolled back")
+    rolled_back_at: float | None = Field(None, description="when it was rolled back")
+    restored_at: float | None = Field(
+        None, description="when the last-good spec served well again after the rollback"
+    )
+    checked: bool = Field(
+        False, description="the acceptance checks (`rollout.checks`) passed for its spec"
+    )
+
+
+# Fields older versions wrote that this one no longer keeps: read and dropped, not reported as
+# a newer version's (a state file or snapshot written before their removal still loads).
+RETIRED_FIELDS: frozenset[str] = frozenset({"launch_spec"})
 
 
 class Memory(Value):
-    version: int = MEMORY_VERSION
-    boot_ids: dict[str, str] = Field(default_factory=dict)
-    # Remediations, newest last, pruned to the budget window: budget and backoff count these.
-    attempts: tuple[Attempt, ...] = ()
-    # Attempts before this time no longer lengthen the backoff (set after a healthy period).
-    backoff_reset_at: float = 0.0
-    blocked: Blocked | None = None
-    paused: Pause | None = None
-    # The model launch sparkd made: when, with which spec, on which Ray nodes.
-    launched_at: float | None = None
-    launch_spec: str | None = None
-    launch_nodes: tuple[str, ...] = ()
-    model_ready_at: float | None = None
-    # Probe bookkeeping: each probe is counted once, by its timestamp.
-    last_probe_at: float | None = None
-    # The latest probe of this launch: between probes it still says how the model answers.
-    last_probe: ProbeResult | None = None
-    consecutive_failures: int = 0
-    # Since when Ray has been short of what it should be with no action taken (not answering,
-    # short of GPUs): past the join timeout, that is repaired rather than waited on.
-    ray_unsettled_since: float | None = None
-    # Since when the model has served well (Plan.serving_well): lasting, it ends an incident.
-    healthy_since: float | None = None
-    # Ray node ids (ALIVE when last read) and when each was first seen: a node first seen
-    # before its host's Ray container started is the old one, not yet dropped by Ray.
-    ray_seen: dict[str, float] = Field(default_factory=dict)
-    # When sparkd last (re)started each host's Ray container.
-    ray_started: dict[str, float] = Field(default_factory=dict)
-    load_mark: LoadMark | None = None
-    # Consecutive busy probe timeouts: past the failure threshold, busy is no excuse.
-    busy_streak: int = 0
-    # Per host, what the last kernel log read from it held that may precede a silent wedge
-    # (core.triage.omens): kept while the host is unreachable, the evidence of a wedge.
-    kernel_omens: dict[str, str] = Field(default_factory=dict)
-    # Per host, the data interface's carrier_changes last read, and when it last rose (wall
-    # clock of the observation): a flap stays visible for `fabric.flap_window`.
-    carrier_changes: dict[str, int] = Field(default_factory=dict)
-    # Per host, since when (wall clock of the observation) it has failed every look.
-    unreachable_since: dict[str, float] = Field(default_factory=dict)
-    flapped_at: dict[str, float] = Field(default_factory=dict)
-    # Per host, the data IP's RoCE v2 GID index last read, and (index before, index after, wall
-    # time) of its last move: NCCL keeps the index it opened with until the model relaunches.
-    gid_indexes: dict[str, int] = Field(default_factory=dict)
-    gid_moved: dict[str, tuple[int, int, float]] = Field(default_factory=dict)
-    last_phase: str | None = None
-    last_reason: str | None = None
-    clock: ClockAnchor | None = None
-    # Hosts unreachable at the last look, and when each was last seen going unreachable
-    # (this incident's, bounded): a latch says which host kept dropping out.
-    unreachable: tuple[str, ...] = ()
-    went_unreachable: dict[str, tuple[float, ...]] = Field(default_factory=dict)
-    # Rollouts (core.rollout): the last-good spec, the latest rollout, how many there were, and
-    # the healthy probes in a row of this launch (acceptance counts them).
-    last_good: GoodSpec | None = None
-    rollout: Rollout | None = None
-    rollout_seq: int = 0
-    healthy_probes: int = 0
-    # The last accepted rollout's downtime, seconds (elapsed: daemon time).
-    rollout_downtime: float | None = None
-    # Since when a fabric fault has held Ray and model (re)starts, while the model launched
-    # before it runs: once the fabric is sound, what hung over it is restarted (core.fabric).
-    fabric_held_since: float | None = None
-    # When that hold ended (the first look without it): only a probe since counts against the
-    # model.
-    fabric_sound_at: float | None = None
-    # The model's token counter while it serves (core.hang): a hang under load is its standing
-    # still with requests running.
-    token_mark: TokenMark | None = None
+    version: int = Field(MEMORY_VERSION, description="the memory schema's version (1)")
+    boot_ids: dict[str, str] = Field(
+        default_factory=dict, description="per host, the last boot id seen"
+    )
+    attempts: tuple[Attempt, ...] = Field(
+        (),
+        description="remediations, newest last (the latest 256): budget and "
+        "backoff count those since `backoff_reset_at`",
+    )
+    backoff_reset_at: float = Field(
+        0.0,
+        description="attempts before this no longer lengthen the backoff (a healthy period passed)",
+    )
+    blocked: Blocked | None = Field(
+        None, description="set while the budget latch holds; cleared by `sparkd resume`"
+    )
+    paused: Pause | None = Field(None, description="the operator's pause, if any")
+    launched_at: float | None = Field(None, description="when sparkd launched the model")
+    launch_nodes: tuple[str, ...] = Field((), description="the Ray node ids that launch ran on")
+    model_ready_at: float | None = Field(
+        None, description="when the model first answered after that launch"
+    )
+    last_probe_at: float | None = Field(
+        None, description="the latest probe's time: each probe is counted once, by it"
+    )
+    last_probe: ProbeResult | None = Field(
+        None,
+        description="the latest probe of this launch: between probes it still says how the "
+        "model answers",
+    )
+    consecutive_failures: int = Field(0, description="unhealthy probes in a row")
+    ray_unsettled_since: float | None = Field(
+        None,
+        description="since when Ray has been short of what it should be (not answering, short "
+        "of GPUs) with no action taken: past the join timeout, that is repaired rather than "
+        "waited on",
+    )
+    healthy_since: float | None = Field(
+        None,
+        description="since when the model has served well (healthy or degraded only while it "
+        "answers): lasting, it ends an incident",
+    )
+    ray_seen: dict[str, float] = Field(
+        default_factory=dict,
+        description="the Ray node ids ALIVE when last read, and when each was first seen: a "
+        "node first seen before its host's Ray container started is the old one, not yet "
+        "dropped by Ray",
+    )
+    ray_started: dict[str, float] = Field(
+        default_factory=dict, description="per host, when sparkd last (re)started its Ray container"
+    )
+    load_mark: LoadMark | None = Field(
+        None, description="the last time the model's load was seen to advance"
+    )
+    busy_streak: int = Field(
+        0, description="busy probe timeouts in a row: past the failure threshold, busy is no excuse"
+    )
+    kernel_omens: dict[str, str] = Field(
+        default_factory=dict,
+        description="per host, what the last kernel log read from it held that may precede a "
+        "silent wedge: kept while the host is unreachable, the evidence of a wedge",
+    )
+    carrier_changes: dict[str, int] = Field(
+        default_factory=dict,
+        description="per host, the data interface's carrier changes as last read",
+    )
+    unreachable_since: dict[str, float] = Field(
+        default_factory=dict,
+        description="per host, since when (the reading's time) it has failed every look",
+    )
+    flapped_at: dict[str, float] = Field(
+        default_factory=dict,
+        description="per host, when its carrier changes last rose (the reading's time): a "
+        "flap stays visible for `fabric.flap_window`",
+    )
+    gid_indexes: dict[str, int] = Field(
+        default_factory=dict, description="per host, the data IP's RoCE v2 GID row as last read"
+    )
+    gid_moved: dict[str, tuple[int, int, float]] = Field(
+        default_factory=dict,
+        description="per host, its GID row's last move `[before, after, at]`: NCCL keeps the "
+        "row it opened with until the model relaunches",
+    )
+    last_phase: str | None = Field(None, description="the phase of the last plan")
+    last_reason: str | None = Field(None, description="the reason of the last plan")
+    clock: ClockAnchor | None = Field(
+        None, description="how daemon time is read: kept across a restart in the same boot"
+    )
+    unreachable: tuple[str, ...] = Field((), description="the hosts unreachable at the last look")
+    went_unreachable: dict[str, tuple[float, ...]] = Field(
+        default_factory=dict,
+        description="per host, when it went unreachable in this incident (bounded): a latch "
+        "names the host that kept dropping out",
+    )
+    last_good: GoodSpec | None = Field(
+        None, description="the spec that last reached lasting health"
+    )
+    rollout: Rollout | None = Field(None, description="the latest rollout")
+    rollout_seq: int = Field(0, description="how many rollouts there were")
+    healthy_probes: int = Field(
+        0, description="healthy probes in a row of this launch (a rollout's acceptance counts them)"
+    )
+    rollout_downtime: float | None = Field(
+        None, description="the last accepted rollout's downtime, in seconds"
+    )
+    fabric_held_since: float | None = Field(
+        None,
+        description="since when a fabric fault has held Ray and model (re)starts while the "
+        "model launched before it runs: once the fabric is sound, a model that does not answer "
+        "has both ranks restarted",
+    )
+    fabric_sound_at: float | None = Field(
+        None,
+        description="when that hold ended (the first look without it): only a probe taken "
+        "since counts as the model not answering",
+    )
+    token_mark: TokenMark | None = Field(
+        None,
+        description="the model's token counter while it serves: a hang under load is its "
+        "standing still with requests running (past `policy.hang_window`)",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_retired(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not RETIRED_FIELDS.isdisjoint(data):
+            return {k: v for k, v in data.items() if k not in RETIRED_FIELDS}
+        return data
 
     def evolve(self, **changes: Any) -> Memory:
         """This memory with `changes`, each a known field and validated as it would be when

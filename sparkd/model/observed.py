@@ -1,14 +1,16 @@
-"""One immutable snapshot of a cluster, taken once per cycle.
+"""A cycle's reading of a cluster (every host's reading, and what the head showed), taken once
+per cycle; saved with the memory it is a snapshot (sparkd.model.snapshot).
 
 Unknown is explicit: a field that could not be observed is None with a reason elsewhere, a host
-that could not be reached carries a classified `HostError`.
+that could not be reached carries a classified `HostError`. Each field's meaning is its
+`description`: docs/snapshot.md's tables are generated from them (`python -m tests.snapshot_doc`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, get_args
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from sparkd.model.base import Value
 from sparkd.model.probe import CheckResult, ProbeResult
@@ -17,28 +19,22 @@ from sparkd.model.weights import ModelFiles
 HostErrorKind = Literal[
     "unreachable", "refused", "timeout", "auth", "host_key", "conn_lost", "exit_nonzero"
 ]
-HOST_ERROR_KINDS: tuple[HostErrorKind, ...] = (
-    "unreachable",
-    "refused",
-    "timeout",
-    "auth",
-    "host_key",
-    "conn_lost",
-    "exit_nonzero",
-)
+HOST_ERROR_KINDS: tuple[HostErrorKind, ...] = get_args(HostErrorKind)
 
 
 class HostError(Value):
-    kind: HostErrorKind
-    detail: str = ""
+    kind: HostErrorKind = Field(description="how the SSH session failed")
+    detail: str = Field("", description="what the failure said")
 
 
 class UnitState(Value):
-    name: str
-    load_state: str = "loaded"
-    active_state: str = "inactive"
-    sub_state: str = "dead"
-    unit_file_state: str = ""
+    """A configured cleanup unit, as `systemctl show` prints it."""
+
+    name: str = Field(description="the unit's name")
+    load_state: str = Field("loaded", description="`LoadState`: `not-found` when there is none")
+    active_state: str = Field("inactive", description="`ActiveState`")
+    sub_state: str = Field("dead", description="`SubState`")
+    unit_file_state: str = Field("", description="`UnitFileState` (`enabled`, `disabled`, ...)")
 
     @property
     def exists(self) -> bool:
@@ -54,14 +50,18 @@ class UnitState(Value):
 
 
 class Container(Value):
-    name: str
-    image: str
-    state: str  # docker's State: created, running, paused, restarting, exited, dead
-    labels: dict[str, str] = Field(default_factory=dict)
-    started_at: float | None = None
-    status: str = ""
-    # The image ID (`sha256:...`) the container runs, where it was read (sparkd's own).
-    image_id: str | None = None
+    name: str = Field(description="the container's name")
+    image: str = Field(description="the image it was created from, as named")
+    state: str = Field(
+        description="Docker's `State`: `created`, `running`, `paused`, `restarting`, `exited` "
+        "or `dead`"
+    )
+    labels: dict[str, str] = Field(default_factory=dict, description="its labels")
+    started_at: float | None = Field(None, description="when it started (its host's report)")
+    status: str = Field("", description="Docker's `Status` line (`Up 2 hours`, `Exited (137) ...`)")
+    image_id: str | None = Field(
+        None, description="the image ID (`sha256:...`) it runs, where it was read (sparkd's own)"
+    )
 
     @property
     def running(self) -> bool:
@@ -72,120 +72,173 @@ class Container(Value):
 
 
 class GpuProcess(Value):
-    pid: int
-    name: str
-    used_memory_mib: int | None = None
-    # The container the process runs in (from `docker top`), None when it runs outside any.
-    container: str | None = None
-    # A container's process list could not be read, so this process may be that container's:
-    # reported, never killed.
-    owner_unknown: bool = False
+    pid: int = Field(description="its PID on the host")
+    name: str = Field(description="its process name, as nvidia-smi prints it")
+    used_memory_mib: int | None = Field(None, description="the GPU memory it holds, MiB")
+    container: str | None = Field(
+        None,
+        description="the container it runs in (from `docker top`), null for a process outside any",
+    )
+    owner_unknown: bool = Field(
+        False,
+        description="a container's process list could not be read, so it may be that "
+        "container's: reported, never killed",
+    )
 
 
 class Interface(Value):
-    name: str
-    up: bool
-    addresses: tuple[str, ...] = ()
+    """The data-plane interface, as `ip` shows it."""
+
+    name: str = Field(description="its name")
+    up: bool = Field(description="whether its link is up")
+    addresses: tuple[str, ...] = Field((), description="its IP addresses")
 
 
 KernelKind = Literal[
     "xid", "nv_no_memory", "aer_fatal", "mlx5_pci_error", "soft_lockup", "oom_kill"
 ]
-KERNEL_KINDS: tuple[KernelKind, ...] = (
-    "xid",
-    "nv_no_memory",
-    "aer_fatal",
-    "mlx5_pci_error",
-    "soft_lockup",
-    "oom_kill",
-)
+KERNEL_KINDS: tuple[KernelKind, ...] = get_args(KernelKind)
 
 
 class KernelEvent(Value):
     """One kind of kernel message (a flood of the same one is one event, counted)."""
 
-    kind: KernelKind
-    xid: int | None = None
-    # The device the message names (`PCI:0000:01:00`, `0000:01:00.0`), or "".
-    device: str = ""
-    count: int = 1
-    # The kernel's monotonic timestamps (seconds since boot) of the first and last line.
-    first_at: float = 0.0
-    last_at: float = 0.0
-    # Every line's timestamp (the read is bounded, so these are too): what is new since a look.
-    times: tuple[float, ...] = ()
-    line: str = ""
+    kind: KernelKind = Field(description="what the message says")
+    xid: int | None = Field(None, description="the NVIDIA XID, for `xid`")
+    device: str = Field(
+        "", description='the device it names (`PCI:0000:01:00`, `0000:01:00.0`), or ""'
+    )
+    count: int = Field(1, description="how many lines it stands for (a flood is one event)")
+    first_at: float = Field(0.0, description="the first line's time (seconds since boot)")
+    last_at: float = Field(0.0, description="the last line's time (seconds since boot)")
+    times: tuple[float, ...] = Field(
+        (),
+        description="every line's time (the read is bounded, so these are too): what is new "
+        "since a look",
+    )
+    line: str = Field("", description="the last line, as the kernel printed it")
 
 
 class KernelLog(Value):
     """The tail of this boot's kernel log, as one bounded read returned it."""
 
-    events: tuple[KernelEvent, ...] = ()
-    lines: int = 0
-    # The newest timestamp of any line read (seconds since boot), None when nothing was read.
-    last_at: float | None = None
+    events: tuple[KernelEvent, ...] = Field(
+        (), description="one per kind, XID and device (`journalctl -k -b -o short-monotonic`)"
+    )
+    lines: int = Field(0, description="how many lines the read returned")
+    last_at: float | None = Field(
+        None,
+        description="the newest line's time (seconds since boot), null when nothing was read",
+    )
 
 
 class Fabric(Value):
     """The data interface's link and its RDMA port, from sysfs (None: not read or absent)."""
 
-    mtu: int | None = None
-    carrier_changes: int | None = None
-    rdma_device: str | None = None
-    port: int | None = None
-    # The port's `state` and `phys_state` words: ACTIVE / LinkUp when sound.
-    port_state: str | None = None
-    phys_state: str | None = None
-    rate_gbps: float | None = None
-    # The GID table row holding the data IP as RoCE v2 (what NCCL_IB_GID_INDEX must name).
-    gid_index: int | None = None
+    mtu: int | None = Field(None, description="the interface's MTU")
+    carrier_changes: int | None = Field(
+        None, description="how often its carrier changed since boot: a rise is a flap"
+    )
+    rdma_device: str | None = Field(None, description="the RDMA device behind it")
+    port: int | None = Field(None, description="its port on that device")
+    port_state: str | None = Field(None, description="the port's `state` word: `ACTIVE` when sound")
+    phys_state: str | None = Field(
+        None, description="the port's `phys_state` word: `LinkUp` when sound"
+    )
+    rate_gbps: float | None = Field(None, description="the port's rate, Gb/s")
+    gid_index: int | None = Field(
+        None,
+        description="the GID table row holding the data IP as RoCE v2 (what "
+        "`NCCL_IB_GID_INDEX` must name)",
+    )
 
 
 class CacheEntry(Value):
-    """One entry of `model.cache_root` on a host: its name, and its modification time by the
-    host's own clock (only ever compared with the same host's other entries)."""
+    """One entry of the model's compile cache (`model.cache_dir`) on a host."""
 
-    name: str
-    mtime: float
+    name: str = Field(description="its name")
+    mtime: float = Field(
+        description="its modification time by the host's own clock (only ever compared with "
+        "the same host's other entries)"
+    )
 
 
 class HostFacts(Value):
-    name: str
-    error: HostError | None = None
-    boot_id: str | None = None
-    units: tuple[UnitState, ...] = ()
-    containers: tuple[Container, ...] = ()
-    gpu_processes: tuple[GpuProcess, ...] = ()
-    interface: Interface | None = None
-    disk_free_bytes: int | None = None
-    # Free bytes on Docker's data root (/var/lib/docker), where containers write.
-    docker_disk_free_bytes: int | None = None
-    # Local images; None when not observed (the planner then assumes nothing about them).
-    images: tuple[str, ...] | None = None
-    # The ID the configured image tag points at on this host (`docker image inspect`).
-    image_id: str | None = None
-    # A read that failed is unknown, never empty: why the units or GPU processes are unknown.
-    units_error: str | None = None
-    gpu_error: str | None = None
-    # The data-plane interface could not be read (renamed or gone after a kernel update:
-    # `Device "..." does not exist.`): its link is unknown, never healthy.
-    interface_error: str | None = None
-    # Docker did not answer (daemon down, or hung until the tool timeout) while the host did:
-    # its containers, their processes and what runs in them are unknown, never "none".
-    docker_error: str | None = None
-    # This boot's kernel log tail (None when unread: `kernel_error` says why).
-    kernel: KernelLog | None = None
-    kernel_error: str | None = None
-    # `MemAvailable` of /proc/meminfo: on GB10 GPU allocations come out of it (unified memory).
-    memory_available_bytes: int | None = None
-    memory_total_bytes: int | None = None
-    fabric: Fabric | None = None
-    # `model.cache_root`: its entries (None when unread or missing) and its file system's free
-    # bytes (`df`, in the same call as log_dir's).
-    cache_entries: tuple[CacheEntry, ...] | None = None
-    cache_free_bytes: int | None = None
-    # The head's model directory, read only while a rollout prepares (core.weights).
-    model_files: ModelFiles | None = None
+    """A host's reading: what one look at it found."""
+
+    name: str = Field(description="the configured host name")
+    error: HostError | None = Field(
+        None,
+        description="set when the host could not be observed: the other fields are then empty",
+    )
+    boot_id: str | None = Field(
+        None, description="`/proc/sys/kernel/random/boot_id`: a change is a reboot"
+    )
+    units: tuple[UnitState, ...] = Field((), description="the configured cleanup units")
+    containers: tuple[Container, ...] = Field((), description="every container, running or not")
+    gpu_processes: tuple[GpuProcess, ...] = Field((), description="the GPU's compute processes")
+    interface: Interface | None = Field(None, description="the data-plane interface")
+    disk_free_bytes: int | None = Field(None, description="free bytes where the serve log lives")
+    docker_disk_free_bytes: int | None = Field(
+        None,
+        description="free bytes on Docker's data root (`/var/lib/docker`), where containers write",
+    )
+    images: tuple[str, ...] | None = Field(
+        None,
+        description="local images (`repo:tag`); null when not observed (the planner then "
+        "assumes nothing about them)",
+    )
+    image_id: str | None = Field(
+        None,
+        description="the ID the configured image tag points at on this host (`docker image "
+        "inspect`)",
+    )
+    units_error: str | None = Field(
+        None, description="why the units are unknown (a read that failed is unknown, never empty)"
+    )
+    gpu_error: str | None = Field(None, description="why the GPU processes are unknown")
+    interface_error: str | None = Field(
+        None,
+        description="why the data-plane interface could not be read (renamed or gone: `Device "
+        '"..." does not exist.`): its link is then unknown, never healthy',
+    )
+    docker_error: str | None = Field(
+        None,
+        description="why Docker did not answer while the host did (daemon down: `Cannot "
+        "connect to the Docker daemon ...`, or hung until the tool timeout): `containers` is "
+        "then unknown (empty), every GPU process's owner unknown, and on the head `serve` is "
+        "null and Ray's `error` says Docker is not answering",
+    )
+    kernel: KernelLog | None = Field(
+        None,
+        description="this boot's kernel log tail (`journalctl -k -b -o short-monotonic -n "
+        "200`); null when unread",
+    )
+    kernel_error: str | None = Field(
+        None,
+        description="why the kernel log is unknown (the tool failed, or the SSH user may not "
+        "read the system journal)",
+    )
+    memory_available_bytes: int | None = Field(
+        None,
+        description="`MemAvailable` of /proc/meminfo: on GB10 GPU allocations come out of it "
+        "(unified memory)",
+    )
+    memory_total_bytes: int | None = Field(None, description="`MemTotal` of /proc/meminfo")
+    fabric: Fabric | None = Field(None, description="the data interface's link and RDMA port")
+    cache_entries: tuple[CacheEntry, ...] | None = Field(
+        None,
+        description="the model's compile cache (`model.cache_dir`): its entries; null when "
+        "unread or the directory does not exist yet",
+    )
+    cache_free_bytes: int | None = Field(
+        None,
+        description="free bytes on the compile cache's file system (read in the same `df` as "
+        "the serve log's)",
+    )
+    model_files: ModelFiles | None = Field(
+        None, description="the head's model directory, read only while a rollout prepares"
+    )
 
     @property
     def reachable(self) -> bool:
@@ -216,28 +269,38 @@ class HostFacts(Value):
 
 
 class RayNode(Value):
-    node_id: str
-    ip: str
-    alive: bool
-    gpus: float = 0.0
-    is_head: bool = False
-    state_message: str | None = None
+    node_id: str = Field(description="Ray's node id")
+    ip: str = Field(description="the node's IP")
+    alive: bool = Field(description="whether Ray lists it `ALIVE`")
+    gpus: float = Field(0.0, description="its GPUs")
+    is_head: bool = Field(False, description="whether it is the head node")
+    state_message: str | None = Field(None, description="why Ray says it died, if it says")
 
 
 class RayState(Value):
     """Ray as the head sees it. `error` set means Ray did not answer (no cluster, or down)."""
 
-    nodes: tuple[RayNode, ...] = ()
-    gpus_total: float = 0.0
-    error: str | None = None
-    # `ray status` names nodes but not their IPs; `ray list nodes` gives both.
-    ips_known: bool = True
-    # The GPUs `ray status` counts, when it was read beside the node list: a node is listed
-    # ALIVE a few seconds before its GPU can be placed on.
-    gpus_usable: float | None = None
-    # The previous cycle's reading, not read again: the cluster was converged and nothing since
-    # (no event, no probe due) said Ray changed, so the head was spared a `ray` call.
-    reused: bool = False
+    nodes: tuple[RayNode, ...] = Field((), description="the nodes Ray lists")
+    gpus_total: float = Field(0.0, description="the GPUs of alive nodes")
+    error: str | None = Field(
+        None, description="set when Ray did not answer (no cluster, or the head is down)"
+    )
+    ips_known: bool = Field(
+        True,
+        description="false when only `ray status` answered (it names nodes, not their IPs): "
+        "then only the GPU count is checked",
+    )
+    gpus_usable: float | None = Field(
+        None,
+        description="the GPUs `ray status` counts, when it was read beside the node list "
+        "(while Ray settles: a node is listed ALIVE a few seconds before its GPU can be placed "
+        "on)",
+    )
+    reused: bool = Field(
+        False,
+        description="this is the previous cycle's reading, not read again: the cluster was "
+        "converged and nothing since (no event, no operator, no probe due) said Ray changed",
+    )
 
     @property
     def up(self) -> bool:
@@ -256,28 +319,39 @@ LoadStage = Literal["starting", "weights", "graph_capture", "ready", "failed"]
 
 
 class LoadProgress(Value):
-    stage: LoadStage
-    percent: float | None = None
-    # When the log last showed progress (epoch seconds, host clock).
-    progress_at: float | None = None
-    message: str = ""
+    """How far the model's load has come, as its serve log shows it."""
+
+    stage: LoadStage = Field(description="the stage the log last showed")
+    percent: float | None = Field(None, description="the stage's progress, where the log counts it")
+    progress_at: float | None = Field(
+        None, description="when the log last showed progress (its host's clock)"
+    )
+    message: str = Field("", description="the log line that showed it")
 
 
 class ServeState(Value):
     """The `vllm serve` process in the head container."""
 
-    running: bool
-    pid: int | None = None
-    elapsed_seconds: float | None = None
-    spec_hash: str | None = None
-    progress: LoadProgress | None = None
-    log_tail: tuple[str, ...] = ()
-    # CPU seconds used so far by the serve process and the engine processes beside it: a
-    # silent load stage (CUDA-graph capture, torch.compile) still burns CPU, a hang does not.
-    cpu_seconds: float | None = None
-    # With no serve process: vLLM engine processes left in the head container (an API server
-    # killed by SIGKILL leaves its EngineCore and workers running, holding the GPUs).
-    orphans: tuple[str, ...] = ()
+    running: bool = Field(description="whether the serve process runs")
+    pid: int | None = Field(None, description="its PID in the head container")
+    elapsed_seconds: float | None = Field(None, description="how long it has run (`ps` etime)")
+    spec_hash: str | None = Field(None, description="the spec hash it was launched with")
+    progress: LoadProgress | None = Field(None, description="how far its load has come")
+    log_tail: tuple[str, ...] = Field(
+        (), description="the last lines of the serve log, secrets redacted"
+    )
+    cpu_seconds: float | None = Field(
+        None,
+        description="CPU seconds used so far by the serve process and the engine processes "
+        "beside it: a silent load stage (CUDA-graph capture, torch.compile) still burns CPU, "
+        "a hang does not",
+    )
+    orphans: tuple[str, ...] = Field(
+        (),
+        description="with no serve process: vLLM engine processes left in the head container "
+        "(an API server killed by SIGKILL leaves its EngineCore and workers running, holding "
+        "the GPUs)",
+    )
 
 
 # `http_error`: the server answers, but refuses sparkd (a 401 from /v1/models: a wrong key).
@@ -285,31 +359,59 @@ EndpointStatus = Literal["up", "http_error", "refused", "timeout", "error", "not
 
 
 class ModelEndpoint(Value):
-    status: EndpointStatus
-    health_status: int | None = None
-    models: tuple[str, ...] = ()
-    requests_running: float | None = None
-    requests_waiting: float | None = None
-    generation_tokens_total: float | None = None
-    detail: str = ""
+    """The model's HTTP server, as `/health`, `/v1/models` and vLLM's `/metrics` answered."""
+
+    status: EndpointStatus = Field(
+        description="`refused` while vLLM loads (it refuses connections); `http_error` when it "
+        "answered `/v1/models` with 401 or 403: the key was refused"
+    )
+    health_status: int | None = Field(None, description="the HTTP status of `/health`")
+    models: tuple[str, ...] = Field(
+        (),
+        description="what `/v1/models` lists: the model is ours only if it lists the served name",
+    )
+    requests_running: float | None = Field(
+        None, description="`vllm:num_requests_running`, summed over engines"
+    )
+    generation_tokens_total: float | None = Field(
+        None, description="`vllm:generation_tokens_total`, summed over engines"
+    )
+    detail: str = Field("", description="what went wrong, when it did")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_retired(cls, data: Any) -> Any:
+        # Written (always null) before it was dropped: a document that has it still loads.
+        if isinstance(data, dict) and "requests_waiting" in data:
+            return {k: v for k, v in data.items() if k != "requests_waiting"}
+        return data
 
     def serves(self, model_id: str) -> bool:
         return self.status == "up" and self.health_status == 200 and model_id in self.models
 
 
 class Observed(Value):
-    cluster: str
-    observed_at: float
-    hosts: tuple[HostFacts, ...]
-    ray: RayState | None = None
-    serve: ServeState | None = None
-    endpoint: ModelEndpoint | None = None
-    probe: ProbeResult | None = None
-    # The API key file's fingerprint as read this cycle (core.spec.key_fingerprint), never the
-    # key; None when no key file is configured or it could not be read.
-    api_key_fingerprint: str | None = None
-    # A rollout's acceptance checks, when this cycle ran them (core.rollout.checks_due).
-    checks: tuple[CheckResult, ...] | None = None
+    """A cycle's reading: every host's, and the cluster-wide reads made from the head."""
+
+    cluster: str = Field(description="the configured cluster name")
+    observed_at: float = Field(description="when the cycle looked")
+    hosts: tuple[HostFacts, ...] = Field(description="each configured host's reading")
+    ray: RayState | None = Field(None, description="Ray as the head sees it")
+    serve: ServeState | None = Field(
+        None, description="the `vllm serve` process in the head container"
+    )
+    endpoint: ModelEndpoint | None = Field(None, description="the model's HTTP server")
+    probe: ProbeResult | None = Field(None, description="the probe this cycle sent, if it sent one")
+    api_key_fingerprint: str | None = Field(
+        None,
+        description="a short hash of `model.api_key_file`'s content as read this cycle, never "
+        "the key; null without a key file, or when it could not be read",
+    )
+    checks: tuple[CheckResult, ...] | None = Field(
+        None,
+        description="a rollout's acceptance checks, when this cycle ran them (with the probe "
+        "that would accept the new spec)",
+    )
 
     def host(self, name: str) -> HostFacts | None:
         return next((h for h in self.hosts if h.name == name), None)

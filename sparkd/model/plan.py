@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from sparkd.model.base import BoundedText, Value
 from sparkd.model.memory import LoadMark, TokenMark
@@ -19,22 +19,11 @@ Phase = Literal[
     "healthy",
     "degraded",
 ]
-PHASES: tuple[Phase, ...] = (
-    "paused",
-    "blocked",
-    "unreachable",
-    "cleaning",
-    "starting_ray",
-    "starting_model",
-    "loading",
-    "probing",
-    "healthy",
-    "degraded",
-)
+PHASES: tuple[Phase, ...] = get_args(Phase)
 
 # The failure classes below vLLM the planner recognised (core.triage.TABLE).
 TriageClass = Literal["gpu_lost", "host_wedged", "memory_pressure", "fabric"]
-TRIAGE_CLASSES: tuple[TriageClass, ...] = ("gpu_lost", "host_wedged", "memory_pressure", "fabric")
+TRIAGE_CLASSES: tuple[TriageClass, ...] = get_args(TriageClass)
 
 ActionKind = Literal[
     "stop_unit",
@@ -48,17 +37,14 @@ ActionKind = Literal[
     "power_cycle",
     "prune_cache",
 ]
-ACTION_KINDS: tuple[ActionKind, ...] = (
-    "stop_unit",
-    "remove_container",
-    "start_ray_head",
-    "start_ray_worker",
-    "restart_ray",
-    "start_model",
-    "restart_model",
-    "kill_gpu_process",
-    "power_cycle",
-    "prune_cache",
+ACTION_KINDS: tuple[ActionKind, ...] = get_args(ActionKind)
+# The kinds that (re)start a Ray node, and those that launch the model: named once, imported.
+RAY_STARTS: frozenset[ActionKind] = frozenset({"start_ray_head", "start_ray_worker", "restart_ray"})
+MODEL_STARTS: frozenset[ActionKind] = frozenset({"start_model", "restart_model"})
+START_MODEL: frozenset[ActionKind] = frozenset({"start_model"})
+# What a hold on a host vetoes: every kind but the power cycle and the cache pruning.
+EVERYTHING: frozenset[ActionKind] = frozenset(
+    {"stop_unit", "remove_container", "kill_gpu_process", *RAY_STARTS, *MODEL_STARTS}
 )
 
 
@@ -134,6 +120,7 @@ class Plan(Value):
 
 
 ActionResult = Literal["ok", "failed", "timeout", "skipped"]
+ACTION_RESULTS: tuple[ActionResult, ...] = get_args(ActionResult)
 
 
 class ActionOutcome(Value):

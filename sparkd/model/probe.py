@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
+
+from pydantic import Field
 
 from sparkd.model.base import Value
 
@@ -19,19 +21,7 @@ ProbeOutcome = Literal[
     "timeout",
     "not_run",
 ]
-PROBE_OUTCOMES: tuple[ProbeOutcome, ...] = (
-    "answer",
-    "reasoning_only",
-    "no_answer",
-    "aborted",
-    "empty",
-    "malformed",
-    "http_error",
-    "garbled",
-    "refused",
-    "timeout",
-    "not_run",
-)
+PROBE_OUTCOMES: tuple[ProbeOutcome, ...] = get_args(ProbeOutcome)
 # `reasoning_only` is healthy only as a spent budget (the classifier checks it); `no_answer` is
 # a turn that ended with reasoning and no content (a reasoning-parser or chat-template fault),
 # `aborted` a turn the server cut short (finish_reason `abort`, or an error streamed mid-answer).
@@ -41,33 +31,41 @@ HEALTHY_OUTCOMES: frozenset[ProbeOutcome] = frozenset({"answer", "reasoning_only
 class ProbeVerdict(Value):
     """What the classifier concluded; `healthy` is None when the probe says nothing (not_run)."""
 
-    outcome: ProbeOutcome
-    healthy: bool | None
-    detail: str = ""
-    completion_tokens: int | None = None
-    finish_reason: str | None = None
+    outcome: ProbeOutcome = Field(
+        description="`reasoning_only` (no content, the budget spent thinking: `finish_reason` "
+        "`length` or `max_tokens` tokens) is healthy; `no_answer` (the turn ended with "
+        "reasoning only) and `aborted` (`finish_reason` `abort`, or an error chunk streamed "
+        "mid-answer) are not"
+    )
+    healthy: bool | None = Field(description="null for `not_run`: the probe says nothing")
+    detail: str = Field("", description="what the classifier saw")
+    completion_tokens: int | None = Field(None, description="the tokens the server reported")
+    finish_reason: str | None = Field(None, description="the server's `finish_reason`")
 
 
 class CheckResult(Value):
     """One acceptance check of a rollout (`rollout.checks[index]`): passed, failed, or None
     when it could not be sent (says nothing)."""
 
-    index: int
-    ok: bool | None
-    detail: str = ""
+    index: int = Field(description="which check: `rollout.checks[index]`")
+    ok: bool | None = Field(description="null: it could not be sent")
+    detail: str = Field("", description="what the answer was, or why it failed")
 
 
 class ProbeResult(Value):
     """One probe as observed: the verdict plus the measurements taken around it."""
 
-    at: float
-    verdict: ProbeVerdict
-    latency_seconds: float | None = None
-    ttft_seconds: float | None = None
-    http_status: int | None = None
-    # On a timeout, whether vLLM did other work while the probe waited (other requests running
-    # or waiting while tokens flowed, or more tokens than the probe's max_tokens): busy, not hung.
-    tokens_advanced: bool | None = None
+    at: float = Field(description="when it was sent")
+    verdict: ProbeVerdict = Field(description="what the classifier concluded")
+    latency_seconds: float | None = Field(None, description="until the answer ended")
+    ttft_seconds: float | None = Field(None, description="until its first token")
+    http_status: int | None = Field(None, description="the HTTP status of the completion")
+    tokens_advanced: bool | None = Field(
+        None,
+        description="on a timeout, whether it met a busy server: other requests running or "
+        "waiting while generation tokens flowed, or more tokens than the probe's own could "
+        "account for (a hung engine holding stuck probes is not busy)",
+    )
 
     @property
     def outcome(self) -> ProbeOutcome:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
+from pydantic import Field
+
 from sparkd.model.memory import Memory
 from sparkd.model.observed import Observed
 
@@ -15,8 +17,10 @@ SNAPSHOT_VERSION: Final = 1
 
 
 class SnapshotDocument(Observed):
-    snapshot_version: Literal[1] = SNAPSHOT_VERSION
-    memory: Memory = Memory()
+    snapshot_version: Literal[1] = Field(
+        SNAPSHOT_VERSION, description="the document's version: bumped by any change not an addition"
+    )
+    memory: Memory = Field(Memory(), description="the planner's memory at that time")
 
     @classmethod
     def of(cls, observed: Observed, memory: Memory) -> SnapshotDocument:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from sparkd.model.base import Value
 
 
@@ -9,21 +11,32 @@ class WeightIndex(Value):
     """`model.safetensors.index.json`, parsed: the files its `weight_map` names, and
     `metadata.total_size` (the tensors' bytes) when given."""
 
-    files: tuple[str, ...]
-    total_size: int | None = None
+    files: tuple[str, ...] = Field(description="the files its `weight_map` names")
+    total_size: int | None = Field(None, description="`metadata.total_size`: the tensors' bytes")
 
 
 class ModelFiles(Value):
-    """`directory` is the host's path of the model (the model id through `ray.mounts`)."""
+    """The head's model directory, read before a cutover."""
 
-    directory: str
-    # Every file `stat` found there, by name, in bytes (config.json, the index, *.safetensors).
-    sizes: tuple[tuple[str, int], ...] = ()
-    # The read failed other than by absence (a timeout, a permission): what is there is unknown.
-    stat_error: str | None = None
-    index: WeightIndex | None = None
-    # An index that is there but garbled, cut off or unreadable: its file list is unknown.
-    index_error: str | None = None
+    directory: str = Field(
+        description="the host's path of the model (the model id through `ray.mounts`)"
+    )
+    sizes: tuple[tuple[str, int], ...] = Field(
+        (),
+        description="every file `stat` found there, `[name, bytes]` (config.json, the index, "
+        "*.safetensors)",
+    )
+    stat_error: str | None = Field(
+        None,
+        description="the read failed other than by absence (a timeout, a permission): what is "
+        "there is unknown",
+    )
+    index: WeightIndex | None = Field(None, description="`model.safetensors.index.json`, parsed")
+    index_error: str | None = Field(
+        None,
+        description="an index that is there but garbled, cut off or unreadable: its file list "
+        "is unknown",
+    )
 
     def size(self, name: str) -> int | None:
         return next((size for found, size in self.sizes if found == name), None)

@@ -29,6 +29,7 @@ from sparkd.core.ray_stage import needs_ray_status
 from sparkd.core.remember import intend, remember
 from sparkd.core.remember import pause as pause_memory
 from sparkd.core.remember import resume as resume_memory
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import MEMORY_VERSION, Memory, Pause
 from sparkd.model.observed import ModelEndpoint, Observed, RayState
 from sparkd.model.plan import Action, ActionOutcome, Plan
@@ -38,7 +39,6 @@ from sparkd.runtime.clock import DaemonClock, elapsed, ops_boot_id
 from sparkd.runtime.maintenance import Window, window_at
 from sparkd.runtime.state import StateDir
 from sparkd.runtime.store import LocalStore, MemoryStore
-from sparkd.settings import ClusterSpec
 from sparkd.shell.events import EventWatch
 from sparkd.shell.execute import Executor, ExecutorTiming
 from sparkd.shell.fencing import HostFence

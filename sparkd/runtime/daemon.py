@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from sparkd.core.text import printable
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.exits import EX_CANTCREAT, EX_CONFIG
 from sparkd.model.plan import ActionOutcome
 from sparkd.runtime import logs
 from sparkd.runtime.controller import Controller
@@ -23,9 +25,6 @@ from sparkd.runtime.metrics import Metrics
 from sparkd.runtime.notify import Notifier
 from sparkd.runtime.state import EVENTS_FILE, LOCK_FILE, StateDir
 from sparkd.settings import (
-    EX_CANTCREAT,
-    EX_CONFIG,
-    ClusterSpec,
     ConfigError,
     DaemonSettings,
     Settings,

@@ -15,7 +15,8 @@ from datetime import datetime, timedelta
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.date import DateTrigger
 
-from sparkd.settings import ClusterSpec, MaintenanceSpec
+from sparkd.model.cluster import ClusterSpec, MaintenanceSpec
+from sparkd.settings import cron_trigger
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ def window_at(specs: Iterable[MaintenanceSpec], now: float) -> Window | None:
     """The window open at `now` (the one ending last when several overlap), or None."""
     found: Window | None = None
     for spec in specs:
-        trigger = spec.trigger()
+        trigger = cron_trigger(spec)
         # The first start after now - duration: if it is not after now, it is still open.
         since = datetime.fromtimestamp(now - spec.duration, trigger.timezone)
         start = trigger.get_next_fire_time(None, since + timedelta(microseconds=1))
@@ -58,7 +59,7 @@ class MaintenanceScheduler:
         for index, spec in enumerate(cluster.maintenance):
             self.scheduler.add_job(
                 self._opened,
-                spec.trigger(),
+                cron_trigger(spec),
                 args=[cluster.name, spec.duration],
                 id=f"maintenance:{cluster.name}:{index}",
                 replace_existing=True,

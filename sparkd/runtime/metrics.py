@@ -29,11 +29,11 @@ from prometheus_client.registry import Collector
 from sparkd import __version__
 from sparkd.core import kernel
 from sparkd.core.policy import budget_used, counts_as_failure
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import HOST_ERROR_KINDS, KERNEL_KINDS, HostFacts
-from sparkd.model.plan import ACTION_KINDS, PHASES, TRIAGE_CLASSES
+from sparkd.model.plan import ACTION_KINDS, ACTION_RESULTS, PHASES, TRIAGE_CLASSES
 from sparkd.model.probe import PROBE_OUTCOMES
 from sparkd.runtime.rollout_metrics import RolloutMetrics
-from sparkd.settings import ClusterSpec
 
 if TYPE_CHECKING:
     from sparkd.runtime.controller import Controller, CycleRecord
@@ -43,7 +43,6 @@ PROBE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 90, 120)
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 # A cycle includes its actions: a Ray start or a model launch takes minutes.
 RECONCILE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-ACTION_RESULTS = ("ok", "failed", "timeout", "skipped")
 CYCLE_RESULTS = ("ok", "error")
 # A power cycle is run or it is not: "skipped" never applies (the planner withholds it instead).
 POWER_RESULTS = ("ok", "failed", "timeout")

@@ -12,7 +12,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from sparkd.core import rollout
-from sparkd.settings import ClusterSpec
+from sparkd.model.cluster import ClusterSpec
 
 if TYPE_CHECKING:
     from sparkd.runtime.controller import Controller, CycleRecord

@@ -14,7 +14,6 @@ import fcntl
 import json
 import os
 import re
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,11 +162,6 @@ class StateDir:
     def memory_path(self, cluster: str) -> Path:
         return self.path / f"memory-{SAFE.sub('_', cluster)}.json"
 
-    def load_memory(self, cluster: str, now: float | None = None) -> tuple[Memory, str | None]:
-        """The remembered memory; the second value says why it could not be read."""
-        read = self.read_memory(cluster, time.time() if now is None else now)
-        return read.memory, read.problem
-
     def read_memory(self, cluster: str, now: float) -> MemoryRead:
         """The remembered memory, a fresh one when there is none, or, when the file cannot be
         read, a memory `blocked` with the reason (the file kept aside for the operator)."""
@@ -315,15 +309,12 @@ class StateDir:
                 events.append(event)
         return events, skipped
 
-    def read_events(self, limit: int, cluster: str | None = None) -> list[dict[str, Any]]:
-        """Newest first, of one cluster or all. Lines that are torn, not UTF-8 or not a JSON
-        object are skipped; `events_skipped` says how many the latest read met."""
-        return self.read_events_counted(limit, cluster)[0]
-
     def read_events_counted(
         self, limit: int, cluster: str | None = None
     ) -> tuple[list[dict[str, Any]], int]:
-        """`read_events`, and how many unreadable lines this read met (safe in a thread)."""
+        """Newest first, of one cluster or all, and how many unreadable lines this read met
+        (safe in a thread). Lines that are torn, not UTF-8 or not a JSON object are skipped;
+        `events_skipped` says how many the latest read met."""
         try:
             fd = os.open(self.events_path(), os.O_RDONLY)
         except FileNotFoundError:

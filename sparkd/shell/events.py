@@ -15,8 +15,10 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sparkd.core.spec import container_prefix
 from sparkd.core.text import printable_json
-from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue
 from sparkd.shell.ssh import SshFailure, SshPool
 
@@ -61,7 +63,7 @@ def parse_event(line: str) -> ContainerEvent | None:
 def relevant(cluster: ClusterSpec, event: ContainerEvent) -> bool:
     if event.action not in catalogue.EVENT_ACTIONS:
         return False
-    if event.name.startswith(f"sparkd-{cluster.name}-"):
+    if event.name.startswith(container_prefix(cluster)):
         return True
     return any(fnmatch.fnmatchcase(event.name, p) for p in cluster.cleanup.container_patterns)
 

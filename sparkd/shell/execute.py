@@ -11,11 +11,12 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.core.assemble import ENGINE_MARKERS
 from sparkd.core.spec import container_name, key_fingerprint, model_spec_hashes, ray_spec_hashes
-from sparkd.model.plan import Action, ActionOutcome, ActionResult, Plan
-from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.plan import MODEL_STARTS, RAY_STARTS, Action, ActionOutcome, ActionResult, Plan
+from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue
 from sparkd.shell.fencing import HostFence, HostRefused
 from sparkd.shell.power import PowerFailed, power_argv, run_power
@@ -62,9 +63,9 @@ class Executor:
         if action.kind == "power_cycle":
             # The command's own timeout, and the moment it takes to kill what it left.
             return self.cluster.power.timeout + 5.0
-        if action.kind in ("start_ray_head", "start_ray_worker", "restart_ray"):
+        if action.kind in RAY_STARTS:
             return base * 3
-        if action.kind in ("start_model", "restart_model"):
+        if action.kind in MODEL_STARTS:
             return base * 3 + self.timing.serve_appear + self.timing.stop_grace
         return base * 2 + self.timing.stop_grace
 
@@ -197,10 +198,10 @@ class Executor:
             raise ActionFailed(f"{action.target} is not running after `docker run`")
         return f"{action.target} started"
 
-    async def _serve_rows(self) -> Sequence[facts.TopRow]:
+    async def _serve_rows(self) -> Sequence[parsers.TopRow]:
         seconds = self.cluster.ssh.command_timeout
         out = await self._read(self.cluster.head, catalogue.serve_processes(self.cluster, seconds))
-        return facts.parse_docker_top(out) if out is not None else ()
+        return parsers.parse_docker_top(out) if out is not None else ()
 
     async def _spec_on_host(self) -> str | None:
         seconds = self.cluster.ssh.command_timeout
@@ -235,15 +236,15 @@ class Executor:
             raise
 
     async def _serve_until(
-        self, done: Callable[[facts.TopRow | None], bool], within: float
-    ) -> tuple[bool, facts.TopRow | None]:
+        self, done: Callable[[parsers.TopRow | None], bool], within: float
+    ) -> tuple[bool, parsers.TopRow | None]:
         """Watch the serve process (`docker top`) until `done` holds of it, at most `within`."""
         deadline = asyncio.get_running_loop().time() + within
         # A launched or signalled process usually shows within a few milliseconds: look soon,
         # then back off to the poll period for the slow cases.
         pause = min(FIRST_LOOK, self.timing.poll)
         while True:
-            serve = facts.find_serve(await self._serve_rows())
+            serve = parsers.find_serve(await self._serve_rows())
             if done(serve):
                 return True, serve
             if asyncio.get_running_loop().time() >= deadline:
@@ -259,7 +260,7 @@ class Executor:
         # Before anything is stopped: without its key there must be no half-done restart.
         api_key = await asyncio.to_thread(read_secret, self.cluster.model.api_key_file)
         want = model_spec_hashes(self.cluster, key_fingerprint(api_key) if api_key else None)
-        serve = facts.find_serve(await self._serve_rows())
+        serve = parsers.find_serve(await self._serve_rows())
         if serve is not None:
             if action.kind == "start_model" and await self._spec_on_host() in want:
                 return f"vllm serve already running (pid {serve.pid}) with the desired spec"
@@ -316,7 +317,7 @@ class Executor:
     async def _gpu_process_listed(self, host: HostSpec, pid: int, name: str) -> bool:
         out = await self._sh(host, catalogue.gpu_apps(self.cluster.ssh.command_timeout))
         return any(
-            p.pid == pid and (not name or p.name == name) for p in facts.parse_compute_apps(out)
+            p.pid == pid and (not name or p.name == name) for p in parsers.parse_compute_apps(out)
         )
 
     async def _power_cycle(self, host: HostSpec, action: Action) -> str:

@@ -20,7 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.exits import FENCE_MISMATCH_EXIT, FENCED_EXIT
+from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue
 from sparkd.shell.catalogue import FenceToken, Remote
 from sparkd.shell.ssh import SshFailure, SshPool
@@ -45,9 +47,9 @@ def _refusal(failure: SshFailure) -> tuple[RefusalKind, str] | None:
     lines = [ln for ln in result.stderr.splitlines() if ln.startswith(catalogue.FENCE_MARKER)]
     if not lines:
         return None  # the command's own status, not the fence's
-    if result.exit_status == catalogue.FENCED_EXIT:
+    if result.exit_status == FENCED_EXIT:
         return "fenced", lines[-1]
-    if result.exit_status == catalogue.FENCE_MISMATCH_EXIT:
+    if result.exit_status == FENCE_MISMATCH_EXIT:
         return "mismatch", lines[-1]
     return None
 

@@ -19,20 +19,21 @@ import asyncssh
 
 from sparkd import __version__
 from sparkd.core import cache
-from sparkd.core.spec import key_fingerprint, model_spec_hash
-from sparkd.ha.config import INSTANCE
-from sparkd.settings import ClusterSpec, HostSpec, SshSpec
+from sparkd.core.spec import SPEC_DIGITS, key_fingerprint, model_spec_hash
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.exits import FENCE_BUSY_EXIT, FENCE_MISMATCH_EXIT, FENCED_EXIT, REFUSED_EXIT
+from sparkd.model.fields import NAME_PATTERN
+from sparkd.model.spec import HostSpec, SshSpec
 from sparkd.shell import catalogue
 
 WRAPPER_PATH = "/usr/local/sbin/sparkd-forced-command"
-REFUSED_EXIT = 126
 SIGNALS = ("TERM", "KILL")
 # A PID sparkd may signal (catalogue.PID_DIGITS); the wrapper also refuses one not below the
 # host's own pid_max.
 PID_PATTERN = f"(?P<pid>{catalogue.PID_DIGITS})"
 # Docker's own rule for container names; the wrapper also checks cleanup.container_patterns.
 CONTAINER_PATTERN = r"(?P<container>[A-Za-z0-9][A-Za-z0-9_.-]{0,254})"
-SPEC_PATTERN = r"(?P<spec>[0-9a-f]{12})"
+SPEC_PATTERN = rf"(?P<spec>[0-9a-f]{{{SPEC_DIGITS}}})"
 # A compile cache entry of sparkd's naming (core.cache.ENTRY): no `/`, never `.` or `..`.
 CACHE_PATTERN = f"(?P<entry>{cache.ENTRY.pattern})"
 # Stand-ins put where the variable parts go, then replaced by the patterns above.
@@ -205,10 +206,10 @@ def wrapper(
         fence_function=repr(catalogue.FENCE_FUNCTION),
         fence_dir=repr(catalogue.FENCE_DIR),
         fence_marker=repr(catalogue.FENCE_MARKER),
-        fenced_exit=catalogue.FENCED_EXIT,
-        mismatch_exit=catalogue.FENCE_MISMATCH_EXIT,
-        busy_exit=catalogue.FENCE_BUSY_EXIT,
-        instance=repr(INSTANCE),
+        fenced_exit=FENCED_EXIT,
+        mismatch_exit=FENCE_MISMATCH_EXIT,
+        busy_exit=FENCE_BUSY_EXIT,
+        instance=repr(NAME_PATTERN),
         unfenced=fenced and unfenced,
     )
     return "\n".join(header) + "\n" + body

@@ -18,6 +18,7 @@ import hmac
 import ipaddress
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -25,9 +26,9 @@ from typing import TextIO
 import asyncssh
 from asyncssh.pattern import HostPatternList
 
-from sparkd.settings import Settings
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.exits import EX_UNAVAILABLE
 
-EX_UNAVAILABLE = 69
 SCAN_TIMEOUT = 10.0
 
 
@@ -237,9 +238,9 @@ def _write(path: Path, text: str) -> None:
         raise
 
 
-async def scan(settings: Settings, do_accept: bool, out: TextIO, err: TextIO) -> int:
+async def scan(clusters: Sequence[ClusterSpec], do_accept: bool, out: TextIO, err: TextIO) -> int:
     by_file: dict[Path, list[tuple[str, str, int]]] = {}
-    for cluster in settings.clusters:
+    for cluster in clusters:
         targets = by_file.setdefault(cluster.ssh.known_hosts_file, [])
         for host in cluster.hosts:
             targets.append((f"{cluster.name}/{host.name}", host.address, host.port))

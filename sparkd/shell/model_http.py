@@ -26,9 +26,9 @@ from sparkd.core.classify import (
     judge_timeout,
 )
 from sparkd.core.text import printable
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import ModelEndpoint
 from sparkd.model.probe import CheckResult, ProbeResult
-from sparkd.settings import ClusterSpec
 
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 Opener = Callable[[], Awaitable[Streams]]
@@ -278,13 +278,6 @@ async def read_endpoint(
         detail=f"/health {health.status}, /v1/models {listed.status}",
     )
     return endpoint, load
-
-
-async def observe_endpoint(
-    opener: Opener, cluster: ClusterSpec, api_key: str | None, limit: float
-) -> ModelEndpoint:
-    endpoint, _ = await read_endpoint(opener, cluster, api_key, limit)
-    return endpoint
 
 
 def listed_models(body: bytes) -> tuple[str, ...]:

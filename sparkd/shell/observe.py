@@ -1,4 +1,4 @@
-"""Take one snapshot of a cluster: one fact script per host, HTTP to the model, maybe a probe.
+"""Take a cycle's reading of a cluster: one fact script per host, HTTP to the model, maybe a probe.
 
 All hosts are observed concurrently; each is bounded by its own command timeout, so a slow or
 dead host never delays the others beyond that. Failures become classified values here.
@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.core.assemble import (
     HeadExtras,
     head_extras,
@@ -20,9 +20,10 @@ from sparkd.core.assemble import (
     withhold_foreign_tail,
 )
 from sparkd.core.spec import key_fingerprint
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import HostFacts, ModelEndpoint, Observed, RayState
 from sparkd.model.probe import CheckResult, ProbeResult
-from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue, model_http, ray_http
 from sparkd.shell.secrets import REDACTOR, SecretFileError, read_secret
 from sparkd.shell.ssh import HostConnection, SshFailure, SshPool
@@ -127,7 +128,7 @@ async def read_host(
 
 async def _sections(
     conn: HostConnection, script: catalogue.Remote, seconds: float
-) -> dict[str, facts.Section] | HostFacts:
+) -> dict[str, parsers.Section] | HostFacts:
     """The script's sections, or the host's failure (a HostFacts with its error)."""
     try:
         result = await conn.run(script.command, timeout=seconds)
@@ -136,7 +137,7 @@ async def _sections(
         if failure.kind != "exit_nonzero" or failure.result is None:
             return HostFacts(name="", error=failure.error)
         output = failure.result.stdout  # sections carry their own exit codes
-    return facts.parse_sections(output)
+    return parsers.parse_sections(output)
 
 
 async def observe(

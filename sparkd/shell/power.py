@@ -11,19 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import signal
 
-from sparkd.settings import PowerSpec
+from sparkd.core import text
+from sparkd.model.cluster import PowerSpec
 from sparkd.shell.secrets import redact
 
 OUTPUT_KEPT = 600
 KILL_WAIT = 2.0
-# A PDU's or smart plug's client may echo its own credentials (`password=...`, `token: ...`):
-# sparkd never read them, so the process-wide redactor cannot know them.
-_CREDENTIAL = re.compile(
-    r"\b(password|passwd|pass|token|secret|api[_-]?key|community)(\s*[=:]\s*)\S+", re.I
-)
 
 
 class PowerFailed(Exception):
@@ -39,8 +34,9 @@ def power_argv(spec: PowerSpec, host: str) -> list[str]:
 
 
 def _tail(output: bytes) -> str:
-    text = " ".join(output.decode("utf-8", "replace").split())
-    return redact(_CREDENTIAL.sub(r"\1\2***", text))[-OUTPUT_KEPT:]
+    said = " ".join(output.decode("utf-8", "replace").split())
+    # What a PDU's client may echo of its own credentials, then the secrets sparkd holds.
+    return redact(text.redact(said, credentials=True))[-OUTPUT_KEPT:]
 
 
 async def run_power(argv: list[str], seconds: float) -> str:

@@ -12,26 +12,15 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-MASK = "***"
+from sparkd.core.text import MASK
+from sparkd.core.text import redact as redact_patterns
+
 # A key or token is one line; a file much longer is not one.
 MAX_SECRET_BYTES = 4096
-
-
-_PATTERNS: list[Callable[[str, Iterable[str]], str]] = []
-
-
-def _patterns() -> Callable[[str, Iterable[str]], str]:
-    """core.facts' redaction, loaded on first use: reading a secret (the CLI's control token)
-    needs none of the models it brings."""
-    if not _PATTERNS:
-        from sparkd.core.facts import redact
-
-        _PATTERNS.append(redact)
-    return _PATTERNS[0]
 
 
 class SecretFileError(Exception):
@@ -68,7 +57,7 @@ class Redactor:
         pattern = self._pattern
         if pattern is not None:
             text = pattern.sub(MASK, text)
-        return _patterns()(text, ())
+        return redact_patterns(text)
 
     def redact_json(self, value: Any) -> Any:
         """The same JSON-like value (dicts, lists, strings, numbers) with every string redacted,
@@ -80,12 +69,6 @@ class Redactor:
         if isinstance(value, list | tuple):
             return [self.redact_json(v) for v in value]
         return value
-
-    def forget(self) -> None:
-        with self._lock:
-            self._by_path.clear()
-            self._secrets = ()
-            self._pattern = None
 
 
 def _char_forms(char: str) -> str:

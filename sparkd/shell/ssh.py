@@ -18,7 +18,7 @@ import asyncssh
 
 from sparkd.core.text import printable
 from sparkd.model.observed import HostError
-from sparkd.settings import HostSpec, SshSpec
+from sparkd.model.spec import HostSpec, SshSpec
 from sparkd.shell.ssh_errors import (
     CommandResult,
     KeyFileError,

@@ -11,14 +11,15 @@ from typing import Any
 
 import pytest
 
-from sparkd.commands import sparkd_spec_labels
+from sparkd.model.cluster import ClusterSpec
 from sparkd.runtime.controller import Controller
 from sparkd.runtime.state import StateDir
-from sparkd.settings import ClusterSpec, Settings, load_settings
+from sparkd.settings import Settings, load_settings
 from sparkd.shell.execute import ExecutorTiming
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.timing import FAST_FACTOR, Timing
-from sparkd.sim.world import CommandRecord, World
+from sparkd_demo.cli import sparkd_spec_labels
+from sparkd_sim.timing import FAST_FACTOR, Timing
+from sparkd_sim.world import CommandRecord, World
 
 FAST_EXECUTOR = ExecutorTiming(poll=0.03, serve_appear=5.0, stop_grace=2.0)
 # Tool calls that change something on a host; everything else sparkd runs only reads.

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from sparkd.runtime.daemon import Daemon
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import FAST_EXECUTOR, eventually, mutations, world_settings
 
 TOKEN = "s3cret-token-value"

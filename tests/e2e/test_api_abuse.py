@@ -15,8 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from sparkd.sim.world import World
 from sparkd.web.app import HEADER_TIMEOUT, MAX_CONNECTIONS, MAX_PER_PEER
+from sparkd_sim.world import World
 from tests.e2e.conftest import eventually, free_port, write_fast_config
 from tests.e2e.test_process import phase, sparkd, start_daemon, status
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.cli_api import render_status
+from sparkd.cli.api import render_status
 from sparkd.runtime.daemon import Daemon
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import (
     FAST_EXECUTOR,
     controller,

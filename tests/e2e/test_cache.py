@@ -10,8 +10,8 @@ from pathlib import Path
 from sparkd.core import cache
 from sparkd.core.spec import container_name
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.fake_docker import image_id
-from sparkd.sim.world import World
+from sparkd_sim.fake_docker import image_id
+from sparkd_sim.world import World
 from tests.e2e.conftest import controller, converge, eventually, mutations
 
 

@@ -16,8 +16,8 @@ import pytest
 from sparkd.model.plan import ActionOutcome
 from sparkd.runtime.controller import Controller, CycleRecord
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.world import World
 from sparkd.web.app import cluster_json
+from sparkd_sim.world import World
 from tests.e2e.conftest import controller, mutations, running
 from tests.e2e.test_events import until
 

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from sparkd.runtime.daemon import Daemon
 from sparkd.runtime.notify import Notifier
 from sparkd.runtime.state import StateDir
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import (
     FAST_EXECUTOR,
     controller,
@@ -129,7 +130,7 @@ async def test_corrupt_memory_leaves_the_cluster_hands_off_until_resume(
     plan = await again.cycle()
     assert plan.phase == "cleaning"
     assert mutations(seed_world)
-    events = list(reversed(StateDir(state).read_events(100, "sparks")))
+    events = list(reversed(StateDir(state).read_events_counted(100, "sparks")[0]))
     kinds = [e["kind"] for e in events]
     assert kinds.index("blocked") < kinds.index("resumed")
     assert "unreadable" in events[kinds.index("blocked")]["reason"]
@@ -219,9 +220,9 @@ async def test_full_disk_pause_is_applied_and_the_api_says_it_is_not_persisted(
             return code == 200
 
         await eventually(persisted, within=15)
-        memory = StateDir(small_tmpfs / "state").load_memory("sparks")[0]
+        memory = StateDir(small_tmpfs / "state").read_memory("sparks", time.time()).memory
         assert memory.paused is not None and memory.paused.reason == "disk full drill"
-        events = StateDir(small_tmpfs / "state").read_events(100, "sparks")
+        events = StateDir(small_tmpfs / "state").read_events_counted(100, "sparks")[0]
         kinds = [e["kind"] for e in reversed(events)]
         assert "paused" in kinds
         gap = next(e for e in events if e["kind"] == "persist_gap")

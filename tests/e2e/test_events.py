@@ -13,7 +13,7 @@ from sparkd.model.plan import ActionOutcome
 from sparkd.runtime.controller import Controller
 from sparkd.shell.events import ContainerEvent, parse_event, relevant
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import controller, running
 from tests.toy import reference_cluster
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.commands import sparkd_spec_labels
 from sparkd.model.plan import Plan
 from sparkd.runtime.controller import Controller
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.timing import Timing
-from sparkd.sim.world import World
+from sparkd_demo.cli import sparkd_spec_labels
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import World
 from tests.e2e.conftest import controller, converge, eventually, mutations
 
 # The real load (30 s init, 600 s of shards, 120 s of graph capture) against the real

@@ -9,7 +9,7 @@ from pathlib import Path
 from sparkd.runtime.controller import Controller
 from sparkd.runtime.metrics import Metrics
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import controller, converge, mutations
 from tests.e2e.test_invariants_sim import cycle_until, cycles
 

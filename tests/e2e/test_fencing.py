@@ -7,13 +7,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from sparkd.model.cluster import ClusterSpec
 from sparkd.runtime.controller import Controller
-from sparkd.settings import ClusterSpec
 from sparkd.shell import catalogue, forced
 from sparkd.shell.catalogue import FenceToken
 from sparkd.shell.fencing import HostFence
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import controller, converge, eventually, mutations
 
 ETCD = 987654321
@@ -139,7 +139,7 @@ async def test_a_host_holding_a_newer_token_refuses_and_nothing_is_spent(
     outcome = ctl.view.recent[0]
     assert outcome.result == "skipped" and outcome.detail.startswith("fenced: spark-b")
     assert ctl.memory.attempts == attempts  # no budget spent
-    events = ctl.state.read_events(50, name)
+    events = ctl.state.read_events_counted(50, name)[0]
     assert any(e["kind"] == "fenced" and e["host"] == "spark-b" for e in events)
     # No longer the owner: nothing more is sent to change anything.
     for _ in range(3):

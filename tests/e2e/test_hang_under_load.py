@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import controller, converge, eventually, mutations, running
 
 # The defaults' ratios (interval 30 s, probe_interval 60 s, probe.timeout 30 s, hang_window 60 s,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sparkd.model.plan import ActionOutcome
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import controller, mutations, running
 from tests.e2e.test_events import until
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from sparkd.model.plan import Plan
 from sparkd.runtime.controller import Controller
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.timing import Timing
-from sparkd.sim.world import World
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import World
 from tests.e2e.conftest import controller, converge, mutations
 
 NEW_TAG = "vllm/vllm-openai:v0.33.0"

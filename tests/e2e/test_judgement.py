@@ -13,8 +13,8 @@ import asyncssh
 from sparkd.model.plan import Action, Plan
 from sparkd.runtime.controller import Controller
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.timing import Timing
-from sparkd.sim.world import World
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import World
 from tests.e2e.conftest import controller, converge, eventually, mutations
 
 
@@ -207,7 +207,7 @@ async def test_a_changed_host_key_is_reported_and_nothing_is_sent_to_that_host(
     assert seed_world.commands("spark-b") == []
     assert seed_world.commands("spark-a"), "the head was read all along"
     # The head's own work goes on; what the operator must fix is in the event log.
-    [phase] = [e for e in ctl.state.read_events(50, "sparks") if e["kind"] == "phase"]
+    [phase] = [e for e in ctl.state.read_events_counted(50, "sparks")[0] if e["kind"] == "phase"]
     assert phase["phase"] == "unreachable"
     assert "spark-b (worker) unreachable (host_key: " in phase["reason"]
 

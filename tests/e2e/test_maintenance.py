@@ -8,12 +8,12 @@ from pathlib import Path
 
 import aiohttp
 
+from sparkd.model.cluster import MaintenanceSpec
 from sparkd.model.plan import ActionOutcome
 from sparkd.runtime.controller import Controller
 from sparkd.runtime.daemon import Daemon
-from sparkd.settings import MaintenanceSpec
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import FAST_EXECUTOR, controller, eventually, mutations, world_settings
 from tests.e2e.test_metrics import parse, value
 

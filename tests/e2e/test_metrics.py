@@ -15,12 +15,12 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from sparkd import __version__
-from sparkd.cli_api import render_status
+from sparkd.cli.api import render_status
 from sparkd.model.observed import HOST_ERROR_KINDS
 from sparkd.model.plan import PHASES
 from sparkd.model.probe import PROBE_OUTCOMES
 from sparkd.runtime.daemon import Daemon
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import FAST_EXECUTOR, eventually, world_settings
 from tests.ops.tools import tool
 

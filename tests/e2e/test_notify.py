@@ -15,7 +15,7 @@ from pathlib import Path
 
 import aiohttp
 
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import eventually, free_port, write_fast_config
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 
 from sparkd.settings import load_settings
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import eventually, free_port, mutations, write_fast_config
 from tests.e2e.test_process import phase, sparkd, start_daemon, status
 

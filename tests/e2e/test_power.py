@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.timing import FAST_FACTOR
-from sparkd.sim.world import World
+from sparkd_sim.timing import FAST_FACTOR
+from sparkd_sim.world import World
 from tests.e2e.conftest import controller, converge, mutations
 from tests.e2e.test_invariants_sim import cycle_until, cycles
 
 
 def power(world: World, **changes: Any) -> dict[str, Any]:
     command = (
-        sys.executable, "-m", "sparkd.sim.power", "cycle", "{host}", "--dir", str(world.directory)
+        sys.executable, "-m", "sparkd_sim.power", "cycle", "{host}", "--dir", str(world.directory)
     )  # fmt: skip
     # The default timeout (60 s) in the tests' scaled time.
     return {"power": {"command": command, "timeout": 60.0 * FAST_FACTOR, **changes}}
@@ -50,7 +50,11 @@ async def test_a_wedged_host_is_power_cycled_once_and_the_cluster_recovers(
     # power cycle, then rejoined Ray and the model was relaunched.
     cycled = healthy_world.power_log[0].at
     assert not [r for r in mutations(healthy_world, "spark-b", since) if r.at < cycled]
-    [event] = [e for e in ctl.state.read_events(200, "sparks") if e.get("action") == "power_cycle"]
+    [event] = [
+        e
+        for e in ctl.state.read_events_counted(200, "sparks")[0]
+        if e.get("action") == "power_cycle"
+    ]
     assert event["result"] == "ok" and event["host"] == "spark-b"
     assert (
         "NVRM NV_ERR_NO_MEMORY" in event["reason"]
@@ -73,7 +77,11 @@ async def test_a_failed_power_command_is_not_run_again_and_blocks_with_its_outpu
     assert plans[-1].phase == "blocked" and plans[-1].triage == ("host_wedged",)
     assert "not tried again in this incident, it needs a human" in plans[-1].reason
     assert not [a for p in plans for a in p.actions if a.kind == "power_cycle"]
-    [event] = [e for e in ctl.state.read_events(200, "sparks") if e.get("action") == "power_cycle"]
+    [event] = [
+        e
+        for e in ctl.state.read_events_counted(200, "sparks")[0]
+        if e.get("action") == "power_cycle"
+    ]
     assert event["result"] == "failed"
     assert "exited 3: outlet of spark-b: no such outlet" in event["detail"]
     assert healthy_world.power_log == []

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from sparkd.core import rollout
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.checkpoint import shard_name
-from sparkd.sim.world import World
+from sparkd_sim.checkpoint import shard_name
+from sparkd_sim.world import World
 from tests.e2e.conftest import eventually, mutations
 from tests.e2e.test_api import TOKEN, get
 from tests.e2e.test_rollout import daemon_with, serves, serving_with_last_good

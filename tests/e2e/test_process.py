@@ -14,8 +14,8 @@ from pathlib import Path
 import aiohttp
 
 from sparkd.runtime.state import StateDir
-from sparkd.sim.state import GpuProcess
-from sparkd.sim.world import World
+from sparkd_sim.state import GpuProcess
+from sparkd_sim.world import World
 from tests.e2e.conftest import eventually, free_port, mutations, write_fast_config
 
 SPARKD = [sys.executable, "-m", "sparkd.cli"]

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 import yaml
 
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import eventually, free_port, write_fast_config
 from tests.e2e.test_process import sparkd, start_daemon, status
 from tests.ops.test_dashboard import dashboard

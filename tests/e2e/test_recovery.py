@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import controller, converge, eventually, mutations
 
 
@@ -182,7 +182,7 @@ async def test_pause_during_a_cycle_holds_the_remaining_actions_and_sticks(
     assert len(plan.actions) == 8
     assert 1 <= len(ctl.view.recent) < 8
     assert ctl.memory.paused is not None and ctl.memory.paused.by == "oncall"
-    saved, _ = ctl.state.load_memory("sparks")
+    saved = ctl.state.read_memory("sparks", time.time()).memory
     assert saved.paused is not None
     again = await ctl.cycle()
     assert again.phase == "paused" and again.actions == ()

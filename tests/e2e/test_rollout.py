@@ -11,13 +11,13 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from sparkd.core import rollout
+from sparkd.model.cluster import RolloutCheck
 from sparkd.model.plan import Plan
 from sparkd.runtime.controller import Controller
 from sparkd.runtime.daemon import Daemon
 from sparkd.runtime.state import StateDir
-from sparkd.settings import RolloutCheck
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import (
     FAST_EXECUTOR,
     controller,
@@ -84,7 +84,7 @@ def assert_rolled_back(ctl: Controller, plans: list[Plan], bad: str, good: str, 
     assert held.reason.startswith(f"rolled back from {bad} to {good}: "), held.reason
     record = ctl.memory.rollout
     assert record is not None and record.result == "rolled_back"
-    events = ctl.state.read_events(1000, ctl.cluster.name)
+    events = ctl.state.read_events_counted(1000, ctl.cluster.name)[0]
     back = [e for e in events if e["kind"] == "rolled_back"]
     assert len(back) == 1 and why in back[0]["reason"] and back[0]["last_good"] == good
 

@@ -20,7 +20,7 @@ import pytest
 from sparkd.runtime.daemon import Daemon
 from sparkd.runtime.notify import Notifier
 from sparkd.settings import load_settings
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import eventually, free_port, write_fast_config
 
 ROOT = Path(__file__).resolve().parents[2]

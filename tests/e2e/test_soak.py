@@ -22,8 +22,8 @@ import pytest
 from sparkd.model.plan import ActionOutcome, Plan
 from sparkd.runtime.controller import Controller
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.timing import Timing
-from sparkd.sim.world import World
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import World
 from tests.e2e.conftest import controller
 
 COUNT = int(os.environ.get("SPARKD_SOAK_COUNT", "2"))

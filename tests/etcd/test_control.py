@@ -13,7 +13,7 @@ import pytest
 from sparkd.ha.control import Control
 from sparkd.ha.etcd import EtcdClient, EtcdUnavailable
 from sparkd.ha.ownership import Ownership
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import eventually, mutations
 from tests.etcd.conftest import EtcdServer
 from tests.etcd.test_ownership import spec, wait_for

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from sparkd.model import exits
 from sparkd.shell import catalogue
-from sparkd.sim.owned import OwnedCommand
-from sparkd.sim.world import World
+from sparkd_sim.owned import OwnedCommand
+from sparkd_sim.world import World
 from tests.e2e.conftest import eventually, mutations
 from tests.etcd.conftest import EtcdServer
 from tests.etcd.test_two_daemons import (
@@ -118,7 +119,7 @@ async def test_a_paused_owners_late_command_is_refused_by_the_host(
         assert not late.refused and late.status == 0
         assert backwards(seed_world), "the checker missed a stale owner's command"
         return
-    assert late.status == catalogue.FENCED_EXIT and late.refused
+    assert late.status == exits.FENCED_EXIT and late.refused
     assert backwards(seed_world) == []
     # The new owner's first command on each host was the sweep, before anything it changed.
     for host in {c.host for c in by_b}:

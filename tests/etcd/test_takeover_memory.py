@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from sparkd.settings import load_settings
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import eventually, mutations
 from tests.etcd.conftest import EtcdServer
 from tests.etcd.test_control import cli, paused_by

@@ -22,8 +22,8 @@ import aiohttp
 import pytest
 
 from sparkd.ha.etcd import EtcdClient
-from sparkd.sim.timing import Timing
-from sparkd.sim.world import World
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import World
 from tests.e2e.conftest import eventually, free_port, mutations, write_fast_config
 from tests.etcd.conftest import Blackhole, EtcdServer, lease_remaining
 

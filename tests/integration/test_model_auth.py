@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from sparkd.shell import model_http
-from sparkd.sim.vllm_server import ModelBehaviour, SimVllmServer
+from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
 from tests.integration.test_model_http import MODEL, cluster, opener_for
 
 KEY = "sk-served-1234abcd"
@@ -18,9 +18,9 @@ async def test_a_refused_key_is_http_error_and_the_right_one_is_up() -> None:
     try:
         spec = cluster()
         spec = spec.model_copy(update={"model": spec.model.model_copy(update={"port": srv.port})})
-        wrong = await model_http.observe_endpoint(opener_for(srv.port), spec, "sk-rotated", 5)
-        none = await model_http.observe_endpoint(opener_for(srv.port), spec, None, 5)
-        right = await model_http.observe_endpoint(opener_for(srv.port), spec, KEY, 5)
+        wrong, _ = await model_http.read_endpoint(opener_for(srv.port), spec, "sk-rotated", 5)
+        none, _ = await model_http.read_endpoint(opener_for(srv.port), spec, None, 5)
+        right, _ = await model_http.read_endpoint(opener_for(srv.port), spec, KEY, 5)
         probe = await model_http.probe(opener_for(srv.port), spec, "sk-rotated")
     finally:
         await srv.stop()
@@ -45,7 +45,7 @@ def echoing_opener(secret: str) -> model_http.Opener:
 
 async def test_exception_text_never_becomes_a_detail() -> None:
     spec = cluster()
-    endpoint = await model_http.observe_endpoint(echoing_opener(KEY), spec, KEY, 5)
+    endpoint, _ = await model_http.read_endpoint(echoing_opener(KEY), spec, KEY, 5)
     probe = await model_http.probe(echoing_opener(KEY), spec, KEY)
     assert endpoint.status == "error" and "_Echoing" in endpoint.detail
     assert probe.verdict.outcome == "not_run" and "_Echoing" in probe.verdict.detail

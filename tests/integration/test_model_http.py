@@ -12,9 +12,9 @@ import pytest
 from aiohttp import web
 
 from sparkd.core.classify import EngineLoad
-from sparkd.settings import ClusterSpec
+from sparkd.model.cluster import ClusterSpec
 from sparkd.shell import model_http
-from sparkd.sim.vllm_server import ModelBehaviour, SimVllmServer
+from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
 from tests.toy import reference_cluster
 
 MODEL = "/models/Qwen3.5-122B-A10B-FP8"
@@ -176,7 +176,7 @@ async def test_refused_when_nothing_listens() -> None:
         port = sock.getsockname()[1]
     result = await model_http.probe(opener_for(port), cluster(), None)
     assert result.verdict.outcome == "refused"
-    endpoint = await model_http.observe_endpoint(opener_for(port), cluster(), None, 2)
+    endpoint, _ = await model_http.read_endpoint(opener_for(port), cluster(), None, 2)
     assert endpoint.status == "refused"
 
 
@@ -190,7 +190,7 @@ async def test_not_run_when_the_channel_cannot_open() -> None:
 
 async def test_observe_endpoint(server: Any) -> None:
     srv, _ = server
-    endpoint = await model_http.observe_endpoint(opener_for(srv.port), cluster(), None, 2)
+    endpoint, _ = await model_http.read_endpoint(opener_for(srv.port), cluster(), None, 2)
     assert endpoint.serves(MODEL)
     assert endpoint.requests_running == 0
     assert endpoint.generation_tokens_total is not None
@@ -217,7 +217,7 @@ async def test_served_model_name_is_listed_and_asked_for(flags: tuple[str, ...])
     await srv.start()
     try:
         named = served_as(*flags)
-        endpoint = await model_http.observe_endpoint(opener_for(srv.port), named, None, 2)
+        endpoint, _ = await model_http.read_endpoint(opener_for(srv.port), named, None, 2)
         asked = await model_http.probe(opener_for(srv.port), named, None)
         by_path = await model_http.probe(opener_for(srv.port), cluster(), None)
     finally:
@@ -305,7 +305,7 @@ async def hostile_server(models: bytes, metrics: bytes) -> tuple[web.AppRunner, 
 async def test_a_hostile_model_server_reads_as_values(models: bytes, metrics: bytes) -> None:
     runner, port = await hostile_server(models, metrics)
     try:
-        endpoint = await model_http.observe_endpoint(opener_for(port), cluster(), None, 5)
+        endpoint, _ = await model_http.read_endpoint(opener_for(port), cluster(), None, 5)
     finally:
         await runner.cleanup()
     assert endpoint.status == "up"

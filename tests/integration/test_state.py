@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import stat
 import subprocess
 import sys
@@ -17,14 +18,16 @@ def test_memory_round_trip_and_permissions(tmp_path: Path) -> None:
     state = StateDir(tmp_path / "state")
     memory = Memory(attempts=(Attempt(key="k", at=1.0, ok=True),), launched_at=5.0)
     state.save_memory("sparks", memory)
-    assert state.load_memory("sparks") == (memory, None)
+    read = state.read_memory("sparks", 10.0)
+    assert (read.memory, read.problem) == (memory, None)
     assert stat.S_IMODE(state.path.stat().st_mode) == 0o700
     assert stat.S_IMODE(state.memory_path("sparks").stat().st_mode) == 0o600
     assert [p.name for p in state.path.iterdir()] == ["memory-sparks.json"]
 
 
 def test_missing_memory_is_fresh(tmp_path: Path) -> None:
-    assert StateDir(tmp_path).load_memory("x") == (Memory(), None)
+    read = StateDir(tmp_path).read_memory("x", 10.0)
+    assert (read.memory, read.problem) == (Memory(), None)
 
 
 @pytest.mark.parametrize(
@@ -43,7 +46,8 @@ def test_missing_memory_is_fresh(tmp_path: Path) -> None:
 def test_unreadable_memory_is_kept_aside_and_blocks(tmp_path: Path, content: bytes) -> None:
     state = StateDir(tmp_path)
     state.memory_path("sparks").write_bytes(content)
-    memory, problem = state.load_memory("sparks", now=100.0)
+    read = state.read_memory("sparks", 100.0)
+    memory, problem = read.memory, read.problem
     assert problem is not None and "unreadable" in problem
     assert memory.blocked is not None and memory.blocked.since == 100.0
     assert "not acting until resumed" in memory.blocked.reason
@@ -51,19 +55,19 @@ def test_unreadable_memory_is_kept_aside_and_blocks(tmp_path: Path, content: byt
     assert aside.read_bytes() == content
     assert str(aside) in problem
     # The latch is on disk in the file's place: a restart stays hands-off.
-    again, problem_again = state.load_memory("sparks")
-    assert problem_again is None
-    assert again.blocked == memory.blocked
+    again = state.read_memory("sparks", 200.0)
+    assert again.problem is None
+    assert again.memory.blocked == memory.blocked
 
 
 def test_events_newest_first_with_retention(tmp_path: Path) -> None:
     state = StateDir(tmp_path)
     for i in range(25):
         state.append_events([{"n": i}], keep=5)
-    events = state.read_events(100)
+    events = state.read_events_counted(100)[0]
     assert events[0] == {"n": 24}
     assert len(events) <= 10
-    assert state.read_events(3) == [{"n": 24}, {"n": 23}, {"n": 22}]
+    assert state.read_events_counted(3)[0] == [{"n": 24}, {"n": 23}, {"n": 22}]
 
 
 def test_lock_is_exclusive_across_processes(tmp_path: Path) -> None:
@@ -98,7 +102,7 @@ def test_an_unchanged_memory_is_not_rewritten(tmp_path: Path) -> None:
     assert path.stat().st_ino == first  # an atomic rewrite would have replaced the file
     state.save_memory("sparks", memory.model_copy(update={"launched_at": 2.0}))
     assert path.stat().st_ino != first
-    assert state.load_memory("sparks")[0].launched_at == 2.0
+    assert state.read_memory("sparks", 10.0).memory.launched_at == 2.0
 
 
 def test_a_remembered_pause_reason_is_read_printable(tmp_path: Path) -> None:
@@ -112,3 +116,15 @@ def test_a_remembered_pause_reason_is_read_printable(tmp_path: Path) -> None:
         assert paused is not None and paused.reason.startswith("ok")
         text = paused.reason + paused.by
         assert not any(c in text for c in "\x1b\x9b\u202e"), repr(text)
+
+
+def test_a_retired_memory_field_still_loads_and_is_not_a_newer_version(tmp_path: Path) -> None:
+    # `launch_spec` was written (always null) before it was dropped.
+    state = StateDir(tmp_path)
+    state.ensure()
+    old = {"version": 1, "launched_at": 5.0, "launch_spec": None, "launch_nodes": ["n1"]}
+    state.memory_path("c").write_text(json.dumps(old))
+    read = state.read_memory("c", 10.0)
+    assert read.problem is None and read.ignored == ()
+    assert read.memory.launched_at == 5.0 and read.memory.launch_nodes == ("n1",)
+    assert "launch_spec" not in read.memory.model_dump()

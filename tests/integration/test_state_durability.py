@@ -34,9 +34,9 @@ def test_memory_from_a_newer_version_is_read_ignoring_what_it_does_not_know(
 def test_newer_version_with_a_wrong_type_is_still_unreadable(tmp_path: Path) -> None:
     state = StateDir(tmp_path)
     state.memory_path("sparks").write_text(json.dumps({"version": 7, "new": 1, "paused": "yes"}))
-    memory, problem = state.load_memory("sparks")
-    assert problem is not None
-    assert memory.blocked is not None
+    read = state.read_memory("sparks", 10.0)
+    assert read.problem is not None
+    assert read.memory.blocked is not None
 
 
 def test_events_skip_a_torn_line_and_bytes_that_are_not_utf8(tmp_path: Path) -> None:
@@ -45,12 +45,12 @@ def test_events_skip_a_torn_line_and_bytes_that_are_not_utf8(tmp_path: Path) -> 
     with state.events_path().open("ab") as handle:
         handle.write(b'{"cluster": "a", "kind": "bad\xff\xfe"}\n')
         handle.write(b'{"cluster": "a", "kind": "remedi')  # torn by a crash mid-write
-    assert [e["n"] for e in state.read_events(10)] == [1]
+    assert [e["n"] for e in state.read_events_counted(10)[0]] == [1]
     assert state.events_skipped == 2
     state.append_events([{"cluster": "a", "kind": "phase", "n": 2}], keep=100)
-    assert [e["n"] for e in state.read_events(10)] == [2, 1]
+    assert [e["n"] for e in state.read_events_counted(10)[0]] == [2, 1]
     assert state.events_skipped == 2
-    assert state.read_events(1) == [{"cluster": "a", "kind": "phase", "n": 2}]
+    assert state.read_events_counted(1)[0] == [{"cluster": "a", "kind": "phase", "n": 2}]
 
 
 def test_retention_is_per_cluster(tmp_path: Path) -> None:
@@ -58,8 +58,8 @@ def test_retention_is_per_cluster(tmp_path: Path) -> None:
     state.append_events([{"cluster": "quiet", "n": i} for i in range(3)], keep=5)
     for i in range(40):
         state.append_events([{"cluster": "noisy", "n": i}], keep=5)
-    quiet = state.read_events(100, "quiet")
-    noisy = state.read_events(100, "noisy")
+    quiet = state.read_events_counted(100, "quiet")[0]
+    noisy = state.read_events_counted(100, "noisy")[0]
     assert [e["n"] for e in quiet] == [2, 1, 0]
     assert [e["n"] for e in noisy][:5] == [39, 38, 37, 36, 35]
     assert len(noisy) <= 10
@@ -75,4 +75,4 @@ def test_retention_counts_what_an_earlier_process_wrote(tmp_path: Path) -> None:
     for i in range(9, 12):
         second.append_events([{"cluster": "a", "n": i}], keep=5)
     # Without counting the first process's nine, three appends would never compact.
-    assert [e["n"] for e in second.read_events(100)] == [11, 10, 9, 8, 7, 6]
+    assert [e["n"] for e in second.read_events_counted(100)[0]] == [11, 10, 9, 8, 7, 6]

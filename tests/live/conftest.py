@@ -12,13 +12,14 @@ from typing import Any
 
 import pytest
 
-from sparkd.commands import sparkd_spec_labels
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import Observed
-from sparkd.settings import ClusterSpec, load_settings
+from sparkd.settings import load_settings
 from sparkd.shell.observe import observe
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.timing import Timing
-from sparkd.sim.world import Scenario, World
+from sparkd_demo.cli import sparkd_spec_labels
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import Scenario, World
 
 # Short SSH limits for tests that wait for a timeout on purpose; the world answers in
 # milliseconds, so these only ever expire when a host or tool really is silent.

@@ -14,8 +14,8 @@ import pytest
 from sparkd.model.observed import HostErrorKind, Observed
 from sparkd.shell.observe import observe
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.timing import Timing
-from sparkd.sim.world import World
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import World
 from tests.live.conftest import QUICK_SSH, cluster_of, live_world, observe_until
 
 REBOOT_DOWNTIME = 1.0

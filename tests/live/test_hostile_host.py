@@ -14,8 +14,8 @@ import asyncssh
 import pytest
 
 from sparkd.core.planner import plan
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory
-from sparkd.settings import ClusterSpec
 from sparkd.shell import catalogue
 from sparkd.shell.observe import observe, tool_timeout
 from sparkd.shell.ssh import SshPool

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import time
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.core.assemble import unreadable
 from sparkd.core.planner import plan
 from sparkd.model.memory import Memory
 from sparkd.shell import catalogue
 from sparkd.shell.observe import observe, tool_timeout
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.live.conftest import Live, cluster_of
 from tests.sim.conftest import eventually
 
@@ -39,7 +39,7 @@ async def test_a_hung_tool_is_killed_and_the_other_sections_arrive(
     started = time.monotonic()
     result = await pool.connection(head, cluster.ssh).run(script.command, timeout=COMMAND_TIMEOUT)
     took = time.monotonic() - started
-    sections = facts.parse_sections(result.stdout)
+    sections = parsers.parse_sections(result.stdout)
     assert sections["gpu_apps"].rc == TIMEOUT_RC
     # grep over sysfs exits 2 for the unused GID rows (EINVAL), as on every real host: the
     # fabric section's lines are its facts, whatever its status.
@@ -106,8 +106,8 @@ async def test_a_hung_docker_top_makes_gpu_owners_unknown_never_foreign(
     await eventually(lambda: released(world), within=2)
 
 
-def sections(text: str) -> dict[str, facts.Section]:
-    return facts.parse_sections(text.replace("|", "\n"))
+def sections(text: str) -> dict[str, parsers.Section]:
+    return parsers.parse_sections(text.replace("|", "\n"))
 
 
 def test_a_container_that_stopped_after_listing_is_no_reason_to_distrust_the_host() -> None:

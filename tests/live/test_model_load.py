@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 
 from sparkd.core.spec import key_fingerprint, model_spec_hash, serve_log_path
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory
 from sparkd.model.observed import Observed
 from sparkd.model.snapshot import dump_snapshot
-from sparkd.settings import ClusterSpec
 from sparkd.shell import catalogue
 from sparkd.shell.observe import observe, probe_once
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.timing import Timing
-from sparkd.sim.world import World
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import World
 from tests.live.conftest import cluster_of, live_world, observe_until
 
 MODEL_LOAD = 1.2  # long enough for several observations to see the shards progress

@@ -14,11 +14,11 @@ from typing import ClassVar
 import pytest
 from aiohttp import web
 
-from sparkd.commands import sparkd_spec_labels
 from sparkd.shell.ssh import SshPool
-from sparkd.sim import world as world_module
-from sparkd.sim.vllm_server import SimVllmServer
-from sparkd.sim.world import World
+from sparkd_demo.cli import sparkd_spec_labels
+from sparkd_sim import world as world_module
+from sparkd_sim.vllm_server import SimVllmServer
+from sparkd_sim.world import World
 from tests.e2e.conftest import mutations
 from tests.live.conftest import cluster_of, live_world, observe_until, serving
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.commands import sparkd_spec_labels
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.probe import ProbeOutcome, ProbeResult
-from sparkd.settings import ClusterSpec
 from sparkd.shell.observe import observe, probe_once
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.vllm_schema import FieldNaming
-from sparkd.sim.world import World
+from sparkd_demo.cli import sparkd_spec_labels
+from sparkd_sim.vllm_schema import FieldNaming
+from sparkd_sim.world import World
 from tests.live.conftest import Live, cluster_of, live_world, observe_until, serving
 
 # Long enough for a healthy answer here (tens of milliseconds), far shorter than a busy one.

@@ -7,7 +7,7 @@ from sparkd.model.memory import Memory
 from sparkd.model.snapshot import dump_snapshot, load_snapshot
 from sparkd.shell.observe import observe
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import mutations
 from tests.live.conftest import Live, cluster_of
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.sim.world import WRONG_IP_OFFSET, World
+from sparkd_sim.world import WRONG_IP_OFFSET, World
 from tests.live.conftest import FIRST_ADDRESS
 from tests.live.test_hung_tool import TIMEOUT_RC, released
 from tests.sim.conftest import connect, eventually, run

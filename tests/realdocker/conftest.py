@@ -17,14 +17,15 @@ from dataclasses import dataclass
 import pytest
 import pytest_asyncio
 
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import RayState
-from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue
 from sparkd.shell.observe import HostReading, read_host
 from sparkd.shell.ssh import HostConnection, SshFailure, SshPool
-from sparkd.sim import real_docker
-from sparkd.sim.real_docker import Daemon
-from sparkd.sim.world import World
+from sparkd_sim import real_docker
+from sparkd_sim.real_docker import Daemon
+from sparkd_sim.world import World
 from tests.live.conftest import cluster_of
 
 # A block of addresses of its own, away from the other tiers' worlds.

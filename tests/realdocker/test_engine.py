@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.core.spec import container_name, ray_spec_hash
 from sparkd.shell import catalogue
-from sparkd.sim import real_docker
+from sparkd_sim import real_docker
 from tests.realdocker.conftest import Tier, start_ray
 
 pytestmark = [pytest.mark.realdocker, pytest.mark.asyncio(loop_scope="module")]
@@ -127,7 +127,7 @@ async def test_a_restarting_container_has_no_processes_and_never_a_restart_event
         assert time.monotonic() < deadline, "never caught between two runs"
         script = catalogue.fact_script(clean.cluster, clean.host, 5, read_ray=False)
         _, out, _ = await clean.run(script.command)
-        sections = facts.parse_sections(out)
+        sections = parsers.parse_sections(out)
         top = sections.get("top glm-flash")
         # (Asked as it exits, `top` may also fail with `ttrpc: closed: unknown`: unread.)
         if top is not None and "is restarting" in top.body:

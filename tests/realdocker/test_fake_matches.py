@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.core.spec import container_name, ray_spec_hash
 from sparkd.shell import catalogue
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.real_docker import IMAGE
-from sparkd.sim.world import World
+from sparkd_sim.real_docker import IMAGE
+from sparkd_sim.world import World
 from tests.live.conftest import cluster_of
 from tests.realdocker.conftest import FIRST_ADDRESS, Tier
 
@@ -83,7 +83,7 @@ async def test_the_fact_script_reads_alike(clean: Tier, fake: Tier) -> None:
         rc, out, err = await tier.run(catalogue.start_ray(tier.cluster, tier.host, 20).command)
         assert rc == 0 and re.fullmatch(r"[0-9a-f]{64}\n", out), err
     real, sim = [
-        facts.parse_sections(
+        parsers.parse_sections(
             (await t.run(catalogue.fact_script(t.cluster, t.host, 5, read_ray=False).command))[1]
         )
         for t in (clean, fake)

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.core.spec import container_name, serve_pid_path
 from sparkd.shell import catalogue
 from sparkd.shell.events import EventWatch
-from sparkd.sim.real_docker import IMAGE
+from sparkd_sim.real_docker import IMAGE
 from tests.realdocker.conftest import Tier, start_ray
 
 pytestmark = [pytest.mark.realdocker, pytest.mark.asyncio(loop_scope="module")]
@@ -30,18 +30,18 @@ async def until(check: Callable[[], object], within: float = 10.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def launched(tier: Tier) -> facts.TopRow:
+async def launched(tier: Tier) -> parsers.TopRow:
     """The head's container and the model in it, as sparkd starts them; the serve's row."""
     rc, _, err = await tier.run(start_ray(tier))
     assert rc == 0, err
     rc, _, err = await tier.run(catalogue.start_model(tier.cluster, 20).command)
     assert rc == 0, err
-    serve: facts.TopRow | None = None
+    serve: parsers.TopRow | None = None
     deadline = time.monotonic() + 10
     while serve is None:
         assert time.monotonic() < deadline, "the serve process never showed in docker top"
         rows = await top(tier)
-        serve = facts.find_serve(rows)
+        serve = parsers.find_serve(rows)
     return serve
 
 
@@ -58,7 +58,7 @@ async def stream_up(tier: Tier, wakes: list[str]) -> None:
         await asyncio.sleep(0.3)
 
 
-async def engine_of(tier: Tier, serve: facts.TopRow) -> int:
+async def engine_of(tier: Tier, serve: parsers.TopRow) -> int:
     """The host PID of the serve's engine process: its child."""
     head = container_name(tier.cluster, tier.host)
     rc, out, err = await tier.daemon.docker("top", head, "-eo", "pid,ppid")
@@ -70,10 +70,10 @@ async def engine_of(tier: Tier, serve: facts.TopRow) -> int:
     return children[0]
 
 
-async def top(tier: Tier) -> tuple[facts.TopRow, ...]:
+async def top(tier: Tier) -> tuple[parsers.TopRow, ...]:
     rc, out, err = await tier.run(catalogue.serve_processes(tier.cluster, 20).command)
     assert rc == 0, err
-    return facts.parse_docker_top(out)
+    return parsers.parse_docker_top(out)
 
 
 async def test_the_serve_process_is_found_and_its_pid_file_names_it(clean: Tier) -> None:
@@ -127,7 +127,7 @@ async def test_events_wake_on_the_serve_ending_and_not_on_sparkds_own_execs(clea
         assert wakes[before:] == [f"{head} exec_die"]
         events = await clean.events(since, "--filter", f"container={head}")
         assert [(e["action"], e.get("exitCode")) for e in events] == [("exec_die", "0")]
-        assert facts.find_serve(await top(clean)) is None
+        assert parsers.find_serve(await top(clean)) is None
         del serve
     finally:
         await watch.stop()
@@ -138,7 +138,7 @@ async def test_signal_serve_stops_the_recorded_process(clean: Tier) -> None:
     rc, _, err = await clean.run(catalogue.signal_serve(clean.cluster, "TERM", 20).command)
     assert rc == 0, err
     deadline = time.monotonic() + 10
-    while facts.find_serve(await top(clean)) is not None:
+    while parsers.find_serve(await top(clean)) is not None:
         assert time.monotonic() < deadline, "the serve process did not end"
 
 

@@ -25,9 +25,9 @@ from sparkd.runtime.state import StateDir
 from sparkd.settings import Settings, load_settings
 from sparkd.shell.execute import ExecutorTiming
 from sparkd.shell.ssh import SshPool
-from sparkd.sim import real_ray
-from sparkd.sim.timing import Timing
-from sparkd.sim.world import World
+from sparkd_sim import real_ray
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import World
 from tests.e2e.conftest import fast_cluster
 
 # Ray's own failure detection, shortened for tests only (tests/fixtures/ray-real/README.md): a

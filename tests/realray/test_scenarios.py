@@ -17,7 +17,7 @@ import pytest
 
 from sparkd.model.plan import Plan
 from sparkd.runtime.controller import Controller
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.e2e.conftest import converge as converge_every
 from tests.e2e.conftest import mutations
 from tests.realray.conftest import RealCluster

@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from sparkd.settings import ClusterSpec, SshSpec
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.spec import SshSpec
 from sparkd.shell import model_http
 from sparkd.shell.observe import opener
 from sparkd.shell.ssh import HostConnection

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.core.planner import plan
 from sparkd.model.memory import Memory
 from sparkd.model.observed import LoadProgress
@@ -57,13 +57,13 @@ async def test_a_port_taken_during_the_load_reads_ready_log_refused_port(
         conn = HostConnection(cluster.head, cluster.ssh)
         try:
             channel = opener(conn, cluster)
-            endpoint = await model_http.observe_endpoint(channel, cluster, None, 5)
+            endpoint, _ = await model_http.read_endpoint(channel, cluster, None, 5)
             probe = await model_http.probe(channel, cluster, None)
         finally:
             await conn.close()
-        log = facts.log_lines(server.log.read_text(errors="replace"))
+        log = parsers.log_lines(server.log.read_text(errors="replace"))
         assert not any("Errno 98" in line or "address already in use" in line for line in log)
-    progress = facts.parse_load_progress(log, None)
+    progress = parsers.parse_load_progress(log, None)
     assert progress.stage == "ready"
     assert endpoint.status == "refused" and not endpoint.serves(cluster.model.served_name)
     assert probe.verdict.outcome == "refused" and not probe.verdict.healthy

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.core.assemble import ENGINE_MARKERS
 from sparkd.core.classify import classify_response
 from sparkd.core.planner import plan
@@ -53,9 +53,9 @@ class Loaded(Reached):
 async def watch_load(reached: Reached, looks: list[Look]) -> None:
     server = reached.server
     while True:
-        endpoint = await model_http.observe_endpoint(reached.opener(), reached.cluster, None, 5)
+        endpoint, _ = await model_http.read_endpoint(reached.opener(), reached.cluster, None, 5)
         text = server.log.read_text(errors="replace") if server.log.exists() else ""
-        progress = facts.parse_load_progress(facts.log_lines(text), None)
+        progress = parsers.parse_load_progress(parsers.log_lines(text), None)
         looks.append(Look(time.monotonic(), endpoint.status, progress.stage, progress.percent))
         if endpoint.serves(reached.cluster.model.served_name):
             return
@@ -96,7 +96,7 @@ async def test_the_load_refuses_until_ready_and_the_real_log_reads_as_progress(
     assert [order.index(s) for s in stages] == sorted(order.index(s) for s in stages), stages
     assert stages[-1] == "ready"
     text = plain.server.log.read_text(errors="replace")
-    lines = facts.log_lines(text)
+    lines = parsers.log_lines(text)
     weights = [ln for ln in lines if "Loading safetensors checkpoint shards" in ln]
     assert weights and "100% Completed" in weights[-1]
     # The real ready lines, as they are printed (vLLM 0.32 has no `Uvicorn running on`).
@@ -169,7 +169,7 @@ async def test_every_vllm_metric_sparkd_reads_is_exported_with_its_labels(plain:
     assert load_after.running == 0 and load_after.waiting == 0
     assert load_before.generation_tokens is not None and load_after.generation_tokens is not None
     assert load_after.generation_tokens - load_before.generation_tokens == 50
-    endpoint = await model_http.observe_endpoint(plain.opener(), plain.cluster, None, 10)
+    endpoint, _ = await model_http.read_endpoint(plain.opener(), plain.cluster, None, 10)
     assert endpoint.status == "up" and endpoint.health_status == 200
     assert endpoint.models == (plain.cluster.model.served_name,)
     assert endpoint.generation_tokens_total == load_after.generation_tokens
@@ -183,7 +183,7 @@ async def test_a_suspended_engine_reads_as_hung_and_health_stays_up(plain: Loade
     os.kill(core, signal.SIGSTOP)
     try:
         result = await model_http.probe(plain.opener(cluster), cluster, None)
-        endpoint = await model_http.observe_endpoint(plain.opener(), cluster, None, 10)
+        endpoint, _ = await model_http.read_endpoint(plain.opener(), cluster, None, 10)
     finally:
         os.kill(core, signal.SIGCONT)
     assert result.verdict.outcome == "timeout", result.verdict
@@ -203,7 +203,7 @@ async def test_a_dead_engine_answers_503_and_500_then_the_server_exits_0(plain: 
     deadline = time.monotonic() + 30
     assert server.process is not None
     while server.process.poll() is None and time.monotonic() < deadline:
-        endpoint = await model_http.observe_endpoint(plain.opener(), plain.cluster, None, 5)
+        endpoint, _ = await model_http.read_endpoint(plain.opener(), plain.cluster, None, 5)
         seen.append((endpoint.health_status, endpoint.status))
         if endpoint.status == "up":
             probes.append(await model_http.probe(plain.opener(), plain.cluster, None))
@@ -215,7 +215,7 @@ async def test_a_dead_engine_answers_503_and_500_then_the_server_exits_0(plain: 
     assert all(v.healthy or v.outcome == "http_error" for v in answered), answered
     assert all(status in (200, 503) for status, kind in seen if kind == "up"), seen
     assert seen and seen[-1] == (None, "refused"), seen
-    gone = await model_http.observe_endpoint(plain.opener(), plain.cluster, None, 5)
+    gone, _ = await model_http.read_endpoint(plain.opener(), plain.cluster, None, 5)
     assert gone.status == "refused"
     # The planner: the serve process is gone after lasting health, so it starts the model once.
     toy, memory = healthy_toy()
@@ -249,11 +249,11 @@ async def test_a_refused_key_is_an_http_error_and_the_served_name_is_listed(
     keyed: Reached,
 ) -> None:
     assert keyed.cluster.model.served_name == "qwen-tiny"
-    wrong = await model_http.observe_endpoint(keyed.opener(), keyed.cluster, "sk-wrong", 10)
+    wrong, _ = await model_http.read_endpoint(keyed.opener(), keyed.cluster, "sk-wrong", 10)
     assert wrong.status == "http_error" and wrong.health_status == 200
     assert "API key was refused" in wrong.detail
     assert "sk-wrong" not in wrong.detail
-    right = await model_http.observe_endpoint(
+    right, _ = await model_http.read_endpoint(
         keyed.opener(), keyed.cluster, "sk-real-vllm-5e1d", 10
     )
     assert right.status == "up" and right.models == ("qwen-tiny",)
@@ -276,12 +276,12 @@ async def test_a_killed_api_server_leaves_its_engine_running_as_orphans(keyed: R
     left = server.members()
     assert set(engines) <= set(left), ([args_of(p) for p in engines], [args_of(p) for p in left])
     rows = "\n".join(f"{pid} 10 5 {args_of(pid)}" for pid in left if args_of(pid))
-    top = facts.parse_docker_top("PID ELAPSED TIME COMMAND\n" + rows)
-    assert facts.find_serve(top) is None
+    top = parsers.parse_docker_top("PID ELAPSED TIME COMMAND\n" + rows)
+    assert parsers.find_serve(top) is None
     # sparkd knows the real engine by its process title, as it reads it from `docker top`.
     engine = [r for r in top if any(marker in r.args for marker in ENGINE_MARKERS)]
     assert any(row.args == "VLLM::EngineCore" for row in engine), [r.args for r in top]
-    endpoint = await model_http.observe_endpoint(keyed.opener(), keyed.cluster, None, 5)
+    endpoint, _ = await model_http.read_endpoint(keyed.opener(), keyed.cluster, None, 5)
     assert endpoint.status == "refused"
     # The planner: no serve, its engine still there: no launch until the engine is gone.
     toy, memory = healthy_toy()

@@ -11,7 +11,7 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from sparkd.settings import HostSpec, SshSpec
+from sparkd.model.spec import HostSpec, SshSpec
 
 USER = "sparkd"
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from sparkd.sim.timing import Timing
-from sparkd.sim.world import World
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import World
 
 SAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "samples"
 

@@ -6,8 +6,8 @@ import shlex
 
 import asyncssh
 
-from sparkd.sim.reference import MODEL_ID, QWEN_IMAGE, STALE_UNITS
-from sparkd.sim.world import World
+from sparkd_sim.reference import MODEL_ID, QWEN_IMAGE, STALE_UNITS
+from sparkd_sim.world import World
 from tests.sim.conftest import Result, eventually, run
 
 HEAD = "sparkd-sparks-ray-head"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import asyncssh
 
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.sim.conftest import eventually, run, sample
 
 DOCKER_REAL = Path(__file__).resolve().parent.parent / "fixtures" / "docker-real" / "calls.jsonl"

@@ -11,10 +11,10 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from sparkd.sim.control import send_fault, send_query
-from sparkd.sim.reference import MODEL_ID
-from sparkd.sim.timing import Timing
-from sparkd.sim.world import World
+from sparkd_sim.control import send_fault, send_query
+from sparkd_sim.reference import MODEL_ID
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import World
 from tests.sim.conftest import connect, eventually, http, run
 from tests.sim.steps import HEAD, WORKER, clean_up, serve_command, start_ray
 from tests.sim.test_procedure import PROBE, refused

@@ -13,9 +13,9 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from sparkd.core import facts
-from sparkd.sim.timing import Timing
-from sparkd.sim.world import World
+from sparkd.core import parsers
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import World
 from tests.sim.conftest import connect, eventually, run
 from tests.sim.steps import (
     HEAD,
@@ -232,6 +232,6 @@ async def test_the_simulated_load_prints_the_real_servers_lines(
         )
 
     await eventually(serving)
-    lines = facts.log_lines(load_log(world))
+    lines = parsers.log_lines(load_log(world))
     for pattern in REAL_LINES:
         assert any(re.search(pattern, line) for line in lines), pattern

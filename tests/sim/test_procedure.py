@@ -8,8 +8,8 @@ import re
 import asyncssh
 import pytest
 
-from sparkd.sim.reference import MODEL_ID
-from sparkd.sim.world import World
+from sparkd_sim.reference import MODEL_ID
+from sparkd_sim.world import World
 from tests.sim.conftest import eventually, http, run
 from tests.sim.steps import HEAD, clean_up, ray_status, serve_command, start_ray
 

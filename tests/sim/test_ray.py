@@ -9,7 +9,7 @@ import time
 
 import asyncssh
 
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.sim.conftest import eventually, run, sample
 from tests.sim.steps import (
     HEAD,

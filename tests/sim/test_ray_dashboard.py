@@ -12,7 +12,7 @@ import pytest
 
 from sparkd.core import ray_json
 from sparkd.shell.ray_http import DASHBOARD_HOST, NODES_PATH, STATUS_PATH
-from sparkd.sim.world import World
+from sparkd_sim.world import World
 from tests.sim.conftest import http, run
 from tests.sim.steps import clean_up, ray_head_command, start_ray
 

@@ -15,12 +15,12 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.core.classify import classify_response, classify_stream
 from sparkd.shell.model_http import parse_vllm_metrics
-from sparkd.sim.protocol import Done
-from sparkd.sim.serve import parse_serve
-from sparkd.sim.vllm_server import ModelBehaviour, SimVllmServer
+from sparkd_sim.protocol import Done
+from sparkd_sim.serve import parse_serve
+from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
 
 REAL = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-real"
 MODEL = "/models/Qwen3.5-122B-A10B-FP8"
@@ -193,14 +193,14 @@ REAL_LINES = (
 
 
 def test_the_real_log_reads_as_ready_and_each_line_pattern_is_real() -> None:
-    lines = facts.log_lines(real("serve.log"))
+    lines = parsers.log_lines(real("serve.log"))
     for pattern in REAL_LINES:
         assert any(re.search(pattern, line) for line in lines), pattern
     ready_at = next(i for i, ln in enumerate(lines) if "Application startup complete." in ln)
-    progress = facts.parse_load_progress(lines[: ready_at + 1], None)
+    progress = parsers.parse_load_progress(lines[: ready_at + 1], None)
     assert progress.stage == "ready"
     weights_at = next(i for i, ln in enumerate(lines) if "100% Completed" in ln)
-    assert facts.parse_load_progress(lines[: weights_at + 1], None).stage == "weights"
+    assert parsers.parse_load_progress(lines[: weights_at + 1], None).stage == "weights"
 
 
 def test_an_unknown_serve_argument_is_rejected_with_the_real_text_and_status() -> None:

@@ -14,9 +14,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from sparkd.sim.vllm_schema import FieldNaming, parse_chat_request
-from sparkd.sim.vllm_server import BUSY_SEQUENCES, ModelBehaviour, SimVllmServer
-from sparkd.sim.vllm_text import (
+from sparkd_sim.vllm_schema import FieldNaming, parse_chat_request
+from sparkd_sim.vllm_server import BUSY_SEQUENCES, ModelBehaviour, SimVllmServer
+from sparkd_sim.vllm_text import (
     ANSWER_TEXT,
     AnswerStyle,
     plan_generation,

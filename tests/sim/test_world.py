@@ -13,9 +13,9 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from sparkd.sim.cli import main
-from sparkd.sim.timing import FAST_FACTOR, Timing
-from sparkd.sim.world import World, host_names
+from sparkd_sim.cli import main
+from sparkd_sim.timing import FAST_FACTOR, Timing
+from sparkd_sim.world import World, host_names
 from tests.sim.conftest import connect, run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -124,7 +124,7 @@ def test_cli_runs_a_world_and_injects_faults(tmp_path: Path) -> None:
     directory = tmp_path / "cli-world"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sparkd.sim.cli", "--scenario", "empty", "--dir", str(directory)],
+        [sys.executable, "-m", "sparkd_sim.cli", "--scenario", "empty", "--dir", str(directory)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -21,11 +21,11 @@ from typing import Any
 import asyncssh
 import pytest
 
-from sparkd.commands import sparkd_spec_labels
 from sparkd.shell.ssh import SshPool
-from sparkd.sim.openssh import LOGIN_USER, ensure_login_user
-from sparkd.sim.timing import Timing
-from sparkd.sim.world import Scenario, World
+from sparkd_demo.cli import sparkd_spec_labels
+from sparkd_sim.openssh import LOGIN_USER, ensure_login_user
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import Scenario, World
 from tests.live.conftest import Live, cluster_of, observe_until, serving
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)

@@ -17,16 +17,18 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from sparkd.core import facts
+from sparkd.core import parsers
+from sparkd.model import exits
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import RayState
-from sparkd.settings import ClusterSpec, HostSpec, SshSpec
+from sparkd.model.spec import HostSpec, SshSpec
 from sparkd.shell import catalogue, forced, model_http, ray_http
 from sparkd.shell.observe import channel, opener
 from sparkd.shell.ssh import HostConnection, SshFailure
-from sparkd.sim.ray_dashboard import DashboardServer
-from sparkd.sim.state import RayCluster, RayNode
-from sparkd.sim.timing import Timing
-from sparkd.sim.vllm_server import ModelBehaviour, SimVllmServer
+from sparkd_sim.ray_dashboard import DashboardServer
+from sparkd_sim.state import RayCluster, RayNode
+from sparkd_sim.timing import Timing
+from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
 from tests.sshd.conftest import RealSshd, running_sshd
 from tests.toy import reference_cluster
 
@@ -146,7 +148,7 @@ async def run(conn: HostConnection, command: str, stdin: str | None = None) -> t
 
 
 def lets_through(exit_status: int, output: str) -> bool:
-    return exit_status != forced.REFUSED_EXIT and "sparkd forced command" not in output
+    return exit_status != exits.REFUSED_EXIT and "sparkd forced command" not in output
 
 
 async def test_the_catalogues_commands_pass_and_the_tools_run(world: Forced) -> None:
@@ -160,7 +162,7 @@ async def test_the_catalogues_commands_pass_and_the_tools_run(world: Forced) -> 
             conn, catalogue.fact_script(cluster, host, t, read_ray=False).command
         )
         assert lets_through(status, output), output
-        sections = facts.parse_sections(output)
+        sections = parsers.parse_sections(output)
         assert sections["boot_id"].ok and sections["now"].ok
         assert {"containers", "gpu_apps", "running", "serve_spec"} <= set(sections)
 
@@ -217,7 +219,7 @@ async def test_anything_else_is_refused_naming_only_its_first_word(world: Forced
     try:
         for command, first in refused.items():
             status, output = await run(conn, command)
-            assert status == forced.REFUSED_EXIT, (command, output)
+            assert status == exits.REFUSED_EXIT, (command, output)
             assert output == f"sparkd forced command: refused {first}\n", (command, output)
     finally:
         await conn.close()

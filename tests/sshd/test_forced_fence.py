@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.settings import ClusterSpec, HostSpec, SshSpec
+from sparkd.model import exits
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.spec import HostSpec, SshSpec
 from sparkd.shell import catalogue, forced
 from sparkd.shell.catalogue import FenceToken
 from sparkd.shell.fencing import HostFence, HostRefused
@@ -89,7 +91,7 @@ async def test_behind_the_wrapper_an_older_token_is_refused_over_ssh(world: Fenc
     kill = catalogue.kill_process(cluster, 4100, "TERM", seconds)
     conn = HostConnection(host, cluster.ssh)
     try:
-        assert (await status(conn, kill.command))[0] == forced.REFUSED_EXIT  # bare: refused
+        assert (await status(conn, kill.command))[0] == exits.REFUSED_EXIT  # bare: refused
         code, err = await status(conn, catalogue.fenced(kill, token(world, 12), seconds).command)
         assert code == 0, err
         assert calls(world) == ["kill -TERM 4100"]
@@ -97,7 +99,7 @@ async def test_behind_the_wrapper_an_older_token_is_refused_over_ssh(world: Fenc
         assert record.read_text() == f"12 {ETCD} ops-a\n"
         stale = catalogue.fenced(kill, token(world, 11, "ops-b"), seconds).command
         code, err = await status(conn, stale)
-        assert code == catalogue.FENCED_EXIT
+        assert code == exits.FENCED_EXIT
         assert "refused token 11 < 12 (ops-a)" in err
         assert calls(world) == ["kill -TERM 4100"]  # nothing ran
     finally:
@@ -141,7 +143,7 @@ async def test_the_owners_sweep_and_refusal_through_the_executors_fence(world: F
 async def test_an_owner_recovers_a_cluster_through_fenced_wrappers(tmp_path: Path) -> None:
     """Every command an HA owner really sends (sweep, reads, fenced actions) passes the
     `[ha]` wrapper of each host, and the cold start converges."""
-    from sparkd.commands import sparkd_spec_labels
+    from sparkd_demo.cli import sparkd_spec_labels
     from tests.e2e.conftest import converge
     from tests.e2e.test_fencing import Owner, fenced_controller, record_path
     from tests.sshd.conftest import openssh_world

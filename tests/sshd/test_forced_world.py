@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.commands import sparkd_spec_labels
 from sparkd.runtime.controller import Controller, CycleRecord
 from sparkd.shell import forced
 from sparkd.shell.ssh import SshPool
+from sparkd_demo.cli import sparkd_spec_labels
 from tests.e2e.conftest import controller, running
 from tests.e2e.test_events import until
 from tests.sshd.conftest import openssh_world

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.commands import sparkd_spec_labels
 from sparkd.shell import catalogue
 from sparkd.shell.ssh import SshFailure, SshPool
-from sparkd.sim.openssh import LOGIN_USER
+from sparkd_demo.cli import sparkd_spec_labels
+from sparkd_sim.openssh import LOGIN_USER
 from tests.live.conftest import cluster_of
 from tests.sshd.conftest import openssh_world
 

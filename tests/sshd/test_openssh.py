@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.core import facts
-from sparkd.settings import ClusterSpec, HostSpec, SshSpec
+from sparkd.core import parsers
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.spec import HostSpec, SshSpec
 from sparkd.shell import catalogue, model_http
 from sparkd.shell.observe import opener, read_host
 from sparkd.shell.ssh import HostConnection, SshFailure
-from sparkd.sim.vllm_server import ModelBehaviour, SimVllmServer
+from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
 from tests.sshd.conftest import RealSshd, running_sshd
 from tests.toy import reference_cluster
 
@@ -113,7 +114,7 @@ async def test_direct_tcpip_probe_and_refusal(sshd: RealSshd) -> None:
         )
         refused = await model_http.probe(opener(conn, closed_cluster), closed_cluster, None)
         assert refused.verdict.outcome == "refused"
-        endpoint = await model_http.observe_endpoint(
+        endpoint, _ = await model_http.read_endpoint(
             opener(conn, closed_cluster), closed_cluster, None, 5
         )
         assert endpoint.status == "refused"
@@ -140,7 +141,7 @@ async def test_fact_script_on_a_host_without_docker_is_an_error(sshd: RealSshd) 
         )
     finally:
         await conn.close()
-    sections = facts.parse_sections(result.stdout)
+    sections = parsers.parse_sections(result.stdout)
     assert sections["boot_id"].ok
     assert sections["boot_id"].body.strip() == this_boot_id()
     assert not sections["containers"].ok

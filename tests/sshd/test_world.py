@@ -15,7 +15,7 @@ import pytest
 from sparkd.shell import catalogue
 from sparkd.shell.observe import observe
 from sparkd.shell.ssh import SshFailure, SshPool
-from sparkd.sim.openssh import OpenSshHost, descendants
+from sparkd_sim.openssh import OpenSshHost, descendants
 from tests.e2e.conftest import eventually
 from tests.e2e.test_judgement import (
     test_a_changed_host_key_is_reported_and_nothing_is_sent_to_that_host,

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.core.assemble import head_extras, host_facts
 from tests.toy import reference_cluster
 
 TOP = "PID ELAPSED COMMAND\n{rows}"
 
 
-def sections(**bodies: str) -> dict[str, facts.Section]:
-    return {name.replace("__", " "): facts.Section(body, 0) for name, body in bodies.items()}
+def sections(**bodies: str) -> dict[str, parsers.Section]:
+    return {name.replace("__", " "): parsers.Section(body, 0) for name, body in bodies.items()}
 
 
 def test_gpu_process_seen_once_is_not_judged() -> None:
@@ -36,13 +36,13 @@ def test_gpu_process_owner_from_top() -> None:
     cluster = reference_cluster()
     name = "sparkd-sparks-ray-head"
     parsed = {
-        "now": facts.Section("1000", 0),
-        "boot_id": facts.Section("b", 0),
-        "containers": facts.Section("", 0),
-        "running": facts.Section(name, 0),
-        f"top {name}": facts.Section(TOP.format(rows="7 120 ray::RayWorkerWrapper"), 0),
-        "gpu_apps": facts.Section("7, ray::RayWorkerWrapper, 1052", 0),
-        "gpu_apps_after": facts.Section("7, ray::RayWorkerWrapper, 1052", 0),
+        "now": parsers.Section("1000", 0),
+        "boot_id": parsers.Section("b", 0),
+        "containers": parsers.Section("", 0),
+        "running": parsers.Section(name, 0),
+        f"top {name}": parsers.Section(TOP.format(rows="7 120 ray::RayWorkerWrapper"), 0),
+        "gpu_apps": parsers.Section("7, ray::RayWorkerWrapper, 1052", 0),
+        "gpu_apps_after": parsers.Section("7, ray::RayWorkerWrapper, 1052", 0),
     }
     got = host_facts(cluster, cluster.head, parsed, 1000.0)
     assert [(p.pid, p.container) for p in got.gpu_processes] == [(7, name)]
@@ -58,12 +58,12 @@ def test_serve_progress_only_since_the_last_launch_and_clock_skew() -> None:
         "Loading safetensors checkpoint shards:  10% Completed | 4/39\n"
     )
     parsed = {
-        "now": facts.Section("5000", 0),  # the host's clock runs 100 s behind ours
-        "ray_status": facts.Section("nothing", 1),
-        f"top {name}": facts.Section(TOP.format(rows="42 30 /usr/bin/python3 vllm serve /m"), 0),
-        "serve_spec": facts.Section("abc\n", 0),
-        "serve_log": facts.Section(log, 0),
-        "serve_log_mtime": facts.Section("4990", 0),
+        "now": parsers.Section("5000", 0),  # the host's clock runs 100 s behind ours
+        "ray_status": parsers.Section("nothing", 1),
+        f"top {name}": parsers.Section(TOP.format(rows="42 30 /usr/bin/python3 vllm serve /m"), 0),
+        "serve_spec": parsers.Section("abc\n", 0),
+        "serve_log": parsers.Section(log, 0),
+        "serve_log_mtime": parsers.Section("4990", 0),
     }
     extras = head_extras(cluster, parsed, 5100.0)
     serve = extras.serve
@@ -75,14 +75,14 @@ def test_serve_progress_only_since_the_last_launch_and_clock_skew() -> None:
     assert extras.ray.error == "nothing"
 
 
-def _with_running(*names: str, **extra: facts.Section) -> dict[str, facts.Section]:
+def _with_running(*names: str, **extra: parsers.Section) -> dict[str, parsers.Section]:
     parsed = {
-        "now": facts.Section("1000", 0),
-        "boot_id": facts.Section("b", 0),
-        "containers": facts.Section("", 0),
-        "running": facts.Section("\n".join(names), 0),
-        "gpu_apps": facts.Section("4100, python3, [N/A]", 0),
-        "gpu_apps_after": facts.Section("4100, python3, [N/A]", 0),
+        "now": parsers.Section("1000", 0),
+        "boot_id": parsers.Section("b", 0),
+        "containers": parsers.Section("", 0),
+        "running": parsers.Section("\n".join(names), 0),
+        "gpu_apps": parsers.Section("4100, python3, [N/A]", 0),
+        "gpu_apps_after": parsers.Section("4100, python3, [N/A]", 0),
     }
     parsed.update(extra)
     return parsed
@@ -92,7 +92,7 @@ def test_restarting_container_owns_no_processes_and_the_host_stays_readable() ->
     from sparkd.core.assemble import unreadable
 
     cluster = reference_cluster()
-    restarting = facts.Section(
+    restarting = parsers.Section(
         "Error response from daemon: Container "
         + "f" * 64
         + " is restarting, wait until the container is running",
@@ -108,7 +108,7 @@ def test_one_failed_top_makes_unattributed_gpu_processes_owner_unknown() -> None
     from sparkd.core.assemble import unreadable
 
     cluster = reference_cluster()
-    broken = facts.Section("Error response from daemon: i/o timeout", 1)
+    broken = parsers.Section("Error response from daemon: i/o timeout", 1)
     parsed = _with_running("glm-flash", **{"top glm-flash": broken})
     assert unreadable(parsed) is None
     got = host_facts(cluster, cluster.head, parsed, 1000.0)
@@ -118,12 +118,12 @@ def test_one_failed_top_makes_unattributed_gpu_processes_owner_unknown() -> None
 
 def test_failed_reads_are_unknown_with_the_cause_and_a_privilege_hint() -> None:
     cluster = reference_cluster()
-    units = facts.Section(
+    units = parsers.Section(
         "Failed to get properties: Interactive authentication required.\n"
         "See system logs and 'systemctl status vllm-cluster.service' for details.",
         1,
     )
-    smi = facts.Section("", 124)
+    smi = parsers.Section("", 124)
     got = host_facts(cluster, cluster.head, _with_running(units=units, gpu_apps=smi), 1000.0)
     assert got.units == ()
     assert got.units_error is not None
@@ -144,9 +144,9 @@ def test_engine_cpu_time_counts_the_serve_and_engine_processes_only() -> None:
         "60 580 200 ray::RayWorkerWrapper.execute_method\n"
     )
     parsed = {
-        "now": facts.Section("1000", 0),
-        f"top {name}": facts.Section(top, 0),
-        "serve_log": facts.Section("Loading safetensors checkpoint shards:  41% Completed\n", 0),
+        "now": parsers.Section("1000", 0),
+        f"top {name}": parsers.Section(top, 0),
+        "serve_log": parsers.Section("Loading safetensors checkpoint shards:  41% Completed\n", 0),
     }
     serve = head_extras(cluster, parsed, 1000.0).serve
     assert serve.running and serve.pid == 50
@@ -162,9 +162,9 @@ def test_image_ids_of_the_tag_and_of_the_running_container() -> None:
         '"State":"running","Labels":"sparkd.cluster=sparks","Status":"Up 2 hours"}'
     )
     parsed = _with_running(
-        containers=facts.Section(row, 0),
-        image=facts.Section(tag + "\n", 0),
-        ours_image=facts.Section(f"/sparkd-sparks-ray-head {running}\n", 0),
+        containers=parsers.Section(row, 0),
+        image=parsers.Section(tag + "\n", 0),
+        ours_image=parsers.Section(f"/sparkd-sparks-ray-head {running}\n", 0),
     )
     got = host_facts(cluster, cluster.head, parsed, 1000.0)
     assert got.image_id == tag
@@ -197,11 +197,11 @@ def test_kernel_log_and_memory_reach_the_host_facts() -> None:
 
 def test_a_kernel_log_that_failed_or_hides_the_system_journal_is_unknown() -> None:
     cluster = reference_cluster()
-    base = {"boot_id": facts.Section("b", 0), "containers": facts.Section("", 0)}
+    base = {"boot_id": parsers.Section("b", 0), "containers": parsers.Section("", 0)}
     failed = host_facts(
         cluster,
         cluster.head,
-        {**base, "kernel": facts.Section("bash: journalctl: command not found", 127)},
+        {**base, "kernel": parsers.Section("bash: journalctl: command not found", 127)},
         1000.0,
     )
     assert failed.kernel is None and "journalctl" in (failed.kernel_error or "")
@@ -210,7 +210,7 @@ def test_a_kernel_log_that_failed_or_hides_the_system_journal_is_unknown() -> No
         cluster.head,
         {
             **base,
-            "kernel": facts.Section(
+            "kernel": parsers.Section(
                 "Hint: You are currently not seeing messages from other users and the system.\n"
                 "-- No entries --",
                 0,

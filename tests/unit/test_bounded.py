@@ -8,7 +8,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.core.planner import plan
 from sparkd.model.base import MAX_REASON
 from sparkd.model.plan import Action, ActionOutcome
@@ -22,7 +22,7 @@ def smi(count: int, name_length: int) -> str:
 
 def test_fifteen_hundred_foreign_processes_make_one_bounded_note() -> None:
     toy, memory = healthy()
-    toy.gpu["spark-a"] = list(facts.parse_compute_apps(smi(1500, 4000)))
+    toy.gpu["spark-a"] = list(parsers.parse_compute_apps(smi(1500, 4000)))
     result = plan(toy.cluster, toy.observe(), memory, toy.now)
     assert result.phase == "blocked"
     assert len(result.reason) <= MAX_REASON
@@ -35,8 +35,8 @@ def test_fifteen_hundred_foreign_processes_make_one_bounded_note() -> None:
 @given(count=st.integers(1, 300), length=st.integers(0, 5000), kill=st.booleans())
 def test_every_reason_is_bounded(count: int, length: int, kill: bool) -> None:
     toy, memory = healthy()
-    toy.gpu["spark-a"] = list(facts.parse_compute_apps(smi(count, length)))
-    toy.gpu["spark-b"] = list(facts.parse_compute_apps(smi(count, length)))
+    toy.gpu["spark-a"] = list(parsers.parse_compute_apps(smi(count, length)))
+    toy.gpu["spark-b"] = list(parsers.parse_compute_apps(smi(count, length)))
     if kill:
         policy = toy.cluster.policy.model_copy(update={"allow_kill_foreign_gpu": True})
         toy.cluster = toy.cluster.model_copy(update={"policy": policy})

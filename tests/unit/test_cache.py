@@ -8,13 +8,13 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkd.core import cache, facts
+from sparkd.core import cache, parsers
 from sparkd.core.planner import plan
 from sparkd.core.spec import container_name, model_spec_hashes, ray_spec_hash, ray_spec_hashes
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Attempt, Memory
 from sparkd.model.observed import CacheEntry, HostFacts, Observed
 from sparkd.model.plan import Plan
-from sparkd.settings import ClusterSpec
 from sparkd.shell import catalogue
 from tests.toy import Toy, reference_cluster
 from tests.unit.test_forced_command import decide
@@ -102,14 +102,14 @@ def test_prune_refuses_what_is_not_an_entry() -> None:
 def test_df_of_log_dir_and_cache() -> None:
     paths = ["/var/lib/sparkd-serve", "/var/lib/sparkd-serve/cache"]
     both = "      Avail\n77586223104\n12\n"
-    assert facts.parse_df_paths(both, paths) == dict(zip(paths, [77586223104, 12], strict=True))
+    assert parsers.parse_df_paths(both, paths) == dict(zip(paths, [77586223104, 12], strict=True))
     # Real df for a missing path: the error line (stderr, merged), rows for the others, exit 1.
     missing = f"df: {paths[1]}: No such file or directory\n      Avail\n77586223104\n"
-    assert facts.parse_df_paths(missing, paths) == {paths[0]: 77586223104, paths[1]: None}
+    assert parsers.parse_df_paths(missing, paths) == {paths[0]: 77586223104, paths[1]: None}
     # In another language, and the log_dir missing while the cache (a longer path) is there.
     german = f"df: {paths[0]}: Datei oder Verzeichnis nicht gefunden\n     Verf.\n99\n"
-    assert facts.parse_df_paths(german, paths) == {paths[0]: None, paths[1]: 99}
-    assert facts.parse_df_paths("garbage\n", paths) == dict.fromkeys(paths)
+    assert parsers.parse_df_paths(german, paths) == {paths[0]: None, paths[1]: 99}
+    assert parsers.parse_df_paths("garbage\n", paths) == dict.fromkeys(paths)
 
 
 def test_listing_parses_find_printf() -> None:

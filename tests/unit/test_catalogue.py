@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from sparkd.core import cache
 from sparkd.core.spec import container_name, serve_log_path
-from sparkd.settings import ClusterSpec
+from sparkd.model.cluster import ClusterSpec
 from sparkd.shell import catalogue
 from tests.toy import reference_cluster
 

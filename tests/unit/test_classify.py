@@ -11,7 +11,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from sparkd.core.classify import classify_failure, classify_response, classify_stream, is_garbled
+from sparkd.core.classify import classify_failure, classify_response, classify_stream, garbled
 
 SAMPLES = Path(__file__).resolve().parent.parent / "fixtures" / "samples"
 
@@ -219,7 +219,7 @@ GARBLED = [
 
 @pytest.mark.parametrize(("name", "text"), NOT_GARBLED, ids=[c[0] for c in NOT_GARBLED])
 def test_real_text_is_not_garbled(name: str, text: str) -> None:
-    assert not is_garbled(text)
+    assert garbled(text) is None
     verdict = classify_response(200, response({"content": text}, finish="stop"))
     assert verdict.outcome == "answer", verdict.detail
     reasoning = classify_response(200, response({"content": None, "reasoning": text}))
@@ -261,7 +261,7 @@ def test_real_samples_are_not_garbled() -> None:
     ):
         message = json.loads(sample(name))["choices"][0]["message"]
         for field in ("content", "reasoning", "reasoning_content"):
-            assert not is_garbled(message.get(field) or ""), (name, field)
+            assert garbled(message.get(field) or "") is None, (name, field)
 
 
 # Units as a broken kernel repeats them: any printable characters but blanks, 1-12 of them.
@@ -285,7 +285,7 @@ def test_any_short_unit_repeated_over_most_of_the_text_is_garbled(
     room = len(block) * 2 // 3
     before = noise.draw(st.text(NOISE, max_size=room), label="before")
     after = noise.draw(st.text(NOISE, max_size=room - len(before)), label="after")
-    assert is_garbled(before + block + after)
+    assert garbled(before + block + after) is not None
 
 
 SENTENCES = [
@@ -309,7 +309,7 @@ SENTENCES = [
 # Each sentence at most once: a few sentences said over and over are a loop, not language.
 @given(st.lists(st.sampled_from(SENTENCES), min_size=1, unique=True), st.sampled_from([" ", "\n"]))
 def test_natural_text_is_not_garbled(sentences: list[str], joiner: str) -> None:
-    assert not is_garbled(joiner.join(sentences))
+    assert garbled(joiner.join(sentences)) is None
 
 
 SCRIPTS = [
@@ -333,7 +333,7 @@ def test_a_soup_of_scripts_is_garbled(data: st.DataObject, size: int) -> None:
         step = data.draw(st.integers(1, len(SCRIPTS) - 1))
         picks.append((picks[-1] + step) % len(SCRIPTS))
     letters = [data.draw(st.sampled_from(SCRIPTS[i])) for i in picks]
-    assert is_garbled("".join(letters))
+    assert garbled("".join(letters)) is not None
 
 
 JSON_VALUES = st.recursive(

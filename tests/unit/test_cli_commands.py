@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.toy import EXAMPLE_CONFIG
 
 
@@ -76,6 +78,32 @@ def test_sim_options_reach_the_simulator() -> None:
     assert "nope" in result.stderr and "unrecognized arguments" not in result.stderr
 
 
+def test_sim_and_demo_without_the_simulator_say_how_to_get_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sparkd.cli import commands
+
+    monkeypatch.setattr(commands, "entry_points", lambda **_: ())
+    for name in ("sim", "demo"):
+        assert commands.dispatch([name, "--dir", str(tmp_path)]) == commands.EX_USAGE
+        assert "pip install sparkd-sim" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sparkd_sim_and_sparkd_demo_are_the_same_programs() -> None:
+    for program in (["-m", "sparkd_demo"], ["-m", "sparkd.cli", "sim"]):
+        result = subprocess.run(
+            [sys.executable, *program, "--scenario", "nope"], capture_output=True, text=True
+        )
+        assert result.returncode == 2 and "invalid choice: 'nope'" in result.stderr
+    for program in (["-m", "sparkd_demo", "demo"], ["-m", "sparkd.cli", "demo"]):
+        result = subprocess.run(
+            [sys.executable, *program, "--fault", "nope", "--load-seconds", "x"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert result.returncode == 2 and "invalid float value: 'x'" in result.stderr
+
+
 def test_version_loads_nothing_else() -> None:
     import subprocess
     import sys
@@ -95,7 +123,7 @@ def test_plan_and_probe_start_without_the_daemon_or_the_web_stack() -> None:
     import sys
 
     code = (
-        "import sys; import sparkd.cli_live; "
+        "import sys; import sparkd.cli.live; "
         "print(sorted(m for m in ('aiohttp', 'sparkd.runtime.daemon', 'sparkd.web.app', "
         "'sparkd.runtime.controller') if m in sys.modules))"
     )

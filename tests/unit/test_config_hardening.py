@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.settings import EX_CONFIG, ConfigError, load_settings
+from sparkd.model.exits import EX_CONFIG
+from sparkd.settings import ConfigError, load_settings
 from tests.unit.test_settings import BASE, usable, write
 
 CASES = [

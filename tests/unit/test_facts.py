@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkd.core import facts
+from sparkd.core import parsers, text
 
 SAMPLES = Path(__file__).resolve().parent.parent / "fixtures" / "samples"
 
@@ -33,7 +33,7 @@ def command_output(name: str, command_prefix: str) -> str:
 
 
 def test_systemctl_show_sample() -> None:
-    units = facts.parse_systemctl_show(command_output("systemctl-show.txt", "systemctl show"))
+    units = parsers.parse_systemctl_show(command_output("systemctl-show.txt", "systemctl show"))
     assert [(u.name, u.active, u.enabled, u.exists) for u in units] == [
         ("vllm-cluster.service", True, True, True),
         ("vllm-proxy.service", False, False, True),
@@ -42,7 +42,7 @@ def test_systemctl_show_sample() -> None:
 
 
 def test_docker_ps_sample() -> None:
-    containers = facts.parse_docker_ps(sample("docker-ps.jsonl"), {"glm-flash": 100.0})
+    containers = parsers.parse_docker_ps(sample("docker-ps.jsonl"), {"glm-flash": 100.0})
     assert [(c.name, c.state, c.running) for c in containers] == [
         ("glm-flash", "running", True),
         ("sparkd-ray-head", "running", True),
@@ -60,7 +60,7 @@ def test_docker_ps_sample() -> None:
 
 def test_compute_apps_sample_with_owners() -> None:
     text = command_output("nvidia-smi-gb10.txt", "nvidia-smi --query-compute-apps")
-    procs = facts.parse_compute_apps(text, {48410: "sparkd-sparks-ray-head"})
+    procs = parsers.parse_compute_apps(text, {48410: "sparkd-sparks-ray-head"})
     assert [(p.pid, p.name, p.used_memory_mib, p.container) for p in procs] == [
         (48213, "/usr/bin/python3", 96073, None),
         (48410, "ray::RayWorkerWrapper", 1052, "sparkd-sparks-ray-head"),
@@ -68,20 +68,20 @@ def test_compute_apps_sample_with_owners() -> None:
 
 
 def test_compute_apps_na_memory_is_unknown() -> None:
-    [proc] = facts.parse_compute_apps("123, python3, [N/A]")
+    [proc] = parsers.parse_compute_apps("123, python3, [N/A]")
     assert proc.used_memory_mib is None
 
 
 def test_compute_apps_free_gpu_prints_nothing() -> None:
-    assert facts.parse_compute_apps("") == ()
+    assert parsers.parse_compute_apps("") == ()
 
 
 def test_ray_list_nodes_samples() -> None:
-    healthy = facts.parse_ray_nodes(sample("ray-list-nodes.json"))
+    healthy = parsers.parse_ray_nodes(sample("ray-list-nodes.json"))
     assert healthy is not None
     assert healthy.gpus_total == 2.0
     assert healthy.alive_ips == {"192.168.200.12", "192.168.200.13"}
-    dead = facts.parse_ray_nodes(sample("ray-list-nodes-worker-dead.json"))
+    dead = parsers.parse_ray_nodes(sample("ray-list-nodes-worker-dead.json"))
     assert dead is not None
     assert dead.gpus_total == 1.0
     assert dead.alive_ips == {"192.168.200.12"}
@@ -98,7 +98,7 @@ def test_ray_list_nodes_samples() -> None:
     ],
 )
 def test_ray_status_layouts(name: str, nodes: int, gpus: float) -> None:
-    state = facts.parse_ray_status(sample(name))
+    state = parsers.parse_ray_status(sample(name))
     assert state is not None
     assert len(state.nodes) == nodes
     assert state.gpus_total == gpus
@@ -106,8 +106,8 @@ def test_ray_status_layouts(name: str, nodes: int, gpus: float) -> None:
 
 
 def test_ray_status_garbage() -> None:
-    assert facts.parse_ray_status("Could not find any running Ray instance.") is None
-    assert facts.parse_ray_nodes("Failed to connect to API server") is None
+    assert parsers.parse_ray_status("Could not find any running Ray instance.") is None
+    assert parsers.parse_ray_nodes("Failed to connect to API server") is None
 
 
 def test_sections_with_exit_codes_and_truncation() -> None:
@@ -116,7 +116,7 @@ def test_sections_with_exit_codes_and_truncation() -> None:
         "@@sparkd ray_nodes\nboom\n@@sparkd-end ray_nodes 1\n"
         "@@sparkd serve_log\nline 1\nline 2"
     )
-    sections = facts.parse_sections(text)
+    sections = parsers.parse_sections(text)
     assert sections["boot_id"].body == "abc" and sections["boot_id"].ok
     assert sections["ray_nodes"].rc == 1
     assert sections["serve_log"].rc is None and sections["serve_log"].body == "line 1\nline 2"
@@ -128,11 +128,11 @@ def test_docker_top_and_serve() -> None:
         "4100       930        /usr/bin/python3 /usr/local/bin/ray start --block\n"
         "5150       812        /usr/bin/python3 /usr/local/bin/vllm serve /models/Q\n"
     )
-    rows = facts.parse_docker_top(text)
+    rows = parsers.parse_docker_top(text)
     assert [r.pid for r in rows] == [4100, 5150]
-    serve = facts.find_serve(rows)
+    serve = parsers.find_serve(rows)
     assert serve is not None and serve.pid == 5150 and serve.elapsed == 812.0
-    assert facts.find_serve(rows[:1]) is None
+    assert parsers.find_serve(rows[:1]) is None
 
 
 def test_ip_addr_json() -> None:
@@ -146,14 +146,14 @@ def test_ip_addr_json() -> None:
             }
         ]
     )
-    iface = facts.parse_ip_addr(text)
+    iface = parsers.parse_ip_addr(text)
     assert iface is not None and iface.up and iface.addresses == ("192.168.200.12",)
-    assert facts.parse_ip_addr('Device "eth9" does not exist.') is None
+    assert parsers.parse_ip_addr('Device "eth9" does not exist.') is None
 
 
 def test_df() -> None:
-    assert facts.parse_df_avail("   Avail\n123456789\n") == 123456789
-    assert facts.parse_df_avail("df: /nope: No such file or directory") is None
+    assert parsers.parse_df_avail("   Avail\n123456789\n") == 123456789
+    assert parsers.parse_df_avail("df: /nope: No such file or directory") is None
 
 
 LOG = (
@@ -164,35 +164,43 @@ LOG = (
 
 
 def test_load_progress_weights() -> None:
-    progress = facts.parse_load_progress(facts.log_lines(LOG), 1000.0)
+    progress = parsers.parse_load_progress(parsers.log_lines(LOG), 1000.0)
     assert (progress.stage, progress.percent, progress.progress_at) == ("weights", 41.0, 1000.0)
 
 
 def test_load_progress_capture_ready_failed() -> None:
     capture = LOG + "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  45%|####5 | 30/67\n"
-    assert facts.parse_load_progress(facts.log_lines(capture), None).stage == "graph_capture"
+    assert parsers.parse_load_progress(parsers.log_lines(capture), None).stage == "graph_capture"
     ready = capture + "INFO:     Application startup complete.\n"
-    assert facts.parse_load_progress(facts.log_lines(ready), None).stage == "ready"
+    assert parsers.parse_load_progress(parsers.log_lines(ready), None).stage == "ready"
     # An OOM traceback alone is no verdict while the process runs: its exit is the evidence.
     oom = (
         capture
         + "Traceback (most recent call last):\n  x\ntorch.OutOfMemoryError: CUDA out of memory.\n"
     )
-    assert facts.parse_load_progress(facts.log_lines(oom), None).stage == "graph_capture"
+    assert parsers.parse_load_progress(parsers.log_lines(oom), None).stage == "graph_capture"
     failed = oom + (
         "RuntimeError: Engine core initialization failed. See root cause above. "
         "Failed core proc(s): {}\n"
     )
-    progress = facts.parse_load_progress(facts.log_lines(failed), None)
+    progress = parsers.parse_load_progress(parsers.log_lines(failed), None)
     assert progress.stage == "failed"
     assert progress.message.startswith("RuntimeError: Engine core initialization failed")
 
 
 def test_redaction() -> None:
     line = "args: --api-key s3cr3t Authorization: Bearer tok123 VLLM_API_KEY=abc other=x"
-    redacted = facts.redact(line, ["hunter2"])
+    redacted = text.redact(line, ["hunter2"])
     assert "s3cr3t" not in redacted and "tok123" not in redacted and "abc" not in redacted
-    assert facts.redact("the key is hunter2", ["hunter2"]) == "the key is ***"
+    assert text.redact("the key is hunter2", ["hunter2"]) == "the key is ***"
+
+
+def test_one_list_of_secret_patterns_masks_what_a_pdu_client_echoes_in_its_output() -> None:
+    line = "login token: abc123 community=private1 --api-key=sk-1 max_num_batched_tokens=8192"
+    said = text.redact(line, credentials=True)
+    assert said == "login token: *** community=*** --api-key=*** max_num_batched_tokens=8192"
+    # sparkd's own lines keep the fencing token (`token=N`): it is no secret.
+    assert text.redact("fenced token=7 --api-key=sk-1") == "fenced token=7 --api-key=***"
 
 
 @settings(max_examples=300, deadline=None)
@@ -209,6 +217,6 @@ def test_stat_time_matches_the_calendar(moment: datetime, offset_minutes: int, n
     sign = "+" if offset_minutes >= 0 else "-"
     hours, minutes = divmod(abs(offset_minutes), 60)
     text = f"{local:%Y-%m-%d %H:%M:%S}.{nanos:09d} {sign}{hours:02d}{minutes:02d}"
-    parsed = facts.parse_stat_time(text)
+    parsed = parsers.parse_stat_time(text)
     assert parsed is not None
     assert abs(parsed - (local.timestamp() + nanos / 1e9)) < 1e-6

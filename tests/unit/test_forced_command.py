@@ -13,7 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.model import exits
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue, forced
 from tests.toy import EXAMPLE_CONFIG, reference_cluster
 
@@ -154,18 +156,18 @@ def test_the_program_refuses_with_126_naming_only_the_first_word(tmp_path: Path)
     program.write_text(forced.wrapper(cluster, cluster.head, KEY))
     secret = "curl -H 'Authorization: Bearer sk-secret' http://x"
     refused = run_wrapper(program, secret)
-    assert refused.returncode == forced.REFUSED_EXIT
+    assert refused.returncode == exits.REFUSED_EXIT
     assert refused.stderr == "sparkd forced command: refused curl\n"
     assert refused.stdout == ""
     login = run_wrapper(program, None)  # an interactive login: no command at all
-    assert login.returncode == forced.REFUSED_EXIT
+    assert login.returncode == exits.REFUSED_EXIT
     assert login.stderr == "sparkd forced command: refused (no command)\n"
     odd = run_wrapper(program, "$(rm\x1b[2J -rf /) x")
     assert odd.stderr == "sparkd forced command: refused ??rm??2J\n"
     seconds = cluster.ssh.command_timeout
     fine = catalogue.kill_process(cluster, 4100, "TERM", seconds).command
     assert run_wrapper(program, fine, "--check").returncode == 0
-    assert run_wrapper(program, "id", "--check").returncode == forced.REFUSED_EXIT
+    assert run_wrapper(program, "id", "--check").returncode == exits.REFUSED_EXIT
 
 
 def test_the_program_runs_an_allowed_command_in_sh(tmp_path: Path) -> None:

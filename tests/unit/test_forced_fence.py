@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from sparkd.settings import ClusterSpec
+from sparkd.model import exits
+from sparkd.model.cluster import ClusterSpec
 from sparkd.shell import catalogue, forced
 from sparkd.shell.catalogue import FenceToken
 from tests.toy import reference_cluster
@@ -69,7 +70,7 @@ def test_a_fenced_wrapper_takes_mutations_only_behind_the_prefix(tmp_path: Path)
     wrapper = program(tmp_path, cluster)
     seconds = cluster.ssh.command_timeout
     kill = catalogue.kill_process(cluster, 4100, "TERM", seconds)
-    assert run(tmp_path, wrapper, kill.command)[0] == forced.REFUSED_EXIT
+    assert run(tmp_path, wrapper, kill.command)[0] == exits.REFUSED_EXIT
     facts = catalogue.fact_script(
         cluster, cluster.head, catalogue.tool_timeout(cluster), read_ray=False
     )
@@ -78,16 +79,16 @@ def test_a_fenced_wrapper_takes_mutations_only_behind_the_prefix(tmp_path: Path)
     assert run(tmp_path, wrapper, wrapped, "--check")[0] == 0
     # Another cluster's prefix, or a command outside the catalogue behind the prefix: refused.
     other = catalogue.fenced(kill, FenceToken("elsewhere", 7, ETCD, "ops-a"), seconds)
-    assert run(tmp_path, wrapper, other.command, "--check")[0] == forced.REFUSED_EXIT
+    assert run(tmp_path, wrapper, other.command, "--check")[0] == exits.REFUSED_EXIT
     stray = catalogue.fenced(catalogue.Remote("x", "id", True), fence(7, cluster), seconds)
-    assert run(tmp_path, wrapper, stray.command, "--check")[0] == forced.REFUSED_EXIT
+    assert run(tmp_path, wrapper, stray.command, "--check")[0] == exits.REFUSED_EXIT
     sweep = catalogue.fence_sweep(fence(7, cluster), seconds).command
     assert run(tmp_path, wrapper, sweep, "--check")[0] == 0
     # Unfenced (no [ha]): the bare form passes, the prefix does not.
     (tmp_path / "plain").mkdir()
     plain = program(tmp_path / "plain", cluster, fenced=False)
     assert run(tmp_path, plain, kill.command, "--check")[0] == 0
-    assert run(tmp_path, plain, wrapped, "--check")[0] == forced.REFUSED_EXIT
+    assert run(tmp_path, plain, wrapped, "--check")[0] == exits.REFUSED_EXIT
 
 
 def test_the_wrapper_refuses_an_older_token_and_shares_the_shells_record(tmp_path: Path) -> None:
@@ -104,7 +105,7 @@ def test_the_wrapper_refuses_an_older_token_and_shares_the_shells_record(tmp_pat
     status, err = run(
         tmp_path, wrapper, catalogue.fenced(kill, fence(8, cluster, "ops-b"), seconds).command
     )
-    assert status == catalogue.FENCED_EXIT
+    assert status == exits.FENCED_EXIT
     assert f"{catalogue.FENCE_MARKER} {cluster.name}: refused token 8 < 9 (ops-a)" in err
     assert calls(tmp_path) == ["kill -TERM 4100"]
     # The shell prefix (a host without the wrapper) reads the same record.
@@ -112,10 +113,10 @@ def test_the_wrapper_refuses_an_older_token_and_shares_the_shells_record(tmp_pat
         ["bash", "-c", catalogue.fence_sweep(fence(8, cluster), seconds).command],
         env={"HOME": str(tmp_path), "PATH": os.environ["PATH"]}, capture_output=True, text=True,
     )  # fmt: skip
-    assert shell.returncode == catalogue.FENCED_EXIT
+    assert shell.returncode == exits.FENCED_EXIT
     record.write_text(f"3 {ETCD + 1} ops-z\n")  # another etcd's record
     status, err = run(tmp_path, wrapper, catalogue.fenced(kill, fence(9, cluster), seconds).command)
-    assert status == catalogue.FENCE_MISMATCH_EXIT and "refence" in err
+    assert status == exits.FENCE_MISMATCH_EXIT and "refence" in err
     refence = catalogue.fence_sweep(fence(9, cluster), seconds, refence=True).command
     assert run(tmp_path, wrapper, refence)[0] == 0
     assert record.read_text() == f"9 {ETCD} ops-a\n"
@@ -157,7 +158,7 @@ def test_the_wrapper_holds_the_lock_while_the_command_runs_and_never_passes_it_o
     assert calls(tmp_path) == ["kill -TERM 4100"]
     # The sweep ran after the old command finished, so the old token is refused from now on.
     status, _ = run(tmp_path, wrapper, catalogue.fenced(kill, fence(5, cluster), seconds).command)
-    assert status == catalogue.FENCED_EXIT
+    assert status == exits.FENCED_EXIT
 
 
 def test_with_host_fencing_off_the_wrapper_takes_the_owner_tagged_form(tmp_path: Path) -> None:
@@ -184,12 +185,12 @@ def test_with_host_fencing_off_the_wrapper_takes_the_owner_tagged_form(tmp_path:
     seconds = cluster.ssh.command_timeout
     kill = catalogue.kill_process(cluster, 4100, "TERM", seconds)
     tagged = catalogue.audited(kill, fence(7, cluster)).command
-    assert run(tmp_path, wrapper, kill.command)[0] == forced.REFUSED_EXIT  # never bare
+    assert run(tmp_path, wrapper, kill.command)[0] == exits.REFUSED_EXIT  # never bare
     assert run(tmp_path, wrapper, tagged) == (0, "")
     assert calls(tmp_path) == ["kill -TERM 4100"]
     other = catalogue.audited(kill, FenceToken("elsewhere", 7, ETCD, "ops-a")).command
-    assert run(tmp_path, wrapper, other, "--check")[0] == forced.REFUSED_EXIT
+    assert run(tmp_path, wrapper, other, "--check")[0] == exits.REFUSED_EXIT
     stray = catalogue.audited(catalogue.Remote("x", "id", True), fence(7, cluster)).command
-    assert run(tmp_path, wrapper, stray, "--check")[0] == forced.REFUSED_EXIT
+    assert run(tmp_path, wrapper, stray, "--check")[0] == exits.REFUSED_EXIT
     # With fencing on, the tagged form is not taken.
-    assert run(tmp_path, program(tmp_path, cluster), tagged, "--check")[0] == forced.REFUSED_EXIT
+    assert run(tmp_path, program(tmp_path, cluster), tagged, "--check")[0] == exits.REFUSED_EXIT

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.settings import EX_CONFIG, load_settings
+from sparkd.model.exits import EX_CONFIG
+from sparkd.settings import load_settings
 from tests.unit.test_settings import BASE, problems, run_cli, usable, write
 
 HA = '\n[ha]\netcd_endpoints = ["http://127.0.0.1:23790"]\n'
@@ -89,7 +90,8 @@ def test_no_etcd_code_without_ha(tmp_path: Path) -> None:
         "import json, sys\n"
         "from pathlib import Path\n"
         "from sparkd.settings import load_settings\n"
-        "import sparkd.commands, sparkd.runtime.daemon, sparkd.web.app, sparkd.runtime.metrics\n"
+        "import sparkd.cli.commands, sparkd.runtime.daemon, sparkd.web.app\n"
+        "import sparkd.runtime.metrics\n"
         "from sparkd.runtime.daemon import Daemon\n"
         f"settings = load_settings(Path({str(path)!r}))\n"
         f"Daemon(settings, Path({str(path)!r}))\n"

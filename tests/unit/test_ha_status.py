@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparkd.cli_api import render_status
+from sparkd.cli.api import render_status
 
 
 def body(ha: object) -> dict[str, object]:

@@ -8,7 +8,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.core.assemble import head_extras, host_facts, unreadable
 from tests.toy import ROOT, reference_cluster
 
@@ -77,7 +77,7 @@ BODY = st.one_of(
 )
 def test_any_sections_parse_to_values(chosen: dict[str, tuple[str, int | None]]) -> None:
     cluster = reference_cluster()
-    sections = {name: facts.Section(body, rc) for name, (body, rc) in chosen.items()}
+    sections = {name: parsers.Section(body, rc) for name, (body, rc) in chosen.items()}
     if unreadable(sections) is None:
         host_facts(cluster, cluster.head, sections, 1000.0)
     extras = head_extras(cluster, sections, 1000.0)
@@ -87,7 +87,7 @@ def test_any_sections_parse_to_values(chosen: dict[str, tuple[str, int | None]])
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=2000))
 def test_any_fact_script_output_splits(text: str) -> None:
-    facts.parse_sections(text)
+    parsers.parse_sections(text)
 
 
 @settings(max_examples=200, deadline=None)
@@ -102,21 +102,23 @@ def test_any_fact_script_output_splits(text: str) -> None:
 )
 def test_any_json_in_ray_and_docker_readers(value: object) -> None:
     text = json.dumps(value)
-    facts.parse_ray_nodes(text)
-    facts.parse_docker_ps(text)
-    facts.parse_ip_addr(text)
+    parsers.parse_ray_nodes(text)
+    parsers.parse_docker_ps(text)
+    parsers.parse_ip_addr(text)
 
 
 def test_numbers_past_pythons_digit_limit_are_unknowns() -> None:
     huge = "9" * 5000
-    sections = facts.parse_sections(f"@@sparkd disk\nAvail\n{huge}\n@@sparkd-end disk {huge}\n")
+    sections = parsers.parse_sections(f"@@sparkd disk\nAvail\n{huge}\n@@sparkd-end disk {huge}\n")
     assert sections["disk"].rc is None
-    assert facts.parse_df_avail(sections["disk"].body) is None
+    assert parsers.parse_df_avail(sections["disk"].body) is None
     assert (
-        facts.parse_ray_nodes('[{"node_id": "a", "resources_total": {"GPU": 1' + "0" * 400 + "}}]")
+        parsers.parse_ray_nodes(
+            '[{"node_id": "a", "resources_total": {"GPU": 1' + "0" * 400 + "}}]"
+        )
         is None
     )
-    assert facts.parse_stat_time("inf") is None
+    assert parsers.parse_stat_time("inf") is None
 
 
 def test_a_garbage_gpu_count_makes_ray_unknown_not_zero_gpus() -> None:
@@ -125,11 +127,11 @@ def test_a_garbage_gpu_count_makes_ray_unknown_not_zero_gpus() -> None:
     for garbage in ("NaN", "Infinity", "-Infinity", "-1.0", '"1"', "1e999"):
         text = listed.replace('"GPU": 1.0', f'"GPU": {garbage}', 1)
         assert text != listed
-        assert facts.parse_ray_nodes(text) is None
-        extras = head_extras(cluster, {"ray_nodes": facts.Section(text, 0)}, 1000.0)
+        assert parsers.parse_ray_nodes(text) is None
+        extras = head_extras(cluster, {"ray_nodes": parsers.Section(text, 0)}, 1000.0)
         assert not extras.ray.up
         assert extras.ray.error
-    assert facts.parse_ray_nodes(listed) is not None
+    assert parsers.parse_ray_nodes(listed) is not None
 
 
 def test_an_unreadable_docker_ps_line_makes_the_host_unknown_not_its_container_missing() -> None:
@@ -137,9 +139,9 @@ def test_an_unreadable_docker_ps_line_makes_the_host_unknown_not_its_container_m
     lines = (ROOT / "tests/fixtures/samples/docker-ps.jsonl").read_text().splitlines()
     head = next(i for i, line in enumerate(lines) if "--head" in line)
     readable = {
-        "boot_id": facts.Section("b", 0),
-        "running": facts.Section("", 0),
-        "containers": facts.Section("\n".join(lines), 0),
+        "boot_id": parsers.Section("b", 0),
+        "running": parsers.Section("", 0),
+        "containers": parsers.Section("\n".join(lines), 0),
     }
     assert unreadable(readable) is None
     for garbled in (
@@ -149,11 +151,11 @@ def test_an_unreadable_docker_ps_line_makes_the_host_unknown_not_its_container_m
         '{"Names": null}',
     ):
         sections = dict(readable)
-        sections["containers"] = facts.Section("\n".join([*lines[:head], garbled]), 0)
+        sections["containers"] = parsers.Section("\n".join([*lines[:head], garbled]), 0)
         error = unreadable(sections)
         assert error is not None, garbled
         assert "docker ps" in error.detail
     warned = dict(readable)
-    warned["containers"] = facts.Section("WARNING: No swap limit support\n" + lines[head], 0)
+    warned["containers"] = parsers.Section("WARNING: No swap limit support\n" + lines[head], 0)
     assert unreadable(warned) is None
     assert host_facts(cluster, cluster.head, warned, 1000.0).containers

@@ -10,15 +10,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkd.core.assemble import head_extras, host_facts
-from sparkd.core.facts import parse_sections
-from sparkd.core.judge import MODEL_STARTS, RAY_STARTS
 from sparkd.core.model_stage import ORPHAN_GRACE
+from sparkd.core.parsers import parse_sections
 from sparkd.core.planner import plan
 from sparkd.core.ray_stage import needs_ray_status
 from sparkd.core.spec import container_name
 from sparkd.model.memory import LoadMark, Memory
 from sparkd.model.observed import LoadProgress, Observed
-from sparkd.model.plan import Plan
+from sparkd.model.plan import MODEL_STARTS, RAY_STARTS, Plan
 from sparkd.shell.catalogue import fact_script
 from tests.examples import EXAMPLE_SET
 from tests.toy import Toy

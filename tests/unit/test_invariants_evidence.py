@@ -11,7 +11,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.core.assemble import _since_launch
 from sparkd.core.planner import plan
 from sparkd.core.remember import remember
@@ -166,4 +166,4 @@ def test_a_restart_by_hand_into_the_same_log_starts_a_new_launch() -> None:
     ]
     since = _since_launch(lines)
     assert since[0].startswith("(APIServer pid=202)")
-    assert facts.parse_load_progress(since, None).stage == "starting"
+    assert parsers.parse_load_progress(since, None).stage == "starting"

@@ -8,10 +8,11 @@ from hypothesis import strategies as st
 
 from sparkd.core.planner import plan
 from sparkd.core.spec import container_name
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory
 from sparkd.model.observed import RayNode
 from sparkd.model.plan import Action
-from sparkd.settings import ClusterSpec, HostSpec
+from sparkd.model.spec import HostSpec
 from tests.toy import Toy, reference_cluster
 
 COMMON = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

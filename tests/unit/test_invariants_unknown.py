@@ -12,7 +12,7 @@ from collections.abc import Callable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.core.assemble import head_extras, host_facts, unreadable
 from sparkd.core.planner import plan
 from sparkd.model.memory import Memory
@@ -187,8 +187,8 @@ def test_docker_down_holds_the_restart_a_failing_model_needs() -> None:
     assert "holding back: Docker on spark-a not answering" in result.reason
 
 
-def _sections(text: dict[str, tuple[str, int]]) -> dict[str, facts.Section]:
-    return {name: facts.Section(body, rc) for name, (body, rc) in text.items()}
+def _sections(text: dict[str, tuple[str, int]]) -> dict[str, parsers.Section]:
+    return {name: parsers.Section(body, rc) for name, (body, rc) in text.items()}
 
 
 DOCKER_CLI_DOWN = (

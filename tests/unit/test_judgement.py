@@ -242,7 +242,7 @@ def test_ray_unreadable_after_the_serve_process_exited_restarts_ray() -> None:
 
 
 def test_warning_with_error_text_in_a_running_load_is_not_a_failure() -> None:
-    from sparkd.core import facts
+    from sparkd.core import parsers
 
     log = [
         "WARNING Found ulimit of 1024 and failed to automatically increase with error: "
@@ -252,7 +252,7 @@ def test_warning_with_error_text_in_a_running_load_is_not_a_failure() -> None:
         "UserWarning: RuntimeError: something that was only a warning",
         "Loading safetensors checkpoint shards:  41% Completed | 20/49 [01:02<01:30]",
     ]
-    progress = facts.parse_load_progress(log, None)
+    progress = parsers.parse_load_progress(log, None)
     assert progress.stage == "weights" and progress.percent == 41.0
 
 

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from sparkd.model.cluster import MaintenanceSpec
+from sparkd.model.exits import EX_CONFIG
 from sparkd.runtime.maintenance import Window, window_at
-from sparkd.settings import EX_CONFIG, ConfigError, MaintenanceSpec, load_settings
+from sparkd.settings import ConfigError, load_settings
 from tests.toy import EXAMPLE_CONFIG
 
 SUNDAY_3AM = MaintenanceSpec(cron="0 3 * * SUN", duration="2h", reason="updates", timezone="UTC")

@@ -11,10 +11,10 @@ import pytest
 from sparkd.core.planner import plan
 from sparkd.core.remember import remember
 from sparkd.core.spec import LABEL_SPEC, container_name
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Attempt, Blocked, Memory, Pause
 from sparkd.model.observed import GpuProcess, ModelEndpoint, RayNode
 from sparkd.model.plan import Plan
-from sparkd.settings import ClusterSpec
 from tests.toy import Toy
 
 Setup = Callable[[], tuple[Toy, Memory]]

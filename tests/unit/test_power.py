@@ -14,6 +14,7 @@ from sparkd.core.judge import Context
 from sparkd.core.load import assess
 from sparkd.core.planner import plan
 from sparkd.core.remember import pause, remember
+from sparkd.model.cluster import ClusterSpec, PowerSpec
 from sparkd.model.memory import Attempt, Blocked, Memory
 from sparkd.model.observed import (
     HOST_ERROR_KINDS,
@@ -24,7 +25,6 @@ from sparkd.model.observed import (
     RayState,
 )
 from sparkd.model.plan import ActionOutcome, Plan
-from sparkd.settings import ClusterSpec, PowerSpec
 from tests.examples import EXAMPLE_SET
 from tests.toy import Toy
 from tests.unit.test_invariants_applicable import COMMON, host

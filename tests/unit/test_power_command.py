@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from sparkd.model.cluster import PowerSpec
 from sparkd.model.plan import Action
-from sparkd.settings import PowerSpec
 from sparkd.shell.catalogue import FenceToken
 from sparkd.shell.execute import Executor
 from sparkd.shell.fencing import HostFence

@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkd.core import facts, ray_json
+from sparkd.core import parsers, ray_json
 from sparkd.shell import ray_http
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "ray-http"
@@ -79,7 +79,7 @@ def test_a_killed_worker_goes_dead_in_the_list_before_its_gpu_leaves_the_status(
 def test_the_node_list_reads_as_the_cli_reads_its_rows() -> None:
     for sample in answers("E_kill_worker.jsonl", "/api/v0/nodes"):
         rows = json.loads(sample["body"])["data"]["result"]["result"]
-        assert ray_json.parse_nodes(sample["body"]) == facts.parse_ray_nodes(json.dumps(rows))
+        assert ray_json.parse_nodes(sample["body"]) == parsers.parse_ray_nodes(json.dumps(rows))
 
 
 def _first(name: str, path: str) -> dict[str, Any]:

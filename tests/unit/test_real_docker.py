@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.core.assemble import docker_failure, unreadable
 from sparkd.shell import catalogue
 from sparkd.shell.events import ExecFilter, parse_event
@@ -33,7 +33,7 @@ def test_every_ps_row_reads_with_its_state() -> None:
     for call in listed:
         if "{{json .}}" not in call["cmd"] or call["rc"] != 0:
             continue
-        rows = facts.parse_docker_ps(call["stdout"])
+        rows = parsers.parse_docker_ps(call["stdout"])
         assert len(rows) == len(call["stdout"].splitlines()), call["cmd"]
         for row in rows:
             assert row.name and row.image
@@ -50,20 +50,20 @@ def test_every_top_table_reads_and_a_defunct_serve_is_not_serving() -> None:
     tables = [c for c in calls("docker top") if c["rc"] == 0 and c["stdout"].startswith("PID")]
     assert len(tables) >= 3
     for call in tables:
-        rows = facts.parse_docker_top(call["stdout"])
+        rows = parsers.parse_docker_top(call["stdout"])
         assert len(rows) == len(call["stdout"].splitlines()) - 1, call["cmd"]
         assert all(r.pid > 1 for r in rows)
     defunct = next(c for c in tables if "<defunct>" in c["stdout"])
-    assert facts.find_serve(facts.parse_docker_top(defunct["stdout"])) is None
+    assert parsers.find_serve(parsers.parse_docker_top(defunct["stdout"])) is None
 
 
 def test_a_restarting_container_is_listed_without_processes_not_unread() -> None:
     [failed, *_] = [c for c in calls("docker top crashy") if c["rc"] == 1]
     sections = {
-        "boot_id": facts.Section("b", 0),
-        "containers": facts.Section("", 0),
-        "running": facts.Section("crashy", 0),
-        "top crashy": facts.Section(failed["stdout"] + failed["stderr"], failed["rc"]),
+        "boot_id": parsers.Section("b", 0),
+        "containers": parsers.Section("", 0),
+        "running": parsers.Section("crashy", 0),
+        "top crashy": parsers.Section(failed["stdout"] + failed["stderr"], failed["rc"]),
     }
     assert unreadable(sections) is None
 
@@ -72,9 +72,9 @@ def test_a_stopped_daemon_is_docker_down_not_an_unreadable_host() -> None:
     [down] = [c for c in calls("docker ps") if c["rc"] == 1]
     assert down["stderr"].startswith("Cannot connect to the Docker daemon at unix://")
     sections = {
-        "boot_id": facts.Section("b", 0),
-        "containers": facts.Section(down["stdout"] + down["stderr"], down["rc"]),
-        "running": facts.Section(down["stderr"], down["rc"]),
+        "boot_id": parsers.Section("b", 0),
+        "containers": parsers.Section(down["stdout"] + down["stderr"], down["rc"]),
+        "running": parsers.Section(down["stderr"], down["rc"]),
     }
     # The host answered: Docker alone is down, its own finding (unknown never acts).
     assert unreadable(sections) is None

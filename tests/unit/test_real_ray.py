@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.core.assemble import head_extras
 from tests.toy import reference_cluster
 
@@ -33,7 +33,7 @@ def read(row: dict[str, Any]) -> Any:
     """As the fact script sees it: stdout and stderr merged, and the exit status."""
     merged = row["stdout"] + row["stderr"]
     name = "ray_nodes" if row["cmd"] == "nodes" else "ray_status"
-    sections = {name: facts.Section(merged, row["rc"])}
+    sections = {name: parsers.Section(merged, row["rc"])}
     return head_extras(reference_cluster(), sections, 1000.0).ray
 
 
@@ -84,8 +84,10 @@ def test_dashboard_off_usage_text_keeps_the_error_line() -> None:
         "Usage: ray list nodes [OPTIONS]\nTry 'ray list nodes --help' for help.\n\n"
         "Error: Failed to make request to http://127.0.0.1:8265/api/v0/nodes?limit=100\n"
     )
-    assert facts.parse_ray_nodes(text) is None
-    reason = facts.failure_reason("Traceback (most recent call last):\n  File x\nValueError: bad\n")
+    assert parsers.parse_ray_nodes(text) is None
+    reason = parsers.failure_reason(
+        "Traceback (most recent call last):\n  File x\nValueError: bad\n"
+    )
     assert reason == "ValueError: bad"
 
 
@@ -99,5 +101,5 @@ def test_dashboard_off_usage_text_keeps_the_error_line() -> None:
     ],
 )
 def test_wrong_types_are_not_a_cluster(text: str) -> None:
-    parsed = facts.parse_ray_nodes(text)
+    parsed = parsers.parse_ray_nodes(text)
     assert parsed is None or all(n.gpus == 0.0 for n in parsed.nodes)

@@ -10,19 +10,19 @@ from pathlib import Path
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from sparkd.cli_api import render_status
-from sparkd.commands import _parser
+from sparkd.cli.api import render_status
+from sparkd.cli.commands import _parser
 from sparkd.core import rollout
 from sparkd.core.acceptance import judge_check
 from sparkd.core.model_stage import exit_cause
 from sparkd.core.planner import plan
 from sparkd.core.remember import remember
+from sparkd.model.cluster import ClusterSpec, RolloutCheck
 from sparkd.model.memory import Memory
 from sparkd.model.observed import Observed
 from sparkd.model.plan import ActionOutcome, ActionResult, Plan
 from sparkd.model.probe import CheckResult
-from sparkd.settings import ClusterSpec, RolloutCheck
-from sparkd.sim.vllm_logs import EXECUTOR_STEP, engine_failed, missing_weight_files
+from sparkd_sim.vllm_logs import EXECUTOR_STEP, engine_failed, missing_weight_files
 from tests.toy import Toy
 
 ARG_ERROR = (

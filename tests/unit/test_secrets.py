@@ -9,7 +9,6 @@ import json
 import logging
 import re
 import urllib.parse
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,10 +30,11 @@ TOKEN = "ctl-token-5e6f7a8b9c0d"
 
 
 @pytest.fixture(autouse=True)
-def clean_redactor() -> Iterator[None]:
-    REDACTOR.forget()
-    yield
-    REDACTOR.forget()
+def clean_redactor(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The process-wide redactor starts each test knowing no secret, and is back as it was after.
+    monkeypatch.setattr(REDACTOR, "_by_path", {})
+    monkeypatch.setattr(REDACTOR, "_secrets", ())
+    monkeypatch.setattr(REDACTOR, "_pattern", None)
 
 
 def write(path: Path, text: str) -> Path:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.settings import EX_CONFIG, ConfigError, canonical_address, load_settings
+from sparkd.model.exits import EX_CONFIG
+from sparkd.settings import ConfigError, canonical_address, load_settings
 from tests.toy import EXAMPLE_CONFIG
 
 BASE = EXAMPLE_CONFIG.read_text()

@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkd.core import facts
+from sparkd.core import parsers
 from sparkd.core.classify import classify_response
 from sparkd.core.text import printable
 from sparkd.shell.events import parse_event
@@ -23,7 +23,7 @@ def clean(text: str) -> bool:
 def test_json_escaped_controls_in_a_tool_answer_are_replaced() -> None:
     # docker and Ray print JSON: a control arrives as `\u001b` and is one only once decoded.
     row = {"Names": f"head{ESCAPES}", "Image": "i", "State": "running", "Status": ESCAPES}
-    [container] = facts.parse_docker_ps(json.dumps(row))
+    [container] = parsers.parse_docker_ps(json.dumps(row))
     assert container.name.startswith("head") and clean(container.name + container.status)
     event = parse_event(json.dumps({"Action": "die", "Actor": {"Attributes": {"name": ESCAPES}}}))
     assert event is not None and clean(event.name)

@@ -13,12 +13,13 @@ from hypothesis import strategies as st
 
 from sparkd.core import rollout, weights
 from sparkd.core.assemble import _model_files
-from sparkd.core.facts import parse_sections
+from sparkd.core.parsers import parse_sections
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import Observed
+from sparkd.model.plan import MODEL_STARTS
 from sparkd.model.weights import ModelFiles, WeightIndex
-from sparkd.settings import ClusterSpec
 from sparkd.shell import catalogue, ssh
-from sparkd.shell.catalogue import _SECTION_FUNCTION
+from sparkd.shell.catalogue.reads import _SECTION_FUNCTION
 from tests.toy import Toy, reference_cluster
 from tests.unit.test_rollout import Run, serving
 
@@ -330,7 +331,7 @@ def test_a_first_deployment_with_a_missing_file_is_held_not_launched() -> None:
     with_files(run, files(present=SHARDS[1:]))
     for _ in range(8):
         made = run.cycle()
-        assert not any(a.kind in rollout.MODEL_STARTS for a in made.actions)
+        assert not any(a.kind in MODEL_STARTS for a in made.actions)
     assert made.phase == "blocked", made.reason
     assert f"waits: weight file {SHARDS[0]}" in made.reason and run.memory.blocked is None
     with_files(run, files())

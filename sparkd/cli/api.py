@@ -1,0 +1,311 @@
+"""The subcommands that talk to the running daemon's API: status, pause, resume, reconcile,
+rollout.
+
+They read the daemon's address from the config file and make one HTTP request to loopback:
+standard library only, so a command costs little more than Python's own start (no settings
+model, no SSH library, no HTTP client library). `sparkd.cli` dispatches them here first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import http.client
+import json
+import sys
+import urllib.parse
+from collections.abc import Sequence
+from typing import Any
+
+from sparkd.config_file import DaemonAddress, config_path, daemon_address
+from sparkd.model.exits import EX_NOPERM, EX_UNAVAILABLE, EX_USAGE
+
+BAR = 20
+COMMANDS = ("status", "pause", "resume", "reconcile", "rollout")
+# As long as the whole request may take (connect, send, answer).
+TIMEOUT = 15.0
+
+
+def config_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        help="config file (default: $SPARKD_CONFIG or /etc/sparkd/sparkd.toml)",
+    )
+
+
+def add_commands(sub: Any) -> None:
+    """The daemon commands' parsers, on `sparkd`'s subparsers (`sub`)."""
+    status = sub.add_parser("status", help="what the running daemon sees and does")
+    config_flag(status)
+    status.add_argument("--url", help="the daemon's API (default: from daemon.listen)")
+    status.add_argument("--json", action="store_true")
+
+    for name, text in (
+        ("pause", "stop acting on a cluster (it is still observed)"),
+        ("resume", "act again; also clears a blocked latch"),
+        ("reconcile", "run a cycle now"),
+    ):
+        control = sub.add_parser(name, help=text)
+        config_flag(control)
+        control.add_argument("cluster")
+        control.add_argument("--url", help="the daemon's API (default: from daemon.listen)")
+        if name == "pause":
+            control.add_argument("--reason", required=True)
+            control.add_argument("--for", dest="duration", help="expiry, e.g. 30m, 2h, 1d")
+
+    rollout = sub.add_parser("rollout", help="the latest rollout of a spec change; retry, back")
+    rollout_sub = rollout.add_subparsers(dest="rollout_command", required=True, metavar="ACTION")
+    for name, text in (
+        ("status", "desired, running and last-good specs, what differs, the latest rollout"),
+        ("retry", "roll the desired spec out again after a rollback"),
+        ("back", "go to the last-good spec now, and hold it"),
+    ):
+        action = rollout_sub.add_parser(name, help=text)
+        config_flag(action)
+        action.add_argument("cluster", nargs="?" if name == "status" else None)
+        action.add_argument("--url", help="the daemon's API (default: from daemon.listen)")
+        if name == "status":
+            action.add_argument("--json", action="store_true")
+
+
+def run(argv: Sequence[str]) -> int:
+    """`sparkd COMMAND ...` for a daemon command, parsed without the rest of sparkd."""
+    parser = argparse.ArgumentParser(prog="sparkd")
+    add_commands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    return main(parser.parse_args(list(argv)))
+
+
+def _url(args: argparse.Namespace, daemon: DaemonAddress) -> str:
+    if args.url:
+        return str(args.url).rstrip("/")
+    host, _, port = daemon.listen.rpartition(":")
+    if host in ("0.0.0.0", "::", "[::]"):
+        host = "127.0.0.1"
+    return f"http://{host}:{port}"
+
+
+class _Unreachable(Exception):
+    pass
+
+
+def _request(
+    url: str,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, bytes]:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise _Unreachable(f"not an http(s) URL: {url!r}")
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = kind(parts.hostname, parts.port, timeout=TIMEOUT)
+    sent = dict(headers or {})
+    if body is not None:
+        sent["Content-Type"] = "application/json"
+    try:
+        connection.request(method, f"{parts.path.rstrip('/')}{path}", body=body, headers=sent)
+        response = connection.getresponse()
+        return response.status, response.read()
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise _Unreachable(str(exc) or type(exc).__name__) from None
+    finally:
+        connection.close()
+
+
+def main(args: argparse.Namespace) -> int:
+    daemon = daemon_address(config_path(args.config))
+    url = _url(args, daemon)
+    try:
+        if args.command == "status":
+            status, raw = _request(url, "GET", "/status")
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                raise _Unreachable(f"HTTP {status}: not a JSON answer") from None
+            if args.json:
+                print(json.dumps(body, indent=2))
+            else:
+                print(render_status(body))
+            return 0
+        if args.command == "rollout" and args.rollout_command == "status":
+            status, raw = _request(url, "GET", "/status")
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                raise _Unreachable(f"HTTP {status}: not a JSON answer") from None
+            return print_rollouts(body, args.cluster, args.json)
+        return _control(url, args, daemon)
+    except _Unreachable as exc:
+        print(f"sparkd {args.command}: cannot reach the daemon at {url}: {exc}", file=sys.stderr)
+        return EX_UNAVAILABLE
+
+
+def _control(url: str, args: argparse.Namespace, daemon: DaemonAddress) -> int:
+    headers = {}
+    token_file = daemon.control_token_file
+    if token_file is not None:
+        from sparkd.shell.secrets import SecretFileError, read_secret
+
+        try:
+            token = read_secret(token_file)
+        except SecretFileError as exc:
+            print(f"sparkd {args.command}: {exc}", file=sys.stderr)
+            return EX_NOPERM
+        headers["Authorization"] = f"Bearer {token}"
+    body: dict[str, Any] = {"by": getpass.getuser()}
+    if args.command == "pause":
+        body["reason"] = args.reason
+        if args.duration:
+            from sparkd.model.duration import parse_duration
+
+            try:
+                body["for_seconds"] = parse_duration(args.duration)
+            except ValueError as exc:
+                print(f"sparkd pause: {exc}", file=sys.stderr)
+                return EX_USAGE
+    name = urllib.parse.quote(args.cluster, safe="")
+    verb = args.command
+    if verb == "rollout":
+        verb = f"rollout/{args.rollout_command}"
+    status, raw = _request(
+        url, "POST", f"/clusters/{name}/{verb}", json.dumps(body).encode(), headers
+    )
+    text = raw.decode("utf-8", "replace")
+    if status != 200:
+        print(f"sparkd {args.command}: HTTP {status}: {text}", file=sys.stderr)
+        return 1
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict) and answer.get("persisted") is False:
+        print(f"sparkd {args.command}: {answer.get('warning')}", file=sys.stderr)
+    print(f"{args.cluster}: {verb.replace('/', ' ')} done")
+    return 0
+
+
+def print_rollouts(body: dict[str, Any], cluster: str | None, as_json: bool) -> int:
+    clusters = [c for c in body.get("clusters", []) if cluster in (None, c.get("cluster"))]
+    if cluster is not None and not clusters:
+        print(f"sparkd rollout status: no cluster named {cluster!r}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps({c["cluster"]: c.get("rollout") for c in clusters}, indent=2))
+        return 0
+    for entry in clusters:
+        print("\n".join(rollout_lines(entry, always=True)))
+    return 0
+
+
+def rollout_lines(cluster: dict[str, Any], always: bool = False) -> list[str]:
+    """`CLUSTER: desired X, running Y, last-good Z`, what differs, and the latest rollout; for
+    `sparkd status`, only while the desired spec is not the last-good one (a rollout on, held,
+    or failed)."""
+    state = cluster.get("rollout") or {}
+    latest = state.get("latest") or {}
+    settled = state.get("desired") == (state.get("last_good") or {}).get("spec")
+    if not always and (settled or not state.get("last_good")):
+        return []
+    good = (state.get("last_good") or {}).get("spec", "none")
+    lines = [
+        f"{cluster.get('cluster')}: desired {state.get('desired')}, running "
+        f"{state.get('running') or '-'}, last-good {good}"
+    ]
+    lines.extend(f"  differs: {d}" for d in state.get("differs") or [])
+    if latest:
+        text = f"  rollout {latest.get('id')}: {latest.get('from')} -> {latest.get('to')}, "
+        text += str(latest.get("result"))
+        if latest.get("downtime_seconds") is not None:
+            text += f", downtime {latest['downtime_seconds']:.0f}s"
+        if latest.get("rolled_back"):
+            text += f" ({latest['rolled_back']})"
+        lines.append(text)
+    return lines
+
+
+def _bar(percent: float | None) -> str:
+    if percent is None:
+        return ""
+    filled = round(BAR * max(0.0, min(100.0, percent)) / 100)
+    return f"[{'#' * filled}{'.' * (BAR - filled)}] {percent:.0f}%"
+
+
+def _ratio(cluster: dict[str, Any]) -> str:
+    probes = cluster.get("probes") or {}
+    ratio = probes.get("reasoning_only_ratio")
+    if ratio is None:
+        return "-"
+    return f"{100 * ratio:.0f}% of {probes.get('window', 0)}"
+
+
+def render_status(body: dict[str, Any]) -> str:
+    rows = [("CLUSTER", "PHASE", "GPUS", "MODEL", "PROBE", "REASONING-ONLY", "REASON")]
+    for cluster in body.get("clusters", []):
+        snapshot = cluster.get("snapshot") or {}
+        ray = snapshot.get("ray") or {}
+        gpus = f"{ray.get('gpus_total', 0):g}" if ray and not ray.get("error") else "-"
+        serve = snapshot.get("serve") or {}
+        endpoint = snapshot.get("endpoint") or {}
+        if cluster.get("phase") == "loading":
+            progress = serve.get("progress") or {}
+            model = _bar(progress.get("percent")) or progress.get("stage", "loading")
+        elif endpoint.get("status") == "up":
+            model = (
+                "serving"
+                if endpoint.get("health_status") == 200
+                else f"HTTP {endpoint.get('health_status')}"
+            )
+        else:
+            model = "running" if serve.get("running") else "down"
+        # The probe of this cycle, else the latest one: probes run less often than cycles.
+        probe = snapshot.get("probe") or (snapshot.get("memory") or {}).get("last_probe") or {}
+        verdict = probe.get("verdict") or {}
+        latency = probe.get("latency_seconds")
+        probe_text = verdict.get("outcome", "-")
+        if latency is not None:
+            probe_text += f" {latency:.2f}s"
+        phase = cluster.get("phase") or "-"
+        if cluster.get("paused"):
+            phase += " (paused)"
+        triage = [str(t) for t in cluster.get("triage") or []]
+        if triage:
+            phase += f" [{','.join(triage)}]"
+        rows.append(
+            (
+                cluster["cluster"],
+                phase,
+                gpus,
+                model,
+                probe_text,
+                _ratio(cluster),
+                cluster.get("reason", ""),
+            )
+        )
+    widths = [max(len(str(r[i])) for r in rows) for i in range(6)]
+    lines = []
+    for row in rows:
+        cells = [str(c).ljust(w) for c, w in zip(row[:6], widths, strict=True)]
+        lines.append("  ".join([*cells, str(row[6])]))
+    for cluster in body.get("clusters", []):
+        lines.extend(rollout_lines(cluster))
+    lines.extend(_ha_lines(body.get("ha")))
+    return "\n".join(lines)
+
+
+def _ha_lines(ha: Any) -> list[str]:
+    """`ha: <instance> (etcd ...)` and one line per cluster: owner, standby or no etcd."""
+    if not isinstance(ha, dict):
+        return []
+    lines = [f"ha: instance {ha.get('instance')}, etcd {ha.get('etcd')} ({ha.get('endpoint')})"]
+    for name, claim in (ha.get("clusters") or {}).items():
+        role = claim.get("role", "-")
+        if role == "owner":
+            detail = f" (token {claim.get('token')})"
+        elif claim.get("holder"):
+            detail = f" (owner: {claim.get('holder')})"
+        else:
+            detail = ""
+        lines.append(f"  {name}: {role}{detail}")
+    return lines

@@ -1,0 +1,306 @@
+"""The subcommands that talk to the hosts: plan, probe, once, run, commands."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from sparkd.cli.output import render_plan
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.exits import EX_CONFIG, EX_TEMPFAIL, EX_USAGE
+from sparkd.model.observed import ModelEndpoint
+from sparkd.model.plan import Plan
+from sparkd.model.probe import ProbeResult
+from sparkd.runtime import logs
+from sparkd.runtime.state import LockHeld, StateDir
+from sparkd.settings import Settings
+from sparkd.shell import catalogue, forced, power, secrets
+from sparkd.shell.observe import observe, probe_once
+from sparkd.shell.ssh import SshPool
+
+
+def main(args: argparse.Namespace, settings: Settings, config: Path) -> int:
+    command: str = args.command
+    secrets.prime(
+        [c.model.api_key_file for c in settings.clusters] + [settings.daemon.control_token_file]
+    )
+    if command == "plan":
+        return asyncio.run(
+            live_plan(settings, args.json, args.dry_run, args.save_snapshot, probe=args.probe)
+        )
+    if command == "probe":
+        return asyncio.run(probe(settings, args.cluster, args.json))
+    if command == "once":
+        logs.configure(settings.daemon.log_format, stream=sys.stderr)
+        return asyncio.run(once(settings, args.dry_run, args.json))
+    if command == "run":
+        logs.configure(settings.daemon.log_format)
+        return run(settings, config, args.dry_run)
+    if command == "commands" and args.forced_command:
+        return print_forced_commands(settings, args.host)
+    if command == "commands":
+        if args.host is not None:
+            print("sparkd commands: --host goes with --forced-command", file=sys.stderr)
+            return EX_USAGE
+        return print_commands(settings, args.sudoers)
+    raise AssertionError(command)
+
+
+async def live_plan(
+    settings: Settings, as_json: bool, dry_run: bool, save: Path | None, *, probe: bool = False
+) -> int:
+    """Observe and plan, acting on nothing. Reading /health, /v1/models and /metrics puts no load
+    on the model; a completion does, so one is sent only when asked for (`--probe`)."""
+    # The planner only here: `probe` starts without it.
+    from sparkd.core.planner import plan as make_plan
+    from sparkd.model.snapshot import dump_snapshot
+
+    state = StateDir(settings.daemon.state_dir)
+    pool = SshPool()
+
+    def probe_due(endpoint: ModelEndpoint) -> bool:
+        return probe and endpoint.status == "up"
+
+    try:
+        observed = await asyncio.gather(
+            *(observe(c, pool, probe_due=probe_due) for c in settings.clusters)
+        )
+    finally:
+        await pool.close()
+    plans: list[Plan] = []
+    documents: list[str] = []
+    for cluster, seen in zip(settings.clusters, observed, strict=True):
+        memory = state.peek_memory(cluster.name)
+        plans.append(make_plan(cluster, seen, memory, seen.observed_at, dry_run=dry_run))
+        documents.append(dump_snapshot(seen, memory))
+    if save is not None:
+        # One document per cluster; with several clusters they go to FILE, FILE.1, ...
+        for index, document in enumerate(documents):
+            target = save if index == 0 else save.with_name(f"{save.name}.{index}")
+            write_private(target, (document + "\n").encode())
+    if as_json:
+        print(json.dumps([p.public() for p in plans], indent=2))
+    else:
+        print("\n".join(render_plan(p) for p in plans))
+    return 0
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """0600 whatever the umask (a snapshot holds what the hosts showed), an older file included."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def _cluster(settings: Settings, name: str | None) -> ClusterSpec | None:
+    if name is None:
+        return settings.clusters[0]
+    return settings.cluster(name)
+
+
+def probe_json(result: ProbeResult) -> dict[str, Any]:
+    verdict = result.verdict
+    return {
+        "outcome": verdict.outcome,
+        "healthy": verdict.healthy,
+        "latency_seconds": result.latency_seconds,
+        "ttft_seconds": result.ttft_seconds,
+        "completion_tokens": verdict.completion_tokens,
+        "finish_reason": verdict.finish_reason,
+        "detail": verdict.detail,
+    }
+
+
+async def probe(settings: Settings, name: str | None, as_json: bool) -> int:
+    cluster = _cluster(settings, name)
+    if cluster is None:
+        print(f"no cluster named {name!r}", file=sys.stderr)
+        return EX_USAGE
+    pool = SshPool()
+    try:
+        result = await probe_once(cluster, pool)
+    except secrets.SecretFileError as exc:
+        print(f"sparkd probe: model.api_key_file: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    finally:
+        await pool.close()
+    if as_json:
+        print(json.dumps(probe_json(result), indent=2))
+    else:
+        verdict = result.verdict
+        latency = f" in {result.latency_seconds:.2f}s" if result.latency_seconds else ""
+        tokens = verdict.completion_tokens
+        health = {True: "healthy", False: "unhealthy", None: "unknown"}[verdict.healthy]
+        print(f"{cluster.name}: {verdict.outcome} ({health}){latency}, {tokens} completion tokens")
+        if verdict.detail:
+            print(f"  {verdict.detail}")
+    return 0 if result.verdict.healthy else 1
+
+
+async def once(settings: Settings, dry_run: bool, as_json: bool) -> int:
+    # The controller and the daemon's pieces only here and in `run`: `plan` and `probe` start
+    # without the web stack, the scheduler and the metrics.
+    from sparkd.runtime.controller import Controller
+    from sparkd.runtime.daemon import StartupError, open_state_dir, state_dir_error
+    from sparkd.web.app import outcome_json
+
+    if settings.ha is not None and not dry_run:
+        # Only the instance owning a cluster acts on it; a one-off cycle owns nothing.
+        print("sparkd once: with [ha], only the owning instance acts; use --dry-run, or "
+              "`sparkd reconcile CLUSTER` against the owner", file=sys.stderr)  # fmt: skip
+        return EX_TEMPFAIL
+    state = StateDir(settings.daemon.state_dir)
+    try:
+        open_state_dir(state.path)
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(state.lock())
+            except OSError as exc:
+                raise state_dir_error(state.path, exc) from None
+            pool = SshPool()
+            try:
+                controllers = [
+                    Controller(c, pool, state, dry_run=dry_run) for c in settings.clusters
+                ]
+                plans = await asyncio.gather(*(c.cycle() for c in controllers))
+            finally:
+                await pool.close()
+    except LockHeld as exc:
+        print(f"sparkd once: {exc}; the daemon is acting, not starting a second controller",
+              file=sys.stderr)  # fmt: skip
+        return EX_TEMPFAIL
+    except StartupError as exc:
+        print(f"sparkd once: {exc.line}", file=sys.stderr)
+        return exc.code
+    if as_json:
+        out = [
+            {**p.public(), "outcomes": [outcome_json(o) for o in c.view.recent]}
+            for p, c in zip(plans, controllers, strict=True)
+        ]
+        print(json.dumps(out, indent=2))
+    else:
+        for p, c in zip(plans, controllers, strict=True):
+            print(render_plan(p))
+            for outcome in reversed(c.view.recent):
+                print(f"  -> {outcome.action.kind} {outcome.action.target}: {outcome.result}"
+                      f" {outcome.detail}")  # fmt: skip
+    return 0 if all(p.converged for p in plans) else 1
+
+
+def run(settings: Settings, config: Path, dry_run: bool) -> int:
+    from sparkd.runtime.daemon import Daemon, StartupError, open_state_dir, state_dir_error
+    from sparkd.runtime.notify import Notifier
+
+    """A config that fails only when used (a busy port, an unusable state dir) ends the run
+    with one line and EX_CONFIG or EX_CANTCREAT, also sent to systemd as STATUS."""
+    notifier = Notifier()
+    state = StateDir(settings.daemon.state_dir)
+    try:
+        open_state_dir(state.path)
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(state.lock())
+            except OSError as exc:
+                raise state_dir_error(state.path, exc) from None
+            daemon = Daemon(settings, config, dry_run=dry_run, notifier=notifier)
+            asyncio.run(daemon.serve_forever())
+    except LockHeld as exc:
+        print(f"sparkd run: {exc}", file=sys.stderr)
+        return EX_TEMPFAIL
+    except StartupError as exc:
+        print(f"sparkd run: {exc.line}", file=sys.stderr)
+        notifier.status(exc.line)
+        return exc.code
+    return 0
+
+
+def print_commands(settings: Settings, sudoers: str | None) -> int:
+    """Every command for review; with `sudoers`, the sudoers snippet alone, so the whole output
+    can go to `visudo -f` as its header says."""
+    privileged: set[str] = set()
+    notes: list[str] = []
+    for cluster in settings.clusters:
+        if sudoers is None:
+            print(f"# cluster {cluster.name}")
+            seen: set[tuple[str, str]] = set()
+            also = last_good_spec(settings, cluster)
+            for spec in (cluster,) if also is None else (cluster, also):
+                for host, remote in catalogue.catalogue(spec, spec.ssh.command_timeout):
+                    if spec is not cluster and (host.name, remote.command) in seen:
+                        continue
+                    seen.add((host.name, remote.command))
+                    kind = "changes" if remote.mutating else "reads"
+                    of = "" if spec is cluster else ", of the last-good spec a rollback launches"
+                    print(f"## {remote.name} on {host.name} ({kind}{of})")
+                    print(remote.command.rstrip("\n"))
+                    print()
+            for host in cluster.hosts if cluster.power.enabled else ():
+                # Run on this box, as an argv (shown quoted), never over SSH or through a shell.
+                print(f"## power_cycle of {host.name} on the ops box (changes)")
+                print(shlex.join(power.power_argv(cluster.power, host.name)))
+                print()
+        rules, refused = catalogue.sudoers_rules(cluster)
+        privileged.update(rules)
+        for unit in refused:
+            note = f"# {unit}: sudoers cannot match this name exactly; not allowed, stop it by hand"
+            if sudoers is None:
+                print(note)
+            notes.append(note)
+    if sudoers is None:
+        return 0
+    print("# sudoers snippet (visudo -f /etc/sudoers.d/sparkd; sudo 1.9.10 or later for the")
+    print("# ^...$ argument pattern); set ssh.sudo = true. See docs/security.md.")
+    for note in notes:
+        print(note)
+    print(f"{sudoers} ALL=(root) NOPASSWD: " + ", \\\n    ".join(sorted(privileged)))
+    return 0
+
+
+def print_forced_commands(settings: Settings, only: str | None) -> int:
+    """Each host's wrapper program, its header holding the authorized_keys line; with `only`,
+    exactly one program, ready to be saved as the wrapper."""
+    hosts = [(c, h) for c in settings.clusters for h in c.hosts if only in (None, h.name)]
+    if not hosts:
+        known = ", ".join(h.name for c in settings.clusters for h in c.hosts)
+        print(f"sparkd commands: no host {only!r} in the config ({known})", file=sys.stderr)
+        return EX_USAGE
+    for number, (cluster, host) in enumerate(hosts):
+        if only is None:
+            if number:
+                print()
+            print(f"# ===== {cluster.name}/{host.name}: the wrapper for this host follows")
+        key = forced.public_key(cluster.ssh)
+        also = last_good_spec(settings, cluster)
+        ha = settings.ha
+        unfenced = ha is not None and not ha.host_fencing
+        fenced = ha is not None
+        text = forced.wrapper(cluster, host, key, fenced=fenced, also=also, unfenced=unfenced)
+        print(text, end="")
+    return 0
+
+
+def last_good_spec(settings: Settings, cluster: ClusterSpec) -> ClusterSpec | None:
+    """The last-good spec the state dir remembers when it is not the desired one: a rollback
+    launches it (core.rollout.acting_spec), so its commands must pass the wrapper too."""
+    from sparkd.core import rollout
+
+    good = StateDir(settings.daemon.state_dir).peek_memory(cluster.name).last_good
+    if good is None or good.hash == rollout.identity(cluster):
+        return None
+    try:
+        return rollout.spec_of(cluster, good)
+    except ValueError as exc:  # a last-good spec this sparkd no longer reads
+        print(f"sparkd commands: {cluster.name}: last-good spec unreadable: {exc}", file=sys.stderr)
+        return None

@@ -1,0 +1,365 @@
+"""The commands that change nothing: the fact script (one per host per cycle, in sections that
+core.assemble reads) and the other reads."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+
+from sparkd.core import kernel, weights
+from sparkd.core.spec import (
+    LABEL_SPEC,
+    container_name,
+    serve_log_path,
+    serve_spec_path,
+)
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.sections import FactSection, top_section
+from sparkd.model.spec import HostSpec
+from sparkd.shell.catalogue.remote import Remote, cmd, timed, tool_timeout
+
+# A `docker events` stream is renewed this often, so no remote process outlives sparkd by more.
+EVENTS_SPAN = 3600.0
+UNIT_PROPERTIES = "Id,LoadState,ActiveState,SubState,UnitFileState"
+TOP_FORMAT = "pid,etimes,times,args"
+LOG_TAIL_BYTES = 65536
+# Docker's default data root (`data-root` in daemon.json moves it; then the read is unknown).
+DOCKER_ROOT = "/var/lib/docker"
+# The cache root's entries: modification time and name (core.cache.parse_listing).
+CACHE_LISTING = ("-mindepth", "1", "-maxdepth", "1", "-printf", "%T@ %f\\n")
+
+
+_SECTION_FUNCTION = (
+    's() { n=$1; shift; printf \'@@sparkd %s\\n\' "$n"; "$@" 2>&1; rc=$?; '
+    'printf \'\\n@@sparkd-end %s %s\\n\' "$n" "$rc"; }'
+)
+# A section whose output the script reads again (in `$o`); then `N`, a newline, to split that
+# output into lines with the shell alone (POSIX sh: the forced command runs `/bin/sh -c`).
+_CAPTURE_FUNCTION = (
+    'c() { n=$1; shift; o=$("$@" 2>&1); rc=$?; '
+    'printf \'@@sparkd %s\\n%s\\n@@sparkd-end %s %s\\n\' "$n" "$o" "$n" "$rc"; }; N=\'\n\''
+)
+# `$1`..., `$o`'s lines, `IFS` as given: the loops below read captured output without a tool.
+_LINES = "set -f; IFS=$N; for l in {text}; do {body}; done; unset IFS; set +f"
+# The running containers' names from `docker ps -a`'s JSON lines (what `docker ps` lists: the
+# states where Docker counts a container running), one a line. Docker escapes quotes inside
+# values, so `"State":"running"` and `"Names":"` match the fields themselves.
+_RUNNING_NAMES = "r=; " + _LINES.format(
+    text="$k",
+    body=(
+        'case $l in *\'"State":"running"\'*|*\'"State":"restarting"\'*|*\'"State":"paused"\'*) '
+        'case $l in *\'"Names":"\'*) n=${l#*\'"Names":"\'}; n=${n%%\'"\'*}; '
+        'r="$r$n$N";; esac;; esac'
+    ),
+)
+# The PIDs of a container's `top` (first column), added to `$t`.
+_TOP_PIDS = _LINES.format(text="$o", body="IFS=' '; set -- $l; t=\"$t $1 \"; IFS=$N")
+# Whether `nvidia-smi` listed a process no container's `top` holds (u=1): only such a process is
+# judged (foreign), and only once seen in a second read too.
+_UNATTRIBUTED = "u=0; " + _LINES.format(
+    text="$a",
+    body='IFS=\', \'; set -- $l; IFS=$N; case "$t" in *" $1 "*) ;; *) [ -n "$1" ] && u=1;; esac',
+)
+
+
+def fact_script(
+    cluster: ClusterSpec,
+    host: HostSpec,
+    tool_timeout: float,
+    ray_status: bool = False,
+    read_ray: bool = True,
+    prepare: bool = False,
+) -> Remote:
+    """One batched script per host per cycle: every fact in sections (core.parsers.parse_sections).
+
+    On the head, `ray status` runs only when the node list fails, or with `ray_status` (while
+    Ray settles: a node listed ALIVE is usable for placement only once `ray status` counts its
+    GPU, a few seconds later). Without `read_ray`, no `ray` call at all (Ray's last reading is
+    reused). With `prepare`, the head also reads the model directory (core.weights)."""
+    t = tool_timeout
+
+    def section(name: FactSection, argv: Sequence[str]) -> str:
+        return shlex.join(["s", name, *timed(argv, t)])
+
+    def capture(name: FactSection, argv: Sequence[str]) -> str:
+        return shlex.join(["c", name, *timed(argv, t)])
+
+    lines = [_SECTION_FUNCTION, _CAPTURE_FUNCTION]
+    # bash's own clock (5.0 and later) spares a `date` process; `date` where it has none.
+    now = section(FactSection.NOW, ["date", "+%s.%N"])
+    lines.append(
+        'if [ -n "$EPOCHREALTIME" ]; then '
+        f"printf '@@sparkd {FactSection.NOW}\\n%s\\n@@sparkd-end {FactSection.NOW} 0\\n' "
+        '"$EPOCHREALTIME"; '
+        f"else {now}; fi"
+    )
+    lines.append(section(FactSection.BOOT_ID, ["cat", "/proc/sys/kernel/random/boot_id"]))
+    if cluster.cleanup.units:
+        lines.append(
+            section(
+                FactSection.UNITS,
+                ["systemctl", "show", "-p", UNIT_PROPERTIES, "--", *cluster.cleanup.units],
+            )
+        )
+    # A hung Docker daemon would cost every later `docker` call its whole tool timeout and the
+    # script its SSH timeout (the host would read as unreachable): once `docker ps` timed out
+    # (d=124), no other `docker` call is made; the host still reports everything else.
+    lines.append(
+        capture(
+            FactSection.CONTAINERS, ["docker", "ps", "-a", "--no-trunc", "--format", "{{json .}}"]
+        )
+        + "; d=$rc; k=$o"
+    )
+
+    def docker(line: str) -> str:
+        return f'if [ "$d" != 124 ]; then {line}; fi'
+
+    lines.append(
+        docker(
+            section(
+                FactSection.IMAGE,
+                ["docker", "image", "inspect", "--format", "{{.Id}}", cluster.ray.image],
+            )
+        )
+    )
+    lines.append(capture(FactSection.GPU_APPS, GPU_APPS) + "; g=$rc; a=$o")
+    # The running containers' names are a section too, so a failed listing is seen as such
+    # rather than as "no processes in any container"; each named one then gets its `top`,
+    # whose PIDs (in `$t`) tell which GPU processes are the containers'.
+    top = shlex.join(timed(["docker", "top"], t))
+    top_name = top_section("$n")
+    lines.append(
+        docker(
+            f"{_RUNNING_NAMES}; printf '@@sparkd {FactSection.RUNNING}\\n%s\\n"
+            f"@@sparkd-end {FactSection.RUNNING} %s\\n' "
+            '"$r" "$d"; t=; '
+            f'if [ "$d" = 0 ]; then for n in $r; do c "{top_name}" {top} "$n" -eo {TOP_FORMAT}; '
+            f'if [ "$rc" = 0 ]; then {_TOP_PIDS}; fi; done; fi'
+        )
+    )
+    # Asked again after the `top`s (unless it failed the first time) when it listed a process
+    # no container holds: only a process seen both times is judged, so one that started or
+    # ended in between is never taken for foreign.
+    lines.append(
+        f'if [ "$g" = 0 ]; then {_UNATTRIBUTED}; '
+        f'if [ "$u" = 1 ]; then {section(FactSection.GPU_APPS_AFTER, GPU_APPS)}; fi; fi'
+    )
+    # The image sparkd's container runs, by ID: a re-pulled tag is a new image.
+    lines.append(
+        docker(
+            section(
+                FactSection.OURS_IMAGE,
+                [
+                    "docker",
+                    "inspect",
+                    "--format",
+                    "{{.Name}} {{.Image}}",
+                    "--",
+                    container_name(cluster, host),
+                ],
+            )
+        )
+    )
+    lines.append(section(FactSection.IFACE, ["ip", "-j", "addr", "show", "dev", host.interface]))
+    # The compile cache's file system in the same call (a missing cache directory, before the
+    # first container with its mount, leaves log_dir's row: core.parsers.parse_df_paths).
+    cache_root = str(cluster.model.cache_root)
+    disk = ["df", "-B1", "--output=avail", str(cluster.model.log_dir), cache_root]
+    lines.append(section(FactSection.DISK, disk))
+    lines.append(section(FactSection.CACHE, ["find", cache_root, *CACHE_LISTING]))
+    # Docker's own file system too: a full one fails `docker run` and `docker exec`.
+    lines.append(section(FactSection.DOCKER_DISK, ["df", "-B1", "--output=avail", DOCKER_ROOT]))
+    # This boot's kernel log, the last lines only: the text is the same every cycle (so the
+    # forced command can list it), and what is new is told apart by the kernel's timestamps.
+    lines.append(section(FactSection.KERNEL, KERNEL_LOG))
+    lines.append(section(FactSection.MEMINFO, ["cat", MEMINFO_PATH]))
+    lines.append(fabric_section(host, t))
+    head = container_name(cluster, host)
+    if host.role == "head" and read_ray:
+        ray_lines: list[str] = []
+        if cluster.ray.dashboard:
+            ray_lines.append(
+                # The filter applies before Ray's default limit of 100 rows (ALIVE and DEAD
+                # together, sorted by id), which otherwise silently drops ALIVE nodes once
+                # restarts have left enough DEAD records.
+                section(
+                    FactSection.RAY_NODES,
+                    [
+                        "docker",
+                        "exec",
+                        head,
+                        "ray",
+                        "list",
+                        "nodes",
+                        "--format=json",
+                        "--filter",
+                        "state=ALIVE",
+                    ],
+                )
+            )
+        # Each `ray` call costs the head 0.6-3 s of a core: `ray status` only when the node
+        # list could not be had (no dashboard, or it failed).
+        status = _ray_status_section(cluster, t)
+        if cluster.ray.dashboard and not ray_status:
+            ray_lines.append(f'if [ "$rc" != 0 ]; then {status}; fi')
+        else:
+            ray_lines.append(status)
+        lines.append(docker("; ".join(ray_lines)))
+    if host.role == "head":
+        lines.append(section(FactSection.SERVE_SPEC, ["cat", serve_spec_path(cluster)]))
+        lines.append(
+            section(
+                FactSection.SERVE_LOG, ["tail", "-c", str(LOG_TAIL_BYTES), serve_log_path(cluster)]
+            )
+        )
+        lines.append(
+            section(FactSection.SERVE_LOG_MTIME, ["stat", "-c", "%y", serve_log_path(cluster)])
+        )
+    directory = weights.host_path(cluster)
+    if host.role == "head" and prepare and directory is not None:
+        lines += model_files_sections(directory, t)
+    return Remote("facts", "\n".join(lines) + "\n", mutating=False)
+
+
+def _ray_status_section(cluster: ClusterSpec, seconds: float) -> str:
+    head = container_name(cluster, cluster.head)
+    argv = ["docker", "exec", head, "ray", "status"]
+    return shlex.join(["s", FactSection.RAY_STATUS, *timed(argv, seconds)])
+
+
+def ray_cli(cluster: ClusterSpec, tool_timeout: float) -> Remote:
+    """`ray status` alone, in a section, for when the head's dashboard did not answer (then
+    `ray list nodes`, a client of the same dashboard, cannot answer either): Ray read from its
+    GCS, without node IPs."""
+    text = f"{_SECTION_FUNCTION}\n{_ray_status_section(cluster, tool_timeout)}\n"
+    return Remote("ray_cli", text, mutating=False)
+
+
+def model_files_sections(directory: str, seconds: float) -> list[str]:
+    """Cheap `stat`s of the model's files (the weight files by the host's glob, the directory
+    quoted), and the index's first bytes for the ops box to parse (core.weights)."""
+    base = shlex.quote(directory.rstrip("/") or "/")
+    stat = shlex.join(
+        ["s", FactSection.MODEL_FILES, *timed(["stat", "-L", "-c", "%s %n", "--"], seconds)]
+    )
+    named = " ".join(f"{base}/{name}" for name in (weights.CONFIG, weights.INDEX))
+    index = str(Path(directory) / weights.INDEX)
+    reduce = ["python3", "-I", "-c", REDUCE_INDEX, index, str(weights.INDEX_LIMIT)]
+    reduce.append(str(weights.REDUCED_LIMIT))
+    return [
+        f"{stat} {named} {base}/*.safetensors",
+        shlex.join(["s", FactSection.MODEL_INDEX, *timed(reduce, seconds)]),
+    ]
+
+
+# The host reduces the index to what the ops box checks (metadata and one weight_map entry per
+# file): a big MoE checkpoint's index is megabytes of tensor names, more than the fact script's
+# output may hold (shell.ssh.MAX_OUTPUT). Python 3 is on every host (the forced command is one).
+# What it cannot reduce within the bounds it names after `!` (core.weights.with_index).
+REDUCE_INDEX = """import json, sys
+path, limit, most = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+try:
+    with open(path, 'rb') as f:
+        raw = f.read(limit + 1)
+except OSError as e:
+    sys.exit(print('!could not be read (%s)' % e.strerror))
+if len(raw) > limit:
+    sys.exit(print('!is larger than %d bytes' % limit))
+try:
+    data = json.loads(raw)
+except ValueError as e:
+    sys.exit(print('!is not JSON (%s)' % e))
+if isinstance(data, dict):
+    data = {k: data[k] for k in ('metadata', 'weight_map') if k in data}
+    w = data.get('weight_map')
+    if isinstance(w, dict):
+        data['weight_map'] = {json.dumps(v): v for v in w.values()}
+out = json.dumps(data)
+print(out if len(out) <= most else '!is more than %d bytes once reduced' % most)
+"""
+
+
+KERNEL_LOG = (
+    "journalctl", "-k", "-b", "-o", "short-monotonic", "--no-pager",
+    "-n", str(kernel.TAIL_LINES),
+)  # fmt: skip
+MEMINFO_PATH = "/proc/meminfo"
+
+FABRIC_FILES = (
+    "mtu",
+    "carrier_changes",
+    "device/infiniband/*/ports/*/state",
+    "device/infiniband/*/ports/*/phys_state",
+    "device/infiniband/*/ports/*/rate",
+    "device/infiniband/*/ports/*/gids/*",
+    "device/infiniband/*/ports/*/gid_attrs/types/*",
+)
+
+
+def fabric_section(host: HostSpec, seconds: float) -> str:
+    """The data interface's sysfs files, globs left to the host's shell (the RDMA device and
+    its GID rows are found there); the interface's name is quoted."""
+    base = shlex.quote(f"/sys/class/net/{host.interface}")
+    paths = " ".join(f"{base}/{name}" for name in FABRIC_FILES)
+    grep = shlex.join(["s", FactSection.FABRIC, *timed(["grep", "-s", "-H", "."], seconds)])
+    return f"{grep} {paths}"
+
+
+GPU_APPS = (
+    "nvidia-smi",
+    "--query-compute-apps=pid,process_name,used_memory",
+    "--format=csv,noheader,nounits",
+)
+
+
+# What makes sparkd look again at once: a container (or the serve process, run under
+# `docker exec`) ending or starting.
+EVENT_ACTIONS = ("die", "stop", "kill", "oom", "start", "exec_start", "exec_die")
+
+
+def docker_events(seconds: float) -> Remote:
+    """The host's container events as JSON lines, for `seconds` (then watched anew)."""
+    argv = ["docker", "events", "--format", "{{json .}}", "--filter", "type=container"]
+    for action in EVENT_ACTIONS:
+        argv += ["--filter", f"event={action}"]
+    return Remote("docker_events", cmd(argv, seconds), mutating=False)
+
+
+def gpu_apps(seconds: float) -> Remote:
+    return Remote("gpu_apps", cmd(GPU_APPS, seconds), mutating=False)
+
+
+def serve_processes(cluster: ClusterSpec, seconds: float) -> Remote:
+    head = container_name(cluster, cluster.head)
+    return Remote(
+        "serve_processes", cmd(["docker", "top", head, "-eo", TOP_FORMAT], seconds), False
+    )
+
+
+def inspect_container(name: str, seconds: float) -> Remote:
+    template = '{{.State.Running}} {{index .Config.Labels "' + LABEL_SPEC + '"}}'
+    argv = ["docker", "inspect", "--format", template, "--", name]
+    return Remote("inspect_container", cmd(argv, seconds), mutating=False)
+
+
+def read_serve_spec(cluster: ClusterSpec, seconds: float) -> Remote:
+    return Remote("read_serve_spec", cmd(["cat", serve_spec_path(cluster)], seconds), False)
+
+
+def fact_scripts(cluster: ClusterSpec, host: HostSpec) -> list[Remote]:
+    """Every variant of the fact script observing may send `host`: with and without `ray
+    status`, and with Ray's last reading reused (no `ray` call); with the dashboard, the script
+    without `ray` and the head's `ray status` alone (`ray_cli`). One text each."""
+    t = tool_timeout(cluster)
+    # With the dashboard, Ray is read over HTTP, and through `ray status` when it is silent.
+    reads = (False,) if cluster.ray.dashboard else (True, False)
+    scripts = [
+        fact_script(cluster, host, t, ray_status, read_ray, prepare)
+        for prepare in (False, True)
+        for read_ray in reads
+        for ray_status in (False, True)
+    ]
+    if cluster.ray.dashboard and host.role == "head":
+        scripts.append(ray_cli(cluster, t))
+    return list({script.command: script for script in scripts}.values())

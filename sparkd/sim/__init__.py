@@ -1,6 +1,0 @@
-"""Simulated DGX Spark hosts reachable over real SSH, for tests and `sparkd demo`.
-
-Start a world with `World` (see `sparkd.sim.world`); run it from the command line with
-`sparkd sim` (see `sparkd.sim.cli`). Nothing here imports the daemon's own code: a world that shared
-the daemon's parsers would agree with it by construction.
-"""

@@ -1,0 +1,5 @@
+import sys
+
+from sparkd_demo.cli import main
+
+sys.exit(main())

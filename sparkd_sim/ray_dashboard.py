@@ -1,0 +1,223 @@
+"""The head's Ray dashboard, as Ray 2.60 serves it (tests/fixtures/ray-http): the state API's
+node list (`GET /api/v0/nodes`) and the autoscaler's cluster status (`GET /api/cluster_status`),
+from the same `RayCluster` the simulated `ray` CLI prints.
+
+One small HTTP/1.1 server per host; the world routes a channel to it only while a head with
+the dashboard runs there and answers (before that, and with `--include-dashboard=false`, the
+port is refused, as on a real head).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from urllib.parse import parse_qs, urlsplit
+
+from sparkd_sim.state import RayCluster, RayNode
+from sparkd_sim.timing import Timing
+
+Answer = tuple[int, dict[str, object]]
+# Ray's own default `--dashboard-port`.
+DEFAULT_DASHBOARD = 8265
+GIB = float(1 << 30)
+MAX_REQUEST_HEAD = 16 << 10
+
+
+def _envelope(ok: bool, message: str, data: dict[str, object] | None) -> dict[str, object]:
+    return {"result": ok, "msg": message, "data": data if data is not None else {}}
+
+
+def _resources(node: RayNode) -> dict[str, object]:
+    """The HTTP API gives raw numbers (bytes for memory), unlike the CLI's `22.766 GiB`."""
+    resources: dict[str, object] = {
+        "CPU": float(node.cpus),
+        "memory": round(node.memory_gib * GIB, 1),
+        f"node:{node.ip}": 1.0,
+        "object_store_memory": round(node.object_store_gib * GIB, 1),
+    }
+    if node.gpus:
+        resources["GPU"] = float(node.gpus)
+    if node.is_head:
+        resources["node:__internal_head__"] = 1.0
+    return resources
+
+
+def _row(node: RayNode, state: str, message: str | None) -> dict[str, object]:
+    return {
+        "node_id": node.node_id,
+        "node_ip": node.ip,
+        "is_head_node": node.is_head,
+        "state": state,
+        "state_message": message,
+        "node_name": node.ip,
+        "resources_total": _resources(node),
+        "labels": {"ray.io/node-id": node.node_id},
+    }
+
+
+def _matches(row: dict[str, object], key: str, predicate: str, value: str) -> bool:
+    field = row.get(key)
+    text = str(field).lower() if isinstance(field, bool) else str(field)
+    equal = text.upper() == value.upper() if key == "state" else text == value
+    return equal if predicate == "=" else not equal
+
+
+def nodes(cluster: RayCluster, timing: Timing, query: dict[str, list[str]]) -> Answer:
+    now = time.monotonic()
+    try:
+        limit = int(query.get("limit", ["100"])[0])
+    except ValueError:
+        return 500, _envelope(False, "invalid literal for int()", None)
+    filters = list(
+        zip(
+            query.get("filter_keys", []),
+            query.get("filter_predicates", []),
+            query.get("filter_values", []),
+            strict=False,
+        )
+    )
+    rows = []
+    for node in sorted(cluster.nodes, key=lambda n: n.node_id):
+        state = node.state(now, timing)
+        if state is not None:
+            rows.append(_row(node, state, node.state_message(now, timing)))
+    total = len(rows)
+    kept = [r for r in rows if all(_matches(r, k, p, v) for k, p, v in filters)]
+    listing = {
+        "total": total,
+        "num_after_truncation": total,
+        "num_filtered": len(kept),
+        "result": kept[:limit],
+        "partial_failure_warning": "",
+        "warnings": None,
+    }
+    return 200, _envelope(True, "", {"result": listing})
+
+
+def _usage(counted: list[RayNode], gpus_in_use: float) -> dict[str, list[float]]:
+    gpus = sum(n.gpus for n in counted)
+    usage: dict[str, list[float]] = {
+        "objectStoreMemory": [0.0, round(sum(n.object_store_gib for n in counted) * GIB, 1)],
+        "memory": [0.0, round(sum(n.memory_gib for n in counted) * GIB, 1)],
+        "CPU": [0.0, float(sum(n.cpus for n in counted))],
+    }
+    for ip in sorted({n.ip for n in counted}):
+        usage[f"node:{ip}"] = [0.0, float(sum(1 for n in counted if n.ip == ip))]
+    if gpus:
+        usage["GPU"] = [min(gpus_in_use, gpus), float(gpus)]
+    if any(n.is_head for n in counted):
+        usage["node:InternalHead"] = [0.0, 1.0]
+    return usage
+
+
+def cluster_status(cluster: RayCluster, timing: Timing) -> Answer:
+    now = time.monotonic()
+    head = next((n for n in cluster.nodes if n.is_head), None)
+    if head is None or now < head.launched + head.counted_after:
+        # The autoscaler has written no report yet (`ray status`: `No cluster status`).
+        data: dict[str, object] = {
+            "autoscalingStatus": None,
+            "autoscalingError": None,
+            "clusterStatus": None,
+        }
+        return 200, _envelope(True, "Got cluster status.", data)
+    active = sorted((n for n in cluster.nodes if n.active(now, timing)), key=lambda n: n.node_id)
+    counted = cluster.counted_nodes(now, timing)
+    report = {
+        "gcsRequestTime": 0.002,
+        "time": time.time(),
+        "autoscalerReport": {
+            # The dashboard camel-cases every key, node ids in these included.
+            "activeNodes": {"node" + n.node_id.title(): 1 for n in active},
+            "idleNodes": None,
+            "pendingNodes": [],
+            "pendingLaunches": {},
+            "failedNodes": [],
+            "pendingResources": {},
+            "nodeTypeMapping": {n.node_id: f"node_{n.node_id}" for n in active},
+            "legacy": True,
+        },
+        "loadMetricsReport": {
+            "usage": _usage(counted, cluster.gpus_in_use),
+            "resourceDemand": [],
+            "pgDemand": [],
+            "requestDemand": [],
+            "headIp": None,
+            "usageByNode": {n.node_id: _usage([n], 0.0) for n in counted},
+        },
+    }
+    ready: dict[str, object] = {"autoscalingStatus": None, "autoscalingError": None}
+    ready["clusterStatus"] = report
+    return 200, _envelope(True, "Got cluster status.", ready)
+
+
+def answer(cluster: RayCluster, timing: Timing, target: str) -> Answer:
+    parts = urlsplit(target)
+    if parts.path == "/api/v0/nodes":
+        return nodes(cluster, timing, parse_qs(parts.query))
+    if parts.path == "/api/cluster_status":
+        return cluster_status(cluster, timing)
+    return 404, {"message": "Not Found"}
+
+
+class DashboardServer:
+    """Serves the head's dashboard for whichever Ray head `find` names on its host."""
+
+    def __init__(
+        self,
+        address: str,
+        port: int,
+        find: Callable[[], RayCluster | None],
+        timing: Timing,
+        stalled: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.address = address
+        self.port = port
+        self.find = find
+        self.timing = timing
+        # Ray's GCS hung (`hang-tool ray`): the state API waits on it, as `ray status` does.
+        self.stalled = stalled
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._serve, self.address, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+            self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            if len(head) > MAX_REQUEST_HEAD:
+                return
+            target = head.split(b"\r\n", 1)[0].split(b" ")[1].decode("ascii", "replace")
+            if self.stalled():
+                await reader.read()  # no answer, ever: until the client goes away
+                return
+            cluster = self.find()
+            if cluster is None:
+                return  # the head went away since the channel was routed: closed, no answer
+            status, document = answer(cluster, self.timing, target)
+            body = json.dumps(document).encode()
+            reason = {200: "OK", 404: "Not Found", 500: "Internal Server Error"}[status]
+            writer.write(
+                f"HTTP/1.1 {status} {reason}\r\n"
+                "Content-Type: application/json; charset=utf-8\r\n"
+                f"Content-Length: {len(body)}\r\n"
+                "Server: Python/3.11 aiohttp/3.14.5\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, IndexError, OSError):
+            pass
+        finally:
+            writer.close()

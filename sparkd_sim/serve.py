@@ -1,0 +1,601 @@
+"""`vllm serve` inside a simulated head container: a long-lived process whose stdout carries
+vLLM's progress lines, which needs the Ray cluster's GPUs, and which starts the model's HTTP
+server only once loading is done (until then the port refuses connections)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import posixpath
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from sparkd_sim.checkpoint import missing_files
+from sparkd_sim.engine import HostEngine
+from sparkd_sim.protocol import Done, Stream, fail
+from sparkd_sim.state import Container, GpuProcess, RayCluster, SimProcess
+from sparkd_sim.timing import Timing
+from sparkd_sim.vllm_logs import (
+    EXECUTOR_STEP,
+    autoscaler_notice,
+    compile_lines,
+    cuda_oom,
+    engine_failed,
+    missing_weight_files,
+    python_warning,
+    shm_broadcast_wait,
+    ulimit_warning,
+)
+
+SHARDS = 39
+# vLLM 0.32's top-level usage, as argparse prints it with an error.
+TOP_USAGE = (
+    "usage: vllm [-h] [-v]\n"
+    "            {chat,complete,serve,launch,bench,collect-env,download-kernels,preload,"
+    "run-batch,snapshot}\n"
+    "            ...\n"
+)
+GRAPH_SIZES = 67
+WEIGHTS_MIB = 96073
+
+
+class ModelServer(Protocol):
+    async def start(self) -> int: ...
+    async def stop(self) -> None: ...
+
+
+ServerFactory = Callable[[str, str, int, str | None, int], ModelServer]
+"""(model id, listen address, port, api key, max model len) -> server."""
+
+
+@dataclass
+class Held:
+    """GPUs a placement group holds: the Ray containers its bundles landed in, and what ends
+    the hold (a node holding a bundle died: vLLM's engine dies with it)."""
+
+    nodes: list[tuple[HostEngine, Container]]
+    lost: asyncio.Future[str]
+
+
+class Placement(Protocol):
+    """The GPUs of a real Ray cluster (`World(ray="real")`) instead of `RayCluster`'s count."""
+
+    async def acquire(self, gpus: int) -> Held | list[str]:
+        """The hold, or the lines vLLM prints before it exits for want of it."""
+        ...
+
+    def release(self) -> None: ...
+
+
+_VALUE_FLAGS = {
+    "--port",
+    "--host",
+    "--tensor-parallel-size",
+    "-tp",
+    "--pipeline-parallel-size",
+    "-pp",
+    "--reasoning-parser",
+    "--tool-call-parser",
+    "--max-model-len",
+    "--gpu-memory-utilization",
+    "--served-model-name",
+    "--api-key",
+    "--distributed-executor-backend",
+    "--max-num-seqs",
+    "--kv-cache-dtype",
+    "--dtype",
+    "--quantization",
+    "--download-dir",
+    "--load-format",
+    "--max-num-batched-tokens",
+    "--uvicorn-log-level",
+    "--swap-space",
+    "--block-size",
+    "--seed",
+    "--chat-template",
+    "--limit-mm-per-prompt",
+    "--mm-encoder-tp-mode",
+    "--compilation-config",
+    "--speculative-config",
+    "--data-parallel-size",
+    "--tokenizer",
+    "--revision",
+}
+_BOOL_FLAGS = {
+    "--enable-auto-tool-choice",
+    "--trust-remote-code",
+    "--enforce-eager",
+    "--enable-prefix-caching",
+    "--no-enable-prefix-caching",
+    "--enable-chunked-prefill",
+    "--disable-log-requests",
+    "--disable-log-stats",
+    "--async-scheduling",
+    "--enable-expert-parallel",
+}
+
+
+@dataclass
+class ServeArgs:
+    model: str
+    port: int = 8000
+    host: str | None = None
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    served_name: str | None = None
+    api_key: str | None = None
+    max_model_len: int = 262144
+    argv: list[str] = field(default_factory=list)
+
+    @property
+    def gpus(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel
+
+
+def parse_serve(args: list[str], env_api_key: str) -> ServeArgs | Done:
+    usage = "usage: vllm serve [model_tag] [options]\n"
+    if not args or args[0].startswith("-"):
+        return fail(usage + "vllm serve: error: the following arguments are required: model_tag", 2)
+    parsed = ServeArgs(model=args[0], api_key=env_api_key or None, argv=list(args))
+    unknown: list[str] = []
+    i = 1
+    while i < len(args):
+        name, eq, value = args[i].partition("=")
+        if name in _VALUE_FLAGS:
+            if not eq:
+                i += 1
+                if i >= len(args):
+                    return fail(
+                        usage + f"vllm serve: error: argument {name}: expected one argument", 2
+                    )
+                value = args[i]
+            try:
+                if name == "--port":
+                    parsed.port = int(value)
+                elif name in ("--tensor-parallel-size", "-tp"):
+                    parsed.tensor_parallel = int(value)
+                elif name in ("--pipeline-parallel-size", "-pp"):
+                    parsed.pipeline_parallel = int(value)
+                elif name == "--max-model-len":
+                    parsed.max_model_len = int(value)
+            except ValueError:
+                return fail(
+                    usage + f"vllm serve: error: argument {name}: invalid int value: '{value}'", 2
+                )
+            if name == "--served-model-name":
+                parsed.served_name = value
+            elif name == "--api-key":
+                parsed.api_key = value
+            elif name == "--host":
+                parsed.host = value
+        elif name not in _BOOL_FLAGS:
+            unknown.append(args[i])
+        i += 1
+    if unknown:
+        # The serve subparser only collects them; the top-level `vllm` parser reports them, with
+        # its own usage (tests/fixtures/vllm-real/serve-unknown-argument.txt).
+        return fail(TOP_USAGE + "vllm: error: unrecognized arguments: " + " ".join(unknown), 2)
+    return parsed
+
+
+@dataclass
+class ServeFaults:
+    """Per-host switches the world's fault API flips."""
+
+    slow_load: bool = False
+    oom_capture: bool = False
+    # One-shot: the next load stops making progress at 40% and never finishes (a wedged read).
+    stall_load: bool = False
+    # One-shot: the next load sticks at 41% while its log keeps getting warnings/heartbeats.
+    chatty_stall: bool = False
+    # Loads print the harmless lines real vLLM and Ray print (ulimit warning, the autoscaler's
+    # `Error: No available node types...` notice, a Python warning naming a RuntimeError).
+    noisy_log: bool = False
+    # One-shot: the next CUDA-graph capture stops half-way while its ranks spin in an NCCL
+    # wait: no new line, every engine process busy at 100 % CPU, for ever.
+    hang_capture: bool = False
+    # Model path -> the shard its index names that is not on disk: every load of that model
+    # fails before its first shard, as long as the file is missing.
+    missing_weights: dict[str, str] = field(default_factory=dict)
+    # Model path -> a shard that goes from disk once the next serve of that model has started
+    # (a clean-up racing a cutover that was prepared): that load fails for it.
+    vanish_weights: dict[str, str] = field(default_factory=dict)
+
+
+class ServeProcess:
+    def __init__(
+        self,
+        engine: HostEngine,
+        container: Container,
+        args: ServeArgs,
+        cluster: RayCluster | None,
+        engines: dict[str, HostEngine],
+        timing: Timing,
+        faults: ServeFaults,
+        server_factory: ServerFactory,
+        placement: Placement | None = None,
+    ) -> None:
+        self.engine = engine
+        self.placement = placement
+        self.container = container
+        self.args = args
+        self.cluster = cluster
+        self.engines = engines
+        self.timing = timing
+        self.faults = faults
+        self.server_factory = server_factory
+        self.stream = Stream()
+        self.phase = "init"
+        self.server: ModelServer | None = None
+        self.workers: list[tuple[HostEngine, Container, SimProcess, GpuProcess]] = []
+        self.process = engine.add_process(
+            container, "/usr/bin/python3 /usr/local/bin/vllm serve " + " ".join(args.argv)
+        )
+        self.pid = self.process.pid
+        # vLLM's engine core runs in a child process of the API server.
+        self.core = engine.add_process(container, "VLLM::EngineCore")
+        self.core.ppid = self.pid
+        self._busy(api=1.0, core=1.0)
+        self.log_lines: list[str] = []
+        self.task: asyncio.Task[None] = asyncio.ensure_future(self._main())
+        self._crash = asyncio.Event()
+        self._crash_rc = 0
+        self.stream.on_disconnect = self.kill_hard
+        self._stopping: asyncio.Future[None] | None = None
+
+    def _missing_weights(self, model: str) -> list[str]:
+        """What vLLM's loader finds missing: the shards the index names that are not in the
+        model directory on the host (through the container's bind mounts)."""
+        path = posixpath.normpath(model)
+        for mount in self.container.mounts:
+            dst = posixpath.normpath(mount.destination)
+            if path == dst or path.startswith(dst.rstrip("/") + "/"):
+                rest = path[len(dst) :].lstrip("/")
+                vanished = self.faults.vanish_weights.pop(model, None)
+                if vanished is not None:
+                    (Path(mount.source) / rest / vanished).unlink(missing_ok=True)
+                found = missing_files(Path(mount.source) / rest)
+                if found is not None:
+                    return found
+        shard = self.faults.missing_weights.get(model)
+        return [shard] if shard is not None else []
+
+    # -- output ------------------------------------------------------------------------------
+
+    def _emit(self, line: str) -> None:
+        self.log_lines.append(line)
+        self.stream.write(line + "\n")
+
+    def _info(self, where: str, message: str, level: str = "INFO") -> None:
+        stamp = time.strftime("%m-%d %H:%M:%S")
+        self._emit(f"(APIServer pid={self.pid}) {level} {stamp} [{where}] {message}")
+
+    # -- control from the world ----------------------------------------------------------------
+
+    def kill_hard(self) -> None:
+        self._finish(137)
+
+    def kill_api_server(self) -> None:
+        """SIGKILL of the API server alone. As in real vLLM (issue 55510), its EngineCore and
+        the Ray workers stay, holding the GPUs, until their containers go."""
+        if self.stream.exit_code.done():
+            return
+        if self.task is not asyncio.current_task():
+            self.task.cancel()
+        with contextlib.suppress(ValueError):
+            self.container.processes.remove(self.process)
+        self._busy(api=0.0, core=0.0, workers=0.0)
+        server, self.server = self.server, None
+        if server is not None:
+            self._stopping = asyncio.ensure_future(server.stop())
+        self.phase = "orphaned"
+        self.stream.finish(137)
+
+    def terminate(self) -> None:
+        self._crash_rc = 0
+        self._emit("INFO:     Shutting down")
+        self._emit("INFO:     Application shutdown complete.")
+        self._finish(143 if self.phase != "running" else 0)
+
+    def crash(self, reason: str) -> None:
+        """The engine died (a Ray worker lost, an injected crash): the server exits on its own."""
+        if self.stream.exit_code.done():
+            return
+        self._info("core.py:842", f"EngineCore encountered a fatal error: {reason}", "ERROR")
+        self._info("async_llm.py:474", "AsyncLLM output_handler failed.", "ERROR")
+        self._emit("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.")
+        self._emit("INFO:     Shutting down")
+        # vLLM may exit with status 0 after its engine died (vllm#48966).
+        self._finish(0)
+
+    async def wait_stopped(self) -> None:
+        """Until the model server (if one was started) has closed its socket."""
+        if self._stopping is not None:
+            await self._stopping
+
+    def _finish(self, rc: int) -> None:
+        if self.stream.exit_code.done():
+            return
+        if self.task is not asyncio.current_task():
+            self.task.cancel()
+        self._release()
+        self.stream.finish(rc)
+
+    def _busy(self, api: float, core: float, workers: float = 0.0) -> None:
+        """How many CPUs the API server, the engine core and each Ray worker use from now on."""
+        self.process.busy(api)
+        self.core.busy(core)
+        for _, _, proc, _ in self.workers:
+            proc.busy(workers)
+
+    def _release(self) -> None:
+        with contextlib.suppress(ValueError):
+            self.container.processes.remove(self.process)
+        with contextlib.suppress(ValueError):
+            self.container.processes.remove(self.core)
+        for engine, container, proc, gpu in self.workers:
+            with contextlib.suppress(ValueError):
+                container.processes.remove(proc)
+            with contextlib.suppress(ValueError):
+                engine.state.gpu_processes.remove(gpu)
+        if self.workers and self.cluster is not None:
+            self.cluster.gpus_in_use = max(0.0, self.cluster.gpus_in_use - self.args.gpus)
+        self.workers = []
+        if self.placement is not None:
+            self.placement.release()
+        server, self.server = self.server, None
+        if server is not None:
+            self._stopping = asyncio.ensure_future(server.stop())
+        self.phase = "exited"
+
+    # -- the process itself --------------------------------------------------------------------
+
+    async def _main(self) -> None:
+        try:
+            rc = await self._run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the simulated process dies like a Python traceback would
+            self._emit(f"{type(exc).__name__}: {exc}")
+            rc = 1
+        self._finish(rc)
+
+    async def _run(self) -> int:
+        a = self.args
+        noisy = self.faults.noisy_log
+        if noisy:
+            self._emit(ulimit_warning(self.pid))
+        self._info("api_server.py:1896", "vLLM API server version 0.11.0")
+        self._info(
+            "utils.py:328",
+            f"non-default args: {{'model': '{a.model}', 'port': {a.port}, "
+            f"'tensor_parallel_size': {a.tensor_parallel}, "
+            f"'pipeline_parallel_size': {a.pipeline_parallel}}}",
+        )
+        self._info("model.py:547", "Resolved architecture: Qwen3_5MoeForConditionalGeneration")
+        self._info("model.py:1510", f"Using max model len {a.max_model_len}")
+        await asyncio.sleep(self.timing.model_init)
+        if self.placement is not None:
+            held = await self.placement.acquire(a.gpus)
+            if isinstance(held, list):
+                for line in held:
+                    self._emit(line)
+                return 1
+            self._hold(held)
+        else:
+            held = None
+        available = (
+            self.cluster.total_gpus(time.monotonic(), self.timing) - self.cluster.gpus_in_use
+            if self.cluster is not None
+            else 0.0
+        )
+        if held is None and (self.cluster is None or available < a.gpus):
+            self._emit("Traceback (most recent call last):")
+            self._emit(
+                '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/executor/'
+                'ray_utils.py", line 317, in initialize_ray_cluster'
+            )
+            self._emit(
+                "ValueError: The number of required GPUs exceeds the total number of available "
+                f"GPUs in the placement group. Required: {a.gpus}, available: {available:g}."
+            )
+            return 1
+        if noisy:
+            # Printed while the placement group waits for the nodes' GPUs; harmless.
+            for line in autoscaler_notice(max(1, int(self.timing.model_init)), a.gpus):
+                self._emit(line)
+        if self.cluster is not None:
+            driver_ip = self.container.env.get("VLLM_HOST_IP") or self.engine.state.address
+            if not any(
+                n.ip == driver_ip for n in self.cluster.counted_nodes(time.monotonic(), self.timing)
+            ):
+                # vLLM pins its first bundle to `node:<its own IP>`; no Ray node has that IP
+                # (the host's default route is the management network): never placed.
+                return await self._wait_for_placement(driver_ip)
+            self._place_workers()
+        self._info("ray_distributed_executor.py:176", "use_ray_spmd_worker: True")
+        self._busy(api=0.3, core=1.5, workers=1.0)
+        missing = self._missing_weights(a.model)
+        if missing:
+            cause = missing_weight_files([f"{a.model.rstrip('/')}/{name}" for name in missing])
+            for line in engine_failed(self.pid, self.core.pid, cause, EXECUTOR_STEP):
+                self._emit(line)
+            return 1
+        await self._load()
+        self.phase = "compile"
+        await self._compile()
+        self.phase = "capture"
+        await self._capture()
+        if self.faults.oom_capture:
+            # torch raises in the engine core; the API server reports it and exits.
+            self.faults.oom_capture = False
+            for line in engine_failed(self.pid, self.core.pid, cuda_oom("capture_model")):
+                self._emit(line)
+            return 1
+        server = self.server_factory(
+            a.served_name or a.model, self.engine.state.address, a.port, a.api_key, a.max_model_len
+        )
+        try:
+            await server.start()
+        except OSError as exc:
+            self._info(
+                "api_server.py:1924", f"[Errno 98] error while attempting to bind: {exc}", "ERROR"
+            )
+            return 1
+        self.server = server
+        self.phase = "running"
+        self._busy(api=0.02, core=0.02, workers=0.02)
+        # vLLM 0.32's line (tests/fixtures/vllm-real/serve.log); older ones said "API server".
+        self._info("entry.py:140", f"Starting vLLM server on http://{a.host or '0.0.0.0'}:{a.port}")
+        self._emit(f"INFO:     Started server process [{self.pid}]")
+        self._emit("INFO:     Waiting for application startup.")
+        self._emit("INFO:     Application startup complete.")
+        await asyncio.Event().wait()
+        return 0
+
+    def _hold(self, held: Held) -> None:
+        """Ray workers where the real placement group put its bundles; the engine dies when
+        Ray loses one of their nodes."""
+        for engine, container in held.nodes:
+            proc = engine.add_process(container, "ray::RayWorkerWrapper", cores=1.0)
+            gpu = GpuProcess(
+                pid=proc.pid, name="ray::RayWorkerWrapper", used_mib=1052, container_id=container.id
+            )
+            engine.state.gpu_processes.append(gpu)
+            self.workers.append((engine, container, proc, gpu))
+        held.lost.add_done_callback(lambda lost: self.crash(lost.result()))
+
+    def _place_workers(self) -> None:
+        assert self.cluster is not None
+        now = time.monotonic()
+        nodes = sorted(
+            (n for n in self.cluster.nodes if n.counted(now, self.timing)),
+            key=lambda n: not n.is_head,
+        )
+        self.cluster.gpus_in_use += self.args.gpus
+        for node in nodes[: self.args.gpus]:
+            engine = self.engines[node.host]
+            container = engine.state.containers.get(node.container_id)
+            if container is None:
+                continue
+            proc = engine.add_process(container, "ray::RayWorkerWrapper", cores=1.0)
+            gpu = GpuProcess(
+                pid=proc.pid, name="ray::RayWorkerWrapper", used_mib=1052, container_id=container.id
+            )
+            engine.state.gpu_processes.append(gpu)
+            self.workers.append((engine, container, proc, gpu))
+
+    async def _load(self) -> None:
+        self.phase = "loading"
+        per_shard = self.timing.model_load / SHARDS
+        if self.faults.slow_load:
+            per_shard *= self.timing.slow_load_factor
+        started = time.monotonic()
+        for done in range(SHARDS + 1):
+            elapsed = time.monotonic() - started
+            rate = f"{elapsed / done:.2f}s/it" if done else "?it/s"
+            remaining = _clock((SHARDS - done) * per_shard) if done else "?"
+            self._emit(
+                f"Loading safetensors checkpoint shards: {done * 100 // SHARDS:3d}% Completed | "
+                f"{done}/{SHARDS} [{_clock(elapsed)}<{remaining}, {rate}]"
+            )
+            for _, _, _, gpu in self.workers:
+                gpu.used_mib = 1052 + (WEIGHTS_MIB - 1052) * done // SHARDS
+            if self.faults.noisy_log and done == 1 and self.workers:
+                for line in python_warning(
+                    self.workers[0][2].pid, self.workers[0][0].state.address
+                ):
+                    self._emit(line)
+            if self.faults.stall_load and done == SHARDS * 4 // 10:
+                # A wedged read: no progress, no output, no CPU, until the process is killed.
+                self.faults.stall_load = False
+                self._busy(api=0.0, core=0.0, workers=0.0)
+                await asyncio.Event().wait()
+            if self.faults.chatty_stall and done == (SHARDS * 41 + 99) // 100:
+                self.faults.chatty_stall = False
+                await self._chatty_stall()
+            if done < SHARDS:
+                await asyncio.sleep(per_shard)
+        took = time.monotonic() - started
+        self._info("default_loader.py:267", f"Loading weights took {took:.2f} seconds")
+        self._info(
+            "gpu_model_runner.py:2653", f"Model loading took 58.31 GiB and {took:.6f} seconds"
+        )
+
+    async def _wait_for_placement(self, driver_ip: str) -> int:
+        self._busy(api=0.01, core=0.01)
+        specs = [{f"node:{driver_ip}": 0.001, "GPU": 1.0}] + [
+            {"GPU": 1.0} for _ in range(self.args.gpus - 1)
+        ]
+        waited, interval = 0.0, self.timing.pg_wait_first
+        while waited < self.timing.pg_wait_timeout:
+            step = min(interval, self.timing.pg_wait_timeout - waited)
+            await asyncio.sleep(step)
+            waited += step
+            interval *= 2
+            if waited >= self.timing.pg_wait_timeout:
+                break
+            real = waited / self.timing.pg_wait_first * 10
+            self._info(
+                "ray_utils.py:372",
+                f"Waiting for creating a placement group of specs for {int(real)} seconds. "
+                f"specs={specs}. Check `ray status` and `ray list nodes` to see if you have "
+                "enough resources, and make sure the IP addresses used by ray cluster are the "
+                "same as VLLM_HOST_IP environment variable specified in each node if you are "
+                "running on a multi-node.",
+            )
+        self._emit(
+            f"ValueError: Cannot provide a placement group of placement_group_specs={specs} "
+            "within 1800 seconds. See `ray status` and `ray list nodes` to make sure the cluster "
+            "has enough resources."
+        )
+        return 1
+
+    async def _chatty_stall(self) -> None:
+        """Stuck (a worker waits on a peer that never answers) but far from quiet: the engine's
+        warnings keep the log's mtime moving; no new progress line, no CPU."""
+        self._busy(api=0.0, core=0.0, workers=0.0)
+        waited = 0
+        while True:
+            await asyncio.sleep(self.timing.stall_chatter)
+            waited += 60
+            self._emit(shm_broadcast_wait(self.core.pid, waited))
+
+    async def _compile(self) -> None:
+        """torch.compile: two lines, then a long quiet stretch that keeps the CPUs busy."""
+        self._busy(api=0.05, core=1.0, workers=1.0)
+        for line in compile_lines(self.core.pid):
+            self._emit(line)
+        await asyncio.sleep(self.timing.graph_capture / 2)
+
+    async def _capture(self) -> None:
+        steps = 4
+        started = time.monotonic()
+        for step in range(steps + 1):
+            done = GRAPH_SIZES * step // steps
+            bar = "█" * (10 * step // steps) + " " * (10 - 10 * step // steps)
+            self._emit(
+                "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): "
+                f"{done * 100 // GRAPH_SIZES:3d}%|{bar}| {done}/{GRAPH_SIZES} "
+                f"[{_clock(time.monotonic() - started)}<00:00, 2.21it/s]"
+            )
+            if self.faults.oom_capture and step == steps // 2:
+                return
+            if self.faults.hang_capture and step == steps // 2:
+                self.faults.hang_capture = False
+                self._busy(api=0.05, core=1.0, workers=1.0)
+                await asyncio.Event().wait()
+            if step < steps:
+                await asyncio.sleep(self.timing.graph_capture / 2 / steps)
+        self._info("gpu_model_runner.py:3480", "Graph capturing finished in 35 secs, took 0.86 GiB")
+        self._info(
+            "core.py:210", "init engine (profile, create kv cache, warmup model) took 61.2 s"
+        )
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes:02d}:{secs:02d}"
