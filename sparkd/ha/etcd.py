@@ -311,3 +311,33 @@ class EtcdClient:
                 for event in result.get("events") or []:
                     # proto3 JSON leaves out the default type, PUT.
                     yield event.get("type", "PUT"), _kv(event.get("kv", {})).key
+
+    async def guarded(
+        self,
+        owner: str,
+        token: int,
+        puts: dict[str, bytes],
+        deletes: Sequence[str] = (),
+        absent: str | None = None,
+    ) -> bool:
+        """Put `puts` and delete `deletes` in one transaction, only while the owner key `owner`
+        is still the one created at `token` (and `absent`, when given, does not exist): a
+        former owner's write changes nothing."""
+        compare = [
+            {
+                "key": b64(owner),
+                "target": "CREATE",
+                "result": "EQUAL",
+                "create_revision": str(token),
+            }
+        ]
+        if absent is not None:
+            compare.append(
+                {"key": b64(absent), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+            )
+        success: list[dict[str, Any]] = [
+            {"request_put": {"key": b64(key), "value": b64(value)}} for key, value in puts.items()
+        ]
+        success += [{"request_delete_range": {"key": b64(key)}} for key in deletes]
+        answer = await self.call("kv/txn", {"compare": compare, "success": success})
+        return bool(answer.get("succeeded", False))

@@ -403,6 +403,10 @@ class Ownership:
                 peers.handed_off(now)
             await self.client.delete_if(self.key(name), token)
 
+    async def offer_controls(self) -> None:
+        """Hand the newest control records over now: a new owner, once its memory is in."""
+        await self._read_controls()
+
     async def _read_controls(self) -> None:
         """Hand each held cluster's newest control record to its controller, once."""
         held = [name for name, claim in self.claims.items() if claim.token is not None]

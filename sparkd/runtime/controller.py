@@ -42,6 +42,7 @@ from sparkd.runtime.persist import Persistence
 from sparkd.runtime.reads import probe_due, reusable_ray
 from sparkd.runtime.requests import OperatorRequests
 from sparkd.runtime.state import StateDir
+from sparkd.runtime.store import LocalStore, MemoryStore
 from sparkd.shell.events import EventWatch
 from sparkd.shell.execute import Executor, ExecutorTiming
 from sparkd.shell.fencing import HostFence
@@ -71,6 +72,7 @@ class Controller(OperatorRequests):
         on_record: Callable[[Controller, CycleRecord], None] = lambda c, r: None,
         may_act: Callable[[], bool] = lambda: True,
         fence: HostFence | None = None,
+        store: MemoryStore | None = None,
     ) -> None:
         self.cluster = cluster
         self.pool = pool
@@ -91,7 +93,9 @@ class Controller(OperatorRequests):
         self.wake = asyncio.Event()
         self.stopping = False
         self.log = logs.get().bind(cluster=cluster.name)
-        read = state.read_memory(cluster.name, wall_clock())
+        # HA: memory in etcd, written by the owner only; else the state dir.
+        self.store = store or LocalStore(state)
+        read = self.store.read(cluster.name, wall_clock())
         self.clock = DaemonClock(
             wall_clock,
             monotonic,
@@ -106,8 +110,11 @@ class Controller(OperatorRequests):
             on_start=self._action_started,
             on_finish=self._action_finished,
             fence=fence,
+            ready=lambda action: self.store.ready(self.cluster.name, action),
         )
-        self.persistence = Persistence(state, cluster.name, self.log, wall_clock, self._event)
+        self.persistence = Persistence(
+            state, cluster.name, self.log, wall_clock, self._event, store=self.store
+        )
         self._cycle: CycleInProgress | None = None
         # Something since the last cycle may have changed Ray (an event, an operator's ask).
         self._stirred = True
@@ -156,6 +163,7 @@ class Controller(OperatorRequests):
         if self.fence is not None and self.may_act() and not self.dry_run:
             # A new owner's first step, before it looks: the former owner's commands still
             # running on a host finish first, and any later one of its is refused there.
+            await self._adopt()
             await self.fence.sweep()
             swept = self.fence.token()
         # A hung host makes a look last up to its command timeout, which may be several
@@ -320,7 +328,20 @@ class Controller(OperatorRequests):
             self.memory = intend(self.memory, action.key, self.clock.now(), action.reason)
             self._persist([])
 
+    async def _adopt(self) -> None:
+        """A new owner continues from the store's memory; the former owner's last action, if
+        its outcome never landed, is only known from the look that follows."""
+        adopted = await self.store.adopt(self.cluster.name, self.memory, self.clock.now())
+        if adopted is not None:
+            self.memory = bounded(adopted.memory, self.clock.now()).evolve(clock=self.clock.anchor)
+            unknown = (
+                [self._event("intent_unknown", intent=adopted.intent)] if adopted.intent else []
+            )
+            self._persist([self._event("memory_adopted", source=adopted.source), *unknown])
+            await self.store.continued(self.cluster.name)
+
     def _action_finished(self, outcome: ActionOutcome) -> None:
+        self.store.settled(self.cluster.name)
         self.view.recent.appendleft(outcome)
         self.view.in_flight = None
         self.action_deadline = None

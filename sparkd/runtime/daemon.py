@@ -37,6 +37,7 @@ from sparkd.shell.ssh import SshPool
 if TYPE_CHECKING:
     from sparkd.ha.control import Control
     from sparkd.ha.ownership import Ownership
+    from sparkd.runtime.ha_store import EtcdStore
 
 # Named here too, where the CLI has found them.
 __all__ = ["Daemon", "StartupError", "open_state_dir", "state_dir_error"]
@@ -90,6 +91,8 @@ class Daemon:
         self._stopping = False
         # Set only with an [ha] section: who owns which cluster, through etcd.
         self.ha: Ownership | None = None
+        # With [ha], memory lives in etcd (the state dir keeps a copy).
+        self.memory_store: EtcdStore | None = None
         # What start set up, undone by stop in reverse (empty before start).
         self._teardown = contextlib.AsyncExitStack()
 
@@ -115,6 +118,7 @@ class Daemon:
             on_record=self.metrics.record,
             may_act=(lambda: ha.may_act(cluster_name)) if ha is not None else (lambda: True),
             fence=fence,
+            store=self.memory_store,
         )
         if fence is not None and ha is not None:
 
@@ -235,6 +239,9 @@ class Daemon:
                 # after the actions in flight (below), so it hands over at once.
                 self.ha.start()
                 stack.push_async_callback(self.ha.stop)
+            if self.memory_store is not None:
+                # After the controllers stop, before the lease goes: the last memory lands.
+                stack.push_async_callback(self.memory_store.close)
             stack.push_async_callback(self._stop_controllers)
             for name, controller in self.controllers.items():
                 self.tasks[name] = self._run(controller)
@@ -281,6 +288,7 @@ class Daemon:
         # etcd code only here, and only with an [ha] section.
         from sparkd.ha.metrics import HaCollector
         from sparkd.ha.ownership import Ownership
+        from sparkd.runtime.ha_store import EtcdStore
 
         assert self.settings.ha is not None
         names = [c.name for c in self.settings.clusters]
@@ -295,6 +303,15 @@ class Daemon:
             quiet=self._ha_quiet,
         )
         self.metrics.registry.register(HaCollector(self.ha))
+        self.memory_store = EtcdStore(self.ha, self.state, on_refused=self._ha_refused)
+
+    def _ha_refused(self, cluster_name: str, detail: str) -> None:
+        # etcd refused a write guarded by the token: the fenced host's path.
+        assert self.ha is not None
+        self.ha.fenced(cluster_name, "etcd", detail)
+        controller = self.controllers.get(cluster_name)
+        if controller is not None:
+            controller.fenced("etcd", detail)
 
     @staticmethod
     def _fingerprint(settings: Settings) -> str:
@@ -328,6 +345,12 @@ class Daemon:
         controller = self.controllers.get(cluster_name)
         if controller is None:
             return False
+        store = self.memory_store
+        if store is not None:
+            if not store.current(cluster_name):
+                return False  # offered again once the memory from etcd is in
+            if store.took(cluster_name, revision):
+                return True  # a former owner applied it to the memory this one continues
         # Anyone with etcd access may have written it: shown on operators' terminals.
         by = printable(redact(control.by))
         controller.log.info("control", revision=revision, paused=control.paused, by=by)
@@ -335,6 +358,8 @@ class Daemon:
             controller.pause(printable(redact(control.reason)), by, control.until)
         else:
             controller.resume(by)
+        if store is not None:
+            store.applied(cluster_name, revision)
         return True
 
     def _run(self, controller: Controller) -> asyncio.Task[None]:

@@ -14,6 +14,7 @@ import structlog
 
 from sparkd.model.memory import Memory
 from sparkd.runtime.state import StateDir
+from sparkd.runtime.store import LocalStore, MemoryStore
 
 EVENTS_KEPT = 1000
 # Events held in the process while the state dir cannot be written; past this the oldest go
@@ -33,8 +34,12 @@ class Persistence:
         log: structlog.stdlib.BoundLogger,
         wall_clock: Callable[[], float],
         event: Callable[..., Event],
+        *,
+        store: MemoryStore | None = None,
     ) -> None:
         self.state = state
+        # Where the memory goes: the state dir, or with [ha] etcd (the state dir keeps a copy).
+        self.store = store or LocalStore(state)
         self.cluster = cluster
         self.log = log
         self.wall_clock = wall_clock
@@ -62,7 +67,7 @@ class Persistence:
             )
         gap = [self._gap_event()] if self.error is not None else []
         try:
-            self.state.save_memory(self.cluster, memory)
+            self.store.save(self.cluster, memory)
             self.state.append_events(gap + self.unsaved, keep=EVENTS_KEPT)
         except OSError as exc:
             error = f"{self.state.path}: {exc.strerror or exc}"

@@ -54,6 +54,9 @@ class Executor:
     on_finish: Callable[[ActionOutcome], None] = lambda outcome: None
     # With `[ha]`: every mutating command carries the owner's token (None: sent as built).
     fence: HostFence | None = None
+    # Awaited before an action's first command: why it must not run (HA: its intent could not
+    # be recorded in etcd), or None.
+    ready: Callable[[Action], Awaitable[str | None]] | None = None
 
     def action_timeout(self, action: Action) -> float:
         base = self.cluster.ssh.command_timeout
@@ -87,6 +90,12 @@ class Executor:
         result: ActionResult = "ok"
         detail = ""
         limit = self.action_timeout(action)
+        why = await self.ready(action) if self.ready is not None else None
+        if why is not None:
+            return ActionOutcome(
+                action=action, result="skipped", started_at=started,
+                finished_at=self.wall_clock(), detail=why,
+            )  # fmt: skip
         try:
             async with asyncio.timeout(limit):
                 detail = await self._dispatch(action)

@@ -1,0 +1,245 @@
+"""The memory store under `[ha]`: each cluster's memory and intent record in etcd (their keys
+and JSON: sparkd.ha.memory), written by its owner only.
+
+The memory is written behind the controller; the intent record names the action about to run:
+it is written with the memory that charges its attempt, before the command is sent, and cleared
+with the memory that records its outcome. Every write is one
+transaction compared on the owner key's create revision (the fencing token): one refused says
+this instance is no longer the owner, and takes the fenced host's path (demote, event).
+
+The state dir keeps a copy of every save: `sparkd status` and a standby read it, and it is what
+a first start with `[ha]` imports when etcd has no memory for the cluster yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable
+
+from sparkd.ha.etcd import EtcdError, EtcdUnavailable
+from sparkd.ha.memory import decode, encode, intent_key, memory_key, read_intent
+from sparkd.ha.ownership import Ownership
+from sparkd.model.memory import Memory
+from sparkd.model.plan import Action
+from sparkd.runtime import logs
+from sparkd.runtime.clock import elapsed
+from sparkd.runtime.state import MemoryRead, StateDir, _validate_ignoring_unknown
+from sparkd.runtime.store import Adopted
+
+# A write etcd did not answer is tried again after this long, while this instance owns it.
+RETRY = 0.5
+
+
+class EtcdStore:
+    def __init__(
+        self,
+        ha: Ownership,
+        local: StateDir,
+        *,
+        monotonic: Callable[[], float] = elapsed,
+        on_refused: Callable[[str, str], None] = lambda cluster, detail: None,
+    ) -> None:
+        self.ha = ha
+        self.local = local
+        self.monotonic = monotonic
+        self.on_refused = on_refused
+        self.prefix = ha.spec.prefix
+        self.log = logs.get().bind(component="ha")
+        # Per cluster: the token whose memory this instance continues from.
+        self.adopted: dict[str, int] = {}
+        # Per cluster: the newest control record the memory took (its etcd revision).
+        self.controls: dict[str, int] = {}
+        self._pending: dict[str, tuple[Memory, float]] = {}
+        self._settled: set[str] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._writers: dict[str, asyncio.Task[None]] = {}
+
+    def _lock(self, cluster: str) -> asyncio.Lock:
+        return self._locks.setdefault(cluster, asyncio.Lock())
+
+    def _token(self, cluster: str) -> int | None:
+        """The token writes are guarded by: this instance's, once its memory was adopted."""
+        token = self.ha.token(cluster)
+        return token if token is not None and self.adopted.get(cluster) == token else None
+
+    def _now(self, memory: Memory) -> float:
+        # The controller's daemon time: its anchor is in the memory it saves.
+        anchor = memory.clock
+        return self.monotonic() + anchor.offset if anchor is not None else time.time()
+
+    # -- the store protocol ---------------------------------------------------------------
+
+    def read(self, cluster: str, now: float) -> MemoryRead:
+        return self.local.read_memory(cluster, now)
+
+    def save(self, cluster: str, memory: Memory) -> None:
+        self.local.save_memory(cluster, memory)
+        if self._token(cluster) is None:
+            return
+        self._pending[cluster] = (memory, self._now(memory))
+        writer = self._writers.get(cluster)
+        if writer is None or writer.done():
+            self._writers[cluster] = asyncio.get_running_loop().create_task(
+                self._write_behind(cluster), name=f"ha:memory:{cluster}"
+            )
+
+    async def adopt(self, cluster: str, memory: Memory, now: float) -> Adopted | None:
+        """On becoming the owner: etcd's memory (or the local one imported, when etcd has
+        none), and the former owner's intent left behind. None when nothing changed."""
+        token = self.ha.token(cluster)
+        if token is None or self.adopted.get(cluster) == token:
+            return None
+        owner, key, ikey = (
+            self.ha.key(cluster),
+            memory_key(self.prefix, cluster),
+            intent_key(self.prefix, cluster),
+        )
+        async with self._lock(cluster):
+            self._pending.pop(cluster, None)
+            self._settled.discard(cluster)
+            stored, _ = await self.ha.client.get(key)
+            left, _ = await self.ha.client.get(ikey)
+            if stored is None:
+                raw = self._encode(cluster, memory, now, token)
+                if not await self.ha.client.guarded(owner, token, {key: raw}, absent=key):
+                    # Written meanwhile, or the key moved on: the next look tries again.
+                    return None
+                adopted, source = memory, "imported"
+            else:
+                (adopted, control), source = read_record(stored.value, now), "etcd"
+                self.controls[cluster] = control
+            intent = read_intent(left.value) if left is not None else None
+            if left is not None and not await self.ha.client.guarded(owner, token, {}, [ikey]):
+                return None
+            self.adopted[cluster] = token
+        self.log.info(
+            "memory_adopted", cluster=cluster, token=token, source=source,
+            attempts=len(adopted.attempts), paused=adopted.paused is not None,
+            blocked=adopted.blocked is not None, intent=intent,
+        )  # fmt: skip
+        return Adopted(adopted, source, intent)
+
+    async def continued(self, cluster: str) -> None:
+        """The controller continues from the adopted memory: a pause or resume recorded while
+        no owner could take it applies now, before the new owner's first action, not at its
+        next renewal."""
+        await self.ha.offer_controls()
+
+    async def ready(self, cluster: str, action: Action) -> str | None:
+        """Write the attempt and the intent before the command goes; why not, when it must
+        not go."""
+        token = self._token(cluster)
+        if token is None:
+            return "not owner: memory not adopted under the current token"
+        intent = {
+            "action": action.kind,
+            "host": action.host,
+            "target": action.target,
+            "key": action.key,
+            "token": token,
+            "instance": self.ha.spec.instance,
+            "started": time.time(),
+        }
+        puts = {intent_key(self.prefix, cluster): json.dumps(intent, sort_keys=True).encode()}
+        async with self._lock(cluster):
+            pending = self._pending.pop(cluster, None)
+            if pending is not None:
+                memory, now = pending
+                puts[memory_key(self.prefix, cluster)] = self._encode(cluster, memory, now, token)
+            # Cleared by the first write after the outcome (`settled`), not before.
+            self._settled.discard(cluster)
+            try:
+                written = await self.ha.client.guarded(self.ha.key(cluster), token, puts)
+            except (EtcdUnavailable, EtcdError, OSError) as exc:
+                if pending is not None:
+                    self._pending.setdefault(cluster, pending)
+                return f"etcd unreachable: intent not recorded ({type(exc).__name__})"
+        if not written:
+            self._refused(cluster, token)
+            return "no longer the owner: etcd refused the intent"
+        return None
+
+    def settled(self, cluster: str) -> None:
+        self._settled.add(cluster)
+
+    # -- operators' control records (sparkd.ha.control) -----------------------------------
+
+    def current(self, cluster: str) -> bool:
+        """This instance owns `cluster` and continues from etcd's memory: a control record
+        is applied to that memory, never to the local one a takeover is about to replace."""
+        return self._token(cluster) is not None
+
+    def took(self, cluster: str, revision: int) -> bool:
+        """Whether the memory already took the control record at `revision` (a former owner
+        applied it): applied again, a resume would clear a latch set after it."""
+        return revision <= self.controls.get(cluster, 0)
+
+    def applied(self, cluster: str, revision: int) -> None:
+        """The controller applied the record: every memory written from now on says so."""
+        self.controls[cluster] = max(revision, self.controls.get(cluster, 0))
+
+    async def close(self) -> None:
+        """Let the writes in progress land (a graceful stop, before the lease is revoked)."""
+        writers = [task for task in self._writers.values() if not task.done()]
+        if writers:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.gather(*writers, return_exceptions=True),
+                    timeout=2 * self.ha.spec.request_timeout,
+                )
+
+    # -- writing --------------------------------------------------------------------------
+
+    def _encode(self, cluster: str, memory: Memory, now: float, token: int) -> bytes:
+        control = self.controls.get(cluster, 0)
+        return encode(memory, now, token, self.ha.spec.instance, control)
+
+    async def _write_behind(self, cluster: str) -> None:
+        while True:
+            async with self._lock(cluster):
+                token = self._token(cluster)
+                pending = self._pending.pop(cluster, None)
+                if pending is None or token is None:
+                    return
+                memory, now = pending
+                puts = {memory_key(self.prefix, cluster): self._encode(cluster, memory, now, token)}
+                deletes = [intent_key(self.prefix, cluster)] if cluster in self._settled else []
+                written: bool | None
+                try:
+                    written = await self.ha.client.guarded(
+                        self.ha.key(cluster), token, puts, deletes
+                    )
+                except (EtcdUnavailable, EtcdError, OSError) as exc:
+                    self._pending.setdefault(cluster, pending)
+                    self.log.info("memory_unwritten", cluster=cluster, error=type(exc).__name__)
+                    written = None
+                if written:
+                    if deletes:
+                        self._settled.discard(cluster)
+                elif written is False:
+                    self._refused(cluster, token)
+                    return
+            if written is None:
+                await asyncio.sleep(RETRY)
+
+    def _refused(self, cluster: str, token: int) -> None:
+        self._pending.pop(cluster, None)
+        if self.adopted.get(cluster) == token:
+            del self.adopted[cluster]
+        if self.ha.token(cluster) != token:
+            # An older claim's write, refused after this instance took the cluster again (or
+            # after it was already demoted): the current claim stands.
+            self.log.info("memory_write_refused", cluster=cluster, token=token, stale=True)
+            return
+        detail = f"etcd refused a write guarded by token {token}: the owner key moved on"
+        self.log.warning("memory_write_refused", cluster=cluster, token=token)
+        self.on_refused(cluster, detail)
+
+
+def read_record(raw: bytes, now: float) -> tuple[Memory, int]:
+    """A memory record, read as the state file is: fields a newer sparkd wrote (a rolling
+    upgrade) are ignored, anything else unreadable latches the cluster."""
+    return decode(raw, now, lambda document: _validate_ignoring_unknown(document)[0])

@@ -1,0 +1,203 @@
+"""Memory and intents in etcd against a real etcd: imported once, written by the owner only
+under its token, refused once the key moved on, and read by a new owner with every grace kept
+and the former owner's unfinished action named."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sparkd.ha.etcd import EtcdClient
+from sparkd.ha.memory import intent_key, memory_key
+from sparkd.ha.ownership import Ownership
+from sparkd.model.memory import Attempt, Blocked, ClockAnchor, LoadMark, Memory, Pause
+from sparkd.model.plan import Action
+from sparkd.runtime.ha_store import EtcdStore
+from sparkd.runtime.state import StateDir
+from tests.etcd.conftest import EtcdServer
+from tests.etcd.test_ownership import spec, wait_for
+
+pytestmark = pytest.mark.etcd
+
+PREFIX = "test/v1/"
+
+
+@pytest.fixture
+async def admin(etcd: EtcdServer) -> AsyncIterator[EtcdClient]:
+    client = EtcdClient([etcd.url], timeout=2)
+    yield client
+    await client.close()
+
+
+def remembered(now: float, boot: str) -> Memory:
+    """A recovery in progress: one attempt spent, a load's grace running, a latch, a pause."""
+    return Memory(
+        attempts=(Attempt(key="restart_model:spark-a", at=now - 40.0, ok=False, reason="r"),),
+        load_mark=LoadMark(launch=now - 30.0, key="loading", at=now - 10.0),
+        blocked=Blocked(reason="kept failing", since=now - 5.0),
+        paused=Pause(reason="window", by="op", since=1.7e9, until=None),
+        clock=ClockAnchor(boot_id=boot, offset=now - 100.0, mono_at=1.0),
+    )
+
+
+class Box:
+    """One instance's ownership and memory store, with a daemon clock of its own."""
+
+    def __init__(self, etcd: EtcdServer, name: str, tmp_path: Path, offset: float) -> None:
+        self.ha = Ownership(spec(etcd, name), ["c1"])
+        self.refused: list[str] = []
+        self.offset = offset
+        self.state = StateDir(tmp_path / f"state-{name}")
+        self.store = EtcdStore(
+            self.ha,
+            self.state,
+            monotonic=lambda: 100.0,
+            on_refused=lambda cluster, detail: self.refused.append(detail),
+        )
+
+    @property
+    def now(self) -> float:
+        return 100.0 + self.offset
+
+
+@pytest.fixture
+async def boxes(etcd: EtcdServer, tmp_path: Path) -> AsyncIterator[tuple[Box, Box]]:
+    # Box b's daemon time runs a day behind box a's: different boots, different anchors.
+    a, b = Box(etcd, "a", tmp_path, 2.0e9), Box(etcd, "b", tmp_path, 2.0e9 - 86400.0)
+    try:
+        yield a, b
+    finally:
+        await a.ha.stop()
+        await b.ha.stop()
+
+
+async def test_first_owner_imports_its_memory_only_when_etcd_has_none(
+    boxes: tuple[Box, Box], admin: EtcdClient
+) -> None:
+    a, b = boxes
+    await a.ha.round()
+    local = remembered(a.now, "boot-a")
+    adopted = await a.store.adopt("c1", local, a.now)
+    assert adopted is not None and adopted.source == "imported"
+    kv, _ = await admin.get(memory_key(PREFIX, "c1"))
+    assert kv is not None
+    record = json.loads(kv.value)
+    assert record["token"] == a.ha.token("c1")
+    # Ages at the write, no box's clock: the attempt was 40 s old, the load mark 10 s.
+    assert record["memory"]["attempts"][0]["at"] == -40.0
+    assert record["memory"]["load_mark"]["at"] == -10.0
+    assert record["memory"]["clock"] is None
+    # Once owner, adopting again changes nothing; a second owner never imports its own.
+    assert await a.store.adopt("c1", local, a.now) is None
+    await a.ha.stop()
+    await b.ha.round()
+    assert b.ha.role("c1") == "owner"
+    adopted = await b.store.adopt("c1", Memory(), b.now)
+    assert adopted is not None and adopted.source == "etcd"
+    memory = adopted.memory
+    assert [x.key for x in memory.attempts] == ["restart_model:spark-a"]
+    assert memory.attempts[0].at == b.now - 40.0
+    assert memory.load_mark is not None and memory.load_mark.at == b.now - 10.0
+    assert memory.blocked is not None and memory.paused == local.paused
+
+
+async def test_a_write_after_the_key_moved_on_is_refused_and_changes_nothing(
+    boxes: tuple[Box, Box], admin: EtcdClient
+) -> None:
+    a, b = boxes
+    await a.ha.round()
+    assert await a.store.adopt("c1", remembered(a.now, "boot-a"), a.now) is not None
+    old = a.ha.token("c1")
+    # a's owner key goes (its lease revoked behind its back); b takes the cluster.
+    assert a.ha.lease is not None
+    await admin.revoke(a.ha.lease)
+    await b.ha.round()
+    assert b.ha.role("c1") == "owner"
+    # a still believes it owns the cluster until its next renewal: its write is refused.
+    assert a.ha.token("c1") == old
+    before, _ = await admin.get(memory_key(PREFIX, "c1"))
+    a.store.save("c1", Memory(clock=ClockAnchor(boot_id="boot-a", offset=a.offset, mono_at=1.0)))
+    await wait_for(lambda: bool(a.refused), within=5)
+    after, _ = await admin.get(memory_key(PREFIX, "c1"))
+    assert before is not None and after is not None
+    assert after.mod_revision == before.mod_revision
+    assert "moved on" in a.refused[0]
+    action = Action(kind="restart_model", host="spark-a", target="m", reason="r")
+    why = await a.store.ready("c1", action)
+    assert why is not None
+    intent, _ = await admin.get(intent_key(PREFIX, "c1"))
+    assert intent is None
+
+
+async def test_a_new_owner_finds_the_former_owners_intent(
+    boxes: tuple[Box, Box], admin: EtcdClient
+) -> None:
+    a, b = boxes
+    await a.ha.round()
+    local = remembered(a.now, "boot-a").evolve(blocked=None)
+    assert await a.store.adopt("c1", local, a.now) is not None
+    action = Action(kind="restart_model", host="spark-a", target="m", reason="r")
+    charged = local.evolve(
+        attempts=(*local.attempts, Attempt(key=action.key, at=a.now, ok=False, reason="r"))
+    )
+    a.store.save("c1", charged)
+    assert await a.store.ready("c1", action) is None
+    intent, _ = await admin.get(intent_key(PREFIX, "c1"))
+    assert intent is not None and json.loads(intent.value)["token"] == a.ha.token("c1")
+    old = a.ha.token("c1")
+    # Killed before the outcome: the lease simply runs out.
+    assert a.ha.lease is not None
+    await admin.revoke(a.ha.lease)
+    await b.ha.round()
+    adopted = await b.store.adopt("c1", Memory(), b.now)
+    assert adopted is not None and adopted.intent is not None
+    assert adopted.intent["token"] == old and adopted.intent["action"] == "restart_model"
+    # The attempt it charged is there once; the intent is gone from etcd.
+    assert [x.key for x in adopted.memory.attempts].count(action.key) == 1
+    assert len(adopted.memory.attempts) == 2
+    gone, _ = await admin.get(intent_key(PREFIX, "c1"))
+    assert gone is None
+
+
+async def test_the_outcome_clears_the_intent(boxes: tuple[Box, Box], admin: EtcdClient) -> None:
+    a, _ = boxes
+    await a.ha.round()
+    local = Memory(clock=ClockAnchor(boot_id="boot-a", offset=a.offset, mono_at=1.0))
+    assert await a.store.adopt("c1", local, a.now) is not None
+    action = Action(kind="restart_model", host="spark-a", target="m", reason="r")
+    a.store.save("c1", local)
+    assert await a.store.ready("c1", action) is None
+    a.store.settled("c1")
+    a.store.save("c1", local.evolve(consecutive_failures=1))
+    await a.store.close()
+    intent, _ = await admin.get(intent_key(PREFIX, "c1"))
+    assert intent is None
+    kv, _ = await admin.get(memory_key(PREFIX, "c1"))
+    assert kv is not None and json.loads(kv.value)["memory"]["consecutive_failures"] == 1
+
+
+async def test_a_control_record_the_memory_took_is_not_taken_again_by_the_next_owner(
+    boxes: tuple[Box, Box], admin: EtcdClient
+) -> None:
+    a, b = boxes
+    await a.ha.round()
+    local = Memory(clock=ClockAnchor(boot_id="boot-a", offset=a.offset, mono_at=1.0))
+    assert await a.store.adopt("c1", local, a.now) is not None
+    # An operator's resume at revision 41 applied, then a latch set after it.
+    a.store.save("c1", local)
+    a.store.applied("c1", 41)
+    a.store.save("c1", local.evolve(blocked=Blocked(reason="kept failing", since=a.now)))
+    await a.store.close()
+    assert a.ha.lease is not None
+    await admin.revoke(a.ha.lease)
+    await b.ha.round()
+    assert not b.store.current("c1")
+    adopted = await b.store.adopt("c1", Memory(), b.now)
+    assert adopted is not None and adopted.memory.blocked is not None
+    assert b.store.current("c1")
+    # The resume is not applied again over the later latch; a newer record is.
+    assert b.store.took("c1", 41)
+    assert not b.store.took("c1", 42)

@@ -1,0 +1,163 @@
+"""SIGKILL of the owner mid-recovery, two real `sparkd run` processes on one simulated cluster:
+the standby continues from the memory in etcd. The attempt the dead owner spent is still spent
+(once), its launch is not replayed, and the load it started keeps its grace: read from the new
+owner's API and metrics and from what the simulated hosts ran."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from sparkd.settings import load_settings
+from sparkd_sim.world import World
+from tests.etcd.conftest import EtcdServer
+from tests.etcd.test_control import cli, paused_by
+from tests.etcd.test_two_daemons import (
+    PRODUCTION_TIMINGS,
+    TTL,
+    Instance,
+    check_never_two_actors,
+    cluster_name,
+    pair,
+    seed_world,
+    start_owner_and_standby,
+)
+from tests.support.daemon import eventually, mutations
+
+pytestmark = pytest.mark.etcd
+
+__all__ = ["pair", "seed_world"]
+
+
+@pytest.fixture
+async def slow_renewals(
+    seed_world: World, etcd: EtcdServer, tmp_path: Path
+) -> AsyncIterator[tuple[Instance, Instance]]:
+    """Two operated instances on the production timings: a renewal every 5 s, so a record a
+    new owner reads only at its next renewal would come long after its first look."""
+    token = tmp_path / "control-token"
+    token.write_text("s3cret-operator-token\n")
+    token.chmod(0o600)
+    a, b = (
+        Instance(name, seed_world, etcd, tmp_path, timings=PRODUCTION_TIMINGS, token_file=token)
+        for name in ("ops-a", "ops-b")
+    )
+    try:
+        yield a, b
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def get(instance: Instance, path: str) -> str:
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{instance.port}{path}") as r:
+        return await r.text()
+
+
+async def budget_left(instance: Instance, cluster: str, action: str) -> float:
+    wanted = f'sparkd_remediation_budget_remaining{{action="{action}",cluster="{cluster}"}}'
+    for line in (await get(instance, "/metrics")).splitlines():
+        name, _, value = line.rpartition(" ")
+        if name == wanted:
+            return float(value)
+    raise AssertionError(f"{wanted} not exported")
+
+
+def launches(world: World) -> list[float]:
+    return [r.at for r in mutations(world) if r.command.startswith("vllm serve")]
+
+
+async def test_the_standby_keeps_the_spent_attempt_and_the_loads_grace(
+    seed_world: World, pair: tuple[Instance, Instance]
+) -> None:
+    a, b = pair
+    cluster = cluster_name(seed_world)
+    budget = load_settings(seed_world.config_path).clusters[0].policy.budget
+    await seed_world.fault("slow-load", "spark-a")
+    await start_owner_and_standby(a, b, cluster)
+    # The standby never acted: what it remembers of its own spends nothing.
+    assert await budget_left(b, cluster, "start_model") == budget
+
+    async def launched() -> bool:
+        return bool(launches(seed_world))
+
+    await eventually(launched, within=60)
+    await a.kill()
+    assert a.killed_at is not None
+    finished = [
+        e for e in a.events() if e.get("event") == "action" and e.get("action") == "start_model"
+    ]
+
+    async def b_swept() -> bool:
+        return any(c.owner.instance == b.name for c in seed_world.owned_commands())
+
+    await eventually(b_swept, within=2 * TTL + 5)
+
+    async def cycles() -> int:
+        clusters = (await b.status()).get("clusters") or [{}]
+        return int(clusters[0].get("cycles") or 0)
+
+    since = await cycles()
+
+    async def b_looked() -> bool:
+        return await cycles() >= since + 2
+
+    await eventually(b_looked, within=10)
+    # The dead owner's launch is spent once on the new owner too.
+    assert await budget_left(b, cluster, "start_model") == budget - len(launches(seed_world))
+    events = await get(b, f"/events?cluster={cluster}")
+    if finished:
+        assert "intent_unknown" not in events
+    else:
+        # Killed inside the action: its outcome is unknown, and the new owner says so.
+        assert "intent_unknown" in events and '"start_model"' in events
+
+    async def healthy() -> bool:
+        clusters = (await b.status()).get("clusters") or []
+        return bool(clusters) and clusters[0]["phase"] == "healthy"
+
+    await eventually(healthy, within=90)
+    # The slow load finished under the new owner: it was never relaunched, nor killed.
+    assert len(launches(seed_world)) == 1
+    by_b = [c for c in seed_world.owned_commands() if c.owner.instance == b.name]
+    assert by_b, "the new owner swept no host"
+    for host in {c.host for c in by_b}:
+        mine = [c for c in by_b if c.host == host]
+        assert mine[0].command.endswith("true\n} 9>&-"), mine[0].command[-80:]
+        assert mine[0].at > a.killed_at
+    check_never_two_actors(seed_world, a, b)
+    assert time.time() > a.killed_at
+
+
+async def test_a_pause_no_owner_took_holds_from_the_new_owners_first_step(
+    seed_world: World, slow_renewals: tuple[Instance, Instance]
+) -> None:
+    a, b = slow_renewals
+    cluster = cluster_name(seed_world)
+    await start_owner_and_standby(a, b, cluster)
+
+    async def healthy() -> bool:
+        clusters = (await a.status()).get("clusters") or []
+        return bool(clusters) and clusters[0]["phase"] == "healthy"
+
+    await eventually(healthy, within=90)
+    # The owner dies; while nobody owns the cluster an operator pauses it (through the
+    # standby), and the model crashes: the record is in etcd, in no memory yet.
+    await a.kill()
+    code, out = await cli(b, "pause", cluster, "--reason", "swapping a cable")
+    assert code == 0, out
+    since = time.time()
+    await seed_world.fault("crash-model", "spark-a")
+
+    async def b_owns_paused() -> bool:
+        return await b.role(cluster) == "owner" and await paused_by(b) == "swapping a cable"
+
+    await eventually(b_owns_paused, within=40)
+    await asyncio.sleep(2)
+    # The new owner continued from etcd's memory (no pause in it) and still never acted.
+    assert mutations(seed_world, since=since) == [], "a paused cluster was acted on"
