@@ -30,39 +30,20 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Literal
 
 import structlog
 
+from sparkd.ha.claim import Claim, Role, boottime
 from sparkd.ha.config import HaSpec
-from sparkd.ha.control import Control, applied_key, applied_revision, control_key, decode, encode
+from sparkd.ha.control import Control
+from sparkd.ha.control_delivery import ControlDelivery
 from sparkd.ha.etcd import EtcdClient, EtcdError, EtcdUnavailable, KeyValue
 from sparkd.ha.peers import Peers
+from sparkd.ha.rounds import Rounds
 from sparkd.shell.catalogue import FenceToken
 
-Role = Literal["owner", "standby", "no etcd"]
 
-
-def boottime() -> float:
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
-@dataclass
-class Claim:
-    cluster: str
-    # The owner key's create revision while this instance holds it.
-    token: int | None = None
-    # The instance that held it when last read, when not this one.
-    holder: str | None = None
-    holder_token: int | None = None
-    # The etcd cluster the token is from (the fence on the hosts compares it too).
-    etcd_cluster: int | None = None
-    # Hosts whose fence refuses every token: another etcd's record, or an unreadable one.
-    mismatched: dict[str, str] = field(default_factory=dict)
-
-
-class Ownership:
+class Ownership(Rounds):
     def __init__(
         self,
         spec: HaSpec,
@@ -85,8 +66,6 @@ class Ownership:
         self.wall_clock = wall_clock
         self.on_change = on_change
         self.on_control = on_control
-        # Per cluster, the mod revision of the control record last handed to the controller.
-        self.control_seen: dict[str, int] = {}
         # Whether a cluster may be handed off now: no action in flight, no grace window open.
         self.quiet = quiet
         self.peers = Peers(spec.instance, fingerprint, spec.lease_ttl, settle)
@@ -107,6 +86,9 @@ class Ownership:
         # structlog's logger as runtime.logs configures it (ha sits below runtime).
         self.log: structlog.stdlib.BoundLogger = structlog.get_logger("sparkd").bind(
             component="ha", instance=spec.instance
+        )
+        self.controls = ControlDelivery(
+            self.client, spec, self.log, on_control, token=self.token, key=self.key
         )
         self._poke = asyncio.Event()
         # Set once a round has listed the owner keys: the watch starts from that revision.
@@ -134,9 +116,6 @@ class Ownership:
     async def _give_back(self, cluster: str, token: int) -> None:
         with contextlib.suppress(EtcdUnavailable, EtcdError, OSError):
             await self.client.delete_if(self.key(cluster), token)
-
-    def key(self, cluster: str) -> str:
-        return f"{self.spec.prefix}owner/{cluster}"
 
     def deadline(self) -> float | None:
         if self.renewed_at is None:
@@ -371,95 +350,18 @@ class Ownership:
         await self._share(was_deferring, now)
         await self._read_controls()
 
-    async def _share(self, was_deferring: str | None, now: float) -> None:
-        """Give back what is no longer this instance's: every cluster while its config differs
-        from the others', else at most one whose share moved to another member."""
-        peers = self.peers
-        if peers.defer_to != was_deferring:
-            if peers.defer_to is None:
-                self.log.info("config_matches", fingerprint=peers.fingerprint)
-            else:
-                self.log.error(
-                    "config_mismatch", fingerprint=peers.fingerprint, others=peers.defer_to,
-                    reason="this instance's clusters or their specs differ from the other "
-                    "instances': it refuses every cluster until its config matches theirs",
-                )  # fmt: skip
-        held = [name for name, claim in self.claims.items() if claim.token is not None]
-        if peers.defer_to is not None:
-            give = held
-        else:
-            one = peers.handoff(held, now, self.quiet)
-            give = [one] if one is not None else []
-        for name in give:
-            claim = self.claims[name]
-            token = claim.token
-            assert token is not None
-            to = peers.assigned.get(name) if peers.defer_to is None else None
-            self.log.info("handed_off", cluster=name, token=token, to=to)
-            # Before the delete: from here this instance starts nothing more on it.
-            claim.token = None
-            self.on_change(name)
-            if to is not None:
-                peers.handed_off(now)
-            await self.client.delete_if(self.key(name), token)
-
     async def offer_controls(self) -> None:
         """Hand the newest control records over now: a new owner, once its memory is in."""
         await self._read_controls()
 
     async def _read_controls(self) -> None:
-        """Hand each held cluster's newest control record to its controller, once."""
-        held = [name for name, claim in self.claims.items() if claim.token is not None]
-        for name in set(self.control_seen) - set(held):
-            del self.control_seen[name]
-        if not held:
-            return
-        try:
-            # One read for every cluster: the records are small and few.
-            kvs, _ = await self.client.get_prefix(f"{self.spec.prefix}clusters/")
-        except (EtcdUnavailable, EtcdError, OSError) as exc:
-            # Ownership stands; the records are read again at the next renewal.
-            self.log.info("control_unread", error=f"{type(exc).__name__}")
-            return
-        found = {kv.key: kv for kv in kvs}
-        for name in held:
-            kv = found.get(control_key(self.spec.prefix, name))
-            done = found.get(applied_key(self.spec.prefix, name, self.spec.instance))
-            applied = applied_revision(done.value if done is not None else None)
-            if kv is None or kv.mod_revision <= max(applied, self.control_seen.get(name, 0)):
-                continue
-            try:
-                await self._deliver(name, kv.mod_revision, kv.value)
-            except (EtcdUnavailable, EtcdError, OSError) as exc:
-                # Applied; only its note failed: a restart before the next record reapplies it.
-                self.log.info("control_unnoted", cluster=name, error=f"{type(exc).__name__}")
-
-    async def _deliver(self, name: str, revision: int, raw: bytes) -> None:
-        token = self.token(name)
-        # A renewal and the request's own answer may both bring the same record.
-        if token is None or revision <= self.control_seen.get(name, 0):
-            return
-        control = decode(raw)
-        if control is None:
-            self.log.error("control_unreadable", cluster=name, revision=revision)
-        elif not self.on_control(name, revision, control):
-            return  # no controller yet: offered again at the next renewal
-        self.control_seen[name] = revision
-        done = str(revision).encode()
-        key = applied_key(self.spec.prefix, name, self.spec.instance)
-        if not await self.client.put_if_owner(self.key(name), token, key, done):
-            self.log.warning("control_applied_unrecorded", cluster=name, token=token)
+        await self.controls.read([n for n, c in self.claims.items() if c.token is not None])
 
     async def request(self, cluster: str, control: Control) -> int:
         """Record an operator's pause or resume for whichever instance owns `cluster`, and apply
         it at once when that is this one; its revision. Raises EtcdUnavailable or EtcdError
         when it was not recorded."""
-        raw = encode(control)
-        revision = await self.client.put(control_key(self.spec.prefix, cluster), raw)
-        self.log.info("control_recorded", cluster=cluster, paused=control.paused, by=control.by)
-        if self.may_act(cluster):
-            with contextlib.suppress(EtcdUnavailable, EtcdError, OSError):
-                await self._deliver(cluster, revision, raw)
+        revision = await self.controls.request(cluster, control, self.may_act(cluster))
         self._poke.set()
         return revision
 
@@ -510,33 +412,6 @@ class Ownership:
                 reason="no good renewal in time: stopped acting",
             )  # fmt: skip
             self.on_change(claim.cluster)
-
-    async def _watch(self) -> None:
-        """A standby hears an owner key's deletion at once instead of at its next renewal, and
-        an owner a control record written for it."""
-        owners = f"{self.spec.prefix}owner/"
-        await self._listed.wait()
-        while not self._stopping:
-            try:
-                if self.revision:
-                    async for kind, key in self.client.watch(self.spec.prefix, self.revision + 1):
-                        if self._heard(kind, key, owners):
-                            self._poke.set()
-            except Exception as exc:  # best effort: the renewals re-list every round anyway
-                self.log.debug("watch_ended", error=f"{type(exc).__name__}: {exc}")
-            # Ended (etcd restarted, compaction) or not yet started: the renewals re-list.
-            await asyncio.sleep(self.spec.renew_interval)
-
-    def _heard(self, kind: str, key: str, owners: str) -> bool:
-        if kind == "DELETE" and key.startswith(owners):
-            claim = self.claims.get(key.removeprefix(owners))
-            return claim is not None and claim.token is None
-        if kind == "PUT":
-            return any(
-                claim.token is not None and key == control_key(self.spec.prefix, name)
-                for name, claim in self.claims.items()
-            )
-        return False
 
     async def stop(self) -> None:
         """Release every cluster at once: revoking the lease deletes the owner keys."""
