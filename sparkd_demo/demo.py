@@ -26,6 +26,7 @@ from sparkd.runtime.controller import Controller
 from sparkd.runtime.daemon import Daemon
 from sparkd.settings import Settings, load_settings
 from sparkd.shell.execute import ExecutorTiming
+from sparkd.web.serve import serve_api
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
 
@@ -209,6 +210,7 @@ async def run_demo(args: argparse.Namespace) -> int:
             world.config_path,
             executor_timing=ExecutorTiming(poll=0.2, serve_appear=15.0, stop_grace=5.0),
             on_plan=narrator.cycle,
+            api=serve_api,
         )
         daemon.on_action = on_action
         stop = asyncio.Event()

@@ -200,11 +200,14 @@ async def once(settings: Settings, dry_run: bool, as_json: bool) -> int:
 
 
 def run(settings: Settings, config: Path, dry_run: bool) -> int:
+    """A config that fails only when used (a busy port, an unusable state dir) ends the run
+    with one line and EX_CONFIG or EX_CANTCREAT, also sent to systemd as STATUS."""
     from sparkd.runtime.daemon import Daemon, StartupError, open_state_dir, state_dir_error
     from sparkd.runtime.notify import Notifier
 
-    """A config that fails only when used (a busy port, an unusable state dir) ends the run
-    with one line and EX_CONFIG or EX_CANTCREAT, also sent to systemd as STATUS."""
+    # The composition root: the daemon gets its HTTP API from the layer above it.
+    from sparkd.web.serve import serve_api
+
     notifier = Notifier()
     state = StateDir(settings.daemon.state_dir)
     try:
@@ -214,7 +217,7 @@ def run(settings: Settings, config: Path, dry_run: bool) -> int:
                 held.enter_context(state.lock())
             except OSError as exc:
                 raise state_dir_error(state.path, exc) from None
-            daemon = Daemon(settings, config, dry_run=dry_run, notifier=notifier)
+            daemon = Daemon(settings, config, dry_run=dry_run, notifier=notifier, api=serve_api)
             asyncio.run(daemon.serve_forever())
     except LockHeld as exc:
         print(f"sparkd run: {exc}", file=sys.stderr)

@@ -7,7 +7,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,12 +53,17 @@ def restart_only_changes(old: DaemonSettings, new: DaemonSettings) -> list[str]:
     ]
 
 
+# Binds the daemon's HTTP API and gives back its runner; OSError when the address is taken.
+ApiServer = Callable[["Daemon"], Awaitable[web.AppRunner]]
+
+
 class Daemon(HaWiring):
     def __init__(
         self,
         settings: Settings,
         config_path: Path,
         *,
+        api: ApiServer,
         dry_run: bool = False,
         executor_timing: ExecutorTiming | None = None,
         notifier: Notifier | None = None,
@@ -68,6 +73,9 @@ class Daemon(HaWiring):
     ) -> None:
         self.settings = settings
         self.config_path = config_path
+        # The HTTP API, from the layer above (sparkd.web.serve.serve_api): started in its place
+        # in the start-up order, cleaned up in reverse.
+        self.api = api
         self.dry_run = dry_run
         self.executor_timing = executor_timing
         self.notifier = notifier or Notifier()
@@ -255,20 +263,12 @@ class Daemon(HaWiring):
         self.notifier.ready(f"watching {len(self.controllers)} cluster(s)")
 
     async def _serve_api(self, stack: contextlib.AsyncExitStack) -> None:
-        # The web layer sits above the runtime; it knows the daemon only as web.protocol's.
-        from sparkd.web.app import GuardedSite, make_app, runner_options
-
-        app = make_app(self)
-        runner = web.AppRunner(app, **runner_options())
-        await runner.setup()
+        try:
+            runner = await self.api(self)
+        except OSError as exc:
+            raise listen_error(self.settings.daemon.listen, exc) from None
         self.runner = runner
         stack.push_async_callback(self._close_api)
-        daemon = self.settings.daemon
-        site = GuardedSite(runner, daemon.listen_host, daemon.listen_port, app)
-        try:
-            await site.start()
-        except OSError as exc:
-            raise listen_error(daemon.listen, exc) from None
 
     async def _close_api(self) -> None:
         runner, self.runner = self.runner, None

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sparkd.runtime.daemon import Daemon
+from sparkd.web.serve import serve_api
 from sparkd_sim.world import World
 from tests.support.daemon import FAST_EXECUTOR, eventually, mutations, world_settings
 from tests.support.http import TOKEN, get, post
@@ -18,7 +19,7 @@ async def started(world: World, state: Path, token_file: Path | None) -> Daemon:
     settings = world_settings(world, state)
     daemon_settings = settings.daemon.model_copy(update={"control_token_file": token_file})
     settings = settings.model_copy(update={"daemon": daemon_settings})
-    daemon = Daemon(settings, world.config_path, executor_timing=FAST_EXECUTOR)
+    daemon = Daemon(settings, world.config_path, executor_timing=FAST_EXECUTOR, api=serve_api)
     await daemon.start()
     return daemon
 

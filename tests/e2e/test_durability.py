@@ -23,6 +23,7 @@ from sparkd.runtime.daemon import Daemon
 from sparkd.runtime.notify import Notifier
 from sparkd.runtime.state import StateDir
 from sparkd.shell.ssh import SshPool
+from sparkd.web.serve import serve_api
 from sparkd_sim.world import World
 from tests.support.daemon import (
     FAST_EXECUTOR,
@@ -186,7 +187,9 @@ async def test_full_disk_pause_is_applied_and_the_api_says_it_is_not_persisted(
     settings = settings.model_copy(
         update={"daemon": settings.daemon.model_copy(update={"control_token_file": token})}
     )
-    daemon = Daemon(settings, healthy_world.config_path, executor_timing=FAST_EXECUTOR)
+    daemon = Daemon(
+        settings, healthy_world.config_path, executor_timing=FAST_EXECUTOR, api=serve_api
+    )
     await daemon.start()
     try:
         await eventually(lambda: (small_tmpfs / "state" / "memory-sparks.json").exists())
@@ -261,6 +264,7 @@ async def two_clusters(healthy_world: World, tmp_path: Path) -> AsyncIterator[Da
         executor_timing=FAST_EXECUTOR,
         notifier=RecordingNotifier(),
         on_plan=planner_bug,
+        api=serve_api,
     )
     await daemon.start()
     dog = asyncio.create_task(daemon.watchdog())

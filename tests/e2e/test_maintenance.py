@@ -13,6 +13,7 @@ from sparkd.model.plan import ActionOutcome
 from sparkd.runtime.controller import Controller
 from sparkd.runtime.daemon import Daemon
 from sparkd.shell.ssh import SshPool
+from sparkd.web.serve import serve_api
 from sparkd_sim.world import World
 from tests.support.daemon import FAST_EXECUTOR, controller, eventually, mutations, world_settings
 from tests.support.http import parse, value
@@ -28,6 +29,7 @@ async def test_inside_a_window_the_daemon_observes_and_acts_on_nothing(
         world_settings(seed_world, tmp_path / "state", maintenance=(always,)),
         seed_world.config_path,
         executor_timing=FAST_EXECUTOR,
+        api=serve_api,
     )
     await daemon.start()
     try:

@@ -20,6 +20,7 @@ from sparkd.model.observed import HOST_ERROR_KINDS
 from sparkd.model.plan import PHASES
 from sparkd.model.probe import PROBE_OUTCOMES
 from sparkd.runtime.daemon import Daemon
+from sparkd.web.serve import serve_api
 from sparkd_sim.world import World
 from tests.ops.tools import tool
 from tests.support.daemon import FAST_EXECUTOR, daemon_on, eventually, world_settings
@@ -263,6 +264,7 @@ async def test_load_progress_and_eta_while_loading(seed_world: World, tmp_path: 
         world_settings(seed_world, tmp_path / "state"),
         seed_world.config_path,
         executor_timing=FAST_EXECUTOR,
+        api=serve_api,
     )
     await daemon.start()
     try:
@@ -334,7 +336,7 @@ async def test_a_renamed_model_that_serves_is_ready(seed_world: World, tmp_path:
         tmp_path / "state",
         model={"extra_args": ("--served-model-name", "qwen-reasoner")},
     )
-    daemon = Daemon(settings, seed_world.config_path, executor_timing=FAST_EXECUTOR)
+    daemon = Daemon(settings, seed_world.config_path, executor_timing=FAST_EXECUTOR, api=serve_api)
     await daemon.start()
     try:
         url = daemon.url

@@ -20,6 +20,7 @@ import pytest
 from sparkd.runtime.daemon import Daemon
 from sparkd.runtime.notify import Notifier
 from sparkd.settings import load_settings
+from sparkd.web.serve import serve_api
 from sparkd_sim.world import World
 from tests.support.daemon import eventually, free_port, write_fast_config
 from tests.support.process import NotifySocket
@@ -256,7 +257,7 @@ async def test_a_reload_that_fails_unexpectedly_still_sends_ready(
     )
     notify = NotifySocket(tmp_path / "notify.sock")
     monkeypatch.setenv("NOTIFY_SOCKET", str(notify.path))
-    daemon = Daemon(load_settings(config), config, notifier=Notifier())
+    daemon = Daemon(load_settings(config), config, notifier=Notifier(), api=serve_api)
 
     def broken(path: Path) -> None:
         raise RuntimeError("disk gone")

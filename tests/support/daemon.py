@@ -17,6 +17,7 @@ from sparkd.runtime.state import StateDir
 from sparkd.settings import Settings, load_settings
 from sparkd.shell.execute import ExecutorTiming
 from sparkd.shell.ssh import SshPool
+from sparkd.web.serve import serve_api
 from sparkd_sim.timing import FAST_FACTOR
 from sparkd_sim.world import CommandRecord, World
 
@@ -142,7 +143,12 @@ async def converge(controller: Controller, cycles: int = 60, pause: float = 0.1)
 async def daemon_on(world: World, state: Path) -> AsyncIterator[Daemon]:
     """The whole daemon (controllers, executor, API) on the world's config with scaled times,
     stopped on the way out."""
-    daemon = Daemon(world_settings(world, state), world.config_path, executor_timing=FAST_EXECUTOR)
+    daemon = Daemon(
+        world_settings(world, state),
+        world.config_path,
+        executor_timing=FAST_EXECUTOR,
+        api=serve_api,
+    )
     await daemon.start()
     try:
         yield daemon

@@ -14,6 +14,7 @@ from sparkd.runtime.controller import Controller
 from sparkd.runtime.daemon import Daemon
 from sparkd.runtime.state import StateDir
 from sparkd.shell.ssh import SshPool
+from sparkd.web.serve import serve_api
 from sparkd_sim.world import World
 from tests.support.daemon import FAST_EXECUTOR, controller, converge, mutations, world_settings
 from tests.support.http import token_file
@@ -67,7 +68,9 @@ class Serving:
         cluster = cluster.model_copy(update={"model": cluster.model.model_copy(update=model)})
         daemon = settings.daemon.model_copy(update={"control_token_file": token})
         settings = settings.model_copy(update={"daemon": daemon, "clusters": (cluster,)})
-        started = Daemon(settings, self.world.config_path, executor_timing=FAST_EXECUTOR)
+        started = Daemon(
+            settings, self.world.config_path, executor_timing=FAST_EXECUTOR, api=serve_api
+        )
         await started.start()
         return started, since
 

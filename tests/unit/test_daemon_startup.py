@@ -15,6 +15,7 @@ from sparkd.runtime.controller import Controller
 from sparkd.runtime.daemon import Daemon, StartupError
 from sparkd.runtime.maintenance import MaintenanceScheduler
 from sparkd.settings import Settings, load_settings
+from sparkd.web.serve import serve_api
 from tests.support.daemon import free_port
 from tests.toy import EXAMPLE_CONFIG
 
@@ -71,7 +72,7 @@ async def test_a_busy_port_leaves_nothing_of_the_earlier_steps(tmp_path: Path) -
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        daemon = Daemon(settings(tmp_path, port, ha=True), tmp_path / "sparkd.toml")
+        daemon = Daemon(settings(tmp_path, port, ha=True), tmp_path / "sparkd.toml", api=serve_api)
         failed = await started_and_failed(daemon)
         assert isinstance(failed, StartupError) and "is in use" in failed.line
         others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
@@ -89,7 +90,7 @@ async def test_a_failure_after_the_api_is_bound_closes_its_listener(
         raise StepFailed("scheduler")
 
     monkeypatch.setattr(MaintenanceScheduler, "start", fail)
-    daemon = Daemon(settings(tmp_path, port), tmp_path / "sparkd.toml")
+    daemon = Daemon(settings(tmp_path, port), tmp_path / "sparkd.toml", api=serve_api)
     await started_and_failed(daemon)
     nothing_running(daemon, port)
 
@@ -103,7 +104,7 @@ async def test_a_failure_starting_ha_stops_the_scheduler_and_the_api(
         raise StepFailed("ha")
 
     monkeypatch.setattr(Ownership, "start", fail)
-    daemon = Daemon(settings(tmp_path, port, ha=True), tmp_path / "sparkd.toml")
+    daemon = Daemon(settings(tmp_path, port, ha=True), tmp_path / "sparkd.toml", api=serve_api)
     await started_and_failed(daemon)
     nothing_running(daemon, port)
 
@@ -121,7 +122,7 @@ async def test_a_failure_starting_the_second_controller_ends_the_first(
         return started[0]
 
     monkeypatch.setattr(Daemon, "_run", run)
-    daemon = Daemon(settings(tmp_path, port, ha=True), tmp_path / "sparkd.toml")
+    daemon = Daemon(settings(tmp_path, port, ha=True), tmp_path / "sparkd.toml", api=serve_api)
     await started_and_failed(daemon)
     assert started and started[0].done()
     nothing_running(daemon, port)

@@ -90,11 +90,11 @@ def test_no_etcd_code_without_ha(tmp_path: Path) -> None:
         "import json, sys\n"
         "from pathlib import Path\n"
         "from sparkd.settings import load_settings\n"
-        "import sparkd.cli.commands, sparkd.runtime.daemon, sparkd.web.app\n"
+        "import sparkd.cli.commands, sparkd.runtime.daemon, sparkd.web.serve\n"
         "import sparkd.runtime.metrics\n"
         "from sparkd.runtime.daemon import Daemon\n"
         f"settings = load_settings(Path({str(path)!r}))\n"
-        f"Daemon(settings, Path({str(path)!r}))\n"
+        f"Daemon(settings, Path({str(path)!r}), api=sparkd.web.serve.serve_api)\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('sparkd.ha'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
