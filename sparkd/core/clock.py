@@ -21,7 +21,13 @@ Ray settling never lasts longer than the Ray containers have existed (core.ray_s
 
 from __future__ import annotations
 
-from sparkd.model.memory import Attempt, Blocked, LoadMark, Memory, Rollout
+from collections.abc import Callable
+
+from sparkd.model.memory import Blocked, LoadMark, Memory, Rollout
+
+Shift = Callable[[float], float]
+
+ROLLOUT_STAMPS = ("began_at", "stopped_at", "accepted_at", "rolled_back_at", "restored_at")
 
 # A wall clock that moved this far against daemon time has stepped (NTP slews stay far below).
 STEP_NOTICED = 2.0
@@ -30,110 +36,86 @@ STEP_NOTICED = 2.0
 def bounded(memory: Memory, now: float) -> Memory:
     """`memory` with every daemon-time stamp later than `now` taken as `now`: a stamp from the
     future (the wall clock stepped back across a reboot) would otherwise stretch a backoff,
-    suspend probe counting, or make everything Ray shows look new."""
-
-    def at(value: float) -> float:
-        return min(value, now)
-
-    def maybe(value: float | None) -> float | None:
-        return None if value is None else min(value, now)
-
+    suspend probe counting, make everything Ray shows look new, or let a rollout begun "in the
+    future" judge no launch as its own and never roll back."""
     if _latest(memory) <= now:
         return memory
+    return restamp(memory, lambda at: min(at, now))
+
+
+def _latest(memory: Memory) -> float:
+    stamps = [memory.backoff_reset_at]
+
+    def seen(at: float) -> float:
+        stamps.append(at)
+        return at
+
+    restamp(memory, seen)
+    return max(stamps)
+
+
+def restamp(memory: Memory, shift: Shift) -> Memory:
+    """`memory` with `shift` applied to every daemon-time stamp it holds and to nothing else
+    (wall-clock values, such as a pause's end, stay as they are): the one list of them, for
+    `bounded` and for memory crossing to another box (core.handover). A backoff never reset
+    (0.0) stays that."""
+
+    def maybe(value: float | None) -> float | None:
+        return None if value is None else shift(value)
+
     mark = memory.load_mark
     blocked = memory.blocked
     return memory.evolve(
-        attempts=tuple(
-            Attempt(key=a.key, at=at(a.at), ok=a.ok, reason=a.reason) for a in memory.attempts
-        ),
+        attempts=tuple(a.model_copy(update={"at": shift(a.at)}) for a in memory.attempts),
         went_unreachable={
-            host: tuple(at(t) for t in times) for host, times in memory.went_unreachable.items()
+            host: tuple(shift(t) for t in times) for host, times in memory.went_unreachable.items()
         },
-        backoff_reset_at=at(memory.backoff_reset_at),
+        # 0.0 is "never reset": it stays that on every box.
+        backoff_reset_at=shift(memory.backoff_reset_at) if memory.backoff_reset_at else 0.0,
         blocked=None
         if blocked is None
-        else Blocked(reason=blocked.reason, since=at(blocked.since)),
+        else Blocked(reason=blocked.reason, since=shift(blocked.since)),
         launched_at=maybe(memory.launched_at),
         model_ready_at=maybe(memory.model_ready_at),
         last_probe_at=maybe(memory.last_probe_at),
         last_probe=None
         if memory.last_probe is None
-        else memory.last_probe.model_copy(update={"at": at(memory.last_probe.at)}),
+        else memory.last_probe.model_copy(update={"at": shift(memory.last_probe.at)}),
         ray_unsettled_since=maybe(memory.ray_unsettled_since),
         healthy_since=maybe(memory.healthy_since),
         fabric_sound_at=maybe(memory.fabric_sound_at),
-        ray_seen={node: at(seen) for node, seen in memory.ray_seen.items()},
-        ray_started={host: at(started) for host, started in memory.ray_started.items()},
+        fabric_held_since=maybe(memory.fabric_held_since),
+        ray_seen={node: shift(seen) for node, seen in memory.ray_seen.items()},
+        ray_started={host: shift(started) for host, started in memory.ray_started.items()},
         load_mark=None
         if mark is None
         else LoadMark(
             pid=mark.pid,
-            launch=at(mark.launch),
+            launch=shift(mark.launch),
             key=mark.key,
             cpu_seconds=mark.cpu_seconds,
-            at=at(mark.at),
+            at=shift(mark.at),
+            entered=maybe(mark.entered),
         ),
         token_mark=None
         if memory.token_mark is None
-        else memory.token_mark.model_copy(update={"since": at(memory.token_mark.since)}),
+        else memory.token_mark.model_copy(update={"since": shift(memory.token_mark.since)}),
         last_good=None
         if memory.last_good is None
-        else memory.last_good.model_copy(update={"at": at(memory.last_good.at)}),
-        rollout=_rollout(memory.rollout, now),
-        fabric_held_since=maybe(memory.fabric_held_since),
+        else memory.last_good.model_copy(update={"at": shift(memory.last_good.at)}),
+        rollout=_rollout(memory.rollout, shift),
     )
 
 
-def _rollout(rollout: Rollout | None, now: float) -> Rollout | None:
-    # A rollout begun "in the future" would judge no launch as its own and never roll back.
+def _rollout(rollout: Rollout | None, shift: Shift) -> Rollout | None:
     if rollout is None:
         return None
-    stamps = ("began_at", "stopped_at", "accepted_at", "rolled_back_at", "restored_at")
     update = {
-        name: min(value, now)
-        for name in stamps
-        if (value := getattr(rollout, name)) is not None and value > now
+        name: shift(value)
+        for name in ROLLOUT_STAMPS
+        if (value := getattr(rollout, name)) is not None
     }
-    return rollout.model_copy(update=update) if update else rollout
-
-
-def _latest(memory: Memory) -> float:
-    stamps = [a.at for a in memory.attempts]
-    stamps.append(memory.backoff_reset_at)
-    stamps.extend(memory.ray_seen.values())
-    stamps.extend(memory.ray_started.values())
-    stamps.extend(t for times in memory.went_unreachable.values() for t in times)
-    for value in (
-        memory.launched_at,
-        memory.model_ready_at,
-        memory.last_probe_at,
-        memory.ray_unsettled_since,
-        memory.healthy_since,
-        memory.fabric_sound_at,
-        memory.blocked.since if memory.blocked is not None else None,
-        memory.last_probe.at if memory.last_probe is not None else None,
-        memory.load_mark.at if memory.load_mark is not None else None,
-        memory.load_mark.launch if memory.load_mark is not None else None,
-        memory.token_mark.since if memory.token_mark is not None else None,
-        memory.last_good.at if memory.last_good is not None else None,
-        memory.fabric_held_since,
-        *_rollout_stamps(memory.rollout),
-    ):
-        if value is not None:
-            stamps.append(value)
-    return max(stamps)
-
-
-def _rollout_stamps(rollout: Rollout | None) -> tuple[float | None, ...]:
-    if rollout is None:
-        return ()
-    return (
-        rollout.began_at,
-        rollout.stopped_at,
-        rollout.accepted_at,
-        rollout.rolled_back_at,
-        rollout.restored_at,
-    )
+    return rollout.model_copy(update=update)
 
 
 def stepped(offset: float, wall: float, mono: float) -> float:

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sparkd.core.planner import plan
-from sparkd.model.memory import Attempt, GoodSpec, Memory, Rollout
+from sparkd.model.memory import Attempt, GoodSpec, LoadMark, Memory, Rollout
 from sparkd.model.observed import Observed, RayNode, RayState
 from sparkd.model.plan import Action, ActionOutcome, Plan
 from sparkd.runtime.controller import Controller, CycleRecord
@@ -403,3 +403,15 @@ def test_a_pause_ends_on_the_wall_clock() -> None:
     assert during.recheck_at is not None and during.recheck_at <= toy.now + 60
     after = plan(toy.cluster, seen, paused, toy.now + 61, wall=wall + 61)
     assert after.phase != "paused"
+
+
+def test_a_load_stage_entered_in_the_future_is_now() -> None:
+    """When the load entered its stage is daemon time: ahead of now, a silent-stage grace
+    measured from it would never run out."""
+    from sparkd.core.clock import bounded
+
+    toy, memory = _failing()
+    later = toy.now + 3600
+    mark = LoadMark(launch=toy.now - 10, key="weights|40|", at=toy.now - 1, entered=later)
+    clamped = bounded(memory.evolve(load_mark=mark), toy.now)
+    assert clamped.load_mark is not None and clamped.load_mark.entered == toy.now
