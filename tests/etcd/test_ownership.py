@@ -140,6 +140,30 @@ async def test_may_act_ends_at_the_deadline_not_the_next_renewal(etcd: EtcdServe
         await a.stop()
 
 
+@pytest.mark.parametrize("jump", [-86400.0, 86400.0], ids=["back a day", "ahead a day"])
+async def test_a_wall_clock_jump_does_not_move_the_deadline(etcd: EtcdServer, jump: float) -> None:
+    """HA.md scenario 16: the owner's deadline is on CLOCK_BOOTTIME; a wall clock that steps
+    (NTP, `date -s`) between renewals neither extends nor ends its right to act."""
+    wall = {"now": time.time()}
+    a = Ownership(spec(etcd, "a"), ["c1"], wall_clock=lambda: wall["now"])
+    try:
+        before = boottime()
+        await a.round()
+        first = a.deadline()
+        assert first is not None and a.may_act("c1")
+        wall["now"] += jump
+        assert a.may_act("c1") and a.deadline() == first
+        await a.round()
+        after = boottime()
+        deadline = a.deadline()
+        assert deadline is not None and a.may_act("c1")
+        # Renewed: counted from this round's send on the boot clock, the jump nowhere in it.
+        assert first < deadline <= after + a.granted - 1.0
+        assert deadline - before < a.granted + 5
+    finally:
+        await a.stop()
+
+
 async def test_demotion_timer_fires_at_the_deadline(etcd: EtcdServer) -> None:
     changes: list[tuple[str, float]] = []
     a = Ownership(
