@@ -24,7 +24,8 @@ from bench.common import (
     wait_healthy,
     write_result,
 )
-from sparkd.runtime.controller import Controller, CycleRecord
+from sparkd.runtime.cluster_view import CycleRecord
+from sparkd.runtime.controller import Controller
 from sparkd.runtime.state import StateDir
 from sparkd.shell.ssh import SshPool
 

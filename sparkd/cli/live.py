@@ -202,8 +202,9 @@ async def once(settings: Settings, dry_run: bool, as_json: bool) -> int:
 def run(settings: Settings, config: Path, dry_run: bool) -> int:
     """A config that fails only when used (a busy port, an unusable state dir) ends the run
     with one line and EX_CONFIG or EX_CANTCREAT, also sent to systemd as STATUS."""
-    from sparkd.runtime.daemon import Daemon, StartupError, open_state_dir, state_dir_error
+    from sparkd.runtime.daemon import Daemon
     from sparkd.runtime.notify import Notifier
+    from sparkd.runtime.startup import StartupError, open_state_dir, state_dir_error
 
     # The composition root: the daemon gets its HTTP API from the layer above it.
     from sparkd.web.serve import serve_api

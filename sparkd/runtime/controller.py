@@ -50,7 +50,6 @@ from sparkd.shell.observe import observe, observe_timeout
 from sparkd.shell.ssh import SshPool
 
 # ClusterView and CycleRecord live in runtime.cluster_view; named here too, beside the controller.
-__all__ = ["ClusterView", "Controller", "CycleRecord"]
 
 
 class Controller(OperatorRequests):

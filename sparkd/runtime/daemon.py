@@ -21,7 +21,7 @@ from sparkd.runtime.ha_wiring import HaWiring
 from sparkd.runtime.maintenance import MaintenanceScheduler
 from sparkd.runtime.metrics import Metrics
 from sparkd.runtime.notify import Notifier
-from sparkd.runtime.startup import StartupError, listen_error, open_state_dir, state_dir_error
+from sparkd.runtime.startup import listen_error
 from sparkd.runtime.state import StateDir
 from sparkd.settings import (
     ConfigError,
@@ -37,8 +37,6 @@ if TYPE_CHECKING:
     from sparkd.ha.ownership import Ownership
     from sparkd.runtime.ha_store import EtcdStore
 
-# Named here too, where the CLI has found them.
-__all__ = ["Daemon", "StartupError", "open_state_dir", "state_dir_error"]
 
 # Daemon settings that take effect only at start: a reload reports a change and keeps the old.
 RESTART_ONLY = ("listen", "state_dir")

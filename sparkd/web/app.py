@@ -27,26 +27,11 @@ from sparkd.web.control import pause, reconcile, resume, rollout_back, rollout_r
 from sparkd.web.guard import (
     DEADLINES,
     HEADER_TIMEOUT,
-    MAX_CONNECTIONS,
-    MAX_PER_PEER,
     Deadlines,
-    GuardedSite,
     allowed_hosts,
     guard,
-    runner_options,
 )
 from sparkd.web.protocol import DAEMON, DaemonApi
-
-# Named here as well, where the API's users (the daemon, the tests) have found them.
-__all__ = [
-    "HEADER_TIMEOUT",
-    "MAX_CONNECTIONS",
-    "MAX_PER_PEER",
-    "GuardedSite",
-    "cluster_json",
-    "make_app",
-    "runner_options",
-]
 
 MAX_EVENTS = 1000
 

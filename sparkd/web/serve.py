@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from sparkd.web.app import GuardedSite, make_app, runner_options
+from sparkd.web.app import make_app
+from sparkd.web.guard import GuardedSite, runner_options
 from sparkd.web.protocol import DaemonApi
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from sparkd.web.app import HEADER_TIMEOUT, MAX_CONNECTIONS, MAX_PER_PEER
+from sparkd.web.guard import HEADER_TIMEOUT, MAX_CONNECTIONS, MAX_PER_PEER
 from sparkd_sim.world import World
 from tests.support.daemon import eventually, free_port, write_fast_config
 from tests.support.process import sparkd, start_daemon, status, wait_phase

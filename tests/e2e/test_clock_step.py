@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from sparkd.model.plan import ActionOutcome
-from sparkd.runtime.controller import Controller, CycleRecord
+from sparkd.runtime.cluster_view import CycleRecord
+from sparkd.runtime.controller import Controller
+from sparkd.runtime.status_json import cluster_json
 from sparkd.shell.ssh import SshPool
-from sparkd.web.app import cluster_json
 from sparkd_sim.world import World
 from tests.e2e.test_events import until
 from tests.support.daemon import controller, mutations, running

@@ -11,7 +11,7 @@ from sparkd.model.plan import ACTION_KINDS, Action
 from sparkd.settings import load_settings
 from sparkd.shell.execute import Executor
 from sparkd.shell.ssh import SshPool
-from sparkd.web.app import MAX_CONNECTIONS
+from sparkd.web.guard import MAX_CONNECTIONS
 from tests.ops.tools import analyze_unit, setting
 
 ROOT = Path(__file__).resolve().parents[2]

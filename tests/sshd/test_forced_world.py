@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.runtime.controller import Controller, CycleRecord
+from sparkd.runtime.cluster_view import CycleRecord
+from sparkd.runtime.controller import Controller
 from sparkd.shell import forced
 from sparkd.shell.ssh import SshPool
 from sparkd_demo.cli import sparkd_spec_labels

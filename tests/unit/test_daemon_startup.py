@@ -12,8 +12,9 @@ import pytest
 
 from sparkd.ha.config import HaSpec
 from sparkd.runtime.controller import Controller
-from sparkd.runtime.daemon import Daemon, StartupError
+from sparkd.runtime.daemon import Daemon
 from sparkd.runtime.maintenance import MaintenanceScheduler
+from sparkd.runtime.startup import StartupError
 from sparkd.settings import Settings, load_settings
 from sparkd.web.serve import serve_api
 from tests.support.daemon import free_port

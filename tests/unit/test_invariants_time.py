@@ -26,7 +26,8 @@ from sparkd.core.planner import plan
 from sparkd.model.memory import Attempt, GoodSpec, LoadMark, Memory, Rollout
 from sparkd.model.observed import Observed, RayNode, RayState
 from sparkd.model.plan import Action, ActionOutcome, Plan
-from sparkd.runtime.controller import Controller, CycleRecord
+from sparkd.runtime.cluster_view import CycleRecord
+from sparkd.runtime.controller import Controller
 from sparkd.runtime.state import StateDir
 from sparkd.shell.ssh import SshPool
 from tests.examples import EXAMPLE_SET

@@ -8,7 +8,7 @@ from typing import Any
 
 from sparkd.core import kernel
 from sparkd.model.observed import HostFacts, Observed
-from sparkd.runtime.controller import CycleRecord
+from sparkd.runtime.cluster_view import CycleRecord
 from sparkd.runtime.metrics import Metrics
 from tests.toy import reference_cluster
 

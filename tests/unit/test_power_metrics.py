@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from sparkd.model.plan import Action, ActionOutcome
-from sparkd.runtime.controller import CycleRecord
+from sparkd.runtime.cluster_view import CycleRecord
 from sparkd.runtime.metrics import Metrics
 from tests.toy import reference_cluster
 
