@@ -6,6 +6,7 @@ owner's API and metrics and from what the simulated hosts ran."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -161,3 +162,56 @@ async def test_a_pause_no_owner_took_holds_from_the_new_owners_first_step(
     await asyncio.sleep(2)
     # The new owner continued from etcd's memory (no pause in it) and still never acted.
     assert mutations(seed_world, since=since) == [], "a paused cluster was acted on"
+
+
+async def budgets(instance: Instance, cluster: str) -> dict[str, float]:
+    wanted = 'sparkd_remediation_budget_remaining{action="'
+    found = {}
+    for line in (await get(instance, "/metrics")).splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith(wanted) and f'cluster="{cluster}"' in name:
+            found[name.split('"')[1]] = float(value)
+    return found
+
+
+async def test_one_instance_restarted_without_its_state_dir_keeps_its_memory(
+    seed_world: World, slow_renewals: tuple[Instance, Instance], tmp_path: Path
+) -> None:
+    """HA.md scenario 2: with [ha] the memory lives in etcd. Restarted with its local state
+    dir gone, one instance still knows the attempts it spent and the pause it was given."""
+    a, _ = slow_renewals
+    cluster = cluster_name(seed_world)
+    await a.start()
+
+    async def healthy() -> bool:
+        clusters = (await a.status()).get("clusters") or []
+        return bool(clusters) and clusters[0]["phase"] == "healthy"
+
+    await eventually(healthy, within=120)
+    spent = await budgets(a, cluster)
+    budget = load_settings(seed_world.config_path).clusters[0].policy.budget
+    # Bringing the seed-morning cluster up spent attempts (the model's launch at least).
+    assert spent and min(spent.values()) < budget, spent
+    rc, out = await cli(a, "pause", cluster, "--reason", "kernel update")
+    assert rc == 0, out
+
+    async def paused() -> bool:
+        return await paused_by(a) == "kernel update"
+
+    await eventually(paused, within=15)
+    await a.stop()
+    shutil.rmtree(tmp_path / "state-ops-a")
+    since = time.time()
+    await a.start()
+
+    async def adopted() -> bool:
+        owner = await a.role(cluster) == "owner"
+        return owner and "memory_adopted" in await get(a, f"/events?cluster={cluster}")
+
+    await eventually(adopted, within=60)
+    assert await paused_by(a) == "kernel update"
+    assert await budgets(a, cluster) == spent
+    # Paused: the restarted owner changed nothing on the hosts.
+    assert mutations(seed_world, since=since) == []
+    events = await get(a, f"/events?cluster={cluster}")
+    assert "memory_adopted" in events
