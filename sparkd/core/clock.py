@@ -87,6 +87,14 @@ def restamp(memory: Memory, shift: Shift) -> Memory:
         fabric_held_since=maybe(memory.fabric_held_since),
         ray_seen={node: shift(seen) for node, seen in memory.ray_seen.items()},
         ray_started={host: shift(started) for host, started in memory.ray_started.items()},
+        # The readings' times: how long a host has been silent (the power cycle's evidence),
+        # when its carrier last flapped, when its GID row moved.
+        unreachable_since={host: shift(t) for host, t in memory.unreachable_since.items()},
+        flapped_at={host: shift(t) for host, t in memory.flapped_at.items()},
+        gid_moved={
+            host: (before, after, shift(at))
+            for host, (before, after, at) in memory.gid_moved.items()
+        },
         load_mark=None
         if mark is None
         else LoadMark(

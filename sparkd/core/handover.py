@@ -6,8 +6,11 @@ shared store is therefore each stamp's age at the write (`to_ages`: stamp minus 
 now, so zero or less), and what comes out is those ages counted back from the reader's now
 (`from_ages`). The time between the write and the read is not counted: a grace, a backoff or a
 budget window resumes with at least what remained at the write, never less, whatever the two
-boxes' clocks say. Wall-clock values (a pause, the unreachable and flap marks, a rollout's
-`started`) are an operator's or an observation's wall time, the same on every box: untouched.
+boxes' clocks say. Wall-clock values (a pause, a rollout's `started`) are an operator's or an
+observation's wall time, the same on every box: untouched. The readings' marks (since when a
+host is silent, its last flap, its GID row's move) are daemon time like the rest: a copy of
+them would make a host silent seconds ago look silent for the boxes' difference, and a power
+cycle due.
 """
 
 from __future__ import annotations

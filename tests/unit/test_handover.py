@@ -48,7 +48,9 @@ def memories(draw: st.DrawFn) -> tuple[Memory, float]:
         load_mark=LoadMark(launch=stamp(), key="k", at=stamp(), entered=stamp()),
         rollout=Rollout(id=1, started=now - 100, began_at=stamp(), from_hash="a", to_hash="b",
                         stopped_at=stamp()),
-        unreachable_since={"spark-b": now - 30},
+        unreachable_since={"spark-b": stamp()},
+        flapped_at={"spark-a": stamp()},
+        gid_moved={"spark-b": (3, 5, stamp())},
         clock=ClockAnchor(boot_id="box-a", offset=now - 1000.0, mono_at=10.0),
     )  # fmt: skip
     return memory, now
@@ -68,6 +70,9 @@ def stamps(memory: Memory) -> list[float | None]:
         *memory.ray_seen.values(),
         *memory.ray_started.values(),
         *memory.went_unreachable["spark-b"],
+        memory.unreachable_since["spark-b"],
+        memory.flapped_at["spark-a"],
+        memory.gid_moved["spark-b"][2],
         mark.launch,
         mark.at,
         mark.entered,
@@ -96,7 +101,7 @@ def test_to_the_store_and_back_never_shortens_a_grace(
     assert [(a.key, a.ok) for a in read.attempts] == [(a.key, a.ok) for a in memory.attempts]
     assert read.paused == memory.paused
     assert (read.blocked is None) == (memory.blocked is None)
-    assert read.unreachable_since == memory.unreachable_since
+    assert [g[:2] for g in read.gid_moved.values()] == [g[:2] for g in memory.gid_moved.values()]
     assert read.backoff_reset_at == 0.0 if memory.backoff_reset_at == 0.0 else True
     assert read.rollout is not None and memory.rollout is not None
     assert read.rollout.started == memory.rollout.started
