@@ -29,7 +29,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import structlog
 
@@ -41,6 +41,10 @@ from sparkd.ha.etcd import EtcdClient, EtcdError, EtcdUnavailable, KeyValue
 from sparkd.ha.peers import Peers
 from sparkd.ha.rounds import Rounds
 from sparkd.shell.catalogue import FenceToken
+
+
+async def _nothing(cluster: str) -> None:
+    return None
 
 
 class Ownership(Rounds):
@@ -68,6 +72,8 @@ class Ownership(Rounds):
         self.on_control = on_control
         # Whether a cluster may be handed off now: no action in flight, no grace window open.
         self.quiet = quiet
+        # Awaited before a cluster is given back (the daemon lands its memory in etcd first).
+        self.before_handoff: Callable[[str], Awaitable[None]] = _nothing
         self.peers = Peers(spec.instance, fingerprint, spec.lease_ttl, settle)
         self._member_written: str | None = None
         self.claims = {name: Claim(name) for name in clusters}

@@ -4,7 +4,7 @@ longer this instance's share, and hear between rounds what should not wait for t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import structlog
 
@@ -24,6 +24,7 @@ class Rounds:
     log: structlog.stdlib.BoundLogger
     on_change: Callable[[str], None]
     quiet: Callable[[str], bool]
+    before_handoff: Callable[[str], Awaitable[None]]
     revision: int
     _listed: asyncio.Event
     _poke: asyncio.Event
@@ -57,6 +58,9 @@ class Rounds:
             token = claim.token
             assert token is not None
             to = peers.assigned.get(name) if peers.defer_to is None else None
+            # The cluster is settled (no action in flight): what it last remembered lands in
+            # etcd under this token, then nothing more is written or started for it.
+            await self.before_handoff(name)
             self.log.info("handed_off", cluster=name, token=token, to=to)
             # Before the delete: from here this instance starts nothing more on it.
             claim.token = None

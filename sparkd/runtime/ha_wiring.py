@@ -47,6 +47,7 @@ class HaWiring:
         )
         self.metrics.registry.register(HaCollector(self.ha))
         self.memory_store = EtcdStore(self.ha, self.state, on_refused=self._ha_refused)
+        self.ha.before_handoff = self.memory_store.flush
 
     def _ha_refused(self, cluster_name: str, detail: str) -> None:
         # etcd refused a write guarded by the token: the fenced host's path.
