@@ -49,6 +49,9 @@ class HaWiring:
         self.memory_store = EtcdStore(self.ha, self.state, on_refused=self._ha_refused)
         self.ha.before_handoff = self.memory_store.flush
 
+    def memory_current(self, cluster_name: str) -> bool:
+        return self.memory_store is None or self.memory_store.current(cluster_name)
+
     def _ha_refused(self, cluster_name: str, detail: str) -> None:
         # etcd refused a write guarded by the token: the fenced host's path.
         assert self.ha is not None

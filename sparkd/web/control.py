@@ -114,12 +114,20 @@ def _applied(controller: Controller, saved: bool) -> dict[str, Any]:
 def _owned(request: web.Request, controller: Controller) -> None:
     """With [ha] a rollout retry or back is made only where the cluster is owned: it edits this
     instance's memory alone, which the owner never hears and a standby would act on at takeover."""
-    ha = request.app[DAEMON].ha
+    daemon = request.app[DAEMON]
+    ha = daemon.ha
     name = controller.cluster.name
     if ha is not None and not ha.may_act(name):
         raise web.HTTPConflict(
             text=f"not the owner of {name} (owner: {ha.holder(name) or 'unknown'}); "
             "ask the instance that owns it"
+        )
+    if not daemon.memory_current(name):
+        # Just taken over: the memory from etcd replaces this instance's at its next look,
+        # and an edit made before that would be lost with it.
+        raise web.HTTPServiceUnavailable(
+            text=f"{name}: taking over, its memory from etcd is not in yet; ask again",
+            headers={"Retry-After": "1"},
         )
 
 

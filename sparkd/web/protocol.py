@@ -44,6 +44,11 @@ class DaemonApi(Protocol):
         """Set only with an [ha] section."""
         ...
 
+    def memory_current(self, cluster: str) -> bool:
+        """Whether an operator's edit of the cluster's memory would be kept: always without
+        [ha]; with it, once this owner continues from the memory in etcd."""
+        ...
+
     def health(self) -> dict[str, Any]:
         """The /healthz body; its status is "ok" or "unhealthy"."""
         ...
