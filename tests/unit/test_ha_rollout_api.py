@@ -65,6 +65,8 @@ async def api(tmp_path: Path) -> AsyncIterator[tuple[TestClient[Any, Any], Contr
         ),
         controllers={controller.cluster.name: controller},
         ha=ha,
+        # Its memory from etcd is in (tests/unit/test_web_takeover.py has the moment before).
+        memory_current=lambda cluster: True,
         metrics=SimpleNamespace(registry=CollectorRegistry()),
     )
     client: TestClient[Any, Any] = TestClient(
