@@ -291,7 +291,10 @@ async def test_a_failing_cluster_does_not_stop_the_others_or_the_watchdog(
     async with aiohttp.ClientSession() as s, s.get(f"{daemon.url}/healthz") as r:
         code, health = r.status, await r.json()
     assert code == 503
-    assert health["clusters"]["sparks"] == {"ok": True, "reason": "ok"}
+    # The healthy cluster may be between cycles ("ok") or in its next look ("observing"):
+    # both are live, and neither names the broken cluster's failure.
+    assert health["clusters"]["sparks"]["ok"] is True
+    assert health["clusters"]["sparks"]["reason"] in {"ok", "observing"}
     assert health["clusters"]["broken"]["ok"] is False
     assert "planner bug on hostile input" in health["clusters"]["broken"]["reason"]
     assert health["reason"].startswith("broken: cycle failed")
