@@ -20,6 +20,11 @@ FAST_RECHECK_INTERVAL = 0.2
 """The `recheck_interval` the simulated-world tests run sparkd with."""
 FAST_FACTOR = FAST_RECHECK_INTERVAL / REAL_RECHECK_INTERVAL
 
+SLOW_LOAD_LOOKS = 15
+"""How many of the tests' looks a `slow-load` load lasts under `fast()`. A real slow load (half an
+hour at a 5 s interval) spans hundreds of looks; 3 x the fast preset's 0.15 s load ended within a
+single look on a loaded machine, so a test never saw the load it was about."""
+
 _NOT_DURATIONS = ("slow_load_factor", "cpu_scale")
 # Durations `fast()` keeps as fixed short values instead of scaling the realistic ones.
 _FAST_FIXED = {
@@ -143,8 +148,14 @@ class Timing:
 
     @classmethod
     def fast(cls) -> Timing:
-        """Realistic Ray and Docker delays times `FAST_FACTOR`; short model loads."""
-        return dataclasses.replace(cls.realistic().scaled(FAST_FACTOR), **_FAST_FIXED)
+        """Realistic Ray and Docker delays times `FAST_FACTOR`; short model loads, and a slow
+        load that spans `SLOW_LOAD_LOOKS` looks."""
+        fixed = _FAST_FIXED["model_load"]
+        return dataclasses.replace(
+            cls.realistic().scaled(FAST_FACTOR),
+            **_FAST_FIXED,
+            slow_load_factor=SLOW_LOAD_LOOKS * FAST_RECHECK_INTERVAL / fixed,
+        )
 
     def scaled(self, factor: float) -> Timing:
         """Every duration multiplied by `factor` (factors stay as they are)."""
