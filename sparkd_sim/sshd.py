@@ -146,12 +146,15 @@ class SimSshHost:
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
-    async def close(self) -> None:
-        """Refuse new connections and drop the established ones (host down or unreachable)."""
+    async def _stop_listening(self) -> None:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
             self._server = None
+
+    async def close(self) -> None:
+        """Refuse new connections and drop the established ones (host down or unreachable)."""
+        await self._stop_listening()
         for conn in list(self.connections):
             conn.abort()
         self.connections.clear()
@@ -160,10 +163,7 @@ class SimSshHost:
 
     async def blackhole(self) -> None:
         """Accept TCP and never answer; established connections go silent."""
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        await self._stop_listening()
         for conn in list(self.connections):
             transport = getattr(conn, "_transport", None)
             if transport is not None:
