@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from sparkd_sim.protocol import Done, fail
 from sparkd_sim.state import HostState
 
@@ -35,6 +37,18 @@ GPU_LOST = "Unable to determine the device handle for GPU0000:0F:01.0: Unknown E
 GPU_LOST_RC = 15
 
 
+def _unknown_field(fields: list[str], known: Collection[str], query: str) -> Done | None:
+    """nvidia-smi's refusal of the first field `--query-{query}` does not know, if any."""
+    bad = [f for f in fields if f not in known]
+    if not bad:
+        return None
+    return fail(
+        f'Field "{bad[0]}" is not a valid field to query.\n\n'
+        f"Please run 'nvidia-smi --help-query-{query}' for more information.",
+        2,
+    )
+
+
 def nvidia_smi(host: HostState, args: list[str]) -> Done:
     if host.gpu_lost and not any(a.startswith("-h") or a == "--help" for a in args):
         return fail(GPU_LOST, GPU_LOST_RC)
@@ -64,13 +78,9 @@ def nvidia_smi(host: HostState, args: list[str]) -> Done:
     units = "nounits" not in options
     if query_gpu is not None:
         fields = query_gpu.split(",")
-        bad = [f for f in fields if f not in _GPU_FIELDS]
-        if bad:
-            return fail(
-                f'Field "{bad[0]}" is not a valid field to query.\n\n'
-                "Please run 'nvidia-smi --help-query-gpu' for more information.",
-                2,
-            )
+        refused = _unknown_field(fields, _GPU_FIELDS, "gpu")
+        if refused is not None:
+            return refused
         values = {
             "index": "0",
             "uuid": host.gpu_uuid,
@@ -92,13 +102,9 @@ def nvidia_smi(host: HostState, args: list[str]) -> Done:
         )
     assert query_apps is not None
     fields = query_apps.split(",")
-    bad = [f for f in fields if f not in _APP_FIELDS]
-    if bad:
-        return fail(
-            f'Field "{bad[0]}" is not a valid field to query.\n\n'
-            "Please run 'nvidia-smi --help-query-compute-apps' for more information.",
-            2,
-        )
+    refused = _unknown_field(fields, _APP_FIELDS, "compute-apps")
+    if refused is not None:
+        return refused
     rows = []
     for proc in host.gpu_processes:
         if proc.graphics:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import secrets
 import shlex
 from pathlib import Path
+from typing import get_args
 
 from sparkd_sim.checkpoint import shard_name, write_checkpoint
 from sparkd_sim.consequences import Consequences
 from sparkd_sim.engine import normalize_image
 from sparkd_sim.hosts import TOOLS
 from sparkd_sim.reference import QWEN_IMAGE
+from sparkd_sim.vllm_text import AnswerStyle
 
 
 class ModelFaults(Consequences):
@@ -191,19 +193,9 @@ class ModelFaults(Consequences):
         return f"model loads on {host} print vLLM's and Ray's harmless error-like warnings"
 
     async def answer_style(self, host: str, arg: str | None = None) -> str:
-        styles = (
-            "reasoning_only",
-            "answer",
-            "empty",
-            "malformed",
-            "http_500",
-            "garbled",
-            "slow",
-            "busy",
-            "no_answer",
-        )
+        styles: tuple[AnswerStyle, ...] = get_args(AnswerStyle)
         style = (arg or "").replace("-", "_")
         if style not in styles:
             raise ValueError(f"answer-style needs one of: {', '.join(styles)}")
-        self.host(host).behaviour.style = style  # type: ignore[assignment]
+        self.host(host).behaviour.style = style
         return f"model on {host} now answers {style}"

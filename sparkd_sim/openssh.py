@@ -221,12 +221,12 @@ class OpenSshHost(SimSshHost):
 
     def session_processes(self) -> list[int]:
         """Every process started in a session of this host (by its session environment)."""
-        env = self._session_env()
+        env = self.session_env()
         marks = [
             f"SPARKD_SIM_HOST={env['SPARKD_SIM_HOST']}".encode(),
             f"SPARKD_SIM_PORT={env['SPARKD_SIM_PORT']}".encode(),
         ]
-        uid = pwd.getpwnam(self._run_as).pw_uid if self._run_as is not None else os.geteuid()
+        uid = pwd.getpwnam(self.run_as).pw_uid if self.run_as is not None else os.geteuid()
         found = []
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
@@ -296,7 +296,7 @@ class OpenSshHost(SimSshHost):
         path.chmod(0o755)
 
     def _wrapper(self) -> str:
-        env = self._session_env()
+        env = self.session_env()
         world = f"/dev/tcp/127.0.0.1/{env['SPARKD_SIM_PORT']}"
         assigns = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
         host = shlex.quote(env["SPARKD_SIM_HOST"])
@@ -317,6 +317,6 @@ class OpenSshHost(SimSshHost):
             # The answer means the record is in: the command's tool calls come after it.
             "IFS= read -r _ <&3\n"
             "exec 3<&-\n"
-            f"cd {shlex.quote(self._cwd)} || exit 1\n"
+            f"cd {shlex.quote(self.cwd)} || exit 1\n"
             f'exec /usr/bin/env -i {assigns} /bin/bash -c "$SSH_ORIGINAL_COMMAND"\n'
         )

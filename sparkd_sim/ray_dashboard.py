@@ -14,6 +14,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlsplit
 
 from sparkd_sim.state import RayCluster, RayNode
@@ -45,19 +46,6 @@ def _resources(node: RayNode) -> dict[str, object]:
     return resources
 
 
-def _row(node: RayNode, state: str, message: str | None) -> dict[str, object]:
-    return {
-        "node_id": node.node_id,
-        "node_ip": node.ip,
-        "is_head_node": node.is_head,
-        "state": state,
-        "state_message": message,
-        "node_name": node.ip,
-        "resources_total": _resources(node),
-        "labels": {"ray.io/node-id": node.node_id},
-    }
-
-
 def _matches(row: dict[str, object], key: str, predicate: str, value: str) -> bool:
     field = row.get(key)
     text = str(field).lower() if isinstance(field, bool) else str(field)
@@ -83,7 +71,7 @@ def nodes(cluster: RayCluster, timing: Timing, query: dict[str, list[str]]) -> A
     for node in sorted(cluster.nodes, key=lambda n: n.node_id):
         state = node.state(now, timing)
         if state is not None:
-            rows.append(_row(node, state, node.state_message(now, timing)))
+            rows.append(node.listed(state, node.state_message(now, timing), _resources(node)))
     total = len(rows)
     kept = [r for r in rows if all(_matches(r, k, p, v) for k, p, v in filters)]
     listing = {
@@ -163,24 +151,17 @@ def answer(cluster: RayCluster, timing: Timing, target: str) -> Answer:
     return 404, {"message": "Not Found"}
 
 
+@dataclass(eq=False)
 class DashboardServer:
     """Serves the head's dashboard for whichever Ray head `find` names on its host."""
 
-    def __init__(
-        self,
-        address: str,
-        port: int,
-        find: Callable[[], RayCluster | None],
-        timing: Timing,
-        stalled: Callable[[], bool] = lambda: False,
-    ) -> None:
-        self.address = address
-        self.port = port
-        self.find = find
-        self.timing = timing
-        # Ray's GCS hung (`hang-tool ray`): the state API waits on it, as `ray status` does.
-        self.stalled = stalled
-        self._server: asyncio.Server | None = None
+    address: str
+    port: int
+    find: Callable[[], RayCluster | None]
+    timing: Timing
+    # Ray's GCS hung (`hang-tool ray`): the state API waits on it, as `ray status` does.
+    stalled: Callable[[], bool] = lambda: False
+    _server: asyncio.Server | None = field(default=None, init=False)
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._serve, self.address, self.port)

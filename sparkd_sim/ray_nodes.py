@@ -171,25 +171,11 @@ class RayNodes:
             launched=now,
             answers_after=self.timing.head_answer,
         )
-        node = RayNode(
-            node_id=new_node_id(),
-            ip=node_ip,
-            host=engine.state.name,
-            container_id=container.id,
-            is_head=True,
-            gpus=parsed.num_gpus,
-            launched=now,
-            listed_after=self.timing.head_listed,
-            counted_after=self.timing.head_counted,
-        )
-        cluster.nodes.append(node)
         self.clusters.append(cluster)
         engine.add_process(
             container, f"/usr/local/bin/gcs_server --gcs_server_port={parsed.port}", cores=0.05
         )
-        engine.add_process(
-            container, "/usr/local/bin/raylet --node_ip_address=" + node_ip, cores=0.05
-        )
+        node = self._raylet(cluster, engine, container, parsed, node_ip, now)
         if parsed.dashboard:
             engine.add_process(container, "/usr/bin/python3 -u dashboard/dashboard.py", cores=0.02)
         for line in (
@@ -219,6 +205,34 @@ class RayNodes:
             self._node_died(cluster, node, "killed")
             self._end(cluster)
 
+    def _raylet(
+        self,
+        cluster: RayCluster,
+        engine: HostEngine,
+        container: Container,
+        parsed: StartArgs,
+        node_ip: str,
+        launched: float,
+    ) -> RayNode:
+        """A raylet starts in `container` and registers with `cluster`: a new node."""
+        head = parsed.head
+        node = RayNode(
+            node_id=new_node_id(),
+            ip=node_ip,
+            host=engine.state.name,
+            container_id=container.id,
+            is_head=head,
+            gpus=parsed.num_gpus,
+            launched=launched,
+            listed_after=self.timing.head_listed if head else self.timing.worker_listed,
+            counted_after=self.timing.head_counted if head else self.timing.worker_counted,
+        )
+        cluster.nodes.append(node)
+        engine.add_process(
+            container, "/usr/local/bin/raylet --node_ip_address=" + node_ip, cores=0.05
+        )
+        return node
+
     async def _run_worker(
         self, engine: HostEngine, container: Container, parsed: StartArgs, node_ip: str
     ) -> int:
@@ -233,20 +247,7 @@ class RayNodes:
             )
             await asyncio.sleep(self.timing.join_retry)
             cluster = self.cluster_at(head_ip, port)
-        node = RayNode(
-            node_id=new_node_id(),
-            ip=node_ip,
-            host=engine.state.name,
-            container_id=container.id,
-            is_head=False,
-            gpus=parsed.num_gpus,
-            listed_after=self.timing.worker_listed,
-            counted_after=self.timing.worker_counted,
-        )
-        cluster.nodes.append(node)
-        engine.add_process(
-            container, "/usr/local/bin/raylet --node_ip_address=" + node_ip, cores=0.05
-        )
+        node = self._raylet(cluster, engine, container, parsed, node_ip, time.monotonic())
         container.log("--------------------")
         container.log("Ray runtime started.")
         container.log("--------------------")

@@ -195,14 +195,7 @@ class RayWorld(RayNodes):
                 resources["GPU"] = node.gpus
             resources["memory"] = _size(node.memory_gib)
         return {
-            "node_id": node.node_id,
-            "node_ip": node.ip,
-            "is_head_node": node.is_head,
-            "state": state,
-            "state_message": message,
-            "node_name": node.ip,
-            "resources_total": resources,
-            "labels": {"ray.io/node-id": node.node_id},
+            **node.listed(state, message, resources),
             "start_time_ms": None,
             "end_time_ms": None,
         }

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import posixpath
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from sparkd_sim.checkpoint import missing_files
@@ -34,38 +35,30 @@ GRAPH_SIZES = 67
 WEIGHTS_MIB = 96073
 
 
+@dataclass(eq=False)
 class ServeProcess:
-    def __init__(
-        self,
-        engine: HostEngine,
-        container: Container,
-        args: ServeArgs,
-        cluster: RayCluster | None,
-        engines: dict[str, HostEngine],
-        timing: Timing,
-        faults: ServeFaults,
-        server_factory: ServerFactory,
-        placement: Placement | None = None,
-    ) -> None:
-        self.engine = engine
-        self.placement = placement
-        self.container = container
-        self.args = args
-        self.cluster = cluster
-        self.engines = engines
-        self.timing = timing
-        self.faults = faults
-        self.server_factory = server_factory
+    engine: HostEngine
+    container: Container
+    args: ServeArgs
+    cluster: RayCluster | None
+    engines: dict[str, HostEngine]
+    timing: Timing
+    faults: ServeFaults
+    server_factory: ServerFactory
+    placement: Placement | None = None
+
+    def __post_init__(self) -> None:
+        # The process starts as it is made: its PIDs, its output stream and its main task.
         self.stream = Stream()
         self.phase = "init"
         self.server: ModelServer | None = None
         self.workers: list[tuple[HostEngine, Container, SimProcess, GpuProcess]] = []
-        self.process = engine.add_process(
-            container, "/usr/bin/python3 /usr/local/bin/vllm serve " + " ".join(args.argv)
+        self.process = self.engine.add_process(
+            self.container, "/usr/bin/python3 /usr/local/bin/vllm serve " + " ".join(self.args.argv)
         )
         self.pid = self.process.pid
         # vLLM's engine core runs in a child process of the API server.
-        self.core = engine.add_process(container, "VLLM::EngineCore")
+        self.core = self.engine.add_process(self.container, "VLLM::EngineCore")
         self.core.ppid = self.pid
         self._busy(api=1.0, core=1.0)
         self.log_lines: list[str] = []

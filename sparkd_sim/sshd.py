@@ -14,6 +14,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncssh
@@ -80,53 +81,41 @@ class _HostServer(asyncssh.SSHServer):
         return forward()
 
 
+# No generated repr: the host's keys stay out of anything that prints the object.
+@dataclass(eq=False, repr=False)
 class SimSshHost:
-    def __init__(
-        self,
-        address: str,
-        host_key: asyncssh.SSHKey,
-        client_key: asyncssh.SSHKey,
-        user: str,
-        session_env: SessionEnv,
-        cwd: str,
-        record: CommandLogger,
-        other_addresses: Callable[[], set[str]],
-        run_as: str | None,
-        real_port: Callable[[str, int], int | None] = lambda address, port: port,
-        aliases: Callable[[], dict[str, str]] = dict,
-    ) -> None:
-        self.address = address
-        self.host_key = host_key
-        self.client_key = client_key
-        self.user = user
-        self.port = 0
-        self.connections: set[asyncssh.SSHServerConnection] = set()
-        self._session_env = session_env
-        self._cwd = cwd
-        self._record = record
-        self._other_addresses = other_addresses
-        # Where a simulated (address, port) really listens: model servers bind ephemeral ports,
-        # so worlds in different processes never collide on the same loopback address.
-        self.real_port = real_port
-        # A host's other addresses (its data IP) lead to it: vLLM listens on all of them.
-        self._aliases = aliases
-        self._run_as = run_as
-        self._server: asyncssh.SSHAcceptor | None = None
-        self._blackhole: asyncio.Server | None = None
-        self._held: list[asyncio.StreamWriter] = []
-        self._sessions: set[asyncio.subprocess.Process] = set()
-        # The `late-delivery` fault: the next owned command reaches the host this much later.
-        self.late: float | None = None
-        self.delayed = 0
-        self.owned: list[OwnedCommand] = []
+    address: str
+    host_key: asyncssh.SSHKey
+    client_key: asyncssh.SSHKey
+    user: str
+    session_env: SessionEnv
+    cwd: str
+    record: CommandLogger
+    other_addresses: Callable[[], set[str]]
+    run_as: str | None
+    # Where a simulated (address, port) really listens: model servers bind ephemeral ports,
+    # so worlds in different processes never collide on the same loopback address.
+    real_port: Callable[[str, int], int | None] = lambda address, port: port
+    # A host's other addresses (its data IP) lead to it: vLLM listens on all of them.
+    aliases: Callable[[], dict[str, str]] = dict
+    port: int = field(default=0, init=False)
+    connections: set[asyncssh.SSHServerConnection] = field(default_factory=set, init=False)
+    _server: asyncssh.SSHAcceptor | None = field(default=None, init=False)
+    _blackhole: asyncio.Server | None = field(default=None, init=False)
+    _held: list[asyncio.StreamWriter] = field(default_factory=list, init=False)
+    _sessions: set[asyncio.subprocess.Process] = field(default_factory=set, init=False)
+    # The `late-delivery` fault: the next owned command reaches the host this much later.
+    late: float | None = field(default=None, init=False)
+    delayed: int = field(default=0, init=False)
+    owned: list[OwnedCommand] = field(default_factory=list, init=False)
 
     def resolve(self, dest_host: str) -> str | None:
         """Where a direct-tcpip request for `dest_host` goes; never outside loopback."""
         if dest_host in _LOCAL_NAMES or dest_host == self.address:
             return self.address
-        if dest_host in self._other_addresses():
+        if dest_host in self.other_addresses():
             return dest_host
-        return self._aliases().get(dest_host)
+        return self.aliases().get(dest_host)
 
     # -- listener states -----------------------------------------------------------------------
 
@@ -146,12 +135,15 @@ class SimSshHost:
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
-    async def close(self) -> None:
-        """Refuse new connections and drop the established ones (host down or unreachable)."""
+    async def _stop_listening(self) -> None:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
             self._server = None
+
+    async def close(self) -> None:
+        """Refuse new connections and drop the established ones (host down or unreachable)."""
+        await self._stop_listening()
         for conn in list(self.connections):
             conn.abort()
         self.connections.clear()
@@ -160,10 +152,7 @@ class SimSshHost:
 
     async def blackhole(self) -> None:
         """Accept TCP and never answer; established connections go silent."""
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        await self._stop_listening()
         for conn in list(self.connections):
             transport = getattr(conn, "_transport", None)
             if transport is not None:
@@ -212,7 +201,7 @@ class SimSshHost:
             self.delayed += 1
             await asyncio.sleep(delay)
         started = time.time()
-        self._record(command)
+        self.record(command)
         try:
             proc = await self._spawn(command)
         except OSError as exc:
@@ -237,29 +226,29 @@ class SimSshHost:
         """`bash -c COMMAND` as the session user, in a clean environment, in its own group."""
         argv = ["/bin/bash", "-c", command]
         user_kwargs: dict[str, Any] = {}
-        if self._run_as is not None:
+        if self.run_as is not None:
             setpriv = shutil.which("setpriv", path="/usr/bin:/bin")
             if setpriv is not None:
                 # setpriv lets Python spawn with vfork; `user=` forces a fork of this whole
                 # process, which costs several milliseconds per command.
                 group = f"--regid={self._run_as_group()}"
-                argv = [setpriv, f"--reuid={self._run_as}", group, "--clear-groups", *argv]
+                argv = [setpriv, f"--reuid={self.run_as}", group, "--clear-groups", *argv]
             else:
-                user_kwargs = {"user": self._run_as, "group": self._run_as_group()}
+                user_kwargs = {"user": self.run_as, "group": self._run_as_group()}
         return await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env=self._session_env(),
-            cwd=self._cwd,
+            env=self.session_env(),
+            cwd=self.cwd,
             start_new_session=True,
             **user_kwargs,
         )
 
     async def run_local(self, command: str) -> tuple[int, str, str]:
         """Run a command as an SSH session would, without SSH (the world's own setup steps)."""
-        self._record(command)
+        self.record(command)
         proc = await self._spawn(command)
         self._sessions.add(proc)
         try:
@@ -270,7 +259,7 @@ class SimSshHost:
         return rc, out.decode(errors="replace"), err.decode(errors="replace")
 
     def _run_as_group(self) -> str:
-        gid = pwd.getpwnam(self._run_as or "nobody").pw_gid
+        gid = pwd.getpwnam(self.run_as or "nobody").pw_gid
         return grp.getgrgid(gid).gr_name
 
     @staticmethod

@@ -221,6 +221,22 @@ class RayNode:
             return None
         return shows
 
+    def listed(
+        self, state: str, message: str | None, resources: dict[str, object]
+    ) -> dict[str, object]:
+        """Its row in Ray's state API, the CLI's `ray list nodes` and the dashboard's alike;
+        only how each gives `resources` differs."""
+        return {
+            "node_id": self.node_id,
+            "node_ip": self.ip,
+            "is_head_node": self.is_head,
+            "state": state,
+            "state_message": message,
+            "node_name": self.ip,
+            "resources_total": resources,
+            "labels": {"ray.io/node-id": self.node_id},
+        }
+
     def state(self, now: float, timing: Timing) -> NodeState | None:
         """ALIVE/DEAD in `ray list nodes`, or None while not (or never) registered."""
         shows = self._registered(self.listed_after)

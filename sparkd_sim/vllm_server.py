@@ -20,6 +20,7 @@ import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -66,6 +67,7 @@ BUSY_SEQUENCES = 16
 _MIN_SLEEP = 0.005  # shortest sleep per batch of tokens: realistic pacing, no event-loop flood
 _STATE_POLL = 0.01  # how soon a stalled request notices the engine recovered or died
 _SHUTDOWN_GRACE = 0.02  # stop(): wait this long for handlers before cancelling them
+_Metric = TypeVar("_Metric", Gauge, Counter)
 
 
 class _EngineDied(Exception):
@@ -109,34 +111,26 @@ class SimVllmServer:
         self._prompt_tokens = 0
 
         self._registry = CollectorRegistry(auto_describe=True)
+        running = self._metric(
+            Gauge, "vllm:num_requests_running", "Number of requests in model execution batches."
+        )
+        running.set_function(lambda: float(self.requests_running))
+        self._metric(
+            Gauge, "vllm:num_requests_waiting", "Number of requests waiting to be processed."
+        ).set(0)
+        self._prompt_counter = self._metric(
+            Counter, "vllm:prompt_tokens", "Number of prefill tokens processed."
+        )
+        self._generation_counter = self._metric(
+            Counter, "vllm:generation_tokens", "Number of generation tokens processed."
+        )
+
+    def _metric(self, kind: type[_Metric], name: str, documentation: str) -> _Metric:
+        """One of vLLM's metrics, as its engine 0 reports it for this model."""
         labels = ("engine", "model_name")
-        values = ("0", model_id)
-        running = Gauge(
-            "vllm:num_requests_running",
-            "Number of requests in model execution batches.",
-            labels,
-            registry=self._registry,
+        return kind(name, documentation, labels, registry=self._registry).labels(
+            "0", self._model_id
         )
-        running.labels(*values).set_function(lambda: float(self.requests_running))
-        waiting = Gauge(
-            "vllm:num_requests_waiting",
-            "Number of requests waiting to be processed.",
-            labels,
-            registry=self._registry,
-        )
-        waiting.labels(*values).set(0)
-        self._prompt_counter = Counter(
-            "vllm:prompt_tokens",
-            "Number of prefill tokens processed.",
-            labels,
-            registry=self._registry,
-        ).labels(*values)
-        self._generation_counter = Counter(
-            "vllm:generation_tokens",
-            "Number of generation tokens processed.",
-            labels,
-            registry=self._registry,
-        ).labels(*values)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
