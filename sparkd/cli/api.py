@@ -34,10 +34,16 @@ def config_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _api_command(sub: Any, name: str, text: str) -> argparse.ArgumentParser:
-    """A subcommand's parser with the flags every API command takes."""
+def config_command(sub: Any, name: str, text: str) -> argparse.ArgumentParser:
+    """A subcommand's parser (on subparsers `sub`) that reads the config file."""
     parser: argparse.ArgumentParser = sub.add_parser(name, help=text)
     config_flag(parser)
+    return parser
+
+
+def _api_command(sub: Any, name: str, text: str) -> argparse.ArgumentParser:
+    """A subcommand's parser with the flags every API command takes."""
+    parser = config_command(sub, name, text)
     parser.add_argument("--url", help="the daemon's API (default: from daemon.listen)")
     return parser
 
