@@ -34,11 +34,23 @@ def config_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def config_command(sub: Any, name: str, text: str) -> argparse.ArgumentParser:
+    """A subcommand's parser (on subparsers `sub`) that reads the config file."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=text)
+    config_flag(parser)
+    return parser
+
+
+def _api_command(sub: Any, name: str, text: str) -> argparse.ArgumentParser:
+    """A subcommand's parser with the flags every API command takes."""
+    parser = config_command(sub, name, text)
+    parser.add_argument("--url", help="the daemon's API (default: from daemon.listen)")
+    return parser
+
+
 def add_commands(sub: Any) -> None:
     """The daemon commands' parsers, on `sparkd`'s subparsers (`sub`)."""
-    status = sub.add_parser("status", help="what the running daemon sees and does")
-    config_flag(status)
-    status.add_argument("--url", help="the daemon's API (default: from daemon.listen)")
+    status = _api_command(sub, "status", "what the running daemon sees and does")
     status.add_argument("--json", action="store_true")
 
     for name, text in (
@@ -46,10 +58,8 @@ def add_commands(sub: Any) -> None:
         ("resume", "act again; also clears a blocked latch"),
         ("reconcile", "run a cycle now"),
     ):
-        control = sub.add_parser(name, help=text)
-        config_flag(control)
+        control = _api_command(sub, name, text)
         control.add_argument("cluster")
-        control.add_argument("--url", help="the daemon's API (default: from daemon.listen)")
         if name == "pause":
             control.add_argument("--reason", required=True)
             control.add_argument("--for", dest="duration", help="expiry, e.g. 30m, 2h, 1d")
@@ -61,10 +71,8 @@ def add_commands(sub: Any) -> None:
         ("retry", "roll the desired spec out again after a rollback"),
         ("back", "go to the last-good spec now, and hold it"),
     ):
-        action = rollout_sub.add_parser(name, help=text)
-        config_flag(action)
+        action = _api_command(rollout_sub, name, text)
         action.add_argument("cluster", nargs="?" if name == "status" else None)
-        action.add_argument("--url", help="the daemon's API (default: from daemon.listen)")
         if name == "status":
             action.add_argument("--json", action="store_true")
 

@@ -28,11 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sparkd {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    check = sub.add_parser("check-config", help="validate the config file")
-    _config_flag(check)
+    _config_command(sub, "check-config", "validate the config file")
 
-    planner = sub.add_parser("plan", help="observe the hosts (or replay a snapshot) and plan")
-    _config_flag(planner)
+    planner = _config_command(sub, "plan", "observe the hosts (or replay a snapshot) and plan")
     planner.add_argument(
         "--from-snapshot",
         metavar="FILE",
@@ -51,24 +49,20 @@ def _parser() -> argparse.ArgumentParser:
         "on the model)",
     )
 
-    probe = sub.add_parser("probe", help="send one sanity completion and classify it")
-    _config_flag(probe)
+    probe = _config_command(sub, "probe", "send one sanity completion and classify it")
     probe.add_argument("--cluster", help="the cluster to probe (default: the first)")
     probe.add_argument("--json", action="store_true")
 
-    once = sub.add_parser("once", help="one cycle: observe, plan, act; exit 0 when converged")
-    _config_flag(once)
+    once = _config_command(sub, "once", "one cycle: observe, plan, act; exit 0 when converged")
     once.add_argument("--dry-run", action="store_true", help="observe and plan, change nothing")
     once.add_argument("--json", action="store_true")
 
-    run = sub.add_parser("run", help="run the daemon")
-    _config_flag(run)
+    run = _config_command(sub, "run", "run the daemon")
     run.add_argument("--dry-run", action="store_true", help="observe and plan, change nothing")
 
     api.add_commands(sub)
 
-    commands = sub.add_parser("commands", help="every remote command sparkd may run")
-    _config_flag(commands)
+    commands = _config_command(sub, "commands", "every remote command sparkd may run")
     commands.add_argument("--sudoers", metavar="USER", help="print a sudoers snippet for USER")
     commands.add_argument(
         "--forced-command",
@@ -82,11 +76,11 @@ def _parser() -> argparse.ArgumentParser:
 
     known = sub.add_parser("known-hosts", help="the hosts' SSH keys, checked out of band")
     known_sub = known.add_subparsers(dest="known_hosts_command", required=True, metavar="ACTION")
-    scan = known_sub.add_parser(
+    scan = _config_command(
+        known_sub,
         "scan",
-        help="print each host key's SHA256 fingerprint; write known_hosts_file with --accept",
+        "print each host key's SHA256 fingerprint; write known_hosts_file with --accept",
     )
-    _config_flag(scan)
     scan.add_argument(
         "--accept",
         action="store_true",
@@ -95,11 +89,11 @@ def _parser() -> argparse.ArgumentParser:
 
     ha = sub.add_parser("ha", help="controller HA on etcd: operator steps")
     ha_sub = ha.add_subparsers(dest="ha_command", required=True, metavar="ACTION")
-    refence = ha_sub.add_parser(
+    refence = _config_command(
+        ha_sub,
         "refence",
-        help="after etcd was rebuilt: give the cluster's hosts the current owner's token",
+        "after etcd was rebuilt: give the cluster's hosts the current owner's token",
     )
-    _config_flag(refence)
     refence.add_argument("cluster", metavar="CLUSTER")
 
     # The simulator is its own distribution (sparkd-sim); these two are its entry points.
@@ -109,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-_config_flag = api.config_flag
+_config_command = api.config_command
 
 
 PLUGIN_COMMANDS = {

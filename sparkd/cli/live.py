@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import shlex
@@ -153,7 +152,7 @@ async def once(settings: Settings, dry_run: bool, as_json: bool) -> int:
     # The controller and the daemon's pieces only here and in `run`: `plan` and `probe` start
     # without the web stack, the scheduler and the metrics.
     from sparkd.runtime.controller import Controller
-    from sparkd.runtime.startup import StartupError, open_state_dir, state_dir_error
+    from sparkd.runtime.startup import StartupError, held_state_dir
     from sparkd.runtime.status_json import outcome_json
 
     if settings.ha is not None and not dry_run:
@@ -163,12 +162,7 @@ async def once(settings: Settings, dry_run: bool, as_json: bool) -> int:
         return EX_TEMPFAIL
     state = StateDir(settings.daemon.state_dir)
     try:
-        open_state_dir(state.path)
-        with contextlib.ExitStack() as held:
-            try:
-                held.enter_context(state.lock())
-            except OSError as exc:
-                raise state_dir_error(state.path, exc) from None
+        with held_state_dir(state):
             pool = SshPool()
             try:
                 controllers = [
@@ -204,7 +198,7 @@ def run(settings: Settings, config: Path, dry_run: bool) -> int:
     with one line and EX_CONFIG or EX_CANTCREAT, also sent to systemd as STATUS."""
     from sparkd.runtime.daemon import Daemon
     from sparkd.runtime.notify import Notifier
-    from sparkd.runtime.startup import StartupError, open_state_dir, state_dir_error
+    from sparkd.runtime.startup import StartupError, held_state_dir
 
     # The composition root: the daemon gets its HTTP API from the layer above it.
     from sparkd.web.serve import serve_api
@@ -212,12 +206,7 @@ def run(settings: Settings, config: Path, dry_run: bool) -> int:
     notifier = Notifier()
     state = StateDir(settings.daemon.state_dir)
     try:
-        open_state_dir(state.path)
-        with contextlib.ExitStack() as held:
-            try:
-                held.enter_context(state.lock())
-            except OSError as exc:
-                raise state_dir_error(state.path, exc) from None
+        with held_state_dir(state):
             daemon = Daemon(settings, config, dry_run=dry_run, notifier=notifier, api=serve_api)
             asyncio.run(daemon.serve_forever())
     except LockHeld as exc:

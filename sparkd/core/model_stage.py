@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from sparkd.core.images import ImageVerdict
 from sparkd.core.judge import Context, Hold, Verdict, act, ago
 from sparkd.core.load import Load
-from sparkd.core.ray_stage import RayVerdict
+from sparkd.core.ray_stage import RayVerdict, rejoin_workers
 from sparkd.core.spec import container_name, model_spec_hash, model_spec_hashes
 from sparkd.model.plan import START_MODEL, ActionKind
 
@@ -188,14 +188,5 @@ def _orphans(
     reason = f"{why} after {ago(waited)}"
     verdict.notes.append(reason)
     verdict.actions.append(act("restart_ray", head, container_name(desired, desired.head), reason))
-    for worker in desired.workers:
-        if ctx.facts[worker.name].reachable:
-            verdict.actions.append(
-                act(
-                    "restart_ray",
-                    worker.name,
-                    container_name(desired, worker),
-                    "new Ray head: workers must rejoin (they never rejoin by themselves)",
-                )
-            )
+    verdict.actions.extend(rejoin_workers(ctx))
     return verdict

@@ -87,6 +87,19 @@ class _Draft:
             "token_mark": self.token_mark,
         }
 
+    def blocked(self, cluster: str, latch: str) -> Plan:
+        """Latched blocked on `latch`: every action withheld, the judgement still learnt."""
+        return Plan.model_validate(
+            {
+                "cluster": cluster,
+                "phase": "blocked",
+                "reason": latch,
+                "withheld": tuple(self.actions),
+                "latch": latch,
+                **self.carry(),
+            }
+        )
+
     def horizon(
         self,
         desired: ClusterSpec,
@@ -157,17 +170,7 @@ def plan(
         rollback = failure
         draft = _rollback(steer, steer.good, observed, memory, now, failure)
     elif failure is not None and rollout.failed_rollback(steer, memory):
-        latch = rollout.latch_reason(steer, failure)
-        return Plan.model_validate(
-            {
-                "cluster": name,
-                "phase": "blocked",
-                "reason": latch,
-                "withheld": tuple(draft.actions),
-                "latch": latch,
-                **draft.carry(),
-            }
-        )
+        return draft.blocked(name, rollout.latch_reason(steer, failure))
     elif steer.held is not None:
         _hold_back(draft, steer)
     if rollback is None and steer.held is None and rollout.prepare_due(desired, memory):
@@ -191,17 +194,7 @@ def plan(
             withheld.append(action)
             continue
         if used >= desired.policy.budget and not dry_run:
-            latch = _latch(action, memory, now, used)
-            return Plan.model_validate(
-                {
-                    "cluster": name,
-                    "phase": "blocked",
-                    "reason": latch,
-                    "withheld": tuple(draft.actions),
-                    "latch": latch,
-                    **draft.carry(),
-                }
-            )
+            return draft.blocked(name, _latch(action, memory, now, used))
         wait_until = policy.backoff_until(memory, action.key, desired.policy, now)
         if now < wait_until:
             withheld.append(action)

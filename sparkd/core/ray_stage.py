@@ -91,6 +91,20 @@ def needs_ray_status(last: Plan | None) -> bool:
     return last is None or not (last.converged or last.ray_ready)
 
 
+def rejoin_workers(ctx: Context) -> list[Action]:
+    """After a new Ray head, a restart of every reachable worker: none rejoins by itself."""
+    return [
+        act(
+            "restart_ray",
+            worker.name,
+            container_name(ctx.desired, worker),
+            "new Ray head: workers must rejoin (they never rejoin by themselves)",
+        )
+        for worker in ctx.desired.workers
+        if ctx.facts[worker.name].reachable
+    ]
+
+
 def _head(
     ctx: Context,
     verdict: RayVerdict,
@@ -271,16 +285,7 @@ def _membership(ctx: Context, verdict: RayVerdict, ray: RayState, unsettled_for:
     if head_repair is not None:
         # A new head means every worker rejoins: repair the head, and the workers follow.
         verdict.actions.append(head_repair)
-        for worker in desired.workers:
-            if ctx.facts[worker.name].reachable:
-                verdict.actions.append(
-                    act(
-                        "restart_ray",
-                        worker.name,
-                        container_name(desired, worker),
-                        "new Ray head: workers must rejoin (they never rejoin by themselves)",
-                    )
-                )
+        verdict.actions.extend(rejoin_workers(ctx))
         return
     verdict.actions.extend(repairs)
     if repairs or verdict.waits:

@@ -8,13 +8,13 @@ clock (sparkd.core.clock): only a pause is judged on the wall.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from sparkd.core import fabric, policy, triage
 from sparkd.core.clock import bounded
 from sparkd.core.evidence import of_this_launch
 from sparkd.model.memory import Attempt, Blocked, Memory, Pause
-from sparkd.model.observed import Observed
+from sparkd.model.observed import Fabric, HostFacts, Observed
 from sparkd.model.plan import MODEL_STARTS, RAY_STARTS, ActionOutcome, Plan
 
 # Attempts older than any sane budget window are of no use; keep memory bounded.
@@ -68,10 +68,7 @@ def remember(
 
     carriers = dict(memory.carrier_changes)
     flapped = dict(memory.flapped_at)
-    for host in observed.hosts:
-        count = host.fabric.carrier_changes if host.fabric is not None else None
-        if count is None:
-            continue
+    for host, count in _readings(observed, lambda f: f.carrier_changes):
         rebooted = host.boot_id and memory.boot_ids.get(host.name) not in (None, host.boot_id)
         if not rebooted and fabric.carrier_changed(carriers.get(host.name), count):
             flapped[host.name] = observed.observed_at
@@ -80,10 +77,7 @@ def remember(
 
     gids = dict(memory.gid_indexes)
     moved = dict(memory.gid_moved)
-    for host in observed.hosts:
-        index = host.fabric.gid_index if host.fabric is not None else None
-        if index is None:
-            continue
+    for host, index in _readings(observed, lambda f: f.gid_index):
         before = gids.get(host.name)
         if before is not None and before != index:
             moved[host.name] = (before, index, observed.observed_at)
@@ -194,6 +188,16 @@ def remember(
         if plan.phase != "paused" and paused is not None and not paused.active(wall_now):
             changes["paused"] = None
     return memory.evolve(**changes)
+
+
+def _readings(
+    observed: Observed, read: Callable[[Fabric], int | None]
+) -> Iterator[tuple[HostFacts, int]]:
+    """Each host's reading of one of its data link's counters, where the look has one."""
+    for host in observed.hosts:
+        value = read(host.fabric) if host.fabric is not None else None
+        if value is not None:
+            yield host, value
 
 
 def _fabric_held(memory: Memory, plan: Plan, now: float, relaunched: bool) -> float | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 
 import structlog
 
@@ -14,26 +15,18 @@ from sparkd.ha.control import Control, applied_key, applied_revision, control_ke
 from sparkd.ha.etcd import EtcdClient, EtcdError, EtcdUnavailable
 
 
+@dataclass(eq=False)
 class ControlDelivery:
-    def __init__(
-        self,
-        client: EtcdClient,
-        spec: HaSpec,
-        log: structlog.stdlib.BoundLogger,
-        on_control: Callable[[str, int, Control], bool],
-        *,
-        token: Callable[[str], int | None],
-        key: Callable[[str], str],
-    ) -> None:
-        self.client = client
-        self.spec = spec
-        self.log = log
-        self.on_control = on_control
-        # This instance's token for a cluster while it owns it, and the cluster's owner key.
-        self.token = token
-        self.key = key
-        # Per cluster, the mod revision of the control record last handed to the controller.
-        self.seen: dict[str, int] = {}
+    client: EtcdClient
+    spec: HaSpec
+    log: structlog.stdlib.BoundLogger
+    on_control: Callable[[str, int, Control], bool]
+    _: KW_ONLY
+    # This instance's token for a cluster while it owns it, and the cluster's owner key.
+    token: Callable[[str], int | None]
+    key: Callable[[str], str]
+    # Per cluster, the mod revision of the control record last handed to the controller.
+    seen: dict[str, int] = field(default_factory=dict, init=False)
 
     async def read(self, held: list[str]) -> None:
         """Hand each held cluster's newest control record to its controller, once."""

@@ -345,39 +345,27 @@ class Controller(OperatorRequests):
         self.view.in_flight = None
         self.action_deadline = None
         self.progress_at = self.monotonic()
+        action = outcome.action
+        # What the event journal and the log both say of it.
+        what = dict(
+            action=action.kind, host=action.host, target=action.target, result=outcome.result
+        )
         cycle = self._cycle
         if cycle is not None:
             cycle.outcomes.append(outcome)
             cycle.events.append(
-                self._event(
-                    "remediation",
-                    action=outcome.action.kind,
-                    host=outcome.action.host,
-                    target=outcome.action.target,
-                    result=outcome.result,
-                    reason=outcome.action.reason,
-                    detail=outcome.detail,
-                )
+                self._event("remediation", **what, reason=action.reason, detail=outcome.detail)
             )
             self._learn(cycle)
         log = self.log.info if outcome.result == "ok" else self.log.warning
-        log(
-            "action",
-            action=outcome.action.kind,
-            host=outcome.action.host,
-            target=outcome.action.target,
-            result=outcome.result,
-            detail=outcome.detail,
-            seconds=round(outcome.finished_at - outcome.started_at, 3),
-        )
+        seconds = round(outcome.finished_at - outcome.started_at, 3)
+        log("action", **what, detail=outcome.detail, seconds=seconds)
         self.on_action(self, outcome)
 
     def _reboot_events(self, hosts: list[str]) -> list[dict[str, Any]]:
-        events = []
         for host in hosts:
             self.log.warning("reboot_detected", host=host)
-            events.append(self._event("reboot", host=host))
-        return events
+        return [self._event("reboot", host=host) for host in hosts]
 
     def next_look(self, acted: bool = False) -> NextLook:
         """When to look again with no event (runtime.next_look)."""

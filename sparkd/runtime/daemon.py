@@ -169,13 +169,17 @@ class Daemon(HaWiring):
         failed is progress here (a restart would not mend it); /healthz reports it."""
         problems = []
         for name, controller in self.controllers.items():
-            ok, why = controller.healthy(controller.monotonic())
-            task = self.tasks.get(name)
-            if task is not None and task.done():
-                ok, why = False, "controller task ended"
+            ok, why = self._alive(name, controller)
             if not ok:
                 problems.append(f"{name}: {why}")
         return (not problems, "; ".join(problems) or "ok")
+
+    def _alive(self, name: str, controller: Controller) -> tuple[bool, str]:
+        """The controller's loop makes progress and its task still runs."""
+        task = self.tasks.get(name)
+        if task is not None and task.done():
+            return False, "controller task ended"
+        return controller.healthy(controller.monotonic())
 
     def health(self) -> dict[str, Any]:
         """/healthz: each cluster (progress, and its latest cycle not failing) and whether the
@@ -183,11 +187,8 @@ class Daemon(HaWiring):
         clusters: dict[str, dict[str, Any]] = {}
         problems = []
         for name, controller in self.controllers.items():
-            ok, why = controller.healthy(controller.monotonic())
-            task = self.tasks.get(name)
-            if task is not None and task.done():
-                ok, why = False, "controller task ended"
-            elif ok and controller.view.last_error is not None:
+            ok, why = self._alive(name, controller)
+            if ok and controller.view.last_error is not None:
                 ok, why = False, f"cycle failed: {controller.view.last_error}"
             clusters[name] = {"ok": ok, "reason": why}
             if self.ha is not None:

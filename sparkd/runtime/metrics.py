@@ -65,83 +65,69 @@ class Metrics:
         Info("build", "sparkd's version and source revision", namespace="sparkd", registry=r).info(
             {"version": __version__, "revision": revision()}
         )
-        self.probe_duration = Histogram(
+
+        def counter(name: str, doc: str, *labels: str) -> Counter:
+            return Counter(name, doc, ["cluster", *labels], registry=r)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, ["cluster"], buckets=buckets, registry=r)
+
+        self.probe_duration = histogram(
             "sparkd_probe_duration_seconds",
             "Latency of the sanity probe, request to last byte",
-            ["cluster"],
-            buckets=PROBE_BUCKETS,
-            registry=r,
+            PROBE_BUCKETS,
         )
-        self.probe_ttft = Histogram(
+        self.probe_ttft = histogram(
             "sparkd_probe_ttft_seconds",
             "Time to the first token of a streaming probe",
-            ["cluster"],
-            buckets=TTFT_BUCKETS,
-            registry=r,
+            TTFT_BUCKETS,
         )
-        self.probes = Counter(
-            "sparkd_probes", "Probes by outcome", ["cluster", "outcome"], registry=r
-        )
-        self.probe_failures = Counter(
+        self.probes = counter("sparkd_probes", "Probes by outcome", "outcome")
+        self.probe_failures = counter(
             "sparkd_probe_failures",
             "Probes that count as a model failure (not not_run, not a busy timeout)",
-            ["cluster"],
-            registry=r,
         )
-        self.completion_tokens = Counter(
-            "sparkd_probe_completion_tokens",
-            "Completion tokens the probes generated",
-            ["cluster"],
-            registry=r,
+        self.completion_tokens = counter(
+            "sparkd_probe_completion_tokens", "Completion tokens the probes generated"
         )
-        self.reboots = Counter(
-            "sparkd_host_reboots", "Reboots seen (boot id changed)", ["cluster", "host"], registry=r
-        )
-        self.ssh_errors = Counter(
+        self.reboots = counter("sparkd_host_reboots", "Reboots seen (boot id changed)", "host")
+        self.ssh_errors = counter(
             "sparkd_ssh_errors",
             "Observations of a host that failed, by error kind",
-            ["cluster", "host", "reason"],
-            registry=r,
+            "host",
+            "reason",
         )
-        self.remediations = Counter(
-            "sparkd_remediations",
-            "Remediations run, by action kind and result",
-            ["cluster", "action", "result"],
-            registry=r,
+        self.remediations = counter(
+            "sparkd_remediations", "Remediations run, by action kind and result", "action", "result"
         )
-        self.reconcile_duration = Histogram(
+        self.reconcile_duration = histogram(
             "sparkd_reconcile_duration_seconds",
             "Duration of one cycle: observe, plan and act",
-            ["cluster"],
-            buckets=RECONCILE_BUCKETS,
-            registry=r,
+            RECONCILE_BUCKETS,
         )
-        self.cycles = Counter(
-            "sparkd_reconcile_cycles", "Cycles by result", ["cluster", "result"], registry=r
-        )
-        self.kernel_events = Counter(
+        self.cycles = counter("sparkd_reconcile_cycles", "Cycles by result", "result")
+        self.kernel_events = counter(
             "sparkd_host_kernel_events",
             "Kernel log lines sparkd judges, by class, counted once each (floods included)",
-            ["cluster", "host", "class"],
-            registry=r,
+            "host",
+            "class",
         )
-        self.xids = Counter(
+        self.xids = counter(
             "sparkd_gpu_xid",
             "NVIDIA XID lines in the kernel log, by XID (`other`: not in sparkd's catalogue)",
-            ["cluster", "host", "xid"],
-            registry=r,
+            "host",
+            "xid",
         )
-        self.flaps = Counter(
+        self.flaps = counter(
             "sparkd_fabric_flaps",
             "Data link flaps (each down and up again: two carrier changes)",
-            ["cluster", "host"],
-            registry=r,
+            "host",
         )
-        self.power_cycles = Counter(
+        self.power_cycles = counter(
             "sparkd_power_cycles",
             "Power cycles of wedged hosts run through [clusters.power] command, by result",
-            ["cluster", "host", "result"],
-            registry=r,
+            "host",
+            "result",
         )
         self._carriers: dict[tuple[str, str], tuple[str | None, int]] = {}
         # Per (cluster, host): the boot and the newest kernel timestamp counted so far.

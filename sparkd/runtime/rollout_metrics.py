@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 
 from sparkd.core import rollout
 from sparkd.model.cluster import ClusterSpec
+from sparkd.runtime.state_metrics import gauge
 
 if TYPE_CHECKING:
     from sparkd.runtime.cluster_view import CycleRecord
@@ -69,18 +70,13 @@ class _Gauges(Collector):
 
 
 def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
-    labels = ["cluster"]
-    on = GaugeMetricFamily(
-        "sparkd_rollout_in_progress", "A spec change is being rolled out", labels=labels
-    )
-    back = GaugeMetricFamily(
+    on = gauge("sparkd_rollout_in_progress", "A spec change is being rolled out")
+    back = gauge(
         "sparkd_rollout_rolled_back",
         "A rollback to the last-good spec holds (until the config changes or a retry)",
-        labels=labels,
     )
-    downtime = GaugeMetricFamily(
+    downtime = gauge(
         "sparkd_rollout_downtime_seconds",
         "The last accepted rollout's downtime: old serve stopped to new one accepted",
-        labels=labels,
     )
     return on, back, downtime

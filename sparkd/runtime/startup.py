@@ -3,12 +3,14 @@ bound. Each is one line naming the setting, with the exit status (sysexits) to l
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from sparkd.model.exits import EX_CANTCREAT, EX_CONFIG
-from sparkd.runtime.state import EVENTS_FILE, LOCK_FILE
+from sparkd.runtime.state import EVENTS_FILE, LOCK_FILE, StateDir
 
 
 class StartupError(Exception):
@@ -38,6 +40,19 @@ def open_state_dir(path: Path) -> None:
         held = path / name
         if held.exists() and not held.is_file():
             raise StartupError(EX_CANTCREAT, f"{where}: {name} is not a regular file")
+
+
+@contextlib.contextmanager
+def held_state_dir(state: StateDir) -> Iterator[None]:
+    """The state dir opened (open_state_dir) and locked for the block: LockHeld while another
+    process holds it, StartupError (73) when it cannot be used."""
+    open_state_dir(state.path)
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(state.lock())
+        except OSError as exc:
+            raise state_dir_error(state.path, exc) from None
+        yield
 
 
 def state_dir_error(path: Path, exc: OSError) -> StartupError:

@@ -37,11 +37,13 @@ class StateCollector(Collector):
         yield from families.all()
 
 
+def gauge(name: str, doc: str, labels: tuple[str, ...] = ("cluster",)) -> GaugeMetricFamily:
+    """A family of one scrape, a series per cluster unless other `labels` are given."""
+    return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
 class _Families:
     def __init__(self) -> None:
-        def gauge(name: str, doc: str, labels: tuple[str, ...] = ("cluster",)) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, doc, labels=list(labels))
-
         self.host_up = gauge(
             "sparkd_host_up", "The host answered the last observation", ("cluster", "host")
         )

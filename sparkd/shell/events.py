@@ -13,7 +13,7 @@ import contextlib
 import fnmatch
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
 from sparkd.core.spec import container_prefix
 from sparkd.core.text import printable_json
@@ -91,24 +91,17 @@ class ExecFilter:
         return True
 
 
+@dataclass(eq=False)
 class EventWatch:
     """Watches every host of a cluster; `wake(host, why)` is called for what matters."""
 
-    def __init__(
-        self,
-        cluster: ClusterSpec,
-        pool: SshPool,
-        wake: Wake,
-        *,
-        retry_initial: float = 1.0,
-        retry_max: float = 30.0,
-    ) -> None:
-        self.cluster = cluster
-        self.pool = pool
-        self.wake = wake
-        self.retry_initial = retry_initial
-        self.retry_max = retry_max
-        self._tasks: list[asyncio.Task[None]] = []
+    cluster: ClusterSpec
+    pool: SshPool
+    wake: Wake
+    _: KW_ONLY
+    retry_initial: float = 1.0
+    retry_max: float = 30.0
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list, init=False, repr=False)
 
     def start(self) -> None:
         if not self._tasks:

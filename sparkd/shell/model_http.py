@@ -99,6 +99,32 @@ async def _next_event(
         conn.receive_data(chunk)  # b"" marks EOF; h11 turns a cut-off response into an error
 
 
+@dataclass
+class _Response:
+    """One response as it is read: its status once the head is in, its body chunk by chunk,
+    capped at `limit` bytes in all (`what` names the body in the error)."""
+
+    limit: int
+    what: str
+    status: int = 0
+    size: int = 0
+
+    async def body(
+        self, conn: h11.Connection, reader: asyncio.StreamReader
+    ) -> AsyncIterator[bytes]:
+        while True:
+            event = await _next_event(conn, reader)
+            if isinstance(event, h11.Response):
+                self.status = event.status_code
+            elif isinstance(event, h11.Data):
+                self.size += len(event.data)
+                if self.size > self.limit:
+                    raise BodyTooLarge(f"{self.what} over {self.limit} bytes")
+                yield bytes(event.data)
+            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                return
+
+
 async def request(
     opener: Opener,
     method: str,
@@ -110,20 +136,9 @@ async def request(
     max_bytes: int = MAX_BODY,
 ) -> HttpResponse:
     async with _exchange(opener, method, authority, path, body, headers) as (conn, reader):
-        status = 0
-        parts: list[bytes] = []
-        size = 0
-        while True:
-            event = await _next_event(conn, reader)
-            if isinstance(event, h11.Response):
-                status = event.status_code
-            elif isinstance(event, h11.Data):
-                size += len(event.data)
-                if size > max_bytes:
-                    raise BodyTooLarge(f"response body over {max_bytes} bytes")
-                parts.append(bytes(event.data))
-            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
-                return HttpResponse(status, b"".join(parts))
+        response = _Response(max_bytes, "response body")
+        parts = [chunk async for chunk in response.body(conn, reader)]
+        return HttpResponse(response.status, b"".join(parts))
 
 
 async def stream_lines(
@@ -136,37 +151,28 @@ async def stream_lines(
 ) -> tuple[int, list[str]]:
     """POST and collect an SSE response's lines, noting when the first token arrives."""
     async with _exchange(opener, "POST", authority, path, body, headers) as (conn, reader):
-        status = 0
+        response = _Response(MAX_BODY, "stream")
         lines: list[str] = []
         pending = b""
-        size = 0
         seen_token = False
-        while True:
-            event = await _next_event(conn, reader)
-            if isinstance(event, h11.Response):
-                status = event.status_code
-            elif isinstance(event, h11.Data):
-                size += len(event.data)
-                if size > MAX_BODY:
-                    raise BodyTooLarge(f"stream over {MAX_BODY} bytes")
-                pending += bytes(event.data)
-                *complete, pending = pending.split(b"\n")
-                for raw in complete:
-                    if len(raw) > MAX_STREAM_LINE:
-                        raise BodyTooLarge(f"stream line over {MAX_STREAM_LINE} bytes")
-                    line = raw.decode("utf-8", "replace")
-                    if not seen_token and _carries_token(line):
-                        seen_token = True
-                        on_first_data()
-                    lines.append(line)
-                if len(lines) > MAX_STREAM_LINES:
-                    raise BodyTooLarge(f"stream over {MAX_STREAM_LINES} lines")
-                if len(pending) > MAX_STREAM_LINE:
+        async for chunk in response.body(conn, reader):
+            pending += chunk
+            *complete, pending = pending.split(b"\n")
+            for raw in complete:
+                if len(raw) > MAX_STREAM_LINE:
                     raise BodyTooLarge(f"stream line over {MAX_STREAM_LINE} bytes")
-            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
-                if pending:
-                    lines.append(pending.decode("utf-8", "replace"))
-                return status, lines
+                line = raw.decode("utf-8", "replace")
+                if not seen_token and _carries_token(line):
+                    seen_token = True
+                    on_first_data()
+                lines.append(line)
+            if len(lines) > MAX_STREAM_LINES:
+                raise BodyTooLarge(f"stream over {MAX_STREAM_LINES} lines")
+            if len(pending) > MAX_STREAM_LINE:
+                raise BodyTooLarge(f"stream line over {MAX_STREAM_LINE} bytes")
+        if pending:
+            lines.append(pending.decode("utf-8", "replace"))
+        return response.status, lines
 
 
 def _carries_token(line: str) -> bool:

@@ -8,6 +8,7 @@ turn transport trouble into snapshot values without knowing asyncssh.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections.abc import AsyncIterator, Callable
@@ -281,9 +282,13 @@ class SshPool:
         reconnect_initial: float = 1.0,
         reconnect_max: float = 60.0,
     ) -> None:
-        self._keepalive_interval = keepalive_interval
-        self._reconnect_initial = reconnect_initial
-        self._reconnect_max = reconnect_max
+        # Every connection the pool opens keeps alive and backs off alike.
+        self._open = functools.partial(
+            HostConnection,
+            keepalive_interval=keepalive_interval,
+            reconnect_initial=reconnect_initial,
+            reconnect_max=reconnect_max,
+        )
         self._connections: dict[tuple[str, int, str], HostConnection] = {}
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -297,13 +302,7 @@ class SshPool:
             closing.add_done_callback(self._closing.discard)
             found = None
         if found is None:
-            found = HostConnection(
-                host,
-                ssh,
-                keepalive_interval=self._keepalive_interval,
-                reconnect_initial=self._reconnect_initial,
-                reconnect_max=self._reconnect_max,
-            )
+            found = self._open(host, ssh)
             self._connections[key] = found
         return found
 

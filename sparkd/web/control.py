@@ -4,6 +4,7 @@ requests, authorized, with bounded bodies, answered with the cluster as it is af
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -133,25 +134,27 @@ def _owned(request: web.Request, controller: Controller) -> None:
 
 async def rollout_retry(request: web.Request) -> web.Response:
     """Roll the desired spec out again after a rollback (409 when none holds)."""
-    await authorize(request)
-    controller = _controller(request)
-    _owned(request, controller)
-    body = await json_body(request)
-    if not controller.rollout_retry(redact(text_field(body, "by", "api"))):
-        raise web.HTTPConflict(text=f"{controller.cluster.name}: no rollback holds")
-    return web.json_response(_applied(controller, controller.persist_error is None))
+    return await _rollout_edit(request, lambda c, by: c.rollout_retry(by), "no rollback holds")
 
 
 async def rollout_back(request: web.Request) -> web.Response:
     """Go to the last-good spec now (409 without one other than the desired spec)."""
+    return await _rollout_edit(
+        request, lambda c, by: c.rollout_back(by), "no last-good spec other than the desired one"
+    )
+
+
+async def _rollout_edit(
+    request: web.Request, edit: Callable[[Controller, str], bool], refused: str
+) -> web.Response:
+    """A rollout retry or back, made only where the cluster is owned; 409 (`refused`) when the
+    controller has nothing to make it on."""
     await authorize(request)
     controller = _controller(request)
     _owned(request, controller)
     body = await json_body(request)
-    if not controller.rollout_back(redact(text_field(body, "by", "api"))):
-        raise web.HTTPConflict(
-            text=f"{controller.cluster.name}: no last-good spec other than the desired one"
-        )
+    if not edit(controller, redact(text_field(body, "by", "api"))):
+        raise web.HTTPConflict(text=f"{controller.cluster.name}: {refused}")
     return web.json_response(_applied(controller, controller.persist_error is None))
 
 
