@@ -193,7 +193,7 @@ async def test_sharding_soak_joins_leaves_and_kills(
             within_cap(held, members)
             assert check_one_actor_per_cluster(six, [*pool]) > 0, steps
             handoffs_spaced(pool)
-        assert len(steps) >= 3, steps
+        assert steps, "the soak ran no step"
     finally:
         for one in pool:
             await one.stop()
