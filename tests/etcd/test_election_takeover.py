@@ -17,27 +17,19 @@ from pathlib import Path
 
 import pytest
 
-from sparkd_demo.cli import sparkd_spec_labels
-from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
 from tests.etcd.conftest import EtcdCluster, EtcdServer
 from tests.etcd.test_three_members import leader
 from tests.etcd.test_two_daemons import TTL, Instance, cluster_name, start_owner_and_standby
 from tests.support.daemon import eventually, mutations
-from tests.support.ha import check_one_actor_per_cluster
+from tests.support.ha import check_one_actor_per_cluster, healthy_world
 
 pytestmark = pytest.mark.etcd
 
 
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[World]:
-    async with World(
-        tmp_path / "world",
-        scenario="healthy",
-        timing=Timing.fast(),
-        spec_labels=sparkd_spec_labels,
-        first_address="127.65.0.2",
-    ) as w:
+    async with healthy_world(tmp_path / "world", "127.65.0.2") as w:
         yield w
 
 

@@ -24,13 +24,11 @@ import pytest
 
 from sparkd.ha.etcd import EtcdClient
 from sparkd.ha.shard import HANDOFF_SPACING, cap
-from sparkd_demo.cli import sparkd_spec_labels
-from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
 from tests.etcd.conftest import EtcdServer, lease_remaining
 from tests.etcd.test_two_daemons import TTL, Instance
 from tests.support.daemon import eventually
-from tests.support.ha import check_one_actor_per_cluster, stamp
+from tests.support.ha import check_one_actor_per_cluster, healthy_world, stamp
 
 pytestmark = pytest.mark.etcd
 
@@ -45,15 +43,7 @@ MOST, FEWEST = 4, 2
 
 @pytest.fixture
 async def six(tmp_path: Path) -> AsyncIterator[World]:
-    async with World(
-        tmp_path / "world",
-        hosts=CLUSTERS,
-        clusters=CLUSTERS,
-        scenario="healthy",
-        timing=Timing.fast(),
-        spec_labels=sparkd_spec_labels,
-        first_address="127.66.0.2",
-    ) as world:
+    async with healthy_world(tmp_path / "world", "127.66.0.2", CLUSTERS, CLUSTERS) as world:
         yield world
 
 
