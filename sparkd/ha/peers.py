@@ -4,8 +4,8 @@ and from that which clusters this instance contends for now and which one it han
 
 The timings are this instance's own clock (CLOCK_BOOTTIME), never a time another box wrote:
 * a cluster nobody holds is contended by whichever member it is assigned to; by anyone once it
-  has gone unheld for one TTL (after its settling), whatever the assignment says, so it is
-  never left unowned;
+  has gone unheld for one TTL (after its settling and its assignee's), whatever the
+  assignment says, so it is never left unowned;
 * a fresh instance waits one TTL (`settle`) before contending for its share of clusters it
   has not seen owned, so instances started together register first and spread them without
   handing any off; a cluster whose owner it saw go is its to take at once;
@@ -114,8 +114,12 @@ class Peers:
         settling = now - self.registered_at < self.settle
         if settling and cluster not in self.seen_held:
             return False
-        # Counted from the end of the settling: the member it is assigned to had its chance.
-        since = max(self.unheld_since.get(cluster, now), self.registered_at + self.settle)
+        # Counted from the end of the settling, this instance's and the assignee's: the member
+        # it is assigned to had its chance. One that registered seconds later (started with the
+        # others on a loaded box) is still settling when this one's own settling ends.
+        assignee = self.assigned.get(cluster, self.instance)
+        joined = max(self.registered_at, self.seen.get(assignee, self.registered_at))
+        since = max(self.unheld_since.get(cluster, now), joined + self.settle)
         if now - since >= self.ttl:
             return True  # orphaned: whoever it is assigned to has not taken it
         return self.assigned.get(cluster) == self.instance

@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Protocol
 
+from sparkd_demo.cli import sparkd_spec_labels
+from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
 
 
@@ -76,3 +81,22 @@ def check_one_actor_per_cluster(world: World, instances: list[Logged]) -> int:
                     for s2, e2 in spans2.get(cluster, []):
                         assert e1 < s2 or e2 < s1, f"{cluster}: {name1} and {name2} both acted"
     return ran
+
+
+@asynccontextmanager
+async def healthy_world(
+    directory: Path, first_address: str, hosts: int = 2, clusters: int = 1
+) -> AsyncIterator[World]:
+    """A world in the `healthy` scenario at test speed, stamped with the spec labels sparkd
+    computes from its config, so nothing drifts: an owner has work only when a test makes it.
+    Each test file its own `first_address`, so worlds of tests run at once never collide."""
+    async with World(
+        directory,
+        hosts=hosts,
+        clusters=clusters,
+        scenario="healthy",
+        timing=Timing.fast(),
+        spec_labels=sparkd_spec_labels,
+        first_address=first_address,
+    ) as world:
+        yield world

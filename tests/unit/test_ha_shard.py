@@ -160,3 +160,22 @@ def test_a_handoff_needs_two_rounds_that_agree() -> None:
     assert peers.handoff(mine, 11.0, lambda c: True) == shed
     peers.handed_off(11.0)
     assert peers.handoff(mine, 11.0 + HANDOFF_SPACING - 0.1, lambda c: True) is None
+
+
+def test_a_member_that_registered_later_has_its_settling_before_anyone_contends() -> None:
+    """Instances started together but seconds apart (a slow start on a loaded box): the first
+    one's orphan delay must not run out while the cluster's assignee is still settling, or the
+    first one takes clusters that are not its share and the spread needs handoffs."""
+    members = [kv(f"m/{m}", {"instance": m, "fingerprint": "f"}) for m in ("ops-a", "ops-c")]
+    names = ["c0", "c1"]
+    peers = Peers("ops-c", "f", ttl=3, settle=3)
+    peers.registered_at = 0.0
+    peers.read(names, members[1:], {}, [], now=0.0)  # alone: both clusters are ops-c's
+    assert not peers.contend(names[0], 1.0)  # settling
+    peers.read(names, members, {}, [], now=2.2)  # ops-a registered: one of them is its share
+    (name,) = [n for n, who in peers.assigned.items() if who == "ops-a"]
+    for now in (3.0, 5.0, 6.1, 8.0):  # ops-a settles until 5.2, then has a TTL to take it
+        peers.read(names, members, {}, [], now=now)
+        assert not peers.contend(name, now), now
+    peers.read(names, members, {}, [], now=8.3)
+    assert peers.contend(name, 8.3)  # never left unowned: past that, an orphan
