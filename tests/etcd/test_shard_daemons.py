@@ -28,9 +28,8 @@ from sparkd_demo.cli import sparkd_spec_labels
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
 from tests.etcd.conftest import EtcdServer
-from tests.etcd.test_two_daemons import TTL, Instance
 from tests.support.daemon import eventually
-from tests.support.ha import action_spans, check_one_actor_per_cluster, stamp
+from tests.support.ha import TTL, Instance, action_spans, check_one_actor_per_cluster, stamp
 
 pytestmark = pytest.mark.etcd
 
@@ -49,13 +48,6 @@ async def six(tmp_path: Path) -> AsyncIterator[World]:
         first_address="127.61.0.2",
     ) as world:
         yield world
-
-
-@pytest.fixture
-async def admin(etcd: EtcdServer) -> AsyncIterator[EtcdClient]:
-    client = EtcdClient([etcd.url], timeout=2)
-    yield client
-    await client.close()
 
 
 async def owners(admin: EtcdClient) -> dict[str, str]:
