@@ -16,8 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from sparkd_demo.cli import sparkd_spec_labels
-from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
 from tests.etcd.conftest import EtcdServer
 from tests.support.daemon import eventually
@@ -26,6 +24,7 @@ from tests.support.ha import (
     Instance,
     check_one_actor_per_cluster,
     cluster_name,
+    healthy_world,
     kill_worker,
     wait_healthy,
 )
@@ -39,13 +38,7 @@ KINDS = ("kill", "freeze", "term", "break")
 
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[World]:
-    async with World(
-        tmp_path / "world",
-        scenario="healthy",
-        timing=Timing.fast(),
-        spec_labels=sparkd_spec_labels,
-        first_address="127.63.0.2",
-    ) as w:
+    async with healthy_world(tmp_path, "127.63.0.2") as w:
         yield w
 
 

@@ -29,6 +29,7 @@ from tests.support.ha import (
     get,
     operator_token,
     paused_by,
+    start_on_a_slow_load,
     start_owner_and_standby,
     wait_healthy,
 )
@@ -62,10 +63,8 @@ async def test_the_standby_keeps_the_spent_attempt_and_the_loads_grace(
     seed_world: World, pair: tuple[Instance, Instance]
 ) -> None:
     a, b = pair
-    cluster = cluster_name(seed_world)
     budget = load_settings(seed_world.config_path).clusters[0].policy.budget
-    await seed_world.fault("slow-load", "spark-a")
-    await start_owner_and_standby(a, b, cluster)
+    cluster = await start_on_a_slow_load(seed_world, a, b)
     # The standby never acted: what it remembers of its own spends nothing.
     assert await budget_left(b, cluster, "start_model") == budget
 

@@ -30,6 +30,7 @@ from tests.support.ha import (
     check_never_two_actors,
     cluster_name,
     kill_worker,
+    start_on_a_slow_load,
     start_owner_and_standby,
     wait_healthy,
 )
@@ -57,9 +58,7 @@ async def test_sigkill_of_the_owner_mid_recovery(
     seed_world: World, pair: tuple[Instance, Instance]
 ) -> None:
     a, b = pair
-    cluster = cluster_name(seed_world)
-    await seed_world.fault("slow-load", "spark-a")
-    await start_owner_and_standby(a, b, cluster)
+    cluster = await start_on_a_slow_load(seed_world, a, b)
 
     async def loading() -> bool:
         return any(r.command.startswith("vllm serve") for r in mutations(seed_world))
@@ -145,9 +144,7 @@ async def test_sigstop_past_the_ttl_never_acts_again(
     seed_world: World, pair: tuple[Instance, Instance]
 ) -> None:
     a, b = pair
-    cluster = cluster_name(seed_world)
-    await seed_world.fault("slow-load", "spark-a")
-    await start_owner_and_standby(a, b, cluster)
+    cluster = await start_on_a_slow_load(seed_world, a, b)
 
     def loading() -> bool:
         # The launch's own end, not the `loading` phase: a look slower than the simulated load

@@ -26,6 +26,8 @@ import aiohttp
 from sparkd.ha.claim import boottime
 from sparkd.ha.config import HaSpec
 from sparkd.settings import load_settings
+from sparkd_demo.cli import sparkd_spec_labels
+from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
 from tests.support.daemon import eventually, free_port, mutations, write_fast_config
 
@@ -221,6 +223,20 @@ async def get(instance: Instance, path: str) -> str:
         return await r.text()
 
 
+def healthy_world(tmp_path: Path, first_address: str, hosts: int = 2, clusters: int = 1) -> World:
+    """A healthy simulated world on addresses of its own, its containers labelled with their
+    spec as sparkd labels them (so it adopts them as they are); enter it with `async with`."""
+    return World(
+        tmp_path / "world",
+        hosts=hosts,
+        clusters=clusters,
+        scenario="healthy",
+        timing=Timing.fast(),
+        spec_labels=sparkd_spec_labels,
+        first_address=first_address,
+    )
+
+
 def cluster_name(world: World) -> str:
     return load_settings(world.config_path).clusters[0].name
 
@@ -269,6 +285,15 @@ async def start_owner_and_standby(a: Instance, b: Instance, cluster: str) -> Non
         return await b.role(cluster) == "standby"
 
     await eventually(b_waits, within=30)
+
+
+async def start_on_a_slow_load(world: World, a: Instance, b: Instance) -> str:
+    """`a` owning the world's cluster with a model that loads slowly (`slow-load` on
+    spark-a), `b` its standby: the start of a recovery the owner dies in; the cluster's name."""
+    cluster = cluster_name(world)
+    await world.fault("slow-load", "spark-a")
+    await start_owner_and_standby(a, b, cluster)
+    return cluster
 
 
 async def is_healthy(instance: Instance) -> bool:
