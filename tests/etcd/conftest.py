@@ -16,13 +16,17 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import pytest
 
 from sparkd.ha.etcd import EtcdClient
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import World
+from tests.support.ha import Instance
 
 ETCD = shutil.which("etcd") or ("/usr/bin/etcd" if os.path.exists("/usr/bin/etcd") else None)
 
@@ -110,14 +114,37 @@ class EtcdServer:
             self.proc.wait(10)
 
 
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
-    server = EtcdServer(require_etcd(), tmp_path / "etcd")
+class Startable(Protocol):
+    def start(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+S = TypeVar("S", bound=Startable)
+
+
+@contextmanager
+def running(server: S) -> Iterator[S]:
+    """The server started, and killed when the test is done with it."""
     server.start()
     try:
         yield server
     finally:
         server.kill()
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
+    with running(EtcdServer(require_etcd(), tmp_path / "etcd")) as server:
+        yield server
+
+
+@pytest.fixture
+async def admin(etcd: EtcdServer) -> AsyncIterator[EtcdClient]:
+    """A client of the test's etcd, for what a test reads or writes there behind sparkd."""
+    client = EtcdClient([etcd.url], timeout=2)
+    yield client
+    await client.close()
 
 
 async def lease_remaining(admin: EtcdClient, lease: int) -> int:
@@ -216,9 +243,24 @@ class EtcdCluster:
 
 @pytest.fixture
 def etcd3(tmp_path: Path) -> Iterator[EtcdCluster]:
-    cluster = EtcdCluster(require_etcd(), tmp_path / "etcd3")
-    cluster.start()
-    try:
+    with running(EtcdCluster(require_etcd(), tmp_path / "etcd3")) as cluster:
         yield cluster
+
+
+@pytest.fixture
+async def seed_world(tmp_path: Path) -> AsyncIterator[World]:
+    async with World(tmp_path / "world", scenario="seed-morning", timing=Timing.fast()) as w:
+        yield w
+
+
+@pytest.fixture
+async def pair(
+    seed_world: World, etcd: EtcdServer, tmp_path: Path
+) -> AsyncIterator[tuple[Instance, Instance]]:
+    a = Instance("ops-a", seed_world, etcd, tmp_path)
+    b = Instance("ops-b", seed_world, etcd, tmp_path)
+    try:
+        yield a, b
     finally:
-        cluster.kill()
+        await a.stop()
+        await b.stop()

@@ -15,54 +15,52 @@ from tests.etcd.conftest import EtcdServer, free_port, private_address
 pytestmark = pytest.mark.etcd
 
 
-async def test_lease_and_create_if_absent(etcd: EtcdServer) -> None:
-    client = EtcdClient([etcd.url], timeout=2)
-    try:
-        lease, ttl = await client.grant(3)
-        assert ttl >= 3
-        first = await client.create("t/owner/c1", b"a", lease)
-        assert first.created
-        held, _ = await client.get("t/owner/c1")
-        assert held is not None
-        assert (held.value, held.lease, held.create_revision) == (b"a", lease, first.revision)
-        other, _ = await client.grant(3)
-        second = await client.create("t/owner/c1", b"b", other)
-        assert not second.created
-        assert second.holder is not None and second.holder.lease == lease
-        assert await client.keepalive(lease) >= 3
-        await client.revoke(lease)
-        # A revoked lease takes its keys with it; its keepalive says TTL 0 (the field absent).
-        assert (await client.get("t/owner/c1"))[0] is None
-        assert await client.keepalive(lease) == 0
-        third = await client.create("t/owner/c1", b"b", other)
-        assert third.created and third.revision > first.revision
-        assert not await client.delete_if("t/owner/c1", first.revision)
-        assert await client.delete_if("t/owner/c1", third.revision)
-    finally:
-        await client.close()
+async def test_lease_and_create_if_absent(admin: EtcdClient) -> None:
+    lease, ttl = await admin.grant(3)
+    assert ttl >= 3
+    first = await admin.create("t/owner/c1", b"a", lease)
+    assert first.created
+    held, _ = await admin.get("t/owner/c1")
+    assert held is not None
+    assert (held.value, held.lease, held.create_revision) == (b"a", lease, first.revision)
+    other, _ = await admin.grant(3)
+    second = await admin.create("t/owner/c1", b"b", other)
+    assert not second.created
+    assert second.holder is not None and second.holder.lease == lease
+    assert await admin.keepalive(lease) >= 3
+    await admin.revoke(lease)
+    # A revoked lease takes its keys with it; its keepalive says TTL 0 (the field absent).
+    assert (await admin.get("t/owner/c1"))[0] is None
+    assert await admin.keepalive(lease) == 0
+    third = await admin.create("t/owner/c1", b"b", other)
+    assert third.created and third.revision > first.revision
+    assert not await admin.delete_if("t/owner/c1", first.revision)
+    assert await admin.delete_if("t/owner/c1", third.revision)
 
 
-async def test_an_unanswered_lease_expires(etcd: EtcdServer) -> None:
-    client = EtcdClient([etcd.url], timeout=2)
+async def test_an_unanswered_lease_expires(admin: EtcdClient) -> None:
+    lease, ttl = await admin.grant(2)
+    assert (await admin.create("t/owner/c1", b"a", lease)).created
+    await asyncio.sleep(ttl + 1.0)  # etcd's lessor checks expiry every 500 ms
+    assert (await admin.get("t/owner/c1"))[0] is None
+    assert await admin.keepalive(lease) == 0
+
+
+async def assert_answered_by(client: EtcdClient, url: str) -> None:
+    """A lease granted through the client, by the endpoint `url`; the client closed after."""
     try:
-        lease, ttl = await client.grant(2)
-        assert (await client.create("t/owner/c1", b"a", lease)).created
-        await asyncio.sleep(ttl + 1.0)  # etcd's lessor checks expiry every 500 ms
-        assert (await client.get("t/owner/c1"))[0] is None
-        assert await client.keepalive(lease) == 0
+        lease, _ = await client.grant(3)
+        assert lease > 0
+        assert client.endpoint == url
     finally:
         await client.close()
 
 
 async def test_rotates_past_a_refused_endpoint(etcd: EtcdServer) -> None:
     dead = private_address()
-    client = EtcdClient([f"http://{dead}:{free_port(dead)}", etcd.url], timeout=2)
-    try:
-        lease, _ = await client.grant(3)
-        assert lease > 0
-        assert client.endpoint == etcd.url
-    finally:
-        await client.close()
+    await assert_answered_by(
+        EtcdClient([f"http://{dead}:{free_port(dead)}", etcd.url], timeout=2), etcd.url
+    )
 
 
 async def test_rotates_past_a_hung_endpoint(etcd: EtcdServer, tmp_path: Path) -> None:
@@ -70,12 +68,9 @@ async def test_rotates_past_a_hung_endpoint(etcd: EtcdServer, tmp_path: Path) ->
     hung = EtcdServer(etcd.binary, tmp_path / "hung")
     hung.start()
     hung.signal(signal.SIGSTOP)
-    client = EtcdClient([hung.url, etcd.url], timeout=0.5)
     try:
-        lease, _ = await client.grant(3)
-        assert lease > 0 and client.endpoint == etcd.url
+        await assert_answered_by(EtcdClient([hung.url, etcd.url], timeout=0.5), etcd.url)
     finally:
-        await client.close()
         hung.kill()
 
 
@@ -89,24 +84,20 @@ async def test_unavailable_when_every_endpoint_fails(etcd: EtcdServer) -> None:
         await client.close()
 
 
-async def test_watch_sees_the_delete(etcd: EtcdServer) -> None:
-    client = EtcdClient([etcd.url], timeout=2)
-    try:
-        lease, _ = await client.grant(3)
-        assert (await client.create("t/owner/c1", b"a", lease)).created
-        _, revision = await client.get("t/owner/c1")
+async def test_watch_sees_the_delete(admin: EtcdClient) -> None:
+    lease, _ = await admin.grant(3)
+    assert (await admin.create("t/owner/c1", b"a", lease)).created
+    _, revision = await admin.get("t/owner/c1")
 
-        async def first_delete() -> str:
-            async for key in client.watch_deletes("t/owner/", revision + 1):
-                return key
-            raise AssertionError("the watch ended without an event")
+    async def first_delete() -> str:
+        async for key in admin.watch_deletes("t/owner/", revision + 1):
+            return key
+        raise AssertionError("the watch ended without an event")
 
-        watching = asyncio.create_task(first_delete())
-        await asyncio.sleep(0.2)
-        await client.revoke(lease)
-        assert await asyncio.wait_for(watching, 5) == "t/owner/c1"
-    finally:
-        await client.close()
+    watching = asyncio.create_task(first_delete())
+    await asyncio.sleep(0.2)
+    await admin.revoke(lease)
+    assert await asyncio.wait_for(watching, 5) == "t/owner/c1"
 
 
 async def test_rotates_past_an_endpoint_that_cuts_its_reply(etcd: EtcdServer) -> None:
@@ -121,12 +112,11 @@ async def test_rotates_past_an_endpoint_that_cuts_its_reply(etcd: EtcdServer) ->
     address = private_address()
     server = await asyncio.start_server(half_answer, address, 0)
     port = server.sockets[0].getsockname()[1]
-    client = EtcdClient([f"http://{address}:{port}", etcd.url], timeout=2)
     try:
-        lease, _ = await client.grant(3)
-        assert lease > 0 and client.endpoint == etcd.url
+        await assert_answered_by(
+            EtcdClient([f"http://{address}:{port}", etcd.url], timeout=2), etcd.url
+        )
     finally:
-        await client.close()
         server.close()
         await server.wait_closed()
 

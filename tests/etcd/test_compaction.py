@@ -5,7 +5,6 @@ over (against a real etcd)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -13,16 +12,9 @@ import pytest
 from sparkd.ha.etcd import EtcdClient
 from sparkd.ha.ownership import Ownership
 from tests.etcd.conftest import EtcdServer
-from tests.etcd.test_ownership import spec, wait_for
+from tests.support.ha import spec, wait_for
 
 pytestmark = pytest.mark.etcd
-
-
-@pytest.fixture
-async def admin(etcd: EtcdServer) -> AsyncIterator[EtcdClient]:
-    client = EtcdClient([etcd.url], timeout=2)
-    yield client
-    await client.close()
 
 
 async def compact(etcd: EtcdServer, admin: EtcdClient, writes: int = 5) -> int:

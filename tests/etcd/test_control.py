@@ -15,29 +15,24 @@ from sparkd.ha.etcd import EtcdClient, EtcdUnavailable
 from sparkd.ha.ownership import Ownership
 from sparkd_sim.world import World
 from tests.etcd.conftest import EtcdServer
-from tests.etcd.test_ownership import spec, wait_for
-from tests.etcd.test_two_daemons import (
-    SPARKD,
+from tests.support.daemon import eventually, mutations
+from tests.support.ha import (
     TTL,
     Instance,
     check_never_two_actors,
+    cli,
     cluster_name,
-    seed_world,
+    operator_token,
+    paused_by,
+    spec,
     start_owner_and_standby,
+    wait_for,
+    wait_healthy,
 )
-from tests.support.daemon import eventually, mutations
 
 pytestmark = pytest.mark.etcd
-__all__ = ["seed_world"]  # a fixture, used by name
 
 PRODUCTION = {"lease_ttl": 15, "renew_interval": 5.0, "request_timeout": 2.0, "margin": 2.0}
-
-
-@pytest.fixture
-async def admin(etcd: EtcdServer) -> AsyncIterator[EtcdClient]:
-    client = EtcdClient([etcd.url], timeout=2)
-    yield client
-    await client.close()
 
 
 class Taken:
@@ -188,30 +183,12 @@ async def test_a_request_without_etcd_is_refused(etcd: EtcdServer) -> None:
         await a.stop()
 
 
-async def cli(instance: Instance, *args: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *SPARKD, args[0], "--config", str(instance.config), *args[1:],
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    out, _ = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(errors="replace")
-
-
-async def paused_by(instance: Instance) -> str | None:
-    clusters = (await instance.status()).get("clusters") or []
-    pause = clusters[0].get("paused") if clusters else None
-    return str(pause.get("reason")) if pause else None
-
-
 @pytest.fixture
 async def operated(
     seed_world: World, etcd: EtcdServer, tmp_path: Path
 ) -> AsyncIterator[tuple[Instance, Instance]]:
     """Two instances whose control endpoints are on, with the same operator token."""
-    token = tmp_path / "control-token"
-    token.write_text("s3cret-operator-token\n")
-    token.chmod(0o600)
+    token = operator_token(tmp_path)
     a = Instance("ops-a", seed_world, etcd, tmp_path, token_file=token)
     b = Instance("ops-b", seed_world, etcd, tmp_path, token_file=token)
     try:
@@ -228,11 +205,7 @@ async def test_pause_from_the_standby_holds_across_a_takeover_and_resume_ends_it
     cluster = cluster_name(seed_world)
     await start_owner_and_standby(a, b, cluster)
 
-    async def healthy() -> bool:
-        clusters = (await a.status()).get("clusters") or []
-        return bool(clusters) and clusters[0]["phase"] == "healthy"
-
-    await eventually(healthy, within=90)  # a model to crash later
+    await wait_healthy(a, within=90)  # a model to crash later
     code, out = await cli(b, "pause", cluster, "--reason", "swapping a cable")
     assert code == 0, out
 

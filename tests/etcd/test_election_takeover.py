@@ -20,16 +20,22 @@ import pytest
 from sparkd_sim.world import World
 from tests.etcd.conftest import EtcdCluster, EtcdServer
 from tests.etcd.test_three_members import leader
-from tests.etcd.test_two_daemons import TTL, Instance, cluster_name, start_owner_and_standby
 from tests.support.daemon import eventually, mutations
-from tests.support.ha import check_one_actor_per_cluster, healthy_world
+from tests.support.ha import (
+    TTL,
+    Instance,
+    check_one_actor_per_cluster,
+    cluster_name,
+    healthy_world,
+    start_owner_and_standby,
+)
 
 pytestmark = pytest.mark.etcd
 
 
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[World]:
-    async with healthy_world(tmp_path / "world", "127.65.0.2") as w:
+    async with healthy_world(tmp_path, "127.65.0.2") as w:
         yield w
 
 

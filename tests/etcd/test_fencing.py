@@ -20,19 +20,18 @@ from sparkd.shell import catalogue
 from sparkd_sim.owned import OwnedCommand
 from sparkd_sim.world import World
 from tests.etcd.conftest import EtcdServer
-from tests.etcd.test_two_daemons import (
+from tests.support.daemon import eventually, mutations
+from tests.support.ha import (
     SPARKD,
     TTL,
     Instance,
     cluster_name,
     kill_worker,
-    seed_world,
     start_owner_and_standby,
+    wait_healthy,
 )
-from tests.support.daemon import eventually, mutations
 
 pytestmark = pytest.mark.etcd
-__all__ = ["seed_world"]
 # Longer than a takeover (TTL + 1 s), the new owner's sweep and its first action together.
 LATE = 14.0
 
@@ -84,11 +83,7 @@ async def test_a_paused_owners_late_command_is_refused_by_the_host(
     cluster = cluster_name(seed_world)
     await start_owner_and_standby(a, b, cluster)
 
-    async def healthy() -> bool:
-        clusters = (await a.status()).get("clusters") or []
-        return bool(clusters) and clusters[0]["phase"] == "healthy"
-
-    await eventually(healthy, within=120)
+    await wait_healthy(a, within=120)
     worker = seed_world.host("spark-b").ssh
     await seed_world.fault("late-delivery", "spark-b", str(LATE))
     await eventually(lambda: kill_worker(seed_world), within=30)

@@ -16,13 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from sparkd_demo.cli import sparkd_spec_labels
-from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
 from tests.etcd.conftest import EtcdServer
-from tests.etcd.test_two_daemons import TTL, Instance, cluster_name, kill_worker
 from tests.support.daemon import eventually
-from tests.support.ha import check_one_actor_per_cluster
+from tests.support.ha import (
+    TTL,
+    Instance,
+    check_one_actor_per_cluster,
+    cluster_name,
+    healthy_world,
+    kill_worker,
+    wait_healthy,
+)
 
 pytestmark = [pytest.mark.etcd, pytest.mark.soak]
 
@@ -33,13 +38,7 @@ KINDS = ("kill", "freeze", "term", "break")
 
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[World]:
-    async with World(
-        tmp_path / "world",
-        scenario="healthy",
-        timing=Timing.fast(),
-        spec_labels=sparkd_spec_labels,
-        first_address="127.63.0.2",
-    ) as w:
+    async with healthy_world(tmp_path, "127.63.0.2") as w:
         yield w
 
 
@@ -60,11 +59,6 @@ async def one_owner(pair: list[Instance], cluster: str) -> Instance:
     return found[0]
 
 
-async def healthy(owner: Instance) -> bool:
-    clusters = (await owner.status()).get("clusters") or []
-    return bool(clusters) and clusters[0]["phase"] == "healthy"
-
-
 async def restart(instance: Instance) -> None:
     instance.killed_at = None
     await instance.start()
@@ -83,7 +77,7 @@ async def test_random_kills_freezes_and_stops_never_make_two_actors(
         steps = [rng.choice(KINDS) for _ in range(STEPS)]
         for kind in steps:
             owner = await one_owner(pair, cluster)
-            await eventually(lambda o=owner: healthy(o), within=120)
+            await wait_healthy(owner, within=120)
             other = next(i for i in pair if i is not owner)
             if kind == "kill":
                 await owner.kill()
@@ -103,7 +97,7 @@ async def test_random_kills_freezes_and_stops_never_make_two_actors(
                 # The owner must act: the Ray worker dies under it.
                 await eventually(lambda: kill_worker(world), within=30)
             new = await one_owner(pair, cluster)
-            await eventually(lambda n=new: healthy(n), within=120)
+            await wait_healthy(new, within=120)
             assert check_one_actor_per_cluster(world, pair) > 0, steps
     finally:
         for instance in pair:

@@ -18,18 +18,11 @@ from sparkd.model.plan import Action
 from sparkd.runtime.ha_store import EtcdStore
 from sparkd.runtime.state import StateDir
 from tests.etcd.conftest import EtcdServer
-from tests.etcd.test_ownership import spec, wait_for
+from tests.support.ha import spec, wait_for
 
 pytestmark = pytest.mark.etcd
 
 PREFIX = "test/v1/"
-
-
-@pytest.fixture
-async def admin(etcd: EtcdServer) -> AsyncIterator[EtcdClient]:
-    client = EtcdClient([etcd.url], timeout=2)
-    yield client
-    await client.close()
 
 
 def remembered(now: float, boot: str) -> Memory:

@@ -6,55 +6,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from sparkd.ha.config import HaSpec
 from sparkd.ha.etcd import Acquired, EtcdClient, EtcdUnavailable
 from sparkd.ha.ownership import Ownership, boottime
 from tests.etcd.conftest import EtcdServer, lease_remaining
+from tests.support.ha import Clock, spec, wait_for
 
 pytestmark = pytest.mark.etcd
-
-
-def spec(etcd: EtcdServer, instance: str, **changes: object) -> HaSpec:
-    base: dict[str, object] = {
-        "etcd_endpoints": (etcd.url,),
-        "instance": instance,
-        "lease_ttl": 3,
-        "renew_interval": 1.0,
-        "request_timeout": 0.5,
-        "margin": 1.0,
-        "prefix": "test/v1/",
-    }
-    return HaSpec.model_validate({**base, **changes})
-
-
-class Clock:
-    """CLOCK_BOOTTIME, plus whatever a test adds (a suspend the process slept through)."""
-
-    def __init__(self) -> None:
-        self.skip = 0.0
-
-    def __call__(self) -> float:
-        return boottime() + self.skip
-
-
-@pytest.fixture
-async def admin(etcd: EtcdServer) -> AsyncIterator[EtcdClient]:
-    client = EtcdClient([etcd.url], timeout=2)
-    yield client
-    await client.close()
-
-
-async def wait_for(check: Callable[[], bool], within: float) -> float:
-    started = time.monotonic()
-    while not check():
-        if time.monotonic() - started > within:
-            raise AssertionError(f"not within {within}s")
-        await asyncio.sleep(0.02)
-    return time.monotonic() - started
+# Imported from here before they moved to tests/support/ha.py.
+__all__ = ["Clock", "spec", "wait_for"]
 
 
 async def test_one_owner_and_a_standby(etcd: EtcdServer, admin: EtcdClient) -> None:

@@ -24,13 +24,17 @@ import pytest
 from sparkd.ha.etcd import EtcdClient
 from sparkd.ha.shard import assign
 from sparkd.settings import load_settings
-from sparkd_demo.cli import sparkd_spec_labels
-from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
 from tests.etcd.conftest import EtcdServer
-from tests.etcd.test_two_daemons import TTL, Instance
 from tests.support.daemon import eventually
-from tests.support.ha import action_spans, check_one_actor_per_cluster, stamp
+from tests.support.ha import (
+    TTL,
+    Instance,
+    action_spans,
+    check_one_actor_per_cluster,
+    healthy_world,
+    stamp,
+)
 
 pytestmark = pytest.mark.etcd
 
@@ -39,23 +43,8 @@ CLUSTERS = 6
 
 @pytest.fixture
 async def six(tmp_path: Path) -> AsyncIterator[World]:
-    async with World(
-        tmp_path / "world",
-        hosts=CLUSTERS,
-        clusters=CLUSTERS,
-        scenario="healthy",
-        timing=Timing.fast(),
-        spec_labels=sparkd_spec_labels,
-        first_address="127.61.0.2",
-    ) as world:
+    async with healthy_world(tmp_path, "127.61.0.2", CLUSTERS, CLUSTERS) as world:
         yield world
-
-
-@pytest.fixture
-async def admin(etcd: EtcdServer) -> AsyncIterator[EtcdClient]:
-    client = EtcdClient([etcd.url], timeout=2)
-    yield client
-    await client.close()
 
 
 async def owners(admin: EtcdClient) -> dict[str, str]:

@@ -26,9 +26,8 @@ from sparkd.ha.etcd import EtcdClient
 from sparkd.ha.shard import HANDOFF_SPACING, cap
 from sparkd_sim.world import World
 from tests.etcd.conftest import EtcdServer, lease_remaining
-from tests.etcd.test_two_daemons import TTL, Instance
 from tests.support.daemon import eventually
-from tests.support.ha import check_one_actor_per_cluster, healthy_world, stamp
+from tests.support.ha import TTL, Instance, check_one_actor_per_cluster, healthy_world, stamp
 
 pytestmark = pytest.mark.etcd
 
@@ -43,15 +42,8 @@ MOST, FEWEST = 4, 2
 
 @pytest.fixture
 async def six(tmp_path: Path) -> AsyncIterator[World]:
-    async with healthy_world(tmp_path / "world", "127.66.0.2", CLUSTERS, CLUSTERS) as world:
+    async with healthy_world(tmp_path, "127.66.0.2", CLUSTERS, CLUSTERS) as world:
         yield world
-
-
-@pytest.fixture
-async def admin(etcd: EtcdServer) -> AsyncIterator[EtcdClient]:
-    client = EtcdClient([etcd.url], timeout=2)
-    yield client
-    await client.close()
 
 
 async def read(admin: EtcdClient) -> tuple[dict[str, str], set[str]]:

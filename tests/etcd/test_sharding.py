@@ -8,7 +8,6 @@ import asyncio
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -16,19 +15,12 @@ from sparkd.ha.etcd import EtcdClient
 from sparkd.ha.ownership import Ownership
 from sparkd.ha.shard import HANDOFF_SPACING
 from tests.etcd.conftest import EtcdServer
-from tests.etcd.test_ownership import Clock, spec
+from tests.support.ha import Clock, spec
 
 pytestmark = pytest.mark.etcd
 
 TTL = 3
 CLUSTERS = [f"c{i}" for i in range(1, 7)]
-
-
-@pytest.fixture
-async def admin(etcd: EtcdServer) -> AsyncIterator[EtcdClient]:
-    client = EtcdClient([etcd.url], timeout=2)
-    yield client
-    await client.close()
 
 
 def instance(

@@ -11,28 +11,30 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from sparkd.settings import load_settings
 from sparkd_sim.world import World
 from tests.etcd.conftest import EtcdServer
-from tests.etcd.test_control import cli, paused_by
-from tests.etcd.test_two_daemons import (
+from tests.support.daemon import eventually, mutations
+from tests.support.ha import (
     PRODUCTION_TIMINGS,
     TTL,
     Instance,
+    budget_left,
+    budgets,
     check_never_two_actors,
+    cli,
     cluster_name,
-    pair,
-    seed_world,
+    get,
+    operator_token,
+    paused_by,
+    start_on_a_slow_load,
     start_owner_and_standby,
+    wait_healthy,
 )
-from tests.support.daemon import eventually, mutations
 
 pytestmark = pytest.mark.etcd
-
-__all__ = ["pair", "seed_world"]
 
 
 @pytest.fixture
@@ -41,9 +43,7 @@ async def slow_renewals(
 ) -> AsyncIterator[tuple[Instance, Instance]]:
     """Two operated instances on the production timings: a renewal every 5 s, so a record a
     new owner reads only at its next renewal would come long after its first look."""
-    token = tmp_path / "control-token"
-    token.write_text("s3cret-operator-token\n")
-    token.chmod(0o600)
+    token = operator_token(tmp_path)
     a, b = (
         Instance(name, seed_world, etcd, tmp_path, timings=PRODUCTION_TIMINGS, token_file=token)
         for name in ("ops-a", "ops-b")
@@ -55,20 +55,6 @@ async def slow_renewals(
         await b.stop()
 
 
-async def get(instance: Instance, path: str) -> str:
-    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{instance.port}{path}") as r:
-        return await r.text()
-
-
-async def budget_left(instance: Instance, cluster: str, action: str) -> float:
-    wanted = f'sparkd_remediation_budget_remaining{{action="{action}",cluster="{cluster}"}}'
-    for line in (await get(instance, "/metrics")).splitlines():
-        name, _, value = line.rpartition(" ")
-        if name == wanted:
-            return float(value)
-    raise AssertionError(f"{wanted} not exported")
-
-
 def launches(world: World) -> list[float]:
     return [r.at for r in mutations(world) if r.command.startswith("vllm serve")]
 
@@ -77,10 +63,8 @@ async def test_the_standby_keeps_the_spent_attempt_and_the_loads_grace(
     seed_world: World, pair: tuple[Instance, Instance]
 ) -> None:
     a, b = pair
-    cluster = cluster_name(seed_world)
     budget = load_settings(seed_world.config_path).clusters[0].policy.budget
-    await seed_world.fault("slow-load", "spark-a")
-    await start_owner_and_standby(a, b, cluster)
+    cluster = await start_on_a_slow_load(seed_world, a, b)
     # The standby never acted: what it remembers of its own spends nothing.
     assert await budget_left(b, cluster, "start_model") == budget
 
@@ -118,11 +102,7 @@ async def test_the_standby_keeps_the_spent_attempt_and_the_loads_grace(
         # Killed inside the action: its outcome is unknown, and the new owner says so.
         assert "intent_unknown" in events and '"start_model"' in events
 
-    async def healthy() -> bool:
-        clusters = (await b.status()).get("clusters") or []
-        return bool(clusters) and clusters[0]["phase"] == "healthy"
-
-    await eventually(healthy, within=90)
+    await wait_healthy(b, within=90)
     # The slow load finished under the new owner: it was never relaunched, nor killed.
     assert len(launches(seed_world)) == 1
     by_b = [c for c in seed_world.owned_commands() if c.owner.instance == b.name]
@@ -142,11 +122,7 @@ async def test_a_pause_no_owner_took_holds_from_the_new_owners_first_step(
     cluster = cluster_name(seed_world)
     await start_owner_and_standby(a, b, cluster)
 
-    async def healthy() -> bool:
-        clusters = (await a.status()).get("clusters") or []
-        return bool(clusters) and clusters[0]["phase"] == "healthy"
-
-    await eventually(healthy, within=90)
+    await wait_healthy(a, within=90)
     # The owner dies; while nobody owns the cluster an operator pauses it (through the
     # standby), and the model crashes: the record is in etcd, in no memory yet.
     await a.kill()
@@ -164,16 +140,6 @@ async def test_a_pause_no_owner_took_holds_from_the_new_owners_first_step(
     assert mutations(seed_world, since=since) == [], "a paused cluster was acted on"
 
 
-async def budgets(instance: Instance, cluster: str) -> dict[str, float]:
-    wanted = 'sparkd_remediation_budget_remaining{action="'
-    found = {}
-    for line in (await get(instance, "/metrics")).splitlines():
-        name, _, value = line.rpartition(" ")
-        if name.startswith(wanted) and f'cluster="{cluster}"' in name:
-            found[name.split('"')[1]] = float(value)
-    return found
-
-
 async def test_one_instance_restarted_without_its_state_dir_keeps_its_memory(
     seed_world: World, slow_renewals: tuple[Instance, Instance], tmp_path: Path
 ) -> None:
@@ -183,11 +149,7 @@ async def test_one_instance_restarted_without_its_state_dir_keeps_its_memory(
     cluster = cluster_name(seed_world)
     await a.start()
 
-    async def healthy() -> bool:
-        clusters = (await a.status()).get("clusters") or []
-        return bool(clusters) and clusters[0]["phase"] == "healthy"
-
-    await eventually(healthy, within=120)
+    await wait_healthy(a, within=120)
     spent = await budgets(a, cluster)
     budget = load_settings(seed_world.config_path).clusters[0].policy.budget
     # Bringing the seed-morning cluster up spent attempts (the model's launch at least).

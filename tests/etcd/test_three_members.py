@@ -14,7 +14,7 @@ from sparkd.ha.config import HaSpec
 from sparkd.ha.etcd import EtcdClient, EtcdUnavailable
 from sparkd.ha.ownership import Ownership
 from tests.etcd.conftest import EtcdCluster, EtcdServer
-from tests.etcd.test_ownership import wait_for
+from tests.support.ha import wait_for
 
 pytestmark = pytest.mark.etcd
 

@@ -8,212 +8,57 @@ the two instances must never overlap.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
-from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 
 from sparkd.ha.etcd import EtcdClient
-from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
-from tests.etcd.conftest import Blackhole, EtcdServer, lease_remaining
+from tests.etcd.conftest import Blackhole, EtcdServer, lease_remaining, pair, seed_world
 from tests.support.daemon import eventually, free_port, mutations, write_fast_config
+from tests.support.ha import (
+    PRODUCTION_TIMINGS,
+    SLACK,
+    SPARKD,
+    TEST_TIMINGS,
+    TTL,
+    Instance,
+    check_never_two_actors,
+    cluster_name,
+    kill_worker,
+    start_on_a_slow_load,
+    start_owner_and_standby,
+    wait_healthy,
+)
 
 pytestmark = pytest.mark.etcd
 
-TTL = 3
-SPARKD = [sys.executable, "-m", "sparkd.cli"]
-# Slack between a command's record on the host and its action's log lines (same clock).
-SLACK = 0.05
-TEST_TIMINGS = f"lease_ttl = {TTL}\nrenew_interval = 1.0\nrequest_timeout = 0.5\nmargin = 1.0\n"
-PRODUCTION_TIMINGS = "lease_ttl = 15\nrenew_interval = 5.0\nrequest_timeout = 2.0\nmargin = 2.0\n"
-
-
-@pytest.fixture
-async def seed_world(tmp_path: Path) -> AsyncIterator[World]:
-    async with World(tmp_path / "world", scenario="seed-morning", timing=Timing.fast()) as w:
-        yield w
-
-
-class Instance:
-    def __init__(
-        self,
-        name: str,
-        world: World,
-        etcd: EtcdServer,
-        tmp_path: Path,
-        endpoint: str = "",
-        timings: str = TEST_TIMINGS,
-        token_file: Path | None = None,
-    ) -> None:
-        self.name = name
-        self.port = free_port()
-        self.log = tmp_path / f"{name}.log"
-        config = write_fast_config(
-            world, tmp_path / f"{name}.toml", tmp_path / f"state-{name}", self.port, token_file
-        )
-        config.write_text(
-            config.read_text()
-            + f'\n[ha]\netcd_endpoints = ["{endpoint or etcd.url}"]\ninstance = "{name}"\n'
-            + timings
-        )
-        self.config = config
-        self.proc: asyncio.subprocess.Process | None = None
-        self.killed_at: float | None = None
-
-    async def start(self) -> None:
-        handle = self.log.open("ab")
-        self.proc = await asyncio.create_subprocess_exec(
-            *SPARKD, "run", "--config", str(self.config), stdout=handle, stderr=handle,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "SPARKD_DAEMON__LOG_FORMAT": "json"},
-        )  # fmt: skip
-
-    def signal(self, sig: signal.Signals) -> float:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-        return time.time()
-
-    async def stop(self) -> None:
-        if self.proc is None or self.proc.returncode is not None:
-            return
-        self.proc.send_signal(signal.SIGCONT)
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(self.proc.wait(), 20)
-        except TimeoutError:
-            self.proc.kill()
-            await self.proc.wait()
-
-    async def kill(self) -> None:
-        self.killed_at = self.signal(signal.SIGKILL)
-        assert self.proc is not None
-        await self.proc.wait()
-
-    async def status(self) -> dict[str, Any]:
-        url = f"http://127.0.0.1:{self.port}/status"
-        try:
-            timeout = aiohttp.ClientTimeout(total=1)
-            async with aiohttp.ClientSession(timeout=timeout) as s, s.get(url) as r:
-                return await r.json()  # type: ignore[no-any-return]
-        except (aiohttp.ClientError, TimeoutError):
-            return {}
-
-    async def role(self, cluster: str) -> str | None:
-        ha = (await self.status()).get("ha") or {}
-        claim = (ha.get("clusters") or {}).get(cluster) or {}
-        return claim.get("role")
-
-    async def metrics(self) -> dict[str, float]:
-        url = f"http://127.0.0.1:{self.port}/metrics"
-        async with aiohttp.ClientSession() as s, s.get(url) as r:
-            text = await r.text()
-        found = {}
-        for line in text.splitlines():
-            if line.startswith("sparkd_ha_"):
-                name, _, value = line.rpartition(" ")
-                found[name] = float(value)
-        return found
-
-    def events(self) -> list[dict[str, Any]]:
-        found = []
-        for line in self.log.read_text(errors="replace").splitlines():
-            start = line.find("{")
-            if start < 0:
-                continue
-            try:
-                found.append(json.loads(line[start:]))
-            except ValueError:
-                continue
-        return found
-
-    def intervals(self, until: float) -> list[tuple[float, float]]:
-        """[start, end] of each action in its log; one still running ends at `until`."""
-        spans: list[tuple[float, float]] = []
-        open_at: float | None = None
-        for event in self.events():
-            at = datetime.fromisoformat(event["timestamp"]).timestamp()
-            if event.get("event") == "action_start":
-                open_at = at
-            elif event.get("event") == "action" and open_at is not None:
-                spans.append((open_at, at))
-                open_at = None
-        if open_at is not None:
-            spans.append((open_at, until))
-        return spans
-
-
-@pytest.fixture
-async def pair(
-    seed_world: World, etcd: EtcdServer, tmp_path: Path
-) -> AsyncIterator[tuple[Instance, Instance]]:
-    a = Instance("ops-a", seed_world, etcd, tmp_path)
-    b = Instance("ops-b", seed_world, etcd, tmp_path)
-    try:
-        yield a, b
-    finally:
-        await a.stop()
-        await b.stop()
-
-
-def cluster_name(world: World) -> str:
-    from sparkd.settings import load_settings
-
-    return load_settings(world.config_path).clusters[0].name
-
-
-def check_never_two_actors(world: World, a: Instance, b: Instance) -> None:
-    now = time.time() + 1
-    spans = {a.name: a.intervals(a.killed_at or now), b.name: b.intervals(b.killed_at or now)}
-    for s1, e1 in spans[a.name]:
-        for s2, e2 in spans[b.name]:
-            assert e1 < s2 or e2 < s1, f"{a.name} acted {s1}..{e1} while {b.name} {s2}..{e2}"
-    for record in mutations(world):
-        owners = [
-            name
-            for name, found in spans.items()
-            if any(s - SLACK <= record.at <= e + SLACK for s, e in found)
-        ]
-        assert len(owners) == 1, f"{record.command!r} at {record.at} in no single action: {owners}"
-
-
-async def kill_worker(world: World) -> bool:
-    try:
-        await world.fault("kill-container", "spark-b", "sparkd-sparks-ray-worker")
-    except ValueError:  # not running (yet)
-        return False
-    return True
-
-
-async def start_owner_and_standby(a: Instance, b: Instance, cluster: str) -> None:
-    await a.start()
-
-    async def a_owns() -> bool:
-        return await a.role(cluster) == "owner"
-
-    await eventually(a_owns, within=30)
-    await b.start()
-
-    async def b_waits() -> bool:
-        return await b.role(cluster) == "standby"
-
-    await eventually(b_waits, within=30)
+# The names other modules imported from here before they moved to tests/support/ha.py and
+# tests/etcd/conftest.py.
+__all__ = [
+    "PRODUCTION_TIMINGS",
+    "SLACK",
+    "TEST_TIMINGS",
+    "TTL",
+    "Instance",
+    "check_never_two_actors",
+    "cluster_name",
+    "kill_worker",
+    "pair",
+    "seed_world",
+    "start_owner_and_standby",
+]
 
 
 async def test_sigkill_of_the_owner_mid_recovery(
     seed_world: World, pair: tuple[Instance, Instance]
 ) -> None:
     a, b = pair
-    cluster = cluster_name(seed_world)
-    await seed_world.fault("slow-load", "spark-a")
-    await start_owner_and_standby(a, b, cluster)
+    cluster = await start_on_a_slow_load(seed_world, a, b)
 
     async def loading() -> bool:
         return any(r.command.startswith("vllm serve") for r in mutations(seed_world))
@@ -231,16 +76,12 @@ async def test_sigkill_of_the_owner_mid_recovery(
     # The new owner acts: the model dies under it and it brings it back.
     await seed_world.fault("crash-model", "spark-a")
 
-    async def healthy() -> bool:
-        clusters = (await b.status()).get("clusters") or []
-        return bool(clusters) and clusters[0]["phase"] == "healthy"
-
     async def b_acted() -> bool:
         assert a.killed_at is not None
         return any(s > a.killed_at for s, _ in b.intervals(time.time()))
 
     await eventually(b_acted, within=30)
-    await eventually(healthy, within=90)
+    await wait_healthy(b, within=90)
     check_never_two_actors(seed_world, a, b)
     acquired = [e for e in a.events() + b.events() if e.get("event") == "acquired"]
     assert [(e["instance"], e["was"]) for e in acquired] == [(a.name, None), (b.name, a.name)]
@@ -303,9 +144,7 @@ async def test_sigstop_past_the_ttl_never_acts_again(
     seed_world: World, pair: tuple[Instance, Instance]
 ) -> None:
     a, b = pair
-    cluster = cluster_name(seed_world)
-    await seed_world.fault("slow-load", "spark-a")
-    await start_owner_and_standby(a, b, cluster)
+    cluster = await start_on_a_slow_load(seed_world, a, b)
 
     def loading() -> bool:
         # The launch's own end, not the `loading` phase: a look slower than the simulated load
@@ -358,11 +197,7 @@ async def test_without_etcd_nobody_acts_then_the_owner_readopts(
     cluster = cluster_name(seed_world)
     await start_owner_and_standby(a, b, cluster)
 
-    async def healthy() -> bool:
-        clusters = (await a.status()).get("clusters") or []
-        return bool(clusters) and clusters[0]["phase"] == "healthy"
-
-    await eventually(healthy, within=90)
+    await wait_healthy(a, within=90)
     etcd.kill()
 
     async def no_etcd() -> bool:
@@ -398,11 +233,7 @@ async def test_without_etcd_nobody_acts_then_the_owner_readopts(
     await eventually(a_owns_b_waits, within=TTL + 2)
     assert (await a.metrics())[f'sparkd_ha_token{{cluster="{cluster}"}}'] == token
 
-    async def a_healed() -> bool:
-        clusters = (await a.status()).get("clusters") or []
-        return bool(clusters) and clusters[0]["phase"] == "healthy"
-
-    await eventually(a_healed, within=90)
+    await wait_healthy(a, within=90)
     assert mutations(seed_world, since=since), "the owner did not repair once etcd was back"
     assert not [s for s, _ in b.intervals(time.time())], "the standby acted"
     check_never_two_actors(seed_world, a, b)
@@ -463,11 +294,7 @@ async def test_owner_cut_off_from_etcd_stops_before_the_standby_starts(
     try:
         await start_owner_and_standby(a, b, cluster)
 
-        async def healthy() -> bool:
-            clusters = (await a.status()).get("clusters") or []
-            return bool(clusters) and clusters[0]["phase"] == "healthy"
-
-        await eventually(healthy, within=90)
+        await wait_healthy(a, within=90)
         hole.cut()  # the hosts stay reachable from both
         cut_at = time.time()
 
