@@ -78,10 +78,16 @@ async def stage(world: World) -> str:
 
 
 async def launch_until(
-    world: World, head: asyncssh.SSHClientConnection, logged: str, running: bool = False
+    world: World,
+    head: asyncssh.SSHClientConnection,
+    logged: str,
+    running: bool = False,
+    fault: str | None = None,
 ) -> None:
-    """Launch the model, then wait until its load log shows `logged` (and, with `running`, the
-    serve has reached its running stage)."""
+    """Launch the model (after the head's `fault`, when given), then wait until its load log
+    shows `logged` (and, with `running`, the serve has reached its running stage)."""
+    if fault is not None:
+        await world.fault(fault, "spark-a")
     await launch(world, head)
 
     async def there() -> bool:
@@ -121,8 +127,7 @@ async def test_cpu_time_rises_in_every_load_stage_and_idles_when_serving(
 async def test_stalled_load_accrues_no_cpu_and_writes_nothing(
     world: World, head: asyncssh.SSHClientConnection
 ) -> None:
-    await world.fault("stall-load", "spark-a")
-    await launch_until(world, head, "Completed | 15/39")
+    await launch_until(world, head, "Completed | 15/39", fault="stall-load")
     await asyncio.sleep(0.1)
     before, size = await cpu(head), len(load_log(world))
     await asyncio.sleep(1.0)
@@ -133,8 +138,7 @@ async def test_stalled_load_accrues_no_cpu_and_writes_nothing(
 async def test_chatty_stall_keeps_writing_without_progress(
     world: World, head: asyncssh.SSHClientConnection
 ) -> None:
-    await world.fault("chatty-stall", "spark-a")
-    await launch_until(world, head, "41% Completed")
+    await launch_until(world, head, "41% Completed", fault="chatty-stall")
     await asyncio.sleep(0.1)
     before, mtime = await cpu(head), log_mtime(world)
     await asyncio.sleep(world.timing.stall_chatter * 2.5)
@@ -150,10 +154,11 @@ async def test_chatty_stall_keeps_writing_without_progress(
 async def test_noisy_load_prints_harmless_error_like_lines_and_still_loads(
     world: World, head: asyncssh.SSHClientConnection
 ) -> None:
-    await world.fault("noisy-load", "spark-a")
     # The serve's output reaches serve.log through the shell's redirection after the process
     # itself runs: wait for its last start-up line in the file, then read what came before it.
-    await launch_until(world, head, "Application startup complete.", running=True)
+    await launch_until(
+        world, head, "Application startup complete.", running=True, fault="noisy-load"
+    )
     log = load_log(world)
     assert "OSError: [Errno 24] Too many open files" in log
     assert "Error: No available node types can fulfill resource request {'GPU': 1.0}" in log

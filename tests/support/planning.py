@@ -39,6 +39,16 @@ def situations(draw: st.DrawFn) -> tuple[Toy, Memory, float]:
     return toy, memory, toy.now + draw(st.floats(0, 120))
 
 
+# A situation and one host of its cluster: where a property puts its fault.
+Placed = tuple[Toy, Memory, float, str]
+
+
+@st.composite
+def situations_at_a_host(draw: st.DrawFn) -> Placed:
+    toy, memory, now = draw(situations())
+    return toy, memory, now, draw(st.sampled_from([h.name for h in toy.cluster.hosts]))
+
+
 # The port tests/fixtures/fabric/healthy.txt shows: what a host's data link reads when sound.
 SOUND = Fabric(
     mtu=9000,
