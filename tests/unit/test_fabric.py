@@ -12,15 +12,7 @@ from sparkd.core.planner import plan
 from sparkd.core.remember import remember
 from sparkd.model.observed import Fabric
 from tests.examples import EXAMPLE_SET
-from tests.support.planning import (
-    COMMON,
-    SOUND,
-    STARTS,
-    Placed,
-    host,
-    kinds,
-    situations_at_a_host,
-)
+from tests.support.planning import COMMON, SOUND, STARTS, Placed, host, kinds, situations_at_a_host
 
 FABRIC = Path(__file__).resolve().parent.parent / "fixtures" / "fabric"
 HEAD_IP = "192.168.200.12"
