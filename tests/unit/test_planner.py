@@ -265,28 +265,29 @@ CASES += [
 ]
 
 
-@rule(
-    "head_spec_drift_rolls_out_in_order",
-    "starting_ray",
-    ("restart_ray", "restart_ray"),
-    "spec drift",
-)
-def _head_drift(toy: Toy, memory: Memory) -> None:
-    replace_container(toy, "spark-a", labels={"sparkd.cluster": "sparks", LABEL_SPEC: "old"})
+def _spec_drift(host: str) -> Callable[[Toy, Memory], None]:
+    def mutate(toy: Toy, memory: Memory) -> None:
+        replace_container(toy, host, labels={"sparkd.cluster": "sparks", LABEL_SPEC: "old"})
 
-
-@rule(
-    "worker_spec_drift_restarts_only_worker",
-    "starting_ray",
-    ("restart_ray",),
-    "spec drift",
-    hosts=("spark-b",),
-)
-def _worker_drift(toy: Toy, memory: Memory) -> None:
-    replace_container(toy, "spark-b", labels={"sparkd.cluster": "sparks", LABEL_SPEC: "old"})
+    return mutate
 
 
 CASES += [
+    Case(
+        "head_spec_drift_rolls_out_in_order",
+        healthy_then(_spec_drift("spark-a")),
+        "starting_ray",
+        ("restart_ray", "restart_ray"),
+        "spec drift",
+    ),
+    Case(
+        "worker_spec_drift_restarts_only_worker",
+        healthy_then(_spec_drift("spark-b")),
+        "starting_ray",
+        ("restart_ray",),
+        "spec drift",
+        hosts=("spark-b",),
+    ),
     Case(
         "worker_joining_within_timeout_waits",
         healthy_then(_worker_missing_from_ray(10)),
