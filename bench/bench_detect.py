@@ -11,9 +11,11 @@ from the fault, and from the first look that saw the counter where it stands, to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,25 @@ MODES = ("events", "interval")
 HANG = ("hang-under-load", "spark-a", None)
 
 
+@contextlib.asynccontextmanager
+async def running(controller: Controller, within: float) -> AsyncIterator[None]:
+    """The controller's loop, converged before the block and back to converged after it (the
+    next run starts healthy), all within `within` seconds; stopped on the way out."""
+
+    def converged() -> bool:
+        return controller.view.plan is not None and controller.view.plan.converged
+
+    task = asyncio.create_task(controller.run())
+    try:
+        async with asyncio.timeout(within):
+            await until(converged, 0.1)
+            yield
+            await until(converged, 0.1)
+    finally:
+        controller.stop()
+        await asyncio.wait_for(task, 60)
+
+
 async def one_run(
     world: SimWorld, pool: SshPool, fault: tuple[str, str, str | None], mode: str
 ) -> dict[str, Any]:
@@ -84,22 +105,14 @@ async def _one_run(
         controller = Controller(
             cluster, pool, StateDir(Path(state)), watch_events=events, on_plan=on_plan
         )
-        task = asyncio.create_task(controller.run())
-        try:
-            async with asyncio.timeout(120):
-                await until(lambda: controller.view.plan and controller.view.plan.converged, 0.1)
-                # Anywhere in the interval for the interval-only mode (what it waits depends on
-                # it); a fault a moment after a cycle for the event modes.
-                spread = cluster.interval if not events else 3.0
-                await asyncio.sleep(random.uniform(0.5, spread))
-                faulted_at.append(time.monotonic())
-                await world.fault(*fault)
-                await until(lambda: remediated)
-                # Back to healthy before the next run.
-                await until(lambda: controller.view.plan and controller.view.plan.converged, 0.1)
-        finally:
-            controller.stop()
-            await asyncio.wait_for(task, 60)
+        async with running(controller, within=120):
+            # Anywhere in the interval for the interval-only mode (what it waits depends on it);
+            # a fault a moment after a cycle for the event modes.
+            spread = cluster.interval if not events else 3.0
+            await asyncio.sleep(random.uniform(0.5, spread))
+            faulted_at.append(time.monotonic())
+            await world.fault(*fault)
+            await until(lambda: remediated)
     return {
         "noticed_s": noticed[0] - faulted_at[0] if noticed else None,
         "remediation_s": remediated[0] - faulted_at[0],
@@ -161,20 +174,13 @@ async def hang_run(world: SimWorld, pool: SshPool) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as state:
         controller = Controller(cluster, pool, StateDir(Path(state)), on_plan=on_plan)
-        task = asyncio.create_task(controller.run())
-        try:
-            async with asyncio.timeout(600):
-                await until(lambda: controller.view.plan and controller.view.plan.converged, 0.1)
-                # A model that has served a while: past the first-shape grace.
-                await asyncio.sleep(cluster.policy.hang_ready_grace)
-                await asyncio.sleep(random.uniform(0.5, cluster.interval))
-                faulted_at.append(time.monotonic())
-                await world.fault(*HANG)
-                await until(lambda: remediated)
-                await until(lambda: controller.view.plan and controller.view.plan.converged, 0.1)
-        finally:
-            controller.stop()
-            await asyncio.wait_for(task, 60)
+        async with running(controller, within=600):
+            # A model that has served a while: past the first-shape grace.
+            await asyncio.sleep(cluster.policy.hang_ready_grace)
+            await asyncio.sleep(random.uniform(0.5, cluster.interval))
+            faulted_at.append(time.monotonic())
+            await world.fault(*HANG)
+            await until(lambda: remediated)
     at, reason, first = remediated[0]
     return {
         "remediation_s": at - faulted_at[0],

@@ -9,7 +9,6 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -19,6 +18,7 @@ from typing import Any
 
 from bench.common import (
     SimWorld,
+    free_port,
     median,
     open_fds,
     process_cpu,
@@ -28,13 +28,6 @@ from bench.common import (
     wait_healthy,
     write_result,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def daemon_config(world: SimWorld, path: Path, state: Path, port: int, interval: float) -> Path:
@@ -92,7 +85,7 @@ async def run_daemon(
 ) -> list[dict[str, Any]]:
     """Samples of `sparkd run` for `seconds`, or until `until_cycles` if that comes first."""
     with tempfile.TemporaryDirectory() as tmp:
-        port = free_port()
+        port = free_port("127.0.0.1")
         config = daemon_config(
             world, Path(tmp) / "sparkd.toml", Path(tmp) / "state", port, interval
         )

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import random
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,7 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from bench.common import median, own_cpu, rss_mb, table, write_result
+from bench.common import free_port, median, own_cpu, rss_mb, table, write_result
 from sparkd.ha.config import HaSpec
 from sparkd.ha.ownership import Ownership
 
@@ -28,13 +27,6 @@ TIMINGS = {
     "test (ttl 3)": {"lease_ttl": 3, "renew_interval": 1.0, "request_timeout": 0.5, "margin": 1.0},
     "production (ttl 15)": {},
 }
-
-
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind((ADDRESS, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _healthy(url: str) -> bool:
@@ -63,8 +55,8 @@ async def etcd() -> AsyncIterator[str]:
     if binary is None:
         raise RuntimeError("no etcd on this machine (apt-get install etcd-server)")
     with tempfile.TemporaryDirectory() as scratch:
-        url = f"http://{ADDRESS}:{_port()}"
-        peer = f"http://{ADDRESS}:{_port()}"
+        url = f"http://{ADDRESS}:{free_port(ADDRESS)}"
+        peer = f"http://{ADDRESS}:{free_port(ADDRESS)}"
         proc = _spawn(binary, scratch, url, peer)
         try:
             for _ in range(400):

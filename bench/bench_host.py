@@ -12,6 +12,7 @@ API as observing now reads it, reused, and the HTTP reads alone (`host_real_ray`
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import time
 from typing import Any
@@ -40,37 +41,25 @@ async def main(quick: bool = False) -> None:
         await wait_healthy(world)
         cluster = world.settings.clusters[0]
         head, worker = cluster.head, cluster.workers[0]
-        t = tool_timeout(cluster)
+        facts = functools.partial(
+            catalogue.fact_script, cluster, tool_timeout=tool_timeout(cluster)
+        )
         # (script, `ray` calls it makes on a healthy head): `ray status` only runs when the node
         # list fails, or while Ray settles.
         variants = {
-            "head, Ray read (list nodes)": (head, catalogue.fact_script(cluster, head, t), 1),
-            "head, Ray settling (list nodes + status)": (
-                head,
-                catalogue.fact_script(cluster, head, t, ray_status=True),
-                2,
-            ),
-            "head, Ray reused (no call)": (
-                head,
-                catalogue.fact_script(cluster, head, t, read_ray=False),
-                0,
-            ),
-            "worker": (worker, catalogue.fact_script(cluster, worker, t), 0),
+            "head, Ray read (list nodes)": (head, facts(head), 1),
+            "head, Ray settling (list nodes + status)": (head, facts(head, ray_status=True), 2),
+            "head, Ray reused (no call)": (head, facts(head, read_ray=False), 0),
+            "worker": (worker, facts(worker), 0),
         }
         pool = SshPool()
         results: dict[str, Any] = {}
         # Processes per look: the scripts observing sends (with the dashboard, no `ray` in the
         # head's), counted under each shell.
         looks = {
-            "head (Ray over HTTP: no `ray` call)": (
-                head,
-                catalogue.fact_script(cluster, head, t, read_ray=False),
-            ),
-            "head, `ray list nodes` (no dashboard)": (
-                head,
-                catalogue.fact_script(cluster, head, t, read_ray=True),
-            ),
-            "worker": (worker, catalogue.fact_script(cluster, worker, t)),
+            "head (Ray over HTTP: no `ray` call)": (head, facts(head, read_ray=False)),
+            "head, `ray list nodes` (no dashboard)": (head, facts(head, read_ray=True)),
+            "worker": (worker, facts(worker)),
         }
         counted: dict[str, dict[str, tuple[int, int]]] = {}
         try:

@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.bench_footprint import daemon_config, free_port, wait_for_cycle
+from bench.bench_footprint import daemon_config, wait_for_cycle
 from bench.common import (
     FIRST_ADDRESS,
     SimWorld,
+    free_port,
     median,
     p95,
     sim_world,
@@ -68,7 +69,7 @@ async def cli_status(
     bare: list[tuple[float, float]] = []
     status: list[tuple[float, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        port = free_port()
+        port = free_port("127.0.0.1")
         config = daemon_config(world, Path(tmp) / "sparkd.toml", Path(tmp) / "state", port, 30.0)
         daemon = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "sparkd.cli", "run", "--config", str(config),

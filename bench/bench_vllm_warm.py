@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import median, table, write_result
+from bench.common import free_port, median, table, write_result
 from sparkd.core import cache
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,13 +24,6 @@ MAKE_MODEL = ROOT / "tests" / "realvllm" / "make_tiny_model.py"
 # Two image IDs standing in for the head container's (there is no Docker here).
 IMAGES = ("sha256:" + "5ac1e0c0ffee" + "0" * 52, "sha256:" + "b0a710ad0000" + "1" * 52)
 ADDRESS = "127.0.98.2"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((ADDRESS, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def listening(port: int) -> bool:
@@ -44,7 +37,7 @@ def listening(port: int) -> bool:
 def launch(model: Path, entry: Path, work: Path) -> float:
     """Seconds from `vllm serve` to its port accepting connections; the server is then ended
     with every process of its session."""
-    port = free_port()
+    port = free_port(ADDRESS)
     tmp = Path(tempfile.mkdtemp(prefix="vllm-"))
     env = {
         "PATH": f"{VENV / 'bin'}:/usr/bin:/bin",

@@ -10,6 +10,7 @@ import os
 import platform
 import resource
 import signal
+import socket
 import statistics
 import sys
 import tempfile
@@ -237,6 +238,14 @@ async def wait_healthy(world: SimWorld, within: float = 180.0) -> None:
                 await asyncio.sleep(0.5)
     finally:
         await pool.close()
+
+
+def free_port(address: str) -> int:
+    """A TCP port free on `address` now (the kernel's pick)."""
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 async def until(predicate: Callable[[], object], poll: float = 0.02) -> None:

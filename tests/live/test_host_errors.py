@@ -3,7 +3,6 @@ snapshot: the planner decides on these kinds, so each must come out right over r
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,9 +13,15 @@ import pytest
 from sparkd.model.observed import Observed
 from sparkd.shell.observe import observe
 from sparkd.shell.ssh import SshPool
-from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
-from tests.support.live import QUICK_SSH, cluster_of, kinds, live_world, observe_until
+from tests.support.live import (
+    QUICK_SSH,
+    cluster_of,
+    fast_timing,
+    kinds,
+    live_world,
+    observe_until,
+)
 from tests.support.worlds import both_servers
 
 REBOOT_DOWNTIME = 1.0
@@ -25,7 +30,7 @@ REBOOT_DOWNTIME = 1.0
 @pytest.fixture
 async def slow_reboot_world(tmp_path: Path) -> AsyncIterator[World]:
     """Reboots keep SSH down long enough to observe the host while it is away."""
-    timing = dataclasses.replace(Timing.fast(), reboot_downtime=REBOOT_DOWNTIME)
+    timing = fast_timing(reboot_downtime=REBOOT_DOWNTIME)
     async with live_world(tmp_path / "world", "seed-morning", timing=timing) as world:
         yield world
 

@@ -4,7 +4,6 @@ API key reaches vLLM without ever showing up in a snapshot."""
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,9 +18,8 @@ from sparkd.model.snapshot import dump_snapshot
 from sparkd.shell import catalogue
 from sparkd.shell.observe import observe, probe_once
 from sparkd.shell.ssh import SshPool
-from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
-from tests.support.live import cluster_of, live_world, observe_until
+from tests.support.live import cluster_of, fast_timing, live_world, observe_until
 
 MODEL_LOAD = 1.2  # long enough for several observations to see the shards progress
 API_KEY = "sk-sparkd-test-4f9a1c"
@@ -30,7 +28,7 @@ LIMIT = 5.0
 
 @pytest.fixture
 async def loading_world(tmp_path: Path) -> AsyncIterator[World]:
-    timing = dataclasses.replace(Timing.fast(), model_load=MODEL_LOAD)
+    timing = fast_timing(model_load=MODEL_LOAD)
     async with live_world(tmp_path / "world", "seed-morning", timing=timing) as world:
         yield world
 

@@ -27,6 +27,7 @@ from sparkd_sim import real_docker
 from sparkd_sim.real_docker import Daemon
 from sparkd_sim.world import World
 from tests.support.live import cluster_of
+from tests.support.tiers import require_tier
 
 # A block of addresses of its own, away from the other tiers' worlds.
 FIRST_ADDRESS = f"127.{20 + os.getpid() % 200}.92.2"
@@ -35,12 +36,7 @@ NO_RAY = RayState(nodes=(), gpus_total=0.0)
 
 
 def require_real_docker() -> None:
-    why = real_docker.unavailable()
-    if why is None:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"the real-Docker tier must run under CI: {why}")
-    pytest.skip(f"real-Docker tier skipped: {why}")
+    require_tier("real-Docker", real_docker.unavailable())
 
 
 @dataclass

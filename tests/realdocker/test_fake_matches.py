@@ -24,6 +24,7 @@ from sparkd_sim.real_docker import IMAGE
 from sparkd_sim.world import World
 from tests.realdocker.conftest import FIRST_ADDRESS, Tier
 from tests.support.live import cluster_of
+from tests.support.shapes import json_shape
 
 pytestmark = [pytest.mark.realdocker, pytest.mark.asyncio(loop_scope="module")]
 
@@ -56,17 +57,8 @@ async def fake(tier: Tier, tmp_path_factory: pytest.TempPathFactory) -> AsyncIte
         await pool.close()
 
 
-def shape(value: Any) -> Any:
-    """A JSON value's structure: field names and value types, not the values."""
-    if isinstance(value, dict):
-        return {key: shape(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [shape(item) for item in value[:1]]
-    return type(value).__name__
-
-
 def json_shapes(text: str) -> list[Any]:
-    return [shape(json.loads(line)) for line in text.splitlines() if line.strip()]
+    return [json_shape(json.loads(line)) for line in text.splitlines() if line.strip()]
 
 
 def plain(result: Result) -> Result:
@@ -161,7 +153,7 @@ async def test_a_killed_container_answers_alike(clean: Tier, fake: Tier) -> None
     real_events, sim_events = await asyncio.gather(*events)
     actions = {"real": real_events, "sim": sim_events}
     assert [e["Action"] for e in actions["sim"]] == [e["Action"] for e in actions["real"]]
-    assert [shape(e) for e in actions["sim"]] == [shape(e) for e in actions["real"]]
+    assert [json_shape(e) for e in actions["sim"]] == [json_shape(e) for e in actions["real"]]
 
 
 async def stream(tier: Tier, command: str) -> list[dict[str, Any]]:

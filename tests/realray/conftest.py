@@ -10,7 +10,6 @@ drops out of Ray in seconds instead of a minute.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from sparkd_sim import real_ray
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
 from tests.support.daemon import fast_cluster
+from tests.support.tiers import require_tier
 
 # Ray's own failure detection, shortened for tests only (tests/fixtures/ray-real/README.md): a
 # killed raylet is DEAD in `ray list nodes` after ~2 s instead of ~15, a hung one instead of ~64.
@@ -65,12 +65,7 @@ def _why_not() -> str | None:
 
 
 def require_real_ray() -> None:
-    why = _why_not()
-    if why is None:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"the real-Ray tier must run under CI: {why}")
-    pytest.skip(f"real-Ray tier skipped: {why}")
+    require_tier("real-Ray", _why_not())
 
 
 @dataclass

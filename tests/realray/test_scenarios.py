@@ -66,6 +66,20 @@ async def repaired(ctl: Controller, cycles: int = 150) -> list[Plan]:
     raise AssertionError(f"no repair after {cycles} cycles: {plans[-1].reason}")
 
 
+async def repair_of(
+    real_cluster: RealCluster, name: str, host: str, arg: str
+) -> tuple[list[tuple[str, str]], float]:
+    """From settled, through the fault, back to healthy: the (kind, host) of every action, and
+    the wall-clock time before the fault (what was launched since is the repair's)."""
+    world, ctl = real_cluster.world, real_cluster.controller
+    await settled(ctl)
+    since = time.time()
+    await world.fault(name, host, arg)
+    plans = await repaired(ctl)
+    assert plans[-1].phase == "healthy", plans[-1].reason
+    return [(a.kind, a.host) for p in plans for a in p.actions], since
+
+
 def launches(world: World, since: float) -> list[str]:
     return [r.command for r in mutations(world, "spark-a", since) if "vllm serve" in r.command]
 
@@ -156,13 +170,8 @@ async def test_killed_worker_is_waited_for_by_node_id_and_costs_one_launch(
 
 
 async def test_hung_worker_is_detected_and_repaired(real_cluster: RealCluster) -> None:
-    world, ctl = real_cluster.world, real_cluster.controller
-    await settled(ctl)
-    since = time.time()
-    await world.fault("hang-container", "spark-b", WORKER)
-    plans = await repaired(ctl)
-    assert plans[-1].phase == "healthy"
-    done = [(a.kind, a.host) for p in plans for a in p.actions]
+    world = real_cluster.world
+    done, since = await repair_of(real_cluster, "hang-container", "spark-b", WORKER)
     assert ("restart_ray", "spark-b") in done or ("start_ray_worker", "spark-b") in done
     assert not any(host == "spark-a" and "ray" in kind for kind, host in done)
     assert len(launches(world, since)) == 1
@@ -194,13 +203,8 @@ async def test_worker_on_the_wrong_ip_is_restarted(real_cluster: RealCluster) ->
 
 
 async def test_head_restart_restarts_the_workers(real_cluster: RealCluster) -> None:
-    world, ctl = real_cluster.world, real_cluster.controller
-    await settled(ctl)
-    since = time.time()
-    await world.fault("kill-container", "spark-a", HEAD)
-    plans = await repaired(ctl)
-    assert plans[-1].phase == "healthy"
-    done = [(a.kind, a.host) for p in plans for a in p.actions]
+    world = real_cluster.world
+    done, since = await repair_of(real_cluster, "kill-container", "spark-a", HEAD)
     assert ("start_ray_head", "spark-a") in done and ("restart_ray", "spark-b") in done
     assert done.index(("start_ray_head", "spark-a")) <= done.index(("restart_ray", "spark-b"))
     assert len(launches(world, since)) == 1

@@ -77,6 +77,27 @@ async def stage(world: World) -> str:
     return next((s.phase for s in world.serves), "none")
 
 
+async def launch_until(
+    world: World,
+    head: asyncssh.SSHClientConnection,
+    logged: str,
+    running: bool = False,
+    fault: str | None = None,
+) -> None:
+    """Launch the model (after the head's `fault`, when given), then wait until its load log
+    shows `logged` (and, with `running`, the serve has reached its running stage)."""
+    if fault is not None:
+        await world.fault(fault, "spark-a")
+    await launch(world, head)
+
+    async def there() -> bool:
+        if running and await stage(world) != "running":
+            return False
+        return logged in load_log(world)
+
+    await eventually(there)
+
+
 async def test_cpu_time_rises_in_every_load_stage_and_idles_when_serving(
     slow_world: World,
 ) -> None:
@@ -106,13 +127,7 @@ async def test_cpu_time_rises_in_every_load_stage_and_idles_when_serving(
 async def test_stalled_load_accrues_no_cpu_and_writes_nothing(
     world: World, head: asyncssh.SSHClientConnection
 ) -> None:
-    await world.fault("stall-load", "spark-a")
-    await launch(world, head)
-
-    async def stuck() -> bool:
-        return "Completed | 15/39" in load_log(world)
-
-    await eventually(stuck)
+    await launch_until(world, head, "Completed | 15/39", fault="stall-load")
     await asyncio.sleep(0.1)
     before, size = await cpu(head), len(load_log(world))
     await asyncio.sleep(1.0)
@@ -123,13 +138,7 @@ async def test_stalled_load_accrues_no_cpu_and_writes_nothing(
 async def test_chatty_stall_keeps_writing_without_progress(
     world: World, head: asyncssh.SSHClientConnection
 ) -> None:
-    await world.fault("chatty-stall", "spark-a")
-    await launch(world, head)
-
-    async def stuck() -> bool:
-        return "41% Completed" in load_log(world)
-
-    await eventually(stuck)
+    await launch_until(world, head, "41% Completed", fault="chatty-stall")
     await asyncio.sleep(0.1)
     before, mtime = await cpu(head), log_mtime(world)
     await asyncio.sleep(world.timing.stall_chatter * 2.5)
@@ -145,17 +154,11 @@ async def test_chatty_stall_keeps_writing_without_progress(
 async def test_noisy_load_prints_harmless_error_like_lines_and_still_loads(
     world: World, head: asyncssh.SSHClientConnection
 ) -> None:
-    await world.fault("noisy-load", "spark-a")
-    await launch(world, head)
-
     # The serve's output reaches serve.log through the shell's redirection after the process
     # itself runs: wait for its last start-up line in the file, then read what came before it.
-    async def serving() -> bool:
-        return await stage(world) == "running" and "Application startup complete." in load_log(
-            world
-        )
-
-    await eventually(serving)
+    await launch_until(
+        world, head, "Application startup complete.", running=True, fault="noisy-load"
+    )
     log = load_log(world)
     assert "OSError: [Errno 24] Too many open files" in log
     assert "Error: No available node types can fulfill resource request {'GPU': 1.0}" in log
@@ -223,14 +226,7 @@ async def test_vllm_host_ip_decides_placement_on_a_separate_data_network(
 async def test_the_simulated_load_prints_the_real_servers_lines(
     world: World, head: asyncssh.SSHClientConnection
 ) -> None:
-    await launch(world, head)
-
-    async def serving() -> bool:
-        return await stage(world) == "running" and "Application startup complete." in load_log(
-            world
-        )
-
-    await eventually(serving)
+    await launch_until(world, head, "Application startup complete.", running=True)
     lines = parsers.log_lines(load_log(world))
     for pattern in REAL_LINES:
         assert any(re.search(pattern, line) for line in lines), pattern

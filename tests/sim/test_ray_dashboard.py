@@ -14,6 +14,7 @@ from sparkd.core import ray_json
 from sparkd.shell.ray_http import DASHBOARD_HOST, NODES_PATH, STATUS_PATH
 from sparkd_sim.world import World
 from tests.sim.steps import clean_up, ray_head_command, start_ray
+from tests.support.shapes import json_shape
 from tests.support.sim import http, run
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "ray-http"
@@ -29,15 +30,6 @@ def real(path: str, filtered: bool = True) -> dict[str, Any]:
     raise AssertionError(f"no real answer to {path}")
 
 
-def keys(value: object) -> object:
-    """A document's shape: its keys, recursively, and the kinds of its leaves."""
-    if isinstance(value, dict):
-        return {k: keys(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [keys(v) for v in value[:1]]
-    return type(value).__name__
-
-
 async def get(world: World, head: asyncssh.SSHClientConnection, path: str) -> dict[str, Any]:
     status, body = await http(head, DASHBOARD_HOST, world.dashboard_port, "GET", path)
     assert status == 200, body
@@ -45,14 +37,24 @@ async def get(world: World, head: asyncssh.SSHClientConnection, path: str) -> di
     return document
 
 
+async def get_from_fresh_ray(
+    world: World,
+    head: asyncssh.SSHClientConnection,
+    worker: asyncssh.SSHClientConnection,
+    path: str,
+) -> dict[str, Any]:
+    """`path` from the dashboard of a Ray started afresh on both hosts."""
+    await clean_up(world, head, worker)
+    await start_ray(world, head, worker)
+    return await get(world, head, path)
+
+
 async def test_the_node_list_has_real_rays_shape(
     world: World, head: asyncssh.SSHClientConnection, worker: asyncssh.SSHClientConnection
 ) -> None:
-    await clean_up(world, head, worker)
-    await start_ray(world, head, worker)
-    served = await get(world, head, NODES_PATH)
+    served = await get_from_fresh_ray(world, head, worker, NODES_PATH)
     want = real("/api/v0/nodes")
-    assert keys({**served, "data": None}) == keys({**want, "data": None})
+    assert json_shape({**served, "data": None}) == json_shape({**want, "data": None})
     listing, real_listing = served["data"]["result"], want["data"]["result"]
     assert sorted(listing) == sorted(real_listing)
     row, real_row = listing["result"][0], real_listing["result"][0]
@@ -75,9 +77,7 @@ async def test_the_node_list_has_real_rays_shape(
 async def test_the_cluster_status_has_real_rays_shape(
     world: World, head: asyncssh.SSHClientConnection, worker: asyncssh.SSHClientConnection
 ) -> None:
-    await clean_up(world, head, worker)
-    await start_ray(world, head, worker)
-    served = await get(world, head, STATUS_PATH)
+    served = await get_from_fresh_ray(world, head, worker, STATUS_PATH)
     want = real("/api/cluster_status", filtered=False)
     assert sorted(served["data"]) == sorted(want["data"])
     report, real_report = served["data"]["clusterStatus"], want["data"]["clusterStatus"]

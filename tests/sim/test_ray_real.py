@@ -111,6 +111,15 @@ async def worker_id(head: asyncssh.SSHClientConnection) -> str:
     return next(n["node_id"] for n in nodes if not n["is_head_node"] and n["state"] == "ALIVE")
 
 
+async def fresh_ray(
+    world: World, head: asyncssh.SSHClientConnection, worker: asyncssh.SSHClientConnection
+) -> str:
+    """Ray started afresh on both hosts; the worker's node id."""
+    await clean_up(world, head, worker)
+    await start_ray(world, head, worker)
+    return await worker_id(head)
+
+
 async def test_head_start_up_matches_real_ray_state_by_state(
     world: World, head: asyncssh.SSHClientConnection, worker: asyncssh.SSHClientConnection
 ) -> None:
@@ -201,9 +210,7 @@ async def test_killed_worker_is_dead_in_list_before_status_drops_it(
 ) -> None:
     """E_kill_raylet: DEAD in list 14-16 s, gone from `Active:` 17-20 s, GPU total 23-25 s."""
     t = world.timing
-    await clean_up(world, head, worker)
-    await start_ray(world, head, worker)
-    old = await worker_id(head)
+    old = await fresh_ray(world, head, worker)
     timeline = Timeline()
     assert (await run(worker, f"docker rm -f {WORKER}")).exit_status == 0
     seen = await timeline.watch(
@@ -240,9 +247,7 @@ async def test_hung_worker_takes_about_four_times_as_long(
     """G_sigstop: a worker whose processes are stopped is DEAD after 63-64 s (killed: 14-16 s),
     its GPU dropped after 69-70 s; the model's calls to it hang until then."""
     t = world.timing
-    await clean_up(world, head, worker)
-    await start_ray(world, head, worker)
-    old = await worker_id(head)
+    old = await fresh_ray(world, head, worker)
     top = await run(worker, f"docker top {WORKER} -eo pid,args")
     raylet = next(line.split()[0] for line in top.stdout.splitlines() if "raylet" in line)
     timeline = Timeline()
@@ -274,9 +279,7 @@ async def test_blackholed_worker_hangs_ray_and_heal_in_time_recovers(
     world: World, head: asyncssh.SSHClientConnection, worker: asyncssh.SSHClientConnection
 ) -> None:
     t = world.timing
-    await clean_up(world, head, worker)
-    await start_ray(world, head, worker)
-    old = await worker_id(head)
+    old = await fresh_ray(world, head, worker)
     await world.fault("blackhole", "spark-b")
     await asyncio.sleep(t.dead_uncounted * 1.2)
     # Past the killed-node delays, a hung node still counts.
@@ -293,9 +296,7 @@ async def test_ray_stop_keeps_the_container_running(
     """C_ray_stop: DEAD with `Expected termination` in 2-5 s, GPU total drops in 11-13 s, and
     `ray start --block` keeps running with no Ray in it."""
     t = world.timing
-    await clean_up(world, head, worker)
-    await start_ray(world, head, worker)
-    old = await worker_id(head)
+    old = await fresh_ray(world, head, worker)
     timeline = Timeline()
     stopped = await run(worker, f"docker exec {WORKER} ray stop")
     assert stopped.exit_status == 0 and stopped.stdout.startswith("Stopped all ")
@@ -326,9 +327,7 @@ async def test_worker_restarted_at_once_overlaps_its_dead_self(
     """F_restart_overlap: the dead node stays ALIVE for ~14 s, the new one is ALIVE from ~8 s on
     the same IP (3 ALIVE nodes), and the status counts 3 GPUs for a while."""
     t = world.timing
-    await clean_up(world, head, worker)
-    await start_ray(world, head, worker)
-    old = await worker_id(head)
+    old = await fresh_ray(world, head, worker)
     worker_ip = world.hosts["spark-b"].state.data_ip
     timeline = Timeline()
     assert (await run(worker, f"docker rm -f {WORKER}")).exit_status == 0

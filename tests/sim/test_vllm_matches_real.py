@@ -21,6 +21,7 @@ from sparkd.shell.model_http import parse_vllm_metrics
 from sparkd_sim.protocol import Done
 from sparkd_sim.serve_args import parse_serve
 from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
+from tests.support.shapes import json_shape
 from tests.support.sim import REAL_LINES
 
 REAL = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-real"
@@ -63,21 +64,12 @@ def families(text: str) -> dict[str, tuple[str, set[str]]]:
     return found
 
 
-def types(value: Any) -> Any:
-    """The JSON type of every field, nested."""
-    if isinstance(value, dict):
-        return {k: types(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [types(value[0])] if value else []
-    return type(value).__name__
-
-
 def read_part(document: dict[str, Any]) -> Any:
     """The fields sparkd's classifier reads from a chat completion, with their JSON types."""
     choice = document["choices"][0]
     message = choice["message"]
     usage = document["usage"]
-    return types(
+    return json_shape(
         {
             "content": message["content"],
             "reasoning": message["reasoning"],

@@ -65,14 +65,24 @@ def keygen_lookup(pattern: str, known_hosts: Path) -> str:
     return found.stdout
 
 
+def scan_setup(sshd: RealSshd, tmp_path: Path, known_hosts: Path) -> tuple[Path, str, str]:
+    """The example config aimed at `sshd` and `known_hosts`; the served key's fingerprint; the
+    known_hosts pattern for the served address."""
+    config = config_for(sshd, tmp_path, known_hosts)
+    return config, keygen_fingerprint(sshd.known_hosts), f"[127.0.0.1]:{sshd.port}"
+
+
+def fresh_key_blob() -> str:
+    """The base64 blob of a new ed25519 key no host serves."""
+    return asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().split()[1]
+
+
 async def test_scan_prints_fingerprints_and_writes_only_with_accept(
     sshd: RealSshd, tmp_path: Path
 ) -> None:
     known_hosts = tmp_path / "scanned" / "known_hosts"
     known_hosts.parent.mkdir()
-    config = config_for(sshd, tmp_path, known_hosts)
-    expected = keygen_fingerprint(sshd.known_hosts)
-    pattern = f"[127.0.0.1]:{sshd.port}"
+    config, expected, pattern = scan_setup(sshd, tmp_path, known_hosts)
 
     scanned = sparkd("known-hosts", "scan", "--config", str(config))
     assert scanned.returncode == 69, scanned.stderr  # the worker's port is closed
@@ -82,8 +92,8 @@ async def test_scan_prints_fingerprints_and_writes_only_with_accept(
     assert not known_hosts.exists()
 
     # A stale key for the host (it was re-keyed) and an unrelated entry that must stay.
-    other_blob = asyncssh.generate_private_key("ssh-ed25519").export_public_key().split()[1]
-    other = f"192.0.2.7 ssh-ed25519 {other_blob.decode()}"
+    other_blob = fresh_key_blob()
+    other = f"192.0.2.7 ssh-ed25519 {other_blob}"
     stale = asyncssh.read_private_key(sshd.other_key_file).export_public_key()
     stale_blob = stale.decode().split()[1]
     known_hosts.write_text(f"{other}\n{pattern} ssh-ed25519 {stale_blob}\n")
@@ -125,12 +135,10 @@ async def test_a_hashed_known_hosts_is_read_and_replaced_whole(
     sshd: RealSshd, tmp_path: Path
 ) -> None:
     known_hosts = tmp_path / "known_hosts"
-    config = config_for(sshd, tmp_path, known_hosts)
-    expected = keygen_fingerprint(sshd.known_hosts)
-    pattern = f"[127.0.0.1]:{sshd.port}"
+    config, expected, pattern = scan_setup(sshd, tmp_path, known_hosts)
     line, stale_blob = stale_line(sshd, pattern)
-    other_blob = asyncssh.generate_private_key("ssh-ed25519").export_public_key().split()[1]
-    other = f"192.0.2.7 ssh-ed25519 {other_blob.decode()}"
+    other_blob = fresh_key_blob()
+    other = f"192.0.2.7 ssh-ed25519 {other_blob}"
     known_hosts.write_text(f"{other}\n{line}\n")
     # HashKnownHosts yes: ssh-keygen -H replaces every name by its salted hash.
     keygen("-H", "-f", str(known_hosts))
@@ -154,12 +162,10 @@ async def test_revoked_and_cert_authority_lines_are_honoured_and_kept(
     sshd: RealSshd, tmp_path: Path
 ) -> None:
     known_hosts = tmp_path / "known_hosts"
-    config = config_for(sshd, tmp_path, known_hosts)
-    expected = keygen_fingerprint(sshd.known_hosts)
-    pattern = f"[127.0.0.1]:{sshd.port}"
+    config, expected, pattern = scan_setup(sshd, tmp_path, known_hosts)
     served = sshd.known_hosts.read_text().split()
-    ca_blob = asyncssh.generate_private_key("ssh-ed25519").export_public_key().split()[1]
-    authority = f"@cert-authority *.example ssh-ed25519 {ca_blob.decode()}"
+    ca_blob = fresh_key_blob()
+    authority = f"@cert-authority *.example ssh-ed25519 {ca_blob}"
     revoked = f"@revoked * {served[-2]} {served[-1]}"
     known_hosts.write_text(f"{authority}\n{revoked}\n")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -27,6 +28,11 @@ QUICK_SSH = {"connect_timeout": 0.5, "command_timeout": 1.5}
 # default 127.0.0.x of any other world running on the machine: every world's model listens on
 # port 30000 of its head's address, and a probe must never reach another world's model.
 FIRST_ADDRESS = f"127.{20 + os.getpid() % 200}.0.2"
+
+
+def fast_timing(**changes: float) -> Timing:
+    """The fast timing with some of its delays changed (e.g. `reboot_downtime=1.0`)."""
+    return dataclasses.replace(Timing.fast(), **changes)
 
 
 def live_world(directory: Path, scenario: Scenario, **options: Any) -> World:

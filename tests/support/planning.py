@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from sparkd.core.planner import plan
 from sparkd.core.remember import remember
 from sparkd.model.memory import Memory
-from sparkd.model.observed import Fabric, Observed
+from sparkd.model.observed import Fabric, Observed, RayNode, RayState
 from sparkd.model.plan import MODEL_STARTS, RAY_STARTS, Action, Plan
 from tests.examples import EXAMPLE_SET
 from tests.toy import Toy
@@ -39,6 +39,16 @@ def situations(draw: st.DrawFn) -> tuple[Toy, Memory, float]:
     return toy, memory, toy.now + draw(st.floats(0, 120))
 
 
+# A situation and one host of its cluster: where a property puts its fault.
+Placed = tuple[Toy, Memory, float, str]
+
+
+@st.composite
+def situations_at_a_host(draw: st.DrawFn) -> Placed:
+    toy, memory, now = draw(situations())
+    return toy, memory, now, draw(st.sampled_from([h.name for h in toy.cluster.hosts]))
+
+
 # The port tests/fixtures/fabric/healthy.txt shows: what a host's data link reads when sound.
 SOUND = Fabric(
     mtu=9000,
@@ -56,13 +66,23 @@ SOUND = Fabric(
 Setup = Callable[[], tuple[Toy, Memory]]
 
 
-def served(toy: Toy) -> Memory:
+def served(toy: Toy, ready_for: float = 100, probed_ago: float = 60) -> Memory:
+    """The memory of having launched the toy's model on its live nodes, ready `ready_for`
+    seconds, last probed `probed_ago` seconds ago."""
     nodes = tuple(sorted(n.node_id for n in toy.ray_nodes if n.alive))
     return Memory(
         launched_at=toy.serve_started,
         launch_nodes=nodes,
-        model_ready_at=toy.now - 100,
-        last_probe_at=toy.now - 60,
+        model_ready_at=toy.now - ready_for,
+        last_probe_at=toy.now - probed_ago,
+    )
+
+
+def short_of_gpus_unnamed(toy: Toy, memory: Memory) -> Observed:
+    """`ray status` alone (no node IPs): one GPU short, and nothing can name the missing node."""
+    nodes = tuple(RayNode(node_id=n, ip="", alive=True) for n in memory.launch_nodes)
+    return toy.observe().model_copy(
+        update={"ray": RayState(nodes=nodes, gpus_total=1.0, ips_known=False)}
     )
 
 

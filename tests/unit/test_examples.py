@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,23 +30,28 @@ def test_example_replays(example: Example) -> None:
     assert tuple(a.kind for a in result.actions) == example.kinds
 
 
-def test_seed_morning_replay_cli_json() -> None:
-    proc = subprocess.run(
+def plan_from_snapshot(snapshot: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`sparkd plan --from-snapshot` on the example config, as an operator runs it."""
+    return subprocess.run(
         [
             sys.executable,
             "-m",
             "sparkd.cli",
             "plan",
             "--from-snapshot",
-            str(EXAMPLES / "seed-morning.json"),
+            str(snapshot),
             "--config",
             str(EXAMPLE_CONFIG),
-            "--json",
+            *flags,
         ],
         capture_output=True,
         text=True,
-        check=True,
     )
+
+
+def test_seed_morning_replay_cli_json() -> None:
+    proc = plan_from_snapshot(EXAMPLES / "seed-morning.json", "--json")
+    assert proc.returncode == 0, proc.stderr
     [cluster] = json.loads(proc.stdout)
     assert set(cluster) >= {"cluster", "phase", "reason", "converged", "actions"}
     assert cluster["converged"] is False
@@ -77,20 +83,7 @@ def test_bad_snapshot_exit_65(tmp_path: object) -> None:
 
     path = pathlib.Path(str(tmp_path)) / "bad.json"
     path.write_text(json.dumps({"snapshot_version": 2, "cluster": "sparks"}))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sparkd.cli",
-            "plan",
-            "--from-snapshot",
-            str(path),
-            "--config",
-            str(EXAMPLE_CONFIG),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    proc = plan_from_snapshot(path)
     assert proc.returncode == 65
     assert "snapshot_version" in proc.stderr
 

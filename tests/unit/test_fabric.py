@@ -12,8 +12,7 @@ from sparkd.core.planner import plan
 from sparkd.core.remember import remember
 from sparkd.model.observed import Fabric
 from tests.examples import EXAMPLE_SET
-from tests.support.planning import COMMON, SOUND, STARTS, host, kinds, situations
-from tests.toy import Toy
+from tests.support.planning import COMMON, SOUND, STARTS, Placed, host, kinds, situations_at_a_host
 
 FABRIC = Path(__file__).resolve().parent.parent / "fixtures" / "fabric"
 HEAD_IP = "192.168.200.12"
@@ -134,12 +133,9 @@ def test_a_flap_stays_visible_for_the_window_then_clears() -> None:
 
 
 @COMMON
-@given(situations(), st.data())
-def test_a_hard_fabric_fault_anywhere_starts_nothing(
-    s: tuple[Toy, object, float], data: st.DataObject
-) -> None:
-    toy, memory, now = s
-    name = data.draw(st.sampled_from([h.name for h in toy.cluster.hosts]))
+@given(situations_at_a_host(), st.data())
+def test_a_hard_fabric_fault_anywhere_starts_nothing(s: Placed, data: st.DataObject) -> None:
+    toy, memory, now, name = s
     sample = data.draw(st.sampled_from(["port-down.txt", "no-rdma.txt"]))
     observed = toy.observe()
     for h in toy.cluster.hosts:

@@ -12,6 +12,7 @@ from sparkd.core.remember import remember
 from sparkd.model.memory import Attempt, Memory
 from sparkd.model.observed import ModelEndpoint, Observed
 from sparkd.model.plan import Plan
+from tests.support.planning import served as served_memory
 from tests.toy import Toy
 
 INTERVAL = 30.0
@@ -20,14 +21,7 @@ INTERVAL = 30.0
 def served() -> tuple[Toy, Memory]:
     """A model that has served for a while: past its first-shape grace."""
     toy = Toy.healthy()
-    nodes = tuple(sorted(n.node_id for n in toy.ray_nodes if n.alive))
-    memory = Memory(
-        launched_at=toy.serve_started,
-        launch_nodes=nodes,
-        model_ready_at=toy.now - 600,
-        last_probe_at=toy.now - 10,
-    )
-    return toy, memory
+    return toy, served_memory(toy, ready_for=600, probed_ago=10)
 
 
 def look(toy: Toy, memory: Memory) -> tuple[Plan, Memory]:

@@ -7,8 +7,7 @@ from pathlib import Path
 
 from sparkd.core.planner import plan
 from sparkd.model.memory import Attempt, Blocked, Memory, Pause
-from sparkd.model.observed import RayNode, RayState
-from tests.support.planning import healthy, loading
+from tests.support.planning import healthy, loading, short_of_gpus_unnamed
 from tests.toy import Toy
 
 MODEL_KEY = "restart_model:spark-a:/models/Qwen3.5-122B-A10B-FP8"
@@ -55,11 +54,7 @@ def test_a_passed_deadline_is_no_horizon() -> None:
 def test_ray_short_of_gpus_is_looked_at_when_the_join_timeout_runs_out() -> None:
     toy, memory = healthy()
     memory = memory.model_copy(update={"ray_unsettled_since": toy.now - 20})
-    # `ray status` alone (no node IPs): one GPU short, and nothing can name the missing node.
-    nodes = tuple(RayNode(node_id=n, ip="", alive=True) for n in memory.launch_nodes)
-    seen = toy.observe().model_copy(
-        update={"ray": RayState(nodes=nodes, gpus_total=1.0, ips_known=False)}
-    )
+    seen = short_of_gpus_unnamed(toy, memory)
     result = plan(toy.cluster, seen, memory, toy.now)
     assert "waiting" in result.reason
     assert result.recheck_at == toy.now - 20 + toy.cluster.ray.join_timeout

@@ -19,7 +19,16 @@ from sparkd.model.observed import LoadProgress, Observed
 from sparkd.model.plan import MODEL_STARTS, RAY_STARTS
 from sparkd.shell.catalogue import fact_script
 from tests.examples import EXAMPLE_SET
-from tests.support.planning import COMMON, STARTS, host, kinds, needs_a_human, situations
+from tests.support.planning import (
+    COMMON,
+    STARTS,
+    Placed,
+    host,
+    kinds,
+    needs_a_human,
+    situations,
+    situations_at_a_host,
+)
 from tests.toy import Toy
 
 # -- 4a: drift waits while the image is unsafe ---------------------------------------------------
@@ -63,10 +72,9 @@ def test_drift_rolls_once_ray_then_model_when_the_image_arrives() -> None:
 
 
 @COMMON
-@given(situations(), st.data())
-def test_nothing_starts_on_a_full_disk(s: tuple[Toy, Memory, float], data: st.DataObject) -> None:
-    toy, memory, now = s
-    name = data.draw(st.sampled_from([h.name for h in toy.cluster.hosts]))
+@given(situations_at_a_host(), st.data())
+def test_nothing_starts_on_a_full_disk(s: Placed, data: st.DataObject) -> None:
+    toy, memory, now, name = s
     free = data.draw(st.integers(0, toy.cluster.model.min_disk_free - 1))
     # The log dir's file system, or Docker's data root.
     which = data.draw(st.sampled_from(["disk_free_bytes", "docker_disk_free_bytes"]))
@@ -106,12 +114,9 @@ NO_DRIVER = (
 
 
 @COMMON
-@given(situations(), st.data())
-def test_a_lost_gpu_blocks_every_start_and_says_reboot(
-    s: tuple[Toy, Memory, float], data: st.DataObject
-) -> None:
-    toy, memory, now = s
-    name = data.draw(st.sampled_from([h.name for h in toy.cluster.hosts]))
+@given(situations_at_a_host(), st.data())
+def test_a_lost_gpu_blocks_every_start_and_says_reboot(s: Placed, data: st.DataObject) -> None:
+    toy, memory, now, name = s
     observed = host(toy.observe(), name, gpu_error=data.draw(st.sampled_from(LOST)))
     result = plan(toy.cluster, observed, memory, now)
     assert not kinds(result) & STARTS, result.reason

@@ -25,6 +25,7 @@ from sparkd.model.observed import (
 )
 from sparkd.model.plan import Action, ActionOutcome, Plan
 from sparkd.model.probe import ProbeResult, ProbeVerdict
+from tests.support.planning import served, short_of_gpus_unnamed
 from tests.toy import Toy
 
 HEAD, WORKER = "spark-a", "spark-b"
@@ -36,15 +37,10 @@ IMAGE_B = "sha256:" + "b" * 64
 
 def healthy() -> tuple[Toy, Memory]:
     toy = Toy.healthy()
-    nodes = tuple(sorted(n.node_id for n in toy.ray_nodes if n.alive))
-    memory = Memory(
-        launched_at=toy.serve_started,
-        launch_nodes=nodes,
-        model_ready_at=toy.now - 100,
-        last_probe_at=toy.now - 60,
-        ray_seen={n: toy.now - 100 for n in nodes},
+    memory = served(toy)
+    return toy, memory.model_copy(
+        update={"ray_seen": {n: toy.now - 100 for n in memory.launch_nodes}}
     )
-    return toy, memory
 
 
 def with_host(observed: Observed, name: str, **changes: Any) -> Observed:
@@ -360,10 +356,7 @@ def test_head_on_the_wrong_ip_is_restarted() -> None:
 def test_short_of_gpus_without_node_ips_blocks_after_the_join_timeout() -> None:
     toy, memory = healthy()
     memory = memory.model_copy(update={"ray_unsettled_since": toy.now - 600})
-    nodes = tuple(RayNode(node_id=n, ip="", alive=True) for n in memory.launch_nodes)
-    seen = toy.observe().model_copy(
-        update={"ray": RayState(nodes=nodes, gpus_total=1.0, ips_known=False)}
-    )
+    seen = short_of_gpus_unnamed(toy, memory)
     result = decide(toy, memory, seen)
     assert result.phase == "blocked"
     assert "Ray short of GPUs for 10m00s" in result.reason
@@ -398,31 +391,29 @@ def test_serving_cluster_whose_data_link_went_down_is_not_healthy() -> None:
 # -- 9. Budgets count incidents -----------------------------------------------------------------
 
 
-def test_remediations_before_sustained_health_do_not_count_against_the_next_incident() -> None:
+def restarted_thrice_then_timing_out(healthy_since: float | None = None) -> tuple[Toy, Memory]:
+    """Three model restarts 50 minutes ago, two failed probes and a third timing out; health
+    that lasted since `healthy_since` seconds ago when given."""
     toy, memory = healthy()
     key = f"restart_model:{HEAD}:{toy.cluster.model.id}"
-    memory = memory.model_copy(
-        update={
-            "attempts": tuple(Attempt(key=key, at=toy.now - 3000 + i, ok=True) for i in range(3)),
-            "backoff_reset_at": toy.now - 1200,  # health lasted `healthy_reset` since
-            "consecutive_failures": 2,
-        }
-    )
+    update: dict[str, Any] = {
+        "attempts": tuple(Attempt(key=key, at=toy.now - 3000 + i, ok=True) for i in range(3)),
+        "consecutive_failures": 2,
+    }
+    if healthy_since is not None:
+        update["backoff_reset_at"] = toy.now - healthy_since
     toy.probe_style = "timeout"
+    return toy, memory.model_copy(update=update)
+
+
+def test_remediations_before_sustained_health_do_not_count_against_the_next_incident() -> None:
+    toy, memory = restarted_thrice_then_timing_out(healthy_since=1200)  # `healthy_reset` long
     result = decide(toy, memory)
     assert [a.kind for a in result.actions] == ["restart_model"], result.reason
 
 
 def test_remediations_in_this_incident_spend_the_budget() -> None:
-    toy, memory = healthy()
-    key = f"restart_model:{HEAD}:{toy.cluster.model.id}"
-    memory = memory.model_copy(
-        update={
-            "attempts": tuple(Attempt(key=key, at=toy.now - 3000 + i, ok=True) for i in range(3)),
-            "consecutive_failures": 2,
-        }
-    )
-    toy.probe_style = "timeout"
+    toy, memory = restarted_thrice_then_timing_out()
     result = decide(toy, memory)
     assert result.phase == "blocked" and result.latch is not None
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.imports import imported
+
 PACKAGE = Path(__file__).resolve().parents[2] / "sparkd"
 ROOT = PACKAGE.parent
 PURE = sorted((PACKAGE / "core").glob("*.py")) + sorted((PACKAGE / "model").glob("*.py"))
@@ -39,19 +41,9 @@ FORBIDDEN_MODULES = {
 FORBIDDEN_CALLS = {"open", "print", "input"}
 
 
-def imports(path: Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-    return names
-
-
 @pytest.mark.parametrize("path", PURE, ids=[p.relative_to(PACKAGE).as_posix() for p in PURE])
 def test_pure_modules(path: Path) -> None:
-    for name in imports(path):
+    for name in imported(path):
         assert name.split(".")[0] not in FORBIDDEN_MODULES, f"{path.name} imports {name}"
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):

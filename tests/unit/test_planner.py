@@ -61,11 +61,16 @@ def healthy_then(mutate: Callable[[Toy, Memory], Memory | None]) -> Setup:
     return setup
 
 
+def serve_gone(toy: Toy) -> None:
+    """No `vllm serve` on the head, and so no model answering."""
+    toy.serve_running = False
+    toy.ready = False
+
+
 def _head_exited(toy: Toy, memory: Memory) -> None:
     replace_container(toy, "spark-a", state="exited", status="Exited (1) 1 minute ago")
     toy.ray_nodes = []
-    toy.serve_running = False
-    toy.ready = False
+    serve_gone(toy)
 
 
 def _worker_missing_from_ray(age: float) -> Callable[[Toy, Memory], None]:
@@ -91,18 +96,43 @@ def _ray_read_failed(since: float | None, serving: bool) -> Callable[[Toy, Memor
         toy.ray_nodes = []  # the read failed: observe() reports Ray as not answering
         replace_container(toy, "spark-a", started_at=toy.now - 3600)
         if not serving:
-            toy.ready = False
-            toy.serve_running = False
+            serve_gone(toy)
         unsettled = toy.now - since if since is not None else None
         return memory.model_copy(update={"ray_unsettled_since": unsettled})
 
     return mutate
 
 
-# Each case after the builders only it uses.
+# Each case after the builders only it uses; a case that is a healthy cluster with one change
+# is named above that change (`rule`).
 CASES: list[Case] = []
+Mutate = Callable[[Toy, Memory], Memory | None]
 
 
+def rule(
+    name: str,
+    phase: str,
+    kinds: tuple[str, ...],
+    reason: str,
+    hosts: tuple[str, ...] | None = None,
+    kwargs: dict[str, Any] | None = None,
+) -> Callable[[Mutate], Mutate]:
+    """Adds the case of the healthy cluster the decorated function changes."""
+
+    def register(mutate: Mutate) -> Mutate:
+        setup = healthy_then(mutate)
+        CASES.append(Case(name, setup, phase, kinds, reason, hosts, kwargs or {}))
+        return mutate
+
+    return register
+
+
+@rule(
+    "foreign_gpu_process_with_a_stale_unit_cleans_first",
+    "cleaning",
+    ("stop_unit",),
+    "1 stale unit(s) to stop; foreign GPU process pid 48213",
+)
 def _foreign_gpu_with_stale_unit(toy: Toy, memory: Memory) -> None:
     from tests.toy import Unit
 
@@ -111,13 +141,6 @@ def _foreign_gpu_with_stale_unit(toy: Toy, memory: Memory) -> None:
 
 
 CASES += [
-    Case(
-        "foreign_gpu_process_with_a_stale_unit_cleans_first",
-        healthy_then(_foreign_gpu_with_stale_unit),
-        "cleaning",
-        ("stop_unit",),
-        "1 stale unit(s) to stop; foreign GPU process pid 48213",
-    ),
     Case(
         "one_failed_ray_read_while_serving_restarts_nothing",
         healthy_then(_ray_read_failed(None, serving=True)),
@@ -145,8 +168,7 @@ CASES += [
 def _gpu_short_for(seconds: float) -> Callable[[Toy, Memory], Memory]:
     def mutate(toy: Toy, memory: Memory) -> Memory:
         _gpus_short(toy, memory)
-        toy.serve_running = False
-        toy.ready = False
+        serve_gone(toy)
         return memory.model_copy(update={"ray_unsettled_since": toy.now - seconds})
 
     return mutate
@@ -164,23 +186,14 @@ CASES += [
 ]
 
 
+@rule("healthy_between_probes_stays_healthy", "healthy", (), "probe reasoning_only")
 def _between_probes(toy: Toy, memory: Memory) -> Memory:
     observed_probe = toy.observe().probe
     toy.probe_at = None  # no probe due this cycle
     return memory.model_copy(update={"last_probe": observed_probe})
 
 
-CASES += [
-    Case(
-        "healthy_between_probes_stays_healthy",
-        healthy_then(_between_probes),
-        "healthy",
-        (),
-        "probe reasoning_only",
-    ),
-]
-
-
+@rule("a_launch_memory_missed_is_loading", "loading", (), "left alone while it progresses")
 def _launch_memory_missed(toy: Toy, memory: Memory) -> Memory:
     from sparkd.model.plan import Action
 
@@ -191,30 +204,18 @@ def _launch_memory_missed(toy: Toy, memory: Memory) -> Memory:
     return memory
 
 
-CASES += [
-    Case(
-        "a_launch_memory_missed_is_loading",
-        healthy_then(_launch_memory_missed),
-        "loading",
-        (),
-        "left alone while it progresses",
-    ),
-]
-
-
+@rule(
+    "dry_run_never_latches",
+    "degraded",
+    (),
+    "dry-run: 3 consecutive failed probes",
+    kwargs={"dry_run": True},
+)
 def _dry_run_budget(toy: Toy, memory: Memory) -> Memory:
     return _budget_spent(toy, memory)
 
 
 CASES += [
-    Case(
-        "dry_run_never_latches",
-        healthy_then(_dry_run_budget),
-        "degraded",
-        (),
-        "dry-run: 3 consecutive failed probes",
-        kwargs={"dry_run": True},
-    ),
     Case(
         "seed_morning_cleans_then_starts_ray",
         seed,
@@ -241,33 +242,19 @@ CASES += [
 ]
 
 
+@rule(
+    "worker_unreachable_touches_nothing", "unreachable", (), "spark-b (worker) unreachable (timeout"
+)
 def _worker_unreachable(toy: Toy, memory: Memory) -> None:
     toy.unreachable("spark-b", "timeout")
 
 
-CASES += [
-    Case(
-        "worker_unreachable_touches_nothing",
-        healthy_then(_worker_unreachable),
-        "unreachable",
-        (),
-        "spark-b (worker) unreachable (timeout",
-    ),
-]
-
-
+@rule("head_unreachable_touches_nothing", "unreachable", (), "spark-a (head) unreachable (refused")
 def _head_unreachable(toy: Toy, memory: Memory) -> None:
     toy.unreachable("spark-a", "refused")
 
 
 CASES += [
-    Case(
-        "head_unreachable_touches_nothing",
-        healthy_then(_head_unreachable),
-        "unreachable",
-        (),
-        "spark-a (head) unreachable (refused",
-    ),
     Case(
         "head_exited_restarts_head_then_workers",
         healthy_then(_head_exited),
@@ -278,29 +265,24 @@ CASES += [
 ]
 
 
-def _head_drift(toy: Toy, memory: Memory) -> None:
-    replace_container(toy, "spark-a", labels={"sparkd.cluster": "sparks", LABEL_SPEC: "old"})
+def _spec_drift(host: str) -> Callable[[Toy, Memory], None]:
+    def mutate(toy: Toy, memory: Memory) -> None:
+        replace_container(toy, host, labels={"sparkd.cluster": "sparks", LABEL_SPEC: "old"})
+
+    return mutate
 
 
 CASES += [
     Case(
         "head_spec_drift_rolls_out_in_order",
-        healthy_then(_head_drift),
+        healthy_then(_spec_drift("spark-a")),
         "starting_ray",
         ("restart_ray", "restart_ray"),
         "spec drift",
     ),
-]
-
-
-def _worker_drift(toy: Toy, memory: Memory) -> None:
-    replace_container(toy, "spark-b", labels={"sparkd.cluster": "sparks", LABEL_SPEC: "old"})
-
-
-CASES += [
     Case(
         "worker_spec_drift_restarts_only_worker",
-        healthy_then(_worker_drift),
+        healthy_then(_spec_drift("spark-b")),
         "starting_ray",
         ("restart_ray",),
         "spec drift",
@@ -324,89 +306,68 @@ CASES += [
 ]
 
 
+@rule(
+    "worker_on_wrong_ip_restarts_worker",
+    "starting_ray",
+    ("restart_ray",),
+    "10.1.230.181, not a configured data IP",
+    hosts=("spark-b",),
+)
 def _wrong_ip(toy: Toy, memory: Memory) -> None:
     toy.ray_nodes = [n for n in toy.ray_nodes if n.ip != "192.168.200.13"]
     toy.ray_nodes.append(RayNode(node_id="node09", ip="10.1.230.181", alive=True, gpus=1.0))
 
 
-CASES += [
-    Case(
-        "worker_on_wrong_ip_restarts_worker",
-        healthy_then(_wrong_ip),
-        "starting_ray",
-        ("restart_ray",),
-        "10.1.230.181, not a configured data IP",
-        hosts=("spark-b",),
-    ),
-]
-
-
+@rule(
+    "node_registered_without_its_gpu_is_restarted",
+    "starting_ray",
+    ("restart_ray",),
+    "Ray node on 192.168.200.13 registered with 0 GPUs",
+)
 def _gpus_short(toy: Toy, memory: Memory) -> None:
     toy.ray_nodes = [
         n.model_copy(update={"gpus": 0.0}) if not n.is_head else n for n in toy.ray_nodes
     ]
 
 
-CASES += [
-    Case(
-        "node_registered_without_its_gpu_is_restarted",
-        healthy_then(_gpus_short),
-        "starting_ray",
-        ("restart_ray",),
-        "Ray node on 192.168.200.13 registered with 0 GPUs",
-    ),
-]
-
-
+@rule(
+    "ray_ready_serve_missing_starts_model",
+    "starting_model",
+    ("start_model",),
+    "vllm serve is not running",
+)
 def _serve_never_started(toy: Toy, memory: Memory) -> Memory:
-    toy.serve_running = False
-    toy.ready = False
+    serve_gone(toy)
     return Memory()
 
 
-CASES += [
-    Case(
-        "ray_ready_serve_missing_starts_model",
-        healthy_then(_serve_never_started),
-        "starting_model",
-        ("start_model",),
-        "vllm serve is not running",
-    ),
-]
-
-
+@rule(
+    "serve_exited_starts_model_with_log",
+    "starting_model",
+    ("start_model",),
+    "vllm serve exited (last log: RuntimeError: NCCL error",
+)
 def _serve_exited(toy: Toy, memory: Memory) -> None:
-    toy.serve_running = False
-    toy.ready = False
+    serve_gone(toy)
     toy.log_tail = ("RuntimeError: NCCL error: unhandled system error",)
 
 
-CASES += [
-    Case(
-        "serve_exited_starts_model_with_log",
-        healthy_then(_serve_exited),
-        "starting_model",
-        ("start_model",),
-        "vllm serve exited (last log: RuntimeError: NCCL error",
-    ),
-]
-
-
+@rule(
+    "serve_spec_drift_restarts_model",
+    "starting_model",
+    ("restart_model",),
+    "spec drift: serving 0ld5pec",
+)
 def _serve_drift(toy: Toy, memory: Memory) -> None:
     toy.serve_spec = "0ld5pec"
 
 
-CASES += [
-    Case(
-        "serve_spec_drift_restarts_model",
-        healthy_then(_serve_drift),
-        "starting_model",
-        ("restart_model",),
-        "spec drift: serving 0ld5pec",
-    ),
-]
-
-
+@rule(
+    "worker_rejoined_restarts_model",
+    "starting_model",
+    ("restart_model",),
+    "Ray nodes changed since launch (a node rejoined with a new id)",
+)
 def _worker_rejoined(toy: Toy, memory: Memory) -> None:
     worker_ip = "192.168.200.13"
     toy.ray_nodes = [n for n in toy.ray_nodes if n.ip != worker_ip]
@@ -414,13 +375,6 @@ def _worker_rejoined(toy: Toy, memory: Memory) -> None:
 
 
 CASES += [
-    Case(
-        "worker_rejoined_restarts_model",
-        healthy_then(_worker_rejoined),
-        "starting_model",
-        ("restart_model",),
-        "Ray nodes changed since launch (a node rejoined with a new id)",
-    ),
     Case(
         "load_progressing_is_left_alone",
         loading(progress_age=30, elapsed=360),
@@ -501,80 +455,49 @@ CASES += [
 ]
 
 
+@rule("endpoint_gone_after_ready_counts_probe", "degraded", (), "probe refused; failure 1 of 3")
 def _endpoint_gone_after_ready(toy: Toy, memory: Memory) -> None:
     toy.ready = False
     toy.probe_at = toy.now
     toy.probe_style = "refused"
 
 
-CASES += [
-    Case(
-        "endpoint_gone_after_ready_counts_probe",
-        healthy_then(_endpoint_gone_after_ready),
-        "degraded",
-        (),
-        "probe refused; failure 1 of 3",
-    ),
-]
-
-
+@rule(
+    "foreign_gpu_process_blocks",
+    "blocked",
+    (),
+    "foreign GPU process pid 48213 (/usr/bin/python3, 96073 MiB) on spark-a",
+)
 def _foreign_gpu(toy: Toy, memory: Memory) -> None:
     toy.gpu["spark-a"].append(GpuProcess(pid=48213, name="/usr/bin/python3", used_memory_mib=96073))
 
 
-CASES += [
-    Case(
-        "foreign_gpu_process_blocks",
-        healthy_then(_foreign_gpu),
-        "blocked",
-        (),
-        "foreign GPU process pid 48213 (/usr/bin/python3, 96073 MiB) on spark-a",
-    ),
-]
-
-
+@rule(
+    "foreign_gpu_process_killed_when_allowed",
+    "cleaning",
+    ("kill_gpu_process",),
+    "1 foreign GPU process(es) to kill",
+)
 def _foreign_gpu_killable(toy: Toy, memory: Memory) -> None:
     _foreign_gpu(toy, memory)
     with_policy(toy, allow_kill_foreign_gpu=True)
 
 
-CASES += [
-    Case(
-        "foreign_gpu_process_killed_when_allowed",
-        healthy_then(_foreign_gpu_killable),
-        "cleaning",
-        ("kill_gpu_process",),
-        "1 foreign GPU process(es) to kill",
-    ),
-]
-
-
+@rule("graphics_process_is_harmless", "healthy", (), "probe")
 def _harmless_gpu(toy: Toy, memory: Memory) -> None:
     toy.gpu["spark-a"].append(GpuProcess(pid=2558, name="/usr/lib/xorg/Xorg", used_memory_mib=18))
 
 
-CASES += [
-    Case("graphics_process_is_harmless", healthy_then(_harmless_gpu), "healthy", (), "probe"),
-]
-
-
+@rule(
+    "missing_image_blocks", "blocked", (), "image hellohal2064/vllm-qwen3.5-gb10 missing on spark-b"
+)
 def _image_missing(toy: Toy, memory: Memory) -> Memory:
     toy.containers["spark-b"].clear()
     toy.images["spark-b"] = ["hellohal2064/vllm-glm47-gb10:latest"]
     return memory
 
 
-CASES += [
-    Case(
-        "missing_image_blocks",
-        healthy_then(_image_missing),
-        "blocked",
-        (),
-        "image hellohal2064/vllm-qwen3.5-gb10 missing on spark-b",
-    ),
-]
-
-
+@rule("budget_spent_latches_blocked", "blocked", (), "budget spent: restart_model")
 def _budget_spent(toy: Toy, memory: Memory) -> Memory:
     toy.probe_style = "http_error"
     key = "restart_model:spark-a:/models/Qwen3.5-122B-A10B-FP8"
@@ -582,17 +505,7 @@ def _budget_spent(toy: Toy, memory: Memory) -> Memory:
     return memory.model_copy(update={"consecutive_failures": 2, "attempts": attempts})
 
 
-CASES += [
-    Case(
-        "budget_spent_latches_blocked",
-        healthy_then(_budget_spent),
-        "blocked",
-        (),
-        "budget spent: restart_model",
-    ),
-]
-
-
+@rule("backoff_withholds_repeat", "degraded", (), "backing off restart_model")
 def _backing_off(toy: Toy, memory: Memory) -> Memory:
     toy.probe_style = "http_error"
     key = "restart_model:spark-a:/models/Qwen3.5-122B-A10B-FP8"
@@ -600,51 +513,21 @@ def _backing_off(toy: Toy, memory: Memory) -> Memory:
     return memory.model_copy(update={"consecutive_failures": 2, "attempts": attempts})
 
 
-CASES += [
-    Case(
-        "backoff_withholds_repeat",
-        healthy_then(_backing_off),
-        "degraded",
-        (),
-        "backing off restart_model",
-    ),
-]
-
-
+@rule("stale_unit_enabled_again_is_stopped", "cleaning", ("stop_unit",), "1 stale unit(s) to stop")
 def _stale_unit_back(toy: Toy, memory: Memory) -> None:
     from tests.toy import Unit
 
     toy.units["spark-a"]["vllm-cluster.service"] = Unit(active=False, enabled=True)
 
 
-CASES += [
-    Case(
-        "stale_unit_enabled_again_is_stopped",
-        healthy_then(_stale_unit_back),
-        "cleaning",
-        ("stop_unit",),
-        "1 stale unit(s) to stop",
-    ),
-]
-
-
+@rule("inactive_disabled_unit_is_left_alone", "healthy", (), "probe")
 def _stale_unit_inactive_disabled(toy: Toy, memory: Memory) -> None:
     from tests.toy import Unit
 
     toy.units["spark-a"]["vllm-cluster.service"] = Unit(active=False, enabled=False)
 
 
-CASES += [
-    Case(
-        "inactive_disabled_unit_is_left_alone",
-        healthy_then(_stale_unit_inactive_disabled),
-        "healthy",
-        (),
-        "probe",
-    ),
-]
-
-
+@rule("paused_plans_nothing", "paused", (), "paused by alice: maintenance")
 def _paused(toy: Toy, memory: Memory) -> Memory:
     _head_exited(toy, memory)
     return memory.model_copy(
@@ -652,17 +535,12 @@ def _paused(toy: Toy, memory: Memory) -> Memory:
     )
 
 
-CASES += [
-    Case(
-        "paused_plans_nothing",
-        healthy_then(_paused),
-        "paused",
-        (),
-        "paused by alice: maintenance",
-    ),
-]
-
-
+@rule(
+    "expired_pause_acts",
+    "starting_ray",
+    ("start_ray_head", "restart_ray"),
+    "Ray head container exited",
+)
 def _pause_expired(toy: Toy, memory: Memory) -> Memory:
     _head_exited(toy, memory)
     return memory.model_copy(
@@ -670,30 +548,13 @@ def _pause_expired(toy: Toy, memory: Memory) -> Memory:
     )
 
 
-CASES += [
-    Case(
-        "expired_pause_acts",
-        healthy_then(_pause_expired),
-        "starting_ray",
-        ("start_ray_head", "restart_ray"),
-        "Ray head container exited",
-    ),
-]
-
-
+@rule("blocked_latch_plans_nothing", "blocked", (), "latched; `sparkd resume sparks` to retry")
 def _latched(toy: Toy, memory: Memory) -> Memory:
     _head_exited(toy, memory)
     return memory.model_copy(update={"blocked": Blocked(reason="budget spent: ...", since=1.0)})
 
 
 CASES += [
-    Case(
-        "blocked_latch_plans_nothing",
-        healthy_then(_latched),
-        "blocked",
-        (),
-        "latched; `sparkd resume sparks` to retry",
-    ),
     Case(
         "dry_run_plans_nothing",
         healthy_then(_head_exited),
@@ -705,40 +566,24 @@ CASES += [
 ]
 
 
+@rule("other_model_on_port_blocks", "blocked", (), "already serves /models/GLM-4.7-Flash")
 def _other_model_on_port(toy: Toy, memory: Memory) -> Memory:
-    toy.serve_running = False
-    toy.ready = False
+    serve_gone(toy)
     toy._endpoint = lambda: ModelEndpoint(  # type: ignore[method-assign]
         status="up", health_status=200, models=("/models/GLM-4.7-Flash",)
     )
     return Memory()
 
 
-CASES += [
-    Case(
-        "other_model_on_port_blocks",
-        healthy_then(_other_model_on_port),
-        "blocked",
-        (),
-        "already serves /models/GLM-4.7-Flash",
-    ),
-]
-
-
+@rule(
+    "reboot_is_named_in_reason",
+    "cleaning",
+    ("remove_container", "start_ray_worker"),
+    "spark-b rebooted (boot id changed)",
+)
 def _rebooted_note(toy: Toy, memory: Memory) -> Memory:
     toy.reboot("spark-b")
     return memory.model_copy(update={"boot_ids": {"spark-b": "boot-spark-b-1"}})
-
-
-CASES += [
-    Case(
-        "reboot_is_named_in_reason",
-        healthy_then(_rebooted_note),
-        "cleaning",
-        ("remove_container", "start_ray_worker"),
-        "spark-b rebooted (boot id changed)",
-    ),
-]
 
 
 def run(case: Case) -> Plan:

@@ -266,22 +266,16 @@ def wedges(draw: st.DrawFn) -> tuple[ClusterSpec, Observed, Memory, float, bool]
         )
     )
     victim = draw(st.sampled_from(["spark-a", "spark-b"]))
-    sample = draw(st.sampled_from(["nv-no-memory.txt", "aer-fatal.txt", "xid-45.txt"]))
-    # Weighted towards the rule holding, so that most cases test a power cycle's presence.
-    kind = draw(st.sampled_from([*HOST_ERROR_KINDS, *SILENT_KINDS, *SILENT_KINDS]))
-    silent = draw(st.floats(0, 3 * LIMIT))
-    command = draw(st.sampled_from([COMMAND, COMMAND, COMMAND, None]))
-    load_seconds = draw(st.sampled_from([900.0, 1800.0, 3000.0]))
-    serving = draw(st.sampled_from([False, False, True]))
     cluster, gone, memory, now = wedged(
         example,
-        sample=sample,
         victim=victim,
-        silent=silent,
-        kind=kind,
-        command=command,
-        load_seconds=load_seconds,
-        serving=serving,
+        sample=draw(st.sampled_from(["nv-no-memory.txt", "aer-fatal.txt", "xid-45.txt"])),
+        # Weighted towards the rule holding, so that most cases test a power cycle's presence.
+        kind=draw(st.sampled_from([*HOST_ERROR_KINDS, *SILENT_KINDS, *SILENT_KINDS])),
+        silent=draw(st.floats(0, 3 * LIMIT)),
+        command=draw(st.sampled_from([COMMAND, COMMAND, COMMAND, None])),
+        load_seconds=draw(st.sampled_from([900.0, 1800.0, 3000.0])),
+        serving=draw(st.sampled_from([False, False, True])),
     )
     # The head's Ray may say otherwise than the probe: a node listed ALIVE, or DEAD.
     ray_alive = draw(st.sampled_from([None, None, True, False]))

@@ -9,20 +9,8 @@ from sparkd.core import policy
 from sparkd.core.planner import plan
 from sparkd.model.memory import Attempt, Blocked, Memory, Pause
 from sparkd.model.plan import Action
-from sparkd.model.probe import ProbeOutcome
+from sparkd.model.probe import PROBE_OUTCOMES
 from tests.toy import Toy
-
-OUTCOMES: list[ProbeOutcome] = [
-    "answer",
-    "reasoning_only",
-    "empty",
-    "malformed",
-    "http_error",
-    "garbled",
-    "refused",
-    "timeout",
-    "not_run",
-]
 
 
 @st.composite
@@ -37,7 +25,7 @@ def situations(draw: st.DrawFn) -> tuple[Toy, Memory, float]:
         host = "spark-a" if kind == "restart_model" else "spark-b"
         toy.apply(Action(kind=kind, host=host, target="t", reason="r"))  # type: ignore[arg-type]
         toy.advance(draw(st.floats(0, 4000)))
-    toy.probe_style = draw(st.sampled_from(OUTCOMES))
+    toy.probe_style = draw(st.sampled_from(PROBE_OUTCOMES))
     toy.probe_busy = draw(st.booleans())
     keys = [
         "restart_model:spark-a:/models/Qwen3.5-122B-A10B-FP8",

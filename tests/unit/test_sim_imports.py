@@ -4,8 +4,9 @@ bottom up."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from tests.support.imports import imported
 
 SIM = Path(__file__).resolve().parents[2] / "sparkd_sim"
 # A module past this holds more than one concern (the world was 1,490 lines before its split).
@@ -19,14 +20,7 @@ def _module(path: Path) -> str:
 
 def _imports(path: Path, modules: set[str]) -> set[str]:
     """The simulator's own modules `path` imports (`from sparkd_sim import x` names module x)."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name in modules)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            found.update(f"{node.module}.{a.name}" for a in node.names)
-            found.add(node.module)
-    return found & modules
+    return imported(path) & modules
 
 
 def _graph() -> dict[str, set[str]]:

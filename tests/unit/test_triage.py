@@ -17,7 +17,15 @@ from sparkd.model.memory import Memory
 from sparkd.model.observed import HostError
 from sparkd.model.plan import TRIAGE_CLASSES, Plan
 from tests.examples import EXAMPLE_SET
-from tests.support.planning import COMMON, STARTS, host, kinds, needs_a_human, situations
+from tests.support.planning import (
+    COMMON,
+    STARTS,
+    Placed,
+    host,
+    kinds,
+    needs_a_human,
+    situations_at_a_host,
+)
 from tests.toy import Toy
 
 KERNEL = Path(__file__).resolve().parent.parent / "fixtures" / "kernel"
@@ -76,12 +84,9 @@ def test_application_xids_and_teardowns_never_block() -> None:
 
 
 @COMMON
-@given(situations(), st.data(), st.sampled_from(["xid-13.txt", "xid-45.txt", "quiet.txt"]))
-def test_harmless_kernel_lines_change_no_plan(
-    s: tuple[Toy, Memory, float], data: st.DataObject, sample: str
-) -> None:
-    toy, memory, now = s
-    name = data.draw(st.sampled_from([h.name for h in toy.cluster.hosts]))
+@given(situations_at_a_host(), st.sampled_from(["xid-13.txt", "xid-45.txt", "quiet.txt"]))
+def test_harmless_kernel_lines_change_no_plan(s: Placed, sample: str) -> None:
+    toy, memory, now, name = s
     before = plan(toy.cluster, toy.observe(), memory, now)
     after = plan(toy.cluster, host(toy.observe(), name, kernel=log(sample)), memory, now)
     assert (after.phase, after.actions, after.reason) == (
@@ -92,12 +97,9 @@ def test_harmless_kernel_lines_change_no_plan(
 
 
 @COMMON
-@given(situations(), st.data())
-def test_a_fatal_xid_anywhere_blocks_every_start(
-    s: tuple[Toy, Memory, float], data: st.DataObject
-) -> None:
-    toy, memory, now = s
-    name = data.draw(st.sampled_from([h.name for h in toy.cluster.hosts]))
+@given(situations_at_a_host())
+def test_a_fatal_xid_anywhere_blocks_every_start(s: Placed) -> None:
+    toy, memory, now, name = s
     result = plan(toy.cluster, host(toy.observe(), name, kernel=log("xid-79.txt")), memory, now)
     assert not kinds(result) & STARTS
     # Blocked, or cleaning first (a cleanup needs no GPU), as for nvidia-smi's lost GPU.

@@ -3,24 +3,13 @@
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from tests.support.imports import imported
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sparkd"
 WEB = sorted((PACKAGE / "web").rglob("*.py"))
 CLI = sorted([*PACKAGE.glob("cli*.py"), PACKAGE / "commands.py", *(PACKAGE / "cli").rglob("*.py")])
-
-
-def imported(path: Path) -> set[str]:
-    """Every module the file imports, under TYPE_CHECKING and inside functions too."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
 
 
 def test_web_never_imports_the_daemon() -> None:
