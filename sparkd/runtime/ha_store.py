@@ -241,6 +241,8 @@ class EtcdStore:
                     asyncio.gather(*writers, return_exceptions=True),
                     timeout=2 * self.ha.spec.request_timeout,
                 )
+        for cluster in list(self._events):
+            self._unwritten(cluster, "stopping before etcd took them")
 
     # -- writing --------------------------------------------------------------------------
 

@@ -4,6 +4,8 @@ nothing, and the journal keeps its bound."""
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -157,6 +159,29 @@ async def test_the_journal_keeps_its_newest_events_only(
         assert [e["n"] for e in read] == list(range(total - 1, total - kept - 1, -1))
     finally:
         await a.ha.stop()
+
+
+async def test_events_etcd_did_not_answer_land_once_it_does(
+    boxes: tuple[Box, Box], etcd: EtcdServer, admin: EtcdClient
+) -> None:
+    a, _ = boxes
+    await a.own()
+    a.store.journal("c1", [event("phase", 0)])
+    await a.store.close()
+    # A hung etcd: the write times out, then etcd answers again before the owner's deadline
+    # (a renewal just before: the deadline is then TTL - margin away).
+    await a.ha.round()
+    etcd.signal(signal.SIGSTOP)
+    try:
+        a.store.journal("c1", [event("remediation", 1), event("phase", 2)])
+        await asyncio.sleep(0.7)
+        a.store.journal("c1", [event("phase", 3)])
+    finally:
+        etcd.signal(signal.SIGCONT)
+    await a.store.close()
+    read, _ = await a.store.read_events(["c1"], 10)
+    assert [e["n"] for e in read] == [3, 2, 1, 0]
+    assert len(await keys(admin)) == 4
 
 
 async def events_of(instance: Instance, cluster: str) -> list[dict[str, Any]]:
