@@ -45,6 +45,7 @@ from sparkd.runtime.clock import elapsed
 from sparkd.runtime.persist import EVENTS_KEPT
 from sparkd.runtime.state import MemoryRead, StateDir, _validate_ignoring_unknown
 from sparkd.runtime.store import Adopted, EventsUnreadable
+from sparkd.shell.secrets import redact_json
 
 # A write etcd did not answer is tried again after this long, while this instance owns it.
 RETRY = 0.5
@@ -302,8 +303,11 @@ class EtcdStore:
             return {}, []
         first = self._seq[cluster]
         instance = self.ha.spec.instance
+        # Other boxes read these: a secret of this one never leaves it (as on /events).
         puts = {
-            event_key(self.prefix, cluster, first + i): encode_event(event, token, instance)
+            event_key(self.prefix, cluster, first + i): encode_event(
+                redact_json(event), token, instance
+            )
             for i, event in enumerate(events)
         }
         below = trimmed_below(first + len(events) - 1, self.events_kept)

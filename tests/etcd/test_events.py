@@ -20,6 +20,7 @@ from sparkd.ha.ownership import Ownership
 from sparkd.model.memory import Memory
 from sparkd.runtime.ha_store import EVENTS_PER_WRITE, EtcdStore
 from sparkd.runtime.state import StateDir
+from sparkd.shell.secrets import read_secret
 from sparkd_sim.world import World
 from tests.etcd.conftest import EtcdServer
 from tests.etcd.test_ownership import spec, wait_for
@@ -182,6 +183,21 @@ async def test_events_etcd_did_not_answer_land_once_it_does(
     read, _ = await a.store.read_events(["c1"], 10)
     assert [e["n"] for e in read] == [3, 2, 1, 0]
     assert len(await keys(admin)) == 4
+
+
+async def test_a_secret_in_an_event_never_reaches_etcd(
+    boxes: tuple[Box, Box], admin: EtcdClient, tmp_path: Path
+) -> None:
+    a, _ = boxes
+    key = tmp_path / "api_key"
+    key.write_text("sk-events-9f3b27c1d4\n")
+    assert read_secret(key) == "sk-events-9f3b27c1d4"
+    await a.own()
+    a.store.journal("c1", [{**event("remediation", 1), "detail": "401 for sk-events-9f3b27c1d4"}])
+    await a.store.close()
+    found, _ = await admin.get_prefix(events_prefix(PREFIX, "c1"))
+    assert len(found) == 1 and b"401 for" in found[0].value
+    assert b"sk-events-9f3b27c1d4" not in found[0].value
 
 
 async def events_of(instance: Instance, cluster: str) -> list[dict[str, Any]]:
