@@ -286,7 +286,9 @@ class EtcdStore:
                     if deletes:
                         self._settled.discard(cluster)
                     if events:
-                        del self._events[cluster][: len(events)]
+                        # Appended to meanwhile (journal takes no lock), or reported unwritten
+                        # by a stop that could wait no longer.
+                        del self._events.get(cluster, [])[: len(events)]
                         self._seq[cluster] += len(events)
                 elif written is False:
                     self._refused(cluster, token)
