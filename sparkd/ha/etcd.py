@@ -206,6 +206,20 @@ class EtcdClient:
         answer = await self.call("kv/range", {"key": b64(prefix), "range_end": prefix_end(prefix)})
         return [_kv(doc) for doc in answer.get("kvs") or []], int(answer["header"]["revision"])
 
+    async def newest(self, prefix: str, limit: int) -> list[KeyValue]:
+        """The last `limit` keys under `prefix` in key order, last first."""
+        answer = await self.call(
+            "kv/range",
+            {
+                "key": b64(prefix),
+                "range_end": prefix_end(prefix),
+                "limit": str(limit),
+                "sort_order": "DESCEND",
+                "sort_target": "KEY",
+            },
+        )
+        return [_kv(doc) for doc in answer.get("kvs") or []]
+
     async def put(self, key: str, value: bytes, lease: int = 0) -> int:
         body: dict[str, Any] = {"key": b64(key), "value": b64(value)}
         if lease:
@@ -319,10 +333,11 @@ class EtcdClient:
         puts: dict[str, bytes],
         deletes: Sequence[str] = (),
         absent: str | None = None,
+        ranges: Sequence[tuple[str, str]] = (),
     ) -> bool:
-        """Put `puts` and delete `deletes` in one transaction, only while the owner key `owner`
-        is still the one created at `token` (and `absent`, when given, does not exist): a
-        former owner's write changes nothing."""
+        """Put `puts`, delete `deletes` and each `[start, end)` of `ranges` in one transaction,
+        only while the owner key `owner` is still the one created at `token` (and `absent`,
+        when given, does not exist): a former owner's write changes nothing."""
         compare = [
             {
                 "key": b64(owner),
@@ -339,5 +354,9 @@ class EtcdClient:
             {"request_put": {"key": b64(key), "value": b64(value)}} for key, value in puts.items()
         ]
         success += [{"request_delete_range": {"key": b64(key)}} for key in deletes]
+        success += [
+            {"request_delete_range": {"key": b64(start), "range_end": b64(end)}}
+            for start, end in ranges
+        ]
         answer = await self.call("kv/txn", {"compare": compare, "success": success})
         return bool(answer.get("succeeded", False))

@@ -163,8 +163,12 @@ class Controller(OperatorRequests):
             # A new owner's first step, before it looks: the former owner's commands still
             # running on a host finish first, and any later one of its is refused there.
             await self._adopt()
+            unswept = {h.name for h in self.fence.unswept()}
             await self.fence.sweep()
             swept = self.fence.token()
+            done = sorted(unswept - {h.name for h in self.fence.unswept()})
+            if done and swept is not None:
+                self._persist([self._event("fence_swept", hosts=done, token=swept.token)])
         # A hung host makes a look last up to its command timeout, which may be several
         # intervals: within its own bound that is progress, so the watchdog keeps the daemon
         # (and every other cluster) running.

@@ -9,6 +9,12 @@ this instance is no longer the owner, and takes the fenced host's path (demote, 
 
 The state dir keeps a copy of every save: `sparkd status` and a standby read it, and it is what
 a first start with `[ha]` imports when etcd has no memory for the cluster yet.
+
+The owner's events go to the cluster's journal in etcd (sparkd.ha.events) by the same writer,
+in the same guarded transactions as the memory, each batch trimming the journal to its bound;
+a batch etcd did not answer is sent again with the same sequence numbers (a write that landed
+unseen is put again, unchanged). Events still unwritten when this instance stops owning the
+cluster are logged (`events_unwritten`), never dropped silently; the local journal has them.
 """
 
 from __future__ import annotations
@@ -18,19 +24,34 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
+from typing import Any
 
 from sparkd.ha.etcd import EtcdError, EtcdUnavailable
+from sparkd.ha.events import (
+    decode_event,
+    encode_event,
+    event_key,
+    events_prefix,
+    newest_first,
+    seq_of,
+    trimmed_below,
+)
 from sparkd.ha.memory import decode, encode, intent_key, memory_key, read_intent
 from sparkd.ha.ownership import Ownership
 from sparkd.model.memory import Memory
 from sparkd.model.plan import Action
 from sparkd.runtime import logs
 from sparkd.runtime.clock import elapsed
+from sparkd.runtime.persist import EVENTS_KEPT
 from sparkd.runtime.state import MemoryRead, StateDir, _validate_ignoring_unknown
-from sparkd.runtime.store import Adopted
+from sparkd.runtime.store import Adopted, EventsUnreadable
+from sparkd.shell.secrets import redact_json
 
 # A write etcd did not answer is tried again after this long, while this instance owns it.
 RETRY = 0.5
+# Events per transaction: with the memory, the intent and the trim, well under etcd's default
+# limit of 128 operations in one transaction (--max-txn-ops).
+EVENTS_PER_WRITE = 100
 
 
 class EtcdStore:
@@ -41,6 +62,7 @@ class EtcdStore:
         *,
         monotonic: Callable[[], float] = elapsed,
         on_refused: Callable[[str, str], None] = lambda cluster, detail: None,
+        events_kept: int = EVENTS_KEPT,
     ) -> None:
         self.ha = ha
         self.local = local
@@ -56,6 +78,11 @@ class EtcdStore:
         self._settled: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self._writers: dict[str, asyncio.Task[None]] = {}
+        # Per cluster: events not yet in etcd, oldest first, and the next sequence number
+        # (read from etcd when the memory is adopted).
+        self.events_kept = events_kept
+        self._events: dict[str, list[dict[str, Any]]] = {}
+        self._seq: dict[str, int] = {}
 
     def _lock(self, cluster: str) -> asyncio.Lock:
         return self._locks.setdefault(cluster, asyncio.Lock())
@@ -80,6 +107,16 @@ class EtcdStore:
         if self._token(cluster) is None:
             return
         self._pending[cluster] = (memory, self._now(memory))
+        self._start_writer(cluster)
+
+    def journal(self, cluster: str, events: list[dict[str, Any]]) -> None:
+        """The owner's events go to etcd's journal too (a standby's stay in its own)."""
+        if not events or self._token(cluster) is None:
+            return
+        self._events.setdefault(cluster, []).extend(events)
+        self._start_writer(cluster)
+
+    def _start_writer(self, cluster: str) -> None:
         writer = self._writers.get(cluster)
         if writer is None or writer.done():
             self._writers[cluster] = asyncio.get_running_loop().create_task(
@@ -100,8 +137,12 @@ class EtcdStore:
         async with self._lock(cluster):
             self._pending.pop(cluster, None)
             self._settled.discard(cluster)
+            self._unwritten(cluster, "a claim before this one")
             stored, _ = await self.ha.client.get(key)
             left, _ = await self.ha.client.get(ikey)
+            # After the owner key is ours: no former owner's event can land behind this read.
+            newest = await self.ha.client.newest(events_prefix(self.prefix, cluster), 1)
+            last = seq_of(newest[0].key) if newest else None
             if stored is None:
                 raw = self._encode(cluster, memory, now, token)
                 if not await self.ha.client.guarded(owner, token, {key: raw}, absent=key):
@@ -114,6 +155,7 @@ class EtcdStore:
             intent = read_intent(left.value) if left is not None else None
             if left is not None and not await self.ha.client.guarded(owner, token, {}, [ikey]):
                 return None
+            self._seq[cluster] = 0 if last is None else last + 1
             self.adopted[cluster] = token
         self.log.info(
             "memory_adopted", cluster=cluster, token=token, source=source,
@@ -200,6 +242,8 @@ class EtcdStore:
                     asyncio.gather(*writers, return_exceptions=True),
                     timeout=2 * self.ha.spec.request_timeout,
                 )
+        for cluster in list(self._events):
+            self._unwritten(cluster, "stopping before etcd took them")
 
     # -- writing --------------------------------------------------------------------------
 
@@ -212,31 +256,98 @@ class EtcdStore:
             async with self._lock(cluster):
                 token = self._token(cluster)
                 pending = self._pending.pop(cluster, None)
-                if pending is None or token is None:
+                events = self._events.get(cluster, [])[:EVENTS_PER_WRITE]
+                if token is None:
+                    self._unwritten(cluster, "not the owner")
                     return
-                memory, now = pending
-                puts = {memory_key(self.prefix, cluster): self._encode(cluster, memory, now, token)}
+                if pending is None and not events:
+                    return
+                puts, ranges = self._journal_puts(cluster, events, token)
+                if pending is not None:
+                    memory, now = pending
+                    puts[memory_key(self.prefix, cluster)] = self._encode(
+                        cluster, memory, now, token
+                    )
                 deletes = [intent_key(self.prefix, cluster)] if cluster in self._settled else []
                 written: bool | None
                 try:
                     written = await self.ha.client.guarded(
-                        self.ha.key(cluster), token, puts, deletes
+                        self.ha.key(cluster), token, puts, deletes, ranges=ranges
                     )
                 except (EtcdUnavailable, EtcdError, OSError) as exc:
-                    self._pending.setdefault(cluster, pending)
-                    self.log.info("memory_unwritten", cluster=cluster, error=type(exc).__name__)
+                    if pending is not None:
+                        self._pending.setdefault(cluster, pending)
+                    self.log.info(
+                        "memory_unwritten", cluster=cluster, error=type(exc).__name__,
+                        events=len(self._events.get(cluster, [])),
+                    )  # fmt: skip
                     written = None
                 if written:
                     if deletes:
                         self._settled.discard(cluster)
+                    if events:
+                        # Appended to meanwhile (journal takes no lock), or reported unwritten
+                        # by a stop that could wait no longer.
+                        del self._events.get(cluster, [])[: len(events)]
+                        self._seq[cluster] += len(events)
                 elif written is False:
                     self._refused(cluster, token)
                     return
             if written is None:
                 await asyncio.sleep(RETRY)
 
+    def _journal_puts(
+        self, cluster: str, events: list[dict[str, Any]], token: int
+    ) -> tuple[dict[str, bytes], list[tuple[str, str]]]:
+        """The batch's keys, from the next sequence number on, and the range that trims the
+        journal to its bound once they are in."""
+        if not events:
+            return {}, []
+        first = self._seq[cluster]
+        instance = self.ha.spec.instance
+        # Other boxes read these: a secret of this one never leaves it (as on /events).
+        puts = {
+            event_key(self.prefix, cluster, first + i): encode_event(
+                redact_json(event), token, instance
+            )
+            for i, event in enumerate(events)
+        }
+        below = trimmed_below(first + len(events) - 1, self.events_kept)
+        ranges = [(events_prefix(self.prefix, cluster), event_key(self.prefix, cluster, below))]
+        return puts, ranges if below > 0 else []
+
+    def _unwritten(self, cluster: str, why: str) -> None:
+        """Events that can no longer go to etcd under the token they were made under: said,
+        not dropped silently (the local journal keeps them)."""
+        lost = self._events.pop(cluster, [])
+        if lost:
+            self.log.warning(
+                "events_unwritten", cluster=cluster, count=len(lost), why=why,
+                kinds=sorted({str(e.get("kind")) for e in lost}),
+            )  # fmt: skip
+
+    # -- reading --------------------------------------------------------------------------
+
+    async def read_events(
+        self, clusters: list[str], limit: int
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The newest `limit` events of `clusters` from etcd's journal, newest first, and how
+        many records could not be read."""
+        journals: list[list[dict[str, Any]]] = []
+        skipped = 0
+        try:
+            for cluster in clusters:
+                found = await self.ha.client.newest(events_prefix(self.prefix, cluster), limit)
+                events = [decode_event(kv.value) for kv in found]
+                skipped += sum(event is None for event in events)
+                journals.append([event for event in events if event is not None])
+        except (EtcdUnavailable, EtcdError) as exc:
+            raise EventsUnreadable(f"no etcd ({type(exc).__name__})") from None
+        return newest_first(journals, limit), skipped
+
     def _refused(self, cluster: str, token: int) -> None:
         self._pending.pop(cluster, None)
+        self._unwritten(cluster, "etcd refused the token")
         if self.adopted.get(cluster) == token:
             del self.adopted[cluster]
         if self.ha.token(cluster) != token:

@@ -3,7 +3,8 @@ what etcd tells them. etcd code is imported only here, and only with an [ha] sec
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+from typing import TYPE_CHECKING, Any
 
 from sparkd.core.text import printable
 from sparkd.runtime.controller import Controller
@@ -48,6 +49,17 @@ class HaWiring:
         self.metrics.registry.register(HaCollector(self.ha))
         self.memory_store = EtcdStore(self.ha, self.state, on_refused=self._ha_refused)
         self.ha.before_handoff = self.memory_store.flush
+
+    async def read_events(
+        self, limit: int, cluster: str | None
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The newest `limit` events (of one cluster or all) and the unreadable records met:
+        the state dir's journal, or with [ha] etcd's, the same on every instance. Off the event
+        loop for the file: a slow disk or a long file must not stall every cluster's cycle."""
+        if self.memory_store is None:
+            return await asyncio.to_thread(self.state.read_events_counted, limit, cluster)
+        names = [cluster] if cluster is not None else list(self.controllers)
+        return await self.memory_store.read_events(names, limit)
 
     def memory_current(self, cluster_name: str) -> bool:
         return self.memory_store is None or self.memory_store.current(cluster_name)

@@ -66,6 +66,8 @@ class Persistence:
                 reason="state dir not writable",
             )
         gap = [self._gap_event()] if self.error is not None else []
+        # Under [ha] the owner's events go to etcd as well, whether or not the disk takes them.
+        self.store.journal(self.cluster, events)
         try:
             self.store.save(self.cluster, memory)
             self.state.append_events(gap + self.unsaved, keep=EVENTS_KEPT)

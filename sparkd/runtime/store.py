@@ -6,6 +6,8 @@ in etcd it is written with the intent record, guarded by the owner's token); `se
 the action's outcome is known (the intent goes with the next write); `adopt`, before each look
 of an owner, brings the store's memory in when this instance has just become the owner, and
 `continued`, once that memory is the controller's, applies what operators asked meanwhile.
+`journal` takes the events persisted with the memory: the state dir's journal has them already
+(runtime.persist); under `[ha]` the owner's go to etcd's too.
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ from typing import Any, Protocol
 from sparkd.model.memory import Memory
 from sparkd.model.plan import Action
 from sparkd.runtime.state import MemoryRead, StateDir
+
+
+class EventsUnreadable(Exception):
+    """The journal a cluster's events are read from did not answer (etcd, under [ha])."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,8 @@ class MemoryStore(Protocol):
     def read(self, cluster: str, now: float) -> MemoryRead: ...
 
     def save(self, cluster: str, memory: Memory) -> None: ...
+
+    def journal(self, cluster: str, events: list[dict[str, Any]]) -> None: ...
 
     async def adopt(self, cluster: str, memory: Memory, now: float) -> Adopted | None: ...
 
@@ -53,6 +61,9 @@ class LocalStore:
 
     def save(self, cluster: str, memory: Memory) -> None:
         self.state.save_memory(cluster, memory)
+
+    def journal(self, cluster: str, events: list[dict[str, Any]]) -> None:
+        return None
 
     async def adopt(self, cluster: str, memory: Memory, now: float) -> Adopted | None:
         return None

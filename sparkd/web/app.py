@@ -14,13 +14,12 @@ attacker's name).
 
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from sparkd import __version__
 from sparkd.runtime.status_json import cluster_json
+from sparkd.runtime.store import EventsUnreadable
 from sparkd.shell.secrets import redact_json
 from sparkd.web.body import MAX_BODY
 from sparkd.web.control import pause, reconcile, resume, rollout_back, rollout_retry
@@ -62,14 +61,15 @@ async def events(request: web.Request) -> web.Response:
         limit = min(MAX_EVENTS, max(1, int(request.query.get("limit", "100"))))
     except ValueError:
         raise web.HTTPBadRequest(text="limit must be a whole number") from None
-    # Off the event loop: a slow disk or a long file must not stall every cluster's cycle.
     try:
-        found, skipped = await asyncio.to_thread(daemon.state.read_events_counted, limit, cluster)
+        found, skipped = await daemon.read_events(limit, cluster)
     except OSError as exc:
         raise web.HTTPServiceUnavailable(
             text=f"events unreadable: {exc.strerror or type(exc).__name__}"
         ) from None
-    # Lines of the events file that could not be read (torn, not UTF-8), skipped on the way.
+    except EventsUnreadable as exc:
+        raise web.HTTPServiceUnavailable(text=f"events unreadable: {exc}") from None
+    # Lines of the events file (or records in etcd) that could not be read, skipped on the way.
     return web.json_response(redact_json({"events": found, "skipped_lines": skipped}))
 
 

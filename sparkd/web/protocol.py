@@ -44,6 +44,12 @@ class DaemonApi(Protocol):
         """Set only with an [ha] section."""
         ...
 
+    async def read_events(
+        self, limit: int, cluster: str | None
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The newest events, newest first, and how many unreadable records were skipped."""
+        ...
+
     def memory_current(self, cluster: str) -> bool:
         """Whether an operator's edit of the cluster's memory would be kept: always without
         [ha]; with it, once this owner continues from the memory in etcd."""

@@ -1,0 +1,68 @@
+"""The event journal in etcd (HA.md 4.1): its keys, its records and its bound.
+
+`<prefix>events/<cluster>/<seq>` holds one event of the cluster's journal, stamped with the
+instance and the token that wrote it. The sequence number is zero-padded, so the keys' order is
+the journal's and a range read newest first is a reverse range by key; the journal keeps the
+newest `keep` events (the local journal's bound) by deleting, in the same transaction as each
+append, every key below the oldest one kept. Events hold only wall-clock times (`at`, a
+pause's `until`, an intent's `started`): they read the same on every box. Who writes them, and
+when, is sparkd.runtime.ha_store.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+SEQ_DIGITS = 20
+
+
+def events_prefix(prefix: str, cluster: str) -> str:
+    return f"{prefix}events/{cluster}/"
+
+
+def event_key(prefix: str, cluster: str, seq: int) -> str:
+    return f"{events_prefix(prefix, cluster)}{seq:0{SEQ_DIGITS}d}"
+
+
+def seq_of(key: str) -> int | None:
+    """The sequence number a key under a cluster's events prefix ends in; None for a key
+    sparkd did not write."""
+    tail = key.rpartition("/")[2]
+    return int(tail) if len(tail) == SEQ_DIGITS and tail.isdigit() else None
+
+
+def encode_event(event: dict[str, Any], token: int, instance: str) -> bytes:
+    return json.dumps({**event, "token": token, "instance": instance}, sort_keys=True).encode()
+
+
+def decode_event(raw: bytes) -> dict[str, Any] | None:
+    """An event as written; None for one nobody can read (skipped and counted, as a torn line
+    of the local journal is)."""
+    try:
+        event = json.loads(raw)
+    except ValueError:  # UnicodeDecodeError too
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def trimmed_below(last: int, keep: int) -> int:
+    """The first sequence number kept once `last` is written: every one below it goes."""
+    return max(0, last - keep + 1)
+
+
+def newest_first(journals: list[list[dict[str, Any]]], limit: int) -> list[dict[str, Any]]:
+    """Several clusters' journals (each newest first) as one, newest first by wall clock, at
+    most `limit`; a cluster's own order is kept between events stamped alike."""
+    merged = [
+        (-_at(event), index, position, event)
+        for index, journal in enumerate(journals)
+        for position, event in enumerate(journal)
+    ]
+    merged.sort(key=lambda item: item[:3])
+    return [item[3] for item in merged[:limit]]
+
+
+def _at(event: dict[str, Any]) -> float:
+    at = event.get("at")
+    return float(at) if isinstance(at, int | float) and not isinstance(at, bool) else 0.0
