@@ -23,29 +23,19 @@ from sparkd.runtime.state import StateDir
 from sparkd.shell.secrets import read_secret
 from sparkd_sim.world import World
 from tests.etcd.conftest import EtcdServer
-from tests.etcd.test_ownership import spec, wait_for
-from tests.etcd.test_two_daemons import (
+from tests.support.daemon import eventually
+from tests.support.ha import (
     TTL,
     Instance,
     cluster_name,
-    pair,
-    seed_world,
+    spec,
     start_owner_and_standby,
+    wait_for,
 )
-from tests.support.daemon import eventually
 
 pytestmark = pytest.mark.etcd
 
-__all__ = ["pair", "seed_world"]
-
 PREFIX = "test/v1/"
-
-
-@pytest.fixture
-async def admin(etcd: EtcdServer) -> AsyncIterator[EtcdClient]:
-    client = EtcdClient([etcd.url], timeout=2)
-    yield client
-    await client.close()
 
 
 class Box:
