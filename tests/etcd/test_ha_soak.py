@@ -94,14 +94,22 @@ async def test_random_kills_freezes_and_stops_never_make_two_actors(
                 await eventually(lambda o=other: _owns(o, cluster), within=6 * TTL)
                 await restart(owner)
             else:
-                # The owner must act: the Ray worker dies under it.
+                # The owner must act: the Ray worker dies under it. Its /status says healthy
+                # until a look sees the node gone, so wait for the repair itself first.
+                before = owned(world)
                 await eventually(lambda: kill_worker(world), within=30)
+                await eventually(lambda b=before: owned(world) > b, within=6 * TTL + 30)
             new = await one_owner(pair, cluster)
             await wait_healthy(new, within=120)
             assert check_one_actor_per_cluster(world, pair) > 0, steps
     finally:
         for instance in pair:
             await instance.stop()
+
+
+def owned(world: World) -> int:
+    """How many commands under an owner's token the hosts ran (refused ones do not count)."""
+    return sum(1 for c in world.owned_commands() if not c.refused)
 
 
 async def _owns(instance: Instance, cluster: str) -> bool:
