@@ -117,8 +117,11 @@ class Peers:
         # Counted from the end of the settling, this instance's and the assignee's: the member
         # it is assigned to had its chance. One that registered seconds later (started with the
         # others on a loaded box) is still settling when this one's own settling ends.
+        # Capped at one settle past this instance's own: a member whose key keeps coming
+        # back must not postpone the deadline for ever.
         assignee = self.assigned.get(cluster, self.instance)
         joined = max(self.registered_at, self.seen.get(assignee, self.registered_at))
+        joined = min(joined, self.registered_at + self.settle)
         since = max(self.unheld_since.get(cluster, now), joined + self.settle)
         if now - since >= self.ttl:
             return True  # orphaned: whoever it is assigned to has not taken it

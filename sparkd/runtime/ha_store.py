@@ -52,6 +52,9 @@ RETRY = 0.5
 # Events per transaction: with the memory, the intent and the trim, well under etcd's default
 # limit of 128 operations in one transaction (--max-txn-ops).
 EVENTS_PER_WRITE = 100
+# Events made once this instance no longer holds the token: they stay in its state dir, and
+# its /events shows them beside etcd's journal.
+UNGUARDED_KINDS = frozenset({"fenced"})
 
 
 class EtcdStore:
@@ -343,7 +346,20 @@ class EtcdStore:
                 journals.append([event for event in events if event is not None])
         except (EtcdUnavailable, EtcdError) as exc:
             raise EventsUnreadable(f"no etcd ({type(exc).__name__})") from None
+        journals.append(await asyncio.to_thread(self._own_unguarded, clusters))
         return newest_first(journals, limit), skipped
+
+    def _own_unguarded(self, clusters: list[str]) -> list[dict[str, Any]]:
+        """This instance's own events no token can write to etcd, from its state dir, newest
+        first: `fenced` is made as the claim goes (a host's or etcd's refusal), and it is what
+        an operator looks for first."""
+        found, _ = self.local.read_events_counted(self.events_kept)
+        instance = self.ha.spec.instance
+        return [
+            {**e, "instance": instance}
+            for e in found
+            if e.get("kind") in UNGUARDED_KINDS and e.get("cluster") in clusters
+        ]
 
     def _refused(self, cluster: str, token: int) -> None:
         self._pending.pop(cluster, None)

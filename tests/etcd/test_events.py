@@ -132,6 +132,21 @@ async def test_a_former_owners_events_are_refused_and_change_nothing(
     assert [e["n"] for e in (await b.store.read_events(["c1"], 10))[0]] == [2, 1]
 
 
+async def test_an_instances_own_fenced_event_shows_beside_etcds_journal(
+    boxes: tuple[Box, Box],
+) -> None:
+    a, b = boxes
+    await a.own()
+    a.store.journal("c1", [event("phase", 1)])
+    await a.store.close()
+    # As the controller notes it once its claim is gone: no token can write it to etcd, so it
+    # is in this instance's state dir only.
+    a.store.local.append_events([{**event("fenced", 2), "host": "etcd"}], keep=1000)
+    read, _ = await a.store.read_events(["c1"], 10)
+    assert [(e["kind"], e["instance"]) for e in read] == [("fenced", "a"), ("phase", "a")]
+    assert [e["kind"] for e in (await b.store.read_events(["c1"], 10))[0]] == ["phase"]
+
+
 async def test_the_journal_keeps_its_newest_events_only(
     etcd: EtcdServer, admin: EtcdClient, tmp_path: Path
 ) -> None:

@@ -52,3 +52,17 @@ def test_journals_merge_newest_first_by_wall_clock() -> None:
 def test_a_clusters_own_order_stands_between_events_stamped_alike() -> None:
     journal = [{"at": 5.0, "k": "second"}, {"at": 5.0, "k": "first"}]
     assert [e["k"] for e in events.newest_first([journal], 5)] == ["second", "first"]
+
+
+def test_a_journals_order_stands_when_a_new_owners_clock_is_behind() -> None:
+    # Newest first by key: the new owner's events after the former owner's, stamped earlier
+    # by a box whose clock is behind. Across journals the merge is by wall clock.
+    journal = [
+        {"at": 5.0, "k": "fence_swept"},
+        {"at": 6.0, "k": "adopted"},
+        {"at": 9.0, "k": "old"},
+    ]
+    other = [{"at": 7.0, "k": "c2"}]
+    merged = [e["k"] for e in events.newest_first([journal, other], 10)]
+    assert [k for k in merged if k != "c2"] == ["fence_swept", "adopted", "old"]
+    assert events.newest_first([journal], 2) == journal[:2]

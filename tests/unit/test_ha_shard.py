@@ -179,3 +179,23 @@ def test_a_member_that_registered_later_has_its_settling_before_anyone_contends(
         assert not peers.contend(name, now), now
     peers.read(names, members, {}, [], now=8.3)
     assert peers.contend(name, 8.3)  # never left unowned: past that, an orphan
+
+
+def test_a_member_whose_key_keeps_coming_back_cannot_postpone_an_orphan_for_ever() -> None:
+    """A flapping member (its key gone one read, back the next) is seen anew each time it
+    returns; counting its settling from then on would push the orphan deadline on for as long
+    as it flaps, while it never settles long enough to take the cluster itself."""
+    members = [kv(f"m/{m}", {"instance": m, "fingerprint": "f"}) for m in ("ops-a", "ops-c")]
+    names = ["c0", "c1"]
+    peers = Peers("ops-c", "f", ttl=3, settle=3)
+    peers.registered_at = 0.0
+    peers.read(names, members, {}, [], now=0.0)
+    (name,) = [n for n, who in peers.assigned.items() if who == "ops-a"]
+    now = 0.0
+    while now < 9.0:  # ops-a gone for a read, back for the next, again and again
+        now += 0.5
+        peers.read(names, members[1:], {}, [], now=now)
+        now += 0.5
+        peers.read(names, members, {}, [], now=now)
+    # At most one settle beyond this instance's own: settle (3) + settle (3) + TTL (3).
+    assert peers.contend(name, now)
