@@ -15,6 +15,7 @@ from sparkd.cli.api import render_status
 from sparkd.runtime.daemon import Daemon
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
+from tests.support.blocked import healthy_after, relaunch_held
 from tests.support.daemon import (
     controller,
     converge,
@@ -35,16 +36,12 @@ async def test_xid_79_blocks_with_a_reboot_and_restarts_nothing(
 ) -> None:
     ctl, since = await converged(healthy_world, pool, tmp_path / "state", cycles=100)
     await healthy_world.fault("xid-79", "spark-b")
-    await healthy_world.fault("crash-model", "spark-a")
-    plans = await cycle_until(ctl, "needs a reboot of spark-b (XID 79 (GPU has fallen off the bus)")
-    plans += await cycles(ctl, 10)
-    assert all(p.actions == () for p in plans), [p.reason for p in plans if p.actions]
-    assert plans[-1].phase == "blocked" and plans[-1].triage == ("gpu_lost",)
+    lost = "needs a reboot of spark-b (XID 79 (GPU has fallen off the bus)"
+    plans = await relaunch_held(healthy_world, ctl, since, lost, 10)
+    assert plans[-1].triage == ("gpu_lost",)
     assert plans[-1].latch is None
-    assert mutations(healthy_world, since=since) == []
-    await healthy_world.fault("reboot", "spark-b")
-    final = await converge(ctl, cycles=400)
-    assert final[-1].phase == "healthy" and final[-1].triage == ()
+    final = await healthy_after(healthy_world, ctl, "reboot", "spark-b", limit=400)
+    assert final[-1].triage == ()
 
 
 async def test_application_xids_and_teardowns_change_nothing(
@@ -89,9 +86,7 @@ async def test_memory_pressure_holds_the_launch_until_it_eases(
     plans += await cycles(ctl, 10)
     assert not [r for r in mutations(healthy_world, "spark-a", since) if "vllm serve" in r.command]
     assert plans[-1].triage == ("memory_pressure",)
-    await healthy_world.fault("heal", "spark-a")
-    final = await converge(ctl, cycles=300)
-    assert final[-1].phase == "healthy"
+    await healthy_after(healthy_world, ctl, "heal", "spark-a", limit=300)
     launches = [r for r in mutations(healthy_world, "spark-a", since) if "vllm serve" in r.command]
     assert len(launches) == 1
 
@@ -145,17 +140,11 @@ async def test_an_mtu_mismatch_holds_the_relaunch_until_the_mtu_is_set(
     )
     since = time.time()
     await healthy_world.fault("mtu-mismatch", "spark-b")
-    await healthy_world.fault("crash-model", "spark-a")
-    plans = await cycle_until(
-        ctl, "fabric: MTU mismatch on the data link (spark-a 9000, spark-b 1500)"
-    )
-    plans += await cycles(ctl, 5)
+    mismatch = "fabric: MTU mismatch on the data link (spark-a 9000, spark-b 1500)"
+    plans = await relaunch_held(healthy_world, ctl, since, mismatch, 5)
     assert "set the MTU of enp1s0f0np0 on spark-b to 9000" in plans[-1].reason
-    assert plans[-1].phase == "blocked" and plans[-1].triage == ("fabric",)
-    assert mutations(healthy_world, since=since) == []
-    await healthy_world.fault("heal", "spark-b")
-    final = await converge(ctl, cycles=300)
-    assert final[-1].phase == "healthy"
+    assert plans[-1].triage == ("fabric",)
+    await healthy_after(healthy_world, ctl, "heal", "spark-b", limit=300)
 
 
 async def test_a_flap_is_reported_for_its_window_and_counted(

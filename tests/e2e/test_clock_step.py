@@ -9,6 +9,8 @@ their pace, and the cluster converges as it would have. The step is shown in /st
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -27,16 +29,33 @@ from tests.support.daemon import controller, mutations, running
 STEPS = [20.0, -3600.0]
 
 
+@dataclass
 class Stepped:
-    def __init__(self) -> None:
-        self.step = 0.0
+    step: float = 0.0
 
     def __call__(self) -> float:
         return time.time() + self.step
 
+    def set(self, step: float) -> None:
+        self.step = step
 
-def _stepped_controller(world: World, pool: SshPool, state: Path, clock: Stepped) -> Controller:
-    return controller(world, pool, state, wall_clock=clock, watch_events=False)
+
+def _stepped_controller(world: World, pool: SshPool, state: Path) -> tuple[Stepped, Controller]:
+    clock = Stepped()
+    return clock, controller(world, pool, state, wall_clock=clock, watch_events=False)
+
+
+def _finished_ok(ctl: Controller, kind: str, then: Callable[[], None]) -> list[float]:
+    """The wall clock at each `kind` action that ends ok, `then` called at each."""
+    times: list[float] = []
+
+    def seen(_: Controller, outcome: ActionOutcome) -> None:
+        if outcome.action.kind == kind and outcome.result == "ok":
+            times.append(time.time())
+            then()
+
+    ctl.on_action = seen
+    return times
 
 
 def _restarts(world: World, since: float) -> list[str]:
@@ -62,8 +81,7 @@ async def _watch(ctl: Controller, seconds: float) -> list[CycleRecord]:
 async def test_a_healthy_cluster_stays_untouched_across_a_step(
     healthy_world: World, pool: SshPool, tmp_path: Path, delta: float
 ) -> None:
-    clock = Stepped()
-    ctl = _stepped_controller(healthy_world, pool, tmp_path / "state", clock)
+    clock, ctl = _stepped_controller(healthy_world, pool, tmp_path / "state")
     join = ctl.cluster.ray.join_timeout
     async with running(ctl):
         await until(lambda: ctl.view.plan is not None and ctl.view.plan.converged, 30)
@@ -85,15 +103,8 @@ async def test_a_healthy_cluster_stays_untouched_across_a_step(
 async def test_a_load_goes_on_across_a_step(
     seed_world: World, pool: SshPool, tmp_path: Path, delta: float
 ) -> None:
-    clock = Stepped()
-    ctl = _stepped_controller(seed_world, pool, tmp_path / "state", clock)
-    launched: list[float] = []
-
-    def seen(_: Controller, outcome: ActionOutcome) -> None:
-        if outcome.action.kind == "start_model" and outcome.result == "ok":
-            launched.append(time.time())
-
-    ctl.on_action = seen
+    clock, ctl = _stepped_controller(seed_world, pool, tmp_path / "state")
+    launched = _finished_ok(ctl, "start_model", then=lambda: None)
     async with running(ctl):
         await until(lambda: bool(launched), 60)
         clock.step = delta
@@ -106,17 +117,9 @@ async def test_a_load_goes_on_across_a_step(
 async def test_a_settling_ray_is_waited_on_across_a_step(
     seed_world: World, pool: SshPool, tmp_path: Path, delta: float
 ) -> None:
-    clock = Stepped()
-    ctl = _stepped_controller(seed_world, pool, tmp_path / "state", clock)
-    worker: list[float] = []
-
-    def seen(_: Controller, outcome: ActionOutcome) -> None:
-        if outcome.action.kind == "start_ray_worker" and outcome.result == "ok":
-            worker.append(time.time())
-            # Stepped while the new node registers and Ray is still settling.
-            clock.step = delta
-
-    ctl.on_action = seen
+    clock, ctl = _stepped_controller(seed_world, pool, tmp_path / "state")
+    # Stepped while the new node registers and Ray is still settling.
+    worker = _finished_ok(ctl, "start_ray_worker", then=lambda: clock.set(delta))
     async with running(ctl):
         await until(lambda: ctl.view.plan is not None and ctl.view.plan.converged, 120)
         again = [c for c in _restarts(seed_world, worker[0]) if not c.startswith("docker exec")]

@@ -7,7 +7,6 @@ import asyncio
 import errno
 import json
 import os
-import signal
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -29,12 +28,11 @@ from tests.support.daemon import (
     FAST_EXECUTOR,
     controller,
     eventually,
-    free_port,
+    fast_config_in,
     mutations,
     world_settings,
-    write_fast_config,
 )
-from tests.support.process import start_daemon, wait_phase
+from tests.support.process import killed_once, run_until_healthy
 
 TOKEN = "durable-token"
 
@@ -52,18 +50,12 @@ def started_ray(world: World, host: str) -> bool:
 async def test_sigkill_mid_cycle_loses_no_finished_action(
     seed_world: World, tmp_path: Path
 ) -> None:
-    port = free_port()
+    config, port = fast_config_in(seed_world, tmp_path)
     state = tmp_path / "state"
-    config = write_fast_config(seed_world, tmp_path / "sparkd.toml", state, port)
     log = tmp_path / "daemon.log"
-    first = await start_daemon(config, log)
-    try:
-        # The first cycle stops 4 units, removes 2 containers, starts the Ray head, then the
-        # worker, which waits until Ray shows every GPU. Killed there: 7 actions are done.
-        await eventually(lambda: started_ray(seed_world, "spark-b"), within=30, poll=0.01)
-    finally:
-        first.send_signal(signal.SIGKILL)
-        await first.wait()
+    # The first cycle stops 4 units, removes 2 containers, starts the Ray head, then the
+    # worker, which waits until Ray shows every GPU. Killed there: 7 actions are done.
+    await killed_once(config, log, lambda: started_ray(seed_world, "spark-b"), 30, poll=0.01)
     before_restart = [r.command for r in mutations(seed_world)]
     memory, events = on_disk(state)
     done = [e for e in events if e["kind"] == "remediation"]
@@ -86,12 +78,7 @@ async def test_sigkill_mid_cycle_loses_no_finished_action(
     charged = {(a.key, a.at) for a in memory.attempts}
     assert len(charged) == 8
 
-    second = await start_daemon(config, log)
-    try:
-        await wait_phase(port, "healthy", within=60)
-    finally:
-        second.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(second.wait(), 20) == 0
+    await run_until_healthy(config, log, port, within=60)
     after = [r.command for r in mutations(seed_world)]
     for event in done[:6]:  # nothing already done was done again
         assert sum(event["target"] in c for c in after) == sum(

@@ -15,15 +15,20 @@ from pathlib import Path
 
 import pytest
 
+from sparkd.model.plan import Plan
+from sparkd.runtime.controller import Controller
 from sparkd.shell.ssh import SshPool
 from sparkd_demo.cli import sparkd_spec_labels
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
+from tests.support.blocked import healthy_after
 from tests.support.daemon import controller, converge, converged, cycles, eventually, mutations
 
 # The real load (30 s init, 600 s of shards, 120 s of graph capture) against the real
 # probe_interval (60 s), scaled to the tests' probe_interval (1.2 s): a load spans ~12 probes.
 LOAD_SCALE = 1.2 / 60.0
+# The model's own load_stall and load_timeout (600 s and 3600 s) at that scale.
+LOAD_CAPS = {"load_stall": 600.0 * LOAD_SCALE, "load_timeout": 3600.0 * LOAD_SCALE}
 
 
 def real_load_ratio() -> Timing:
@@ -50,12 +55,7 @@ async def long_load_world(tmp_path: Path) -> AsyncIterator[World]:
 async def test_a_serve_restarted_by_hand_loads_with_its_own_grace(
     long_load_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    ctl = controller(
-        long_load_world,
-        pool,
-        tmp_path / "s",
-        cluster={"model": {"load_stall": 12.0, "load_timeout": 72.0}},
-    )
+    ctl = controller(long_load_world, pool, tmp_path / "s", cluster={"model": LOAD_CAPS})
     await converge(ctl, cycles=400)
     # Process ages have a resolution of one second: the last probe and readiness are a few
     # seconds older than the newcomer (with real ratios, a probe interval is 60 s).
@@ -71,14 +71,25 @@ async def test_a_serve_restarted_by_hand_loads_with_its_own_grace(
     assert plans[-1].phase == "healthy"
 
 
+async def degraded_by(
+    world: World, pool: SshPool, state: Path, fault: str, host: str, looks: int, pause: float
+) -> tuple[Controller, float, list[Plan]]:
+    """A converged controller, the wall clock then, and its `looks` plans after `fault` on `host`,
+    the last one degraded."""
+    ctl, since = await converged(world, pool, state, cycles=200)
+    await world.fault(fault, host)
+    plans = await cycles(ctl, looks, pause=pause)
+    assert plans[-1].phase == "degraded", plans[-1].reason
+    return ctl, since, plans
+
+
 async def test_docker_down_on_the_head_keeps_probing_and_acts_on_nothing(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    ctl, since = await converged(healthy_world, pool, tmp_path / "s", cycles=200)
-    await healthy_world.fault("docker-down", "spark-a")
-    plans = await cycles(ctl, 12, pause=0.2)
+    ctl, since, plans = await degraded_by(
+        healthy_world, pool, tmp_path / "s", "docker-down", "spark-a", 12, 0.2
+    )
     last = plans[-1]
-    assert last.phase == "degraded", last.reason
     assert "spark-a (head) is up but Docker is not answering" in last.reason
     assert "Cannot connect to the Docker daemon" in last.reason
     assert "unreachable" not in last.reason
@@ -86,8 +97,7 @@ async def test_docker_down_on_the_head_keeps_probing_and_acts_on_nothing(
     assert probed, [p.reason for p in plans]
     assert (ctl.view.last_probe_success_at or 0.0) > since
     assert mutations(healthy_world, since=since) == []
-    await healthy_world.fault("heal", "spark-a")
-    healed = await converge(ctl, cycles=200)
+    healed = await healthy_after(healthy_world, ctl, "heal", "spark-a", limit=200)
     assert all(p.actions == () for p in healed), [p.reason for p in healed]
     assert mutations(healthy_world, since=since) == []
 
@@ -95,28 +105,24 @@ async def test_docker_down_on_the_head_keeps_probing_and_acts_on_nothing(
 async def test_docker_hung_on_a_worker_is_not_an_unreachable_host(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    ctl, since = await converged(healthy_world, pool, tmp_path / "s", cycles=200)
-    await healthy_world.fault("docker-hung", "spark-b")
-    plans = await cycles(ctl, 6, pause=0.2)
+    ctl, since, plans = await degraded_by(
+        healthy_world, pool, tmp_path / "s", "docker-hung", "spark-b", 6, 0.2
+    )
     last = plans[-1]
-    assert last.phase == "degraded", last.reason
     assert "spark-b (worker) is up but Docker is not answering (docker failed (timed out))" in (
         last.reason
     )
     assert "probe reasoning_only" in last.reason
     assert mutations(healthy_world, since=since) == []
-    await healthy_world.fault("heal", "spark-b")
-    healed = await converge(ctl, cycles=200)
+    healed = await healthy_after(healthy_world, ctl, "heal", "spark-b", limit=200)
     assert all(p.actions == () for p in healed), [p.reason for p in healed]
 
 
 async def test_a_renamed_data_interface_is_reported_not_healthy(
     healthy_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    ctl, since = await converged(healthy_world, pool, tmp_path / "s", cycles=200)
-    await healthy_world.fault("rename-iface", "spark-b")
-    plans = await cycles(ctl, 4, pause=0.1)
-    last = plans[-1]
-    assert last.phase == "degraded", last.reason
-    assert 'Device "enp1s0f0np0" does not exist.' in last.reason
+    _, since, plans = await degraded_by(
+        healthy_world, pool, tmp_path / "s", "rename-iface", "spark-b", 4, 0.1
+    )
+    assert 'Device "enp1s0f0np0" does not exist.' in plans[-1].reason
     assert mutations(healthy_world, since=since) == []

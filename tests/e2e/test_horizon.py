@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from sparkd.model.plan import ActionOutcome
+from sparkd.runtime.controller import Controller
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
 from tests.e2e.test_events import until
@@ -17,16 +18,16 @@ from tests.support.daemon import controller, mutations, running
 LONG = 600.0
 
 
+def unprompted(world: World, pool: SshPool, state: Path, **cluster: float) -> Controller:
+    """A controller with no event stream and an interval of LONG (and any other `cluster`
+    settings): what brings its next look is all the test sees."""
+    return controller(world, pool, state, cluster={"interval": LONG, **cluster}, watch_events=False)
+
+
 async def test_a_pause_ending_is_acted_on_at_its_end(
     seed_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    ctl = controller(
-        seed_world,
-        pool,
-        tmp_path / "state",
-        cluster={"interval": LONG},
-        watch_events=False,
-    )
+    ctl = unprompted(seed_world, pool, tmp_path / "state")
     pause_for = 1.0
     ends = time.time() + pause_for
     ctl.pause("swapping a cable", "ops", until=ends)
@@ -45,13 +46,7 @@ async def test_a_recovery_looks_again_as_soon_as_its_actions_finish(
 ) -> None:
     # A recheck interval far longer than the test: every look after the first has to come
     # from actions finishing (or from the horizon), never from the recheck timer.
-    ctl = controller(
-        seed_world,
-        pool,
-        tmp_path / "state",
-        cluster={"interval": LONG, "recheck_interval": LONG},
-        watch_events=False,
-    )
+    ctl = unprompted(seed_world, pool, tmp_path / "state", recheck_interval=LONG)
     phases: list[str] = []
     ctl.on_plan = lambda c: phases.append(c.view.plan.phase if c.view.plan else "")
     async with running(ctl):

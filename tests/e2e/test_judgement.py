@@ -58,34 +58,33 @@ async def test_ray_unreadable_during_a_progressing_load_is_watched_not_restarted
 
 
 async def test_a_foreign_gpu_process_is_killed_only_while_nvidia_smi_lists_it(
-    tmp_path: Path, pool: SshPool
+    seed_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    async with World(tmp_path / "world", scenario="seed-morning", timing=Timing.fast()) as world:
-        ctl = controller(
-            world, pool, tmp_path / "state", cluster={"policy": {"allow_kill_foreign_gpu": True}}
-        )
-        await converge(ctl, cycles=200)
-        since = time.time()
-        said = await world.fault("stray-gpu", "spark-b")
-        pid = int(said.split()[3])
-        plans = await converge(ctl, cycles=200)
-        assert any(a.kind == "kill_gpu_process" for p in plans for a in p.actions)
-        kills = [r.command for r in mutations(world, "spark-b", since) if "kill" in r.command]
-        assert kills and all(str(pid) in k for k in kills)
+    ctl = controller(
+        seed_world, pool, tmp_path / "state", cluster={"policy": {"allow_kill_foreign_gpu": True}}
+    )
+    await converge(ctl, cycles=200)
+    since = time.time()
+    said = await seed_world.fault("stray-gpu", "spark-b")
+    pid = int(said.split()[3])
+    plans = await converge(ctl, cycles=200)
+    assert any(a.kind == "kill_gpu_process" for p in plans for a in p.actions)
+    kills = [r.command for r in mutations(seed_world, "spark-b", since) if "kill" in r.command]
+    assert kills and all(str(pid) in k for k in kills)
 
-        # Hand-made actions the planner never makes: the executor refuses them on its own.
-        since = time.time()
-        for target, result, detail in (
-            ("1", "failed", "refusing"),
-            ("0", "failed", "refusing"),
-            ("-1", "failed", "refusing"),
-            (str(pid), "ok", "no longer holds a GPU"),
-        ):
-            action = Action(kind="kill_gpu_process", host="spark-b", target=target, reason="t")
-            plan = Plan(cluster="sparks", phase="cleaning", reason="t", actions=(action,))
-            [outcome] = await ctl.executor.run(plan)
-            assert (outcome.result, detail in outcome.detail) == (result, True), outcome
-        assert [r for r in mutations(world, "spark-b", since) if "kill" in r.command] == []
+    # Hand-made actions the planner never makes: the executor refuses them on its own.
+    since = time.time()
+    for target, result, detail in (
+        ("1", "failed", "refusing"),
+        ("0", "failed", "refusing"),
+        ("-1", "failed", "refusing"),
+        (str(pid), "ok", "no longer holds a GPU"),
+    ):
+        action = Action(kind="kill_gpu_process", host="spark-b", target=target, reason="t")
+        plan = Plan(cluster="sparks", phase="cleaning", reason="t", actions=(action,))
+        [outcome] = await ctl.executor.run(plan)
+        assert (outcome.result, detail in outcome.detail) == (result, True), outcome
+    assert [r for r in mutations(seed_world, "spark-b", since) if "kill" in r.command] == []
 
 
 async def test_crash_looping_conflicting_container_is_removed_and_hosts_stay_reachable(
@@ -104,51 +103,49 @@ async def test_crash_looping_conflicting_container_is_removed_and_hosts_stay_rea
 
 
 async def test_a_restarted_worker_is_waited_for_by_node_id_and_costs_one_launch(
-    tmp_path: Path, pool: SshPool
+    seed_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
     """Real Ray keeps a killed worker's node ALIVE for a while and shows the new one beside it;
     the model is launched once, and never on a view that holds the old node."""
-    async with World(tmp_path / "world", scenario="seed-morning", timing=Timing.fast()) as world:
-        ctl = controller(world, pool, tmp_path / "state")
-        await converge(ctl, cycles=200)
-        assert ctl.view.snapshot is not None and ctl.view.snapshot.ray is not None
-        worker_ip = ctl.cluster.host("spark-b").ip
-        old = {n.node_id for n in ctl.view.snapshot.ray.nodes if n.ip == worker_ip}
-        since = time.time()
-        await world.fault("kill-container", "spark-b", "sparkd-sparks-ray-worker")
-        launches_seen_on: list[set[str]] = []
-        for _ in range(300):
-            plan = await ctl.cycle()
-            seen = ctl.view.snapshot
-            assert seen is not None and seen.ray is not None
-            if seen.ray.up and old & set(seen.ray.alive_node_ids):
-                # Ray still counts the killed node: whatever else, no launch on this view.
-                assert not any(a.kind.endswith("_model") for a in plan.actions), plan.reason
-            if any(a.kind in ("start_model", "restart_model") for a in plan.actions):
-                assert seen.ray is not None
-                launches_seen_on.append(set(seen.ray.alive_node_ids))
-            if plan.converged and launches_seen_on:
-                break
-            await asyncio.sleep(ctl.cluster.recheck_interval)
-        assert plan.converged, plan.reason
-        assert len(launches_seen_on) == 1
-        assert not (launches_seen_on[0] & old), "launched on a view holding the dead node"
-        launches = [r for r in mutations(world, "spark-a", since) if "vllm serve" in r.command]
-        assert len(launches) == 1
+    ctl = controller(seed_world, pool, tmp_path / "state")
+    await converge(ctl, cycles=200)
+    assert ctl.view.snapshot is not None and ctl.view.snapshot.ray is not None
+    worker_ip = ctl.cluster.host("spark-b").ip
+    old = {n.node_id for n in ctl.view.snapshot.ray.nodes if n.ip == worker_ip}
+    since = time.time()
+    await seed_world.fault("kill-container", "spark-b", "sparkd-sparks-ray-worker")
+    launches_seen_on: list[set[str]] = []
+    for _ in range(300):
+        plan = await ctl.cycle()
+        seen = ctl.view.snapshot
+        assert seen is not None and seen.ray is not None
+        if seen.ray.up and old & set(seen.ray.alive_node_ids):
+            # Ray still counts the killed node: whatever else, no launch on this view.
+            assert not any(a.kind.endswith("_model") for a in plan.actions), plan.reason
+        if any(a.kind in ("start_model", "restart_model") for a in plan.actions):
+            assert seen.ray is not None
+            launches_seen_on.append(set(seen.ray.alive_node_ids))
+        if plan.converged and launches_seen_on:
+            break
+        await asyncio.sleep(ctl.cluster.recheck_interval)
+    assert plan.converged, plan.reason
+    assert len(launches_seen_on) == 1
+    assert not (launches_seen_on[0] & old), "launched on a view holding the dead node"
+    launches = [r for r in mutations(seed_world, "spark-a", since) if "vllm serve" in r.command]
+    assert len(launches) == 1
 
 
 async def test_a_stuck_load_with_a_chatty_log_is_restarted_after_load_stall(
-    tmp_path: Path, pool: SshPool
+    seed_world: World, pool: SshPool, tmp_path: Path
 ) -> None:
-    async with World(tmp_path / "world", scenario="seed-morning", timing=Timing.fast()) as world:
-        ctl, since = await converged(world, pool, tmp_path / "state", cycles=200)
-        await world.fault("chatty-stall", "spark-a")
-        await world.fault("crash-model", "spark-a")
-        plans = await converge(ctl, cycles=400)
-        stalls = [a for p in plans for a in p.actions if "load stalled" in a.reason]
-        assert len(stalls) == 1, [p.reason for p in plans if p.actions]
-        launches = [r for r in mutations(world, "spark-a", since) if "vllm serve" in r.command]
-        assert len(launches) == 2
+    ctl, since = await converged(seed_world, pool, tmp_path / "state", cycles=200)
+    await seed_world.fault("chatty-stall", "spark-a")
+    await seed_world.fault("crash-model", "spark-a")
+    plans = await converge(ctl, cycles=400)
+    stalls = [a for p in plans for a in p.actions if "load stalled" in a.reason]
+    assert len(stalls) == 1, [p.reason for p in plans if p.actions]
+    launches = [r for r in mutations(seed_world, "spark-a", since) if "vllm serve" in r.command]
+    assert len(launches) == 2
 
 
 async def test_each_node_gets_its_data_ip_as_vllm_host_ip_so_the_load_progresses(

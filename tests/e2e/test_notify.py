@@ -5,33 +5,33 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
 import re
 import signal
-import sys
 import time
 from pathlib import Path
 
 import aiohttp
 
 from sparkd_sim.world import World
-from tests.support.daemon import eventually, free_port, write_fast_config
-from tests.support.process import NotifySocket
+from tests.support.daemon import eventually, fast_config_in
+from tests.support.process import NotifySocket, start_daemon
+
+
+async def notified(
+    config: Path, directory: Path, watchdog: float
+) -> tuple[NotifySocket, asyncio.subprocess.Process]:
+    """`sparkd run` on `config` as systemd starts it: told of a notify socket (in `directory`,
+    watched from now on) and of a watchdog of `watchdog` seconds; its log in `directory`."""
+    notify = NotifySocket(directory / "notify.sock")
+    notify.watch()
+    env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": str(int(watchdog * 1e6))}
+    return notify, await start_daemon(config, directory / "daemon.log", env)
 
 
 async def test_ready_status_watchdog_reloading_stopping(seed_world: World, tmp_path: Path) -> None:
-    port = free_port()
-    config = write_fast_config(seed_world, tmp_path / "sparkd.toml", tmp_path / "state", port)
-    path = tmp_path / "notify.sock"
-    notify = NotifySocket(path)
-    notify.watch()
+    config, _ = fast_config_in(seed_world, tmp_path)
+    notify, proc = await notified(config, tmp_path, watchdog=0.4)
     received = notify.received
-    env = {**os.environ, "NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "400000"}
-    log = (tmp_path / "daemon.log").open("wb")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sparkd.cli", "run", "--config", str(config),
-        stdout=log, stderr=log, env=env,
-    )  # fmt: skip
     try:
         await eventually(lambda: any(m.startswith("READY=1") for m in received), within=20)
         await eventually(lambda: sum(m == "WATCHDOG=1" for m in received) >= 3, within=10)
@@ -61,24 +61,15 @@ async def test_a_hung_host_within_its_timeouts_keeps_the_watchdog_fed(
 ) -> None:
     # command_timeout 8 s at a 1 s interval: a look at a silent host lasts 8 intervals, as
     # check-config allows (120 s at 30 s).
-    port = free_port()
-    config = write_fast_config(healthy_world, tmp_path / "sparkd.toml", tmp_path / "state", port)
+    config, port = fast_config_in(healthy_world, tmp_path)
     config.write_text(
         re.sub(r"^(\s*)command_timeout = .*$", r"\1command_timeout = 8.0", config.read_text(),
                flags=re.M)
     )  # fmt: skip
-    path = tmp_path / "notify.sock"
-    notify = NotifySocket(path)
-    notify.watch()
-    pings = notify.pings
     # systemd restarts the unit when no ping comes for WATCHDOG_USEC; sparkd pings at half.
     limit = 2.0
-    env = {**os.environ, "NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": str(int(limit * 1e6))}
-    log = (tmp_path / "daemon.log").open("wb")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sparkd.cli", "run", "--config", str(config),
-        stdout=log, stderr=log, env=env,
-    )  # fmt: skip
+    notify, proc = await notified(config, tmp_path, watchdog=limit)
+    pings = notify.pings
     try:
         await eventually(lambda: healthy(port), within=30)
         await eventually(lambda: len(pings) >= 2, within=10)

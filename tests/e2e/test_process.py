@@ -13,33 +13,31 @@ from pathlib import Path
 from sparkd.runtime.state import StateDir
 from sparkd_sim.state import GpuProcess
 from sparkd_sim.world import World
-from tests.support.daemon import eventually, free_port, mutations, write_fast_config
-from tests.support.process import SPARKD, phase, sparkd, start_daemon, status, wait_phase
+from tests.support.daemon import eventually, fast_config_in, free_port, mutations, write_fast_config
+from tests.support.process import (
+    SPARKD,
+    killed_once,
+    phase,
+    run_until_healthy,
+    sparkd,
+    start_daemon,
+    status,
+    wait_phase,
+)
 from tests.support.worlds import both_servers
 
 
 async def test_kill_9_mid_recovery_then_restart(seed_world: World, tmp_path: Path) -> None:
-    port = free_port()
-    config = write_fast_config(seed_world, tmp_path / "sparkd.toml", tmp_path / "state", port)
+    config, port = fast_config_in(seed_world, tmp_path)
     # A slow load, so the restarted daemon finds the model loading and must leave it alone.
     await seed_world.fault("slow-load", "spark-a")
     log = tmp_path / "daemon.log"
-    first = await start_daemon(config, log)
-    try:
 
-        async def launched() -> bool:
-            return any(r.command.startswith("vllm serve") for r in mutations(seed_world))
+    def launched() -> bool:
+        return any(r.command.startswith("vllm serve") for r in mutations(seed_world))
 
-        await eventually(launched, within=30)
-    finally:
-        first.send_signal(signal.SIGKILL)
-        await first.wait()
-    second = await start_daemon(config, log)
-    try:
-        await wait_phase(port, "healthy", within=60)
-    finally:
-        second.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(second.wait(), 20) == 0
+    await killed_once(config, log, launched, within=30)
+    await run_until_healthy(config, log, port, within=60)
     changed = [r.command.split()[:2] for r in mutations(seed_world)]
     assert changed.count(["vllm", "serve"]) == 1, "the load in progress was interrupted"
     assert changed.count(["docker", "run"]) == 2, "a Ray container was started twice"
@@ -51,9 +49,8 @@ async def test_kill_9_mid_recovery_then_restart(seed_world: World, tmp_path: Pat
 
 
 async def test_once_refuses_while_run_holds_the_lock(seed_world: World, tmp_path: Path) -> None:
-    port = free_port()
+    config, _ = fast_config_in(seed_world, tmp_path)
     state = tmp_path / "state"
-    config = write_fast_config(seed_world, tmp_path / "sparkd.toml", state, port)
     with StateDir(state).lock():
         before = len(seed_world.commands())
         code, _, err = await sparkd("once", "--config", str(config))
@@ -63,8 +60,7 @@ async def test_once_refuses_while_run_holds_the_lock(seed_world: World, tmp_path
 
 
 async def test_once_converges_in_steps_and_exit_codes(seed_world: World, tmp_path: Path) -> None:
-    port = free_port()
-    config = write_fast_config(seed_world, tmp_path / "sparkd.toml", tmp_path / "state", port)
+    config, _ = fast_config_in(seed_world, tmp_path)
     code, out, err = await sparkd("once", "--config", str(config), "--json")
     assert code == 1, err
     [first] = json.loads(out)
@@ -86,8 +82,7 @@ async def test_once_converges_in_steps_and_exit_codes(seed_world: World, tmp_pat
 async def test_sigterm_stops_cleanly_and_sighup_keeps_a_good_config(
     seed_world: World, tmp_path: Path
 ) -> None:
-    port = free_port()
-    config = write_fast_config(seed_world, tmp_path / "sparkd.toml", tmp_path / "state", port)
+    config, port = fast_config_in(seed_world, tmp_path)
     log = tmp_path / "daemon.log"
     proc = await start_daemon(config, log)
     try:
@@ -107,8 +102,7 @@ async def test_sigterm_stops_cleanly_and_sighup_keeps_a_good_config(
 
 @both_servers
 async def test_live_plan_probe_status(healthy_world: World, tmp_path: Path) -> None:
-    port = free_port()
-    config = write_fast_config(healthy_world, tmp_path / "sparkd.toml", tmp_path / "state", port)
+    config, port = fast_config_in(healthy_world, tmp_path)
     await eventually(lambda: bool(mutations(healthy_world)), within=10)
     probes: list[tuple[int, str, str]] = []
 
@@ -241,9 +235,7 @@ async def _has_phase(port: int) -> bool:
 async def test_a_saved_snapshot_is_private_whatever_the_umask(
     seed_world: World, tmp_path: Path
 ) -> None:
-    config = write_fast_config(
-        seed_world, tmp_path / "sparkd.toml", tmp_path / "state", free_port()
-    )
+    config, _ = fast_config_in(seed_world, tmp_path)
     snapshot = tmp_path / "snap"
     snapshot.write_text("older\n")
     snapshot.chmod(0o644)
@@ -260,9 +252,7 @@ async def test_a_saved_snapshot_is_private_whatever_the_umask(
 async def test_probe_with_an_unusable_key_file_is_one_line_and_78(
     seed_world: World, tmp_path: Path
 ) -> None:
-    config = write_fast_config(
-        seed_world, tmp_path / "sparkd.toml", tmp_path / "state", free_port()
-    )
+    config, _ = fast_config_in(seed_world, tmp_path)
     fifo = tmp_path / "api_key"
     os.mkfifo(fifo)
     for key_file in (tmp_path / "missing", fifo):

@@ -22,7 +22,7 @@ from sparkd.runtime.notify import Notifier
 from sparkd.settings import load_settings
 from sparkd.web.serve import serve_api
 from sparkd_sim.world import World
-from tests.support.daemon import eventually, free_port, write_fast_config
+from tests.support.daemon import eventually, fast_config_in, free_port
 from tests.support.process import NotifySocket
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,10 +43,13 @@ def example_config(directory: Path, listen: str, state_dir: Path) -> Path:
 
 
 def run_sparkd(
-    config: Path, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
+    config: Path,
+    env: dict[str, str] | None = None,
+    prefix: tuple[str, ...] = (),
+    command: str = "run",
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*prefix, *SPARKD, "run", "--config", str(config)],
+        [*prefix, *SPARKD, command, "--config", str(config)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -170,9 +173,7 @@ async def listening(port: int) -> bool:
 async def test_sighup_always_ends_in_ready_and_reports_what_needs_a_restart(
     healthy_world: World, tmp_path: Path
 ) -> None:
-    port = free_port()
-    state = tmp_path / "state"
-    config = write_fast_config(healthy_world, tmp_path / "sparkd.toml", state, port)
+    config, port = fast_config_in(healthy_world, tmp_path)
     good = config.read_text()
     notify = NotifySocket(tmp_path / "notify.sock")
     notify.watch()
@@ -252,9 +253,7 @@ async def test_sighup_always_ends_in_ready_and_reports_what_needs_a_restart(
 async def test_a_reload_that_fails_unexpectedly_still_sends_ready(
     healthy_world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = write_fast_config(
-        healthy_world, tmp_path / "sparkd.toml", tmp_path / "state", free_port()
-    )
+    config, _ = fast_config_in(healthy_world, tmp_path)
     notify = NotifySocket(tmp_path / "notify.sock")
     monkeypatch.setenv("NOTIFY_SOCKET", str(notify.path))
     daemon = Daemon(load_settings(config), config, notifier=Notifier(), api=serve_api)
@@ -275,14 +274,7 @@ def test_a_config_nested_past_the_recursion_limit_is_one_line_78(tmp_path: Path)
     config = example_config(tmp_path, f"127.0.0.1:{free_port()}", tmp_path / "state")
     config.write_text(config.read_text() + "\nx = " + "[" * 100_000 + "]" * 100_000 + "\n")
     for command in ("check-config", "run"):
-        result = subprocess.run(
-            [*SPARKD, command, "--config", str(config)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=ROOT,
-            check=False,
-        )
+        result = run_sparkd(config, command=command)
         assert result.returncode == 78, result.stderr
         assert one_line(result) == f"{config}: nested too deep to be a sparkd config"
 
@@ -306,13 +298,6 @@ def test_a_state_dir_sparkd_cannot_use_is_one_line_73(
     # Should a regression let `once` go on, it meets closed loopback ports, never the network.
     text = config.read_text().replace('"10.1.230.180"', '"127.0.99.1"')
     config.write_text(text.replace('"10.1.230.181"', '"127.0.99.2"'))
-    result = subprocess.run(
-        [*SPARKD, command, "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        check=False,
-    )
+    result = run_sparkd(config, command=command)
     assert result.returncode == 73, result.stderr
     assert one_line(result) == f"sparkd {command}: daemon.state_dir: {reason}"

@@ -237,6 +237,13 @@ def write_fast_config(
     return path
 
 
+def fast_config_in(world: World, directory: Path) -> tuple[Path, int]:
+    """`write_fast_config` for a daemon on a free port: the config `directory`/sparkd.toml, the
+    state in `directory`/state. The config and the port."""
+    port = free_port()
+    return write_fast_config(world, directory / "sparkd.toml", directory / "state", port), port
+
+
 def free_port() -> int:
     import socket
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -26,11 +28,14 @@ async def sparkd(*args: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
-async def start_daemon(config: Path, log: Path) -> asyncio.subprocess.Process:
+async def start_daemon(
+    config: Path, log: Path, env: dict[str, str] | None = None
+) -> asyncio.subprocess.Process:
+    """`sparkd run` on `config`, its output appended to `log`, `env` added to its environment."""
     handle = log.open("ab")
     return await asyncio.create_subprocess_exec(
         *SPARKD, "run", "--config", str(config), stdout=handle, stderr=handle,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )  # fmt: skip
 
 
@@ -92,3 +97,26 @@ class NotifySocket:
             if self.received[position].startswith(prefix):
                 return position
         return None
+
+
+async def killed_once(
+    config: Path, log: Path, check: Callable[[], bool], within: float, poll: float = 0.05
+) -> None:
+    """`sparkd run` on `config` until `check` holds, then SIGKILL: no chance to tidy up."""
+    proc = await start_daemon(config, log)
+    try:
+        await eventually(check, within=within, poll=poll)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+
+
+async def run_until_healthy(config: Path, log: Path, port: int, within: float) -> None:
+    """`sparkd run` on `config` until its /status at `port` shows the cluster healthy, then
+    SIGTERM, on which it exits 0."""
+    proc = await start_daemon(config, log)
+    try:
+        await wait_phase(port, "healthy", within=within)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
