@@ -21,11 +21,10 @@ from tests.support.ha import (
     Instance,
     check_never_two_actors,
     cli,
-    cluster_name,
     operator_token,
+    owner_and_standby,
     paused_by,
     spec,
-    start_owner_and_standby,
     wait_for,
     wait_healthy,
 )
@@ -201,9 +200,7 @@ async def operated(
 async def test_pause_from_the_standby_holds_across_a_takeover_and_resume_ends_it(
     seed_world: World, operated: tuple[Instance, Instance], etcd: EtcdServer
 ) -> None:
-    a, b = operated
-    cluster = cluster_name(seed_world)
-    await start_owner_and_standby(a, b, cluster)
+    a, b, cluster = await owner_and_standby(seed_world, operated)
 
     await wait_healthy(a, within=90)  # a model to crash later
     code, out = await cli(b, "pause", cluster, "--reason", "swapping a cable")

@@ -27,9 +27,8 @@ from tests.support.daemon import eventually
 from tests.support.ha import (
     TTL,
     Instance,
-    cluster_name,
+    owner_and_standby,
     spec,
-    start_owner_and_standby,
     wait_for,
 )
 
@@ -216,9 +215,7 @@ async def events_of(instance: Instance, cluster: str) -> list[dict[str, Any]]:
 async def test_after_a_sigkill_the_new_owner_shows_the_old_owners_events_then_its_own(
     seed_world: World, pair: tuple[Instance, Instance]
 ) -> None:
-    a, b = pair
-    cluster = cluster_name(seed_world)
-    await start_owner_and_standby(a, b, cluster)
+    a, b, cluster = await owner_and_standby(seed_world, pair)
 
     async def a_acted() -> bool:
         return any(e.get("kind") == "remediation" for e in await events_of(b, cluster))

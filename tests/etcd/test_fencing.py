@@ -27,7 +27,7 @@ from tests.support.ha import (
     Instance,
     cluster_name,
     kill_worker,
-    start_owner_and_standby,
+    owner_and_standby,
     wait_healthy,
 )
 
@@ -79,9 +79,7 @@ async def test_a_paused_owners_late_command_is_refused_by_the_host(
     seed_world: World, unfenced_pair: tuple[Instance, Instance], request: pytest.FixtureRequest
 ) -> None:
     fencing = request.node.callspec.id == "fenced"
-    a, b = unfenced_pair
-    cluster = cluster_name(seed_world)
-    await start_owner_and_standby(a, b, cluster)
+    a, b, cluster = await owner_and_standby(seed_world, unfenced_pair)
 
     await wait_healthy(a, within=120)
     worker = seed_world.host("spark-b").ssh

@@ -55,6 +55,11 @@ class Box:
     def now(self) -> float:
         return 100.0 + self.offset
 
+    async def own(self, memory: Memory) -> None:
+        """Owner of c1 after a round, continuing from `memory` (imported: etcd has none)."""
+        await self.ha.round()
+        assert await self.store.adopt("c1", memory, self.now) is not None
+
 
 @pytest.fixture
 async def boxes(etcd: EtcdServer, tmp_path: Path) -> AsyncIterator[tuple[Box, Box]]:
@@ -101,8 +106,7 @@ async def test_a_write_after_the_key_moved_on_is_refused_and_changes_nothing(
     boxes: tuple[Box, Box], admin: EtcdClient
 ) -> None:
     a, b = boxes
-    await a.ha.round()
-    assert await a.store.adopt("c1", remembered(a.now, "boot-a"), a.now) is not None
+    await a.own(remembered(a.now, "boot-a"))
     old = a.ha.token("c1")
     # a's owner key goes (its lease revoked behind its back); b takes the cluster.
     assert a.ha.lease is not None
@@ -129,9 +133,8 @@ async def test_a_new_owner_finds_the_former_owners_intent(
     boxes: tuple[Box, Box], admin: EtcdClient
 ) -> None:
     a, b = boxes
-    await a.ha.round()
     local = remembered(a.now, "boot-a").evolve(blocked=None)
-    assert await a.store.adopt("c1", local, a.now) is not None
+    await a.own(local)
     action = Action(kind="restart_model", host="spark-a", target="m", reason="r")
     charged = local.evolve(
         attempts=(*local.attempts, Attempt(key=action.key, at=a.now, ok=False, reason="r"))
@@ -157,9 +160,8 @@ async def test_a_new_owner_finds_the_former_owners_intent(
 
 async def test_the_outcome_clears_the_intent(boxes: tuple[Box, Box], admin: EtcdClient) -> None:
     a, _ = boxes
-    await a.ha.round()
     local = Memory(clock=ClockAnchor(boot_id="boot-a", offset=a.offset, mono_at=1.0))
-    assert await a.store.adopt("c1", local, a.now) is not None
+    await a.own(local)
     action = Action(kind="restart_model", host="spark-a", target="m", reason="r")
     a.store.save("c1", local)
     assert await a.store.ready("c1", action) is None
@@ -176,9 +178,8 @@ async def test_a_control_record_the_memory_took_is_not_taken_again_by_the_next_o
     boxes: tuple[Box, Box], admin: EtcdClient
 ) -> None:
     a, b = boxes
-    await a.ha.round()
     local = Memory(clock=ClockAnchor(boot_id="boot-a", offset=a.offset, mono_at=1.0))
-    assert await a.store.adopt("c1", local, a.now) is not None
+    await a.own(local)
     # An operator's resume at revision 41 applied, then a latch set after it.
     a.store.save("c1", local)
     a.store.applied("c1", 41)
@@ -200,8 +201,7 @@ async def test_a_handoff_lands_the_last_saved_memory_before_the_key_goes(
     boxes: tuple[Box, Box], admin: EtcdClient
 ) -> None:
     a, b = boxes
-    await a.ha.round()
-    assert await a.store.adopt("c1", remembered(a.now, "boot-a"), a.now) is not None
+    await a.own(remembered(a.now, "boot-a"))
     a.ha.before_handoff = a.store.flush
     latest = remembered(a.now, "boot-a").evolve(
         attempts=(Attempt(key="restart_ray:spark-b", at=a.now - 1.0, ok=True, reason="r"),)

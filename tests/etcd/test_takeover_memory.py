@@ -29,9 +29,9 @@ from tests.support.ha import (
     cluster_name,
     get,
     operator_token,
+    owner_and_standby,
     paused_by,
     start_on_a_slow_load,
-    start_owner_and_standby,
     wait_healthy,
 )
 
@@ -119,9 +119,7 @@ async def test_the_standby_keeps_the_spent_attempt_and_the_loads_grace(
 async def test_a_pause_no_owner_took_holds_from_the_new_owners_first_step(
     seed_world: World, slow_renewals: tuple[Instance, Instance]
 ) -> None:
-    a, b = slow_renewals
-    cluster = cluster_name(seed_world)
-    await start_owner_and_standby(a, b, cluster)
+    a, b, cluster = await owner_and_standby(seed_world, slow_renewals)
 
     await wait_healthy(a, within=90)
     # The owner dies; while nobody owns the cluster an operator pauses it (through the

@@ -30,6 +30,7 @@ from tests.support.ha import (
     check_never_two_actors,
     cluster_name,
     kill_worker,
+    owner_and_standby,
     start_on_a_slow_load,
     start_owner_and_standby,
     wait_healthy,
@@ -193,9 +194,7 @@ async def test_sigstop_past_the_ttl_never_acts_again(
 async def test_without_etcd_nobody_acts_then_the_owner_readopts(
     seed_world: World, pair: tuple[Instance, Instance], etcd: EtcdServer
 ) -> None:
-    a, b = pair
-    cluster = cluster_name(seed_world)
-    await start_owner_and_standby(a, b, cluster)
+    a, b, cluster = await owner_and_standby(seed_world, pair)
 
     await wait_healthy(a, within=90)
     etcd.kill()

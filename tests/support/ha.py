@@ -287,6 +287,16 @@ async def start_owner_and_standby(a: Instance, b: Instance, cluster: str) -> Non
     await eventually(b_waits, within=30)
 
 
+async def owner_and_standby(
+    world: World, pair: tuple[Instance, Instance]
+) -> tuple[Instance, Instance, str]:
+    """The pair started, the first owning the world's cluster and the second standing by."""
+    a, b = pair
+    cluster = cluster_name(world)
+    await start_owner_and_standby(a, b, cluster)
+    return a, b, cluster
+
+
 async def start_on_a_slow_load(world: World, a: Instance, b: Instance) -> str:
     """`a` owning the world's cluster with a model that loads slowly (`slow-load` on
     spark-a), `b` its standby: the start of a recovery the owner dies in; the cluster's name."""
