@@ -264,6 +264,16 @@ def check_never_two_actors(world: World, a: Instance, b: Instance) -> None:
         assert len(owners) == 1, f"{record.command!r} at {record.at} in no single action: {owners}"
 
 
+def swept_since(world: World, instance: str, since: float) -> bool:
+    """Whether `instance`'s fence sweep ran on every host of the world since `since`."""
+    hosts = {
+        c.host
+        for c in world.owned_commands()
+        if c.owner.instance == instance and not c.refused and c.at >= since
+    }
+    return hosts == {h.address for h in world.hosts.values()}
+
+
 async def kill_worker(world: World) -> bool:
     try:
         await world.fault("kill-container", "spark-b", "sparkd-sparks-ray-worker")
