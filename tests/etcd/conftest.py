@@ -17,7 +17,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -45,10 +45,17 @@ def private_address() -> str:
 
 
 def free_port(address: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((address, 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return free_ports(address, 1)[0]
+
+
+def free_ports(address: str, count: int) -> list[int]:
+    """`count` distinct free ports on `address`: each socket stays bound until all are chosen,
+    or the kernel may hand the same port out twice (one member's peer port was another's)."""
+    with ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind((address, 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 class EtcdServer:
@@ -58,8 +65,7 @@ class EtcdServer:
         self.binary = binary
         self.data_dir = data_dir
         self.address = private_address()
-        self.client_port = free_port(self.address)
-        self.peer_port = free_port(self.address)
+        self.client_port, self.peer_port = free_ports(self.address, 2)
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.extra: list[str] = []
@@ -125,9 +131,10 @@ S = TypeVar("S", bound=Startable)
 
 @contextmanager
 def running(server: S) -> Iterator[S]:
-    """The server started, and killed when the test is done with it."""
-    server.start()
+    """The server started, and killed when the test is done with it (or when it did not start:
+    a cluster's members that did keep running otherwise)."""
     try:
+        server.start()
         yield server
     finally:
         server.kill()
@@ -213,10 +220,10 @@ class EtcdCluster:
     def __init__(self, binary: str, base: Path) -> None:
         self.address = private_address()
         self.members = [EtcdServer(binary, base / f"m{i}") for i in range(3)]
+        ports = iter(free_ports(self.address, 2 * len(self.members)))
         for member in self.members:
             member.address = self.address
-            member.client_port = free_port(self.address)
-            member.peer_port = free_port(self.address)
+            member.client_port, member.peer_port = next(ports), next(ports)
 
     @property
     def urls(self) -> list[str]:
@@ -232,6 +239,9 @@ class EtcdCluster:
             member.launch(name, initial, "sparkd-test")
         deadline = time.monotonic() + within
         while not all(m.healthy() for m in self.members):
+            for member in self.members:
+                if member.proc is not None and member.proc.poll() is not None:
+                    raise RuntimeError(f"etcd exited: {member.log_path.read_text()[-2000:]}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"etcd members not healthy within {within}s")
             time.sleep(0.05)
