@@ -15,6 +15,8 @@ BENCH_STAMP := $(BENCH_VENV)/.installed
 # kind keeps on disk (pip's cache keeps the rest between venvs).
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+# pytest-xdist workers for `test` (0: one process, as before); tests/conftest.py groups the tiers.
+PYTEST_WORKERS ?= 2
 
 .PHONY: test demo lint typecheck unit clean bench
 
@@ -55,7 +57,8 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict $(PACKAGES) bench
 
 test: lint typecheck $(RAY_STAMP) $(VLLM_STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder \
+		$(PYTEST_ARGS)
 
 # Not part of `test`: minutes of measuring, results in bench/results/ (BENCH_ARGS: names, --quick).
 bench: $(STAMP) $(BENCH_STAMP)

@@ -286,4 +286,8 @@ async def test_a_failing_cluster_does_not_stop_the_others_or_the_watchdog(
     assert "planner bug on hostile input" in health["clusters"]["broken"]["reason"]
     assert health["reason"].startswith("broken: cycle failed")
     assert "sparks" not in health["reason"]
-    assert sparks.view.plan is not None and sparks.view.plan.phase == "healthy"
+    # Its phase is the world's at that look: a loaded machine can make one of its tools time
+    # out, so it must come back to healthy, not be healthy at every moment.
+    await eventually(
+        lambda: sparks.view.plan is not None and sparks.view.plan.phase == "healthy", within=60
+    )

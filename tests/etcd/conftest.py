@@ -61,11 +61,17 @@ def free_ports(address: str, count: int) -> list[int]:
 class EtcdServer:
     """One single-member etcd process; start, kill, stop (SIGSTOP) and continue it by PID."""
 
-    def __init__(self, binary: str, data_dir: Path) -> None:
+    def __init__(
+        self,
+        binary: str,
+        data_dir: Path,
+        address: str | None = None,
+        ports: tuple[int, int] | None = None,
+    ) -> None:
         self.binary = binary
         self.data_dir = data_dir
-        self.address = private_address()
-        self.client_port, self.peer_port = free_ports(self.address, 2)
+        self.address = address or private_address()
+        self.client_port, self.peer_port = ports or tuple(free_ports(self.address, 2))
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.extra: list[str] = []
@@ -93,14 +99,12 @@ class EtcdServer:
 
     def start(self, within: float = 20.0) -> None:
         self.launch("s1", f"s1=http://{self.address}:{self.peer_port}")
-        assert self.proc is not None
-        deadline = time.monotonic() + within
-        while not self.healthy():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"etcd exited: {self.log_path.read_text()[-2000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"etcd not healthy within {within}s")
-            time.sleep(0.05)
+        until_healthy([self], within)
+
+    def check_running(self) -> None:
+        """Raise, with the log's tail, if the launched process has exited."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"etcd exited: {self.log_path.read_text()[-2000:]}")
 
     def healthy(self) -> bool:
         try:
@@ -118,6 +122,17 @@ class EtcdServer:
             self.proc.send_signal(signal.SIGCONT)
             self.proc.kill()
             self.proc.wait(10)
+
+
+def until_healthy(members: list[EtcdServer], within: float) -> None:
+    """Wait until every member answers healthy; fail at once if one has exited."""
+    deadline = time.monotonic() + within
+    while not all(m.healthy() for m in members):
+        for member in members:
+            member.check_running()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"etcd not healthy within {within}s")
+        time.sleep(0.05)
 
 
 class Startable(Protocol):
@@ -217,34 +232,27 @@ class Blackhole:
 class EtcdCluster:
     """Three members on one private loopback address (each its own ports and data dir)."""
 
-    def __init__(self, binary: str, base: Path) -> None:
+    def __init__(self, binary: str, base: Path, size: int = 3) -> None:
         self.address = private_address()
-        self.members = [EtcdServer(binary, base / f"m{i}") for i in range(3)]
-        ports = iter(free_ports(self.address, 2 * len(self.members)))
-        for member in self.members:
-            member.address = self.address
-            member.client_port, member.peer_port = next(ports), next(ports)
+        ports = free_ports(self.address, 2 * size)
+        self.members = [
+            EtcdServer(binary, base / f"m{i}", self.address, (ports[2 * i], ports[2 * i + 1]))
+            for i in range(size)
+        ]
 
     @property
     def urls(self) -> list[str]:
         return [m.url for m in self.members]
 
     def start(self, within: float = 30.0) -> None:
-        names = [f"m{i}" for i in range(3)]
+        names = [f"m{i}" for i in range(len(self.members))]
         initial = ",".join(
             f"{name}=http://{self.address}:{m.peer_port}"
             for name, m in zip(names, self.members, strict=True)
         )
         for name, member in zip(names, self.members, strict=True):
             member.launch(name, initial, "sparkd-test")
-        deadline = time.monotonic() + within
-        while not all(m.healthy() for m in self.members):
-            for member in self.members:
-                if member.proc is not None and member.proc.poll() is not None:
-                    raise RuntimeError(f"etcd exited: {member.log_path.read_text()[-2000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"etcd members not healthy within {within}s")
-            time.sleep(0.05)
+        until_healthy(self.members, within)
 
     def kill(self) -> None:
         for member in self.members:

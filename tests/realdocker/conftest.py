@@ -9,7 +9,6 @@ dockerd) serves a module's scenarios; each scenario removes what it started.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -26,11 +25,12 @@ from sparkd.shell.ssh import HostConnection, SshFailure, SshPool
 from sparkd_sim import real_docker
 from sparkd_sim.real_docker import Daemon
 from sparkd_sim.world import World
+from tests.support.addresses import run_octet
 from tests.support.live import cluster_of
 from tests.support.tiers import require_tier
 
 # A block of addresses of its own, away from the other tiers' worlds.
-FIRST_ADDRESS = f"127.{20 + os.getpid() % 200}.92.2"
+FIRST_ADDRESS = f"127.{run_octet()}.92.2"
 # What the fact script's reading of Ray is taken to be: the image's `ray` only blocks.
 NO_RAY = RayState(nodes=(), gpus_total=0.0)
 

@@ -30,6 +30,7 @@ from sparkd.model.cluster import ClusterSpec
 from sparkd.shell import model_http
 from sparkd.shell.observe import opener
 from sparkd.shell.ssh import HostConnection
+from tests.support.addresses import run_octet
 from tests.support.sshd import RealSshd, cluster_behind, running_sshd
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +38,7 @@ VENV = Path(os.environ.get("SPARKD_VLLM_VENV", ROOT / ".venv-vllm"))
 VLLM = VENV / "bin" / "vllm"
 MAKE_MODEL = Path(__file__).with_name("make_tiny_model.py")
 # This run's own block (127.N.97.x), apart from the sshd tier's 127.N.128.x and the others'.
-BLOCK = f"127.{20 + os.getpid() % 200}.97"
+BLOCK = f"127.{run_octet()}.97"
 # A start takes 40-50 s on a quiet 2-core machine (7 s of it imports), 96 s seen under load.
 START_LIMIT = 600.0
 

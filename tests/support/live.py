@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from sparkd.shell.observe import observe
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import Scenario, World
+from tests.support.addresses import run_octet
 
 # Short SSH limits for tests that wait for a timeout on purpose; the world answers in
 # milliseconds, so these only ever expire when a host or tool really is silent.
@@ -27,7 +27,7 @@ QUICK_SSH = {"connect_timeout": 0.5, "command_timeout": 1.5}
 # Worlds of this test run get loopback addresses of their own (127.N.0.2 up), away from the
 # default 127.0.0.x of any other world running on the machine: every world's model listens on
 # port 30000 of its head's address, and a probe must never reach another world's model.
-FIRST_ADDRESS = f"127.{20 + os.getpid() % 200}.0.2"
+FIRST_ADDRESS = f"127.{run_octet()}.0.2"
 
 
 def fast_timing(**changes: float) -> Timing:

@@ -27,6 +27,7 @@ from sparkd.shell import forced
 from sparkd_sim.openssh import LOGIN_USER, ensure_login_user
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import Scenario, World
+from tests.support.addresses import run_octet
 from tests.toy import reference_cluster
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
@@ -161,7 +162,7 @@ def install_forced_command(
 # Address blocks of this run's own (127.N.128.2 up): in this tier the model really listens on port
 # 30000 of its head's address, so two runs on one machine must not share a head address. Apart
 # from tests/live's 127.N.0.x blocks.
-FIRST_ADDRESS = f"127.{20 + os.getpid() % 200}.128.2"
+FIRST_ADDRESS = f"127.{run_octet()}.128.2"
 
 
 def openssh_world(directory: Path, scenario: Scenario, **options: Any) -> World:
