@@ -229,17 +229,26 @@ class EtcdCluster:
     def urls(self) -> list[str]:
         return [m.url for m in self.members]
 
-    def start(self, within: float = 30.0) -> None:
-        names = [f"m{i}" for i in range(3)]
-        initial = ",".join(
-            f"{name}=http://{self.address}:{m.peer_port}"
-            for name, m in zip(names, self.members, strict=True)
+    @property
+    def initial(self) -> str:
+        return ",".join(
+            f"m{i}=http://{self.address}:{m.peer_port}" for i, m in enumerate(self.members)
         )
-        for name, member in zip(names, self.members, strict=True):
-            member.launch(name, initial, "sparkd-test")
+
+    def start(self, within: float = 30.0) -> None:
+        for index, member in enumerate(self.members):
+            member.launch(f"m{index}", self.initial, "sparkd-test")
+        self._wait(self.members, within)
+
+    def restart(self, member: EtcdServer, within: float = 30.0) -> None:
+        """A killed member started again on its data dir: it rejoins the others."""
+        member.launch(f"m{self.members.index(member)}", self.initial, "sparkd-test")
+        self._wait([member], within)
+
+    def _wait(self, members: list[EtcdServer], within: float) -> None:
         deadline = time.monotonic() + within
-        while not all(m.healthy() for m in self.members):
-            for member in self.members:
+        while not all(m.healthy() for m in members):
+            for member in members:
                 if member.proc is not None and member.proc.poll() is not None:
                     raise RuntimeError(f"etcd exited: {member.log_path.read_text()[-2000:]}")
             if time.monotonic() > deadline:
