@@ -18,6 +18,7 @@ from sparkd.model.cluster import ClusterSpec
 from sparkd.model.plan import MODEL_STARTS, RAY_STARTS, Action, ActionOutcome, ActionResult, Plan
 from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue
+from sparkd.shell.deadline import bounded
 from sparkd.shell.fencing import HostFence, HostRefused
 from sparkd.shell.power import PowerFailed, power_argv, run_power
 from sparkd.shell.secrets import read_secret, redact
@@ -97,7 +98,7 @@ class Executor:
                 finished_at=self.wall_clock(), detail=why,
             )  # fmt: skip
         try:
-            async with asyncio.timeout(limit):
+            async with bounded(limit):
                 detail = await self._dispatch(action)
         except TimeoutError:
             result, detail = "timeout", f"did not finish within {limit:g}s"

@@ -96,14 +96,16 @@ class HostFence:
             return
         kind, detail = refusal
         current = self.token()
-        if sent != current:
+        if current is not None and sent != current:
             # An older claim's command, refused after this instance took the cluster again:
             # the current claim stands (its own sweep already bumped the host's record).
             raise HostRefused(kind, host.name, detail)
         self.swept.pop(host.name, None)
         if kind == "fenced":
+            # No token any more (its deadline passed while the command was on its way, as in
+            # a pause) is no reason to keep quiet: the host says a newer owner took over.
             self.on_fenced(host.name, detail)
-        else:
+        elif current is not None:
             self.mismatched[host.name] = detail
             self.on_mismatch(host.name, detail)
         raise HostRefused(kind, host.name, detail)

@@ -20,6 +20,7 @@ import asyncssh
 from sparkd.core.text import printable
 from sparkd.model.observed import HostError
 from sparkd.model.spec import HostSpec, SshSpec
+from sparkd.shell.deadline import bounded
 from sparkd.shell.ssh_errors import (
     CommandResult,
     KeyFileError,
@@ -100,7 +101,8 @@ class HostConnection:
         started = time.perf_counter()
         conn: asyncssh.SSHClientConnection | None = None
         try:
-            async with asyncio.timeout(timeout):
+            # Woken past it (a paused process), an answer that arrived meanwhile still counts.
+            async with bounded(timeout):
                 conn = await self._connection()
                 async with self._channels:
                     completed = await _exec(conn, command, input)

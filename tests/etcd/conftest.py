@@ -244,15 +244,21 @@ class EtcdCluster:
     def urls(self) -> list[str]:
         return [m.url for m in self.members]
 
-    def start(self, within: float = 30.0) -> None:
-        names = [f"m{i}" for i in range(len(self.members))]
-        initial = ",".join(
-            f"{name}=http://{self.address}:{m.peer_port}"
-            for name, m in zip(names, self.members, strict=True)
+    @property
+    def initial(self) -> str:
+        return ",".join(
+            f"m{i}=http://{self.address}:{m.peer_port}" for i, m in enumerate(self.members)
         )
-        for name, member in zip(names, self.members, strict=True):
-            member.launch(name, initial, "sparkd-test")
+
+    def start(self, within: float = 30.0) -> None:
+        for index, member in enumerate(self.members):
+            member.launch(f"m{index}", self.initial, "sparkd-test")
         until_healthy(self.members, within)
+
+    def restart(self, member: EtcdServer, within: float = 30.0) -> None:
+        """A killed member started again on its data dir: it rejoins the others."""
+        member.launch(f"m{self.members.index(member)}", self.initial, "sparkd-test")
+        until_healthy([member], within)
 
     def kill(self) -> None:
         for member in self.members:

@@ -1,9 +1,13 @@
 """An operator's pause or resume through etcd: recorded by any instance, applied by the owner
-(once, heard through its watch), honoured by the next owner after a takeover."""
+(once, heard through its watch), honoured by the next owner after a takeover; a `blocked`
+latch crosses a takeover too, and a resume from another box's CLI clears it (HA.md section 6,
+scenario 13)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,6 +17,7 @@ import pytest
 from sparkd.ha.control import Control
 from sparkd.ha.etcd import EtcdClient, EtcdUnavailable
 from sparkd.ha.ownership import Ownership
+from sparkd_sim.owned import OwnedCommand
 from sparkd_sim.world import World
 from tests.etcd.conftest import EtcdServer
 from tests.support.daemon import eventually, mutations
@@ -20,17 +25,22 @@ from tests.support.ha import (
     TTL,
     Instance,
     check_never_two_actors,
+    check_one_actor_per_cluster,
     cli,
+    cluster_name,
+    get,
     operator_token,
     owner_and_standby,
     paused_by,
     spec,
+    start_owner_and_standby,
     wait_for,
     wait_healthy,
 )
 
 pytestmark = pytest.mark.etcd
 
+KINDS = ("blocked", "resumed")
 PRODUCTION = {"lease_ttl": 15, "renew_interval": 5.0, "request_timeout": 2.0, "margin": 2.0}
 
 
@@ -235,3 +245,114 @@ async def test_pause_from_the_standby_holds_across_a_takeover_and_resume_ends_it
     etcd.kill()
     code, out = await cli(b, "pause", cluster, "--reason", "late")
     assert code != 0 and "no etcd" in out, out
+
+
+def one_attempt(instance: Instance) -> Instance:
+    """The instance's config with a budget of one attempt per target (both instances alike:
+    a different config would make one refuse the cluster)."""
+    text = re.sub(r"^(\s*)budget = .*$", r"\1budget = 1", instance.config.read_text(), flags=re.M)
+    instance.config.write_text(text)
+    return instance
+
+
+async def shown(instance: Instance) -> tuple[str | None, str, int]:
+    """The cluster's phase, reason and looks so far, from the instance's /status."""
+    clusters = (await instance.status()).get("clusters") or []
+    if not clusters:
+        return None, "", 0
+    return clusters[0]["phase"], clusters[0].get("reason") or "", int(clusters[0]["cycles"])
+
+
+async def looked(instance: Instance, more: int) -> None:
+    """Until the instance has looked at the cluster `more` times from now."""
+    _, _, looks = await shown(instance)
+
+    async def done() -> bool:
+        return (await shown(instance))[2] >= looks + more
+
+    await eventually(done, within=60)
+
+
+async def latches_and_resumes(instance: Instance, cluster: str) -> list[tuple[str, str]]:
+    """The cluster's `blocked` and `resumed` events in etcd's journal, oldest first, with the
+    instance that wrote each (from the instance's /events)."""
+    events = json.loads(await get(instance, f"/events?cluster={cluster}&limit=1000"))["events"]
+    return [(e["kind"], e["instance"]) for e in reversed(events) if e["kind"] in KINDS]
+
+
+async def latched(instance: Instance) -> bool:
+    phase, reason, _ = await shown(instance)
+    return phase == "blocked" and "(latched;" in reason
+
+
+async def test_a_blocked_latch_crosses_a_takeover_and_the_other_boxs_resume_clears_it(
+    seed_world: World, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    world = seed_world
+    token = operator_token(tmp_path)
+    a, b = (
+        one_attempt(Instance(name, world, etcd, tmp_path, token_file=token))
+        for name in ("ops-a", "ops-b")
+    )
+    cluster = cluster_name(world)
+    try:
+        await start_owner_and_standby(a, b, cluster)
+        await wait_healthy(a, within=90)
+        # The model fails every probe: the owner restarts it once, and with its one attempt
+        # spent it latches the cluster blocked.
+        await world.fault("answer-style", "spark-a", "http_500")
+        await eventually(lambda: latched(a), within=90)
+        # The model answers again; the latch holds. The standby's own looks, which spent
+        # nothing and latched nothing, see the cluster healthy.
+        await world.fault("heal", "spark-a")
+        await wait_healthy(b, within=60)
+        assert await latched(a)
+
+        await a.kill()
+
+        async def b_owns() -> bool:
+            return await b.role(cluster) == "owner"
+
+        await eventually(b_owns, within=4 * TTL)
+        # The new owner's looks on the healthy cluster show it blocked: the latch came with
+        # etcd's memory. Then the model dies, and it still does nothing.
+        await looked(b, 3)
+        assert await latched(b), await shown(b)
+        # The latch it shows is the former owner's, not one of its own making.
+        assert await latches_and_resumes(b, cluster) == [("blocked", a.name)]
+        await world.fault("crash-model", "spark-a")
+        crashed_at = time.time()
+        await looked(b, 3)
+        assert await latched(b), await shown(b)
+        assert mutations(world, since=crashed_at) == [], "a latched cluster was acted on"
+        code, out = await cli(b, "status")
+        assert code == 0 and re.search(rf"^{cluster}\s+blocked\s.*\(latched;", out, re.M), out
+
+        # The other box, back as a standby, takes the operator's resume.
+        await a.start()
+
+        async def a_waits() -> bool:
+            return await a.role(cluster) == "standby"
+
+        await eventually(a_waits, within=30)
+        asked_at = time.time()
+        code, out = await cli(a, "resume", cluster)
+        assert code == 0, out
+
+        def relaunched() -> list[OwnedCommand]:
+            return [
+                c
+                for c in world.owned_commands()
+                if c.at > asked_at and not c.refused and "vllm serve" in c.command
+            ]
+
+        await eventually(relaunched, within=60)
+        assert {c.owner.instance for c in relaunched()} == {b.name}
+        await wait_healthy(b, within=90)
+        code, out = await cli(b, "status")
+        assert code == 0 and re.search(rf"^{cluster}\s+healthy\s", out, re.M), out
+        assert await latches_and_resumes(b, cluster) == [("blocked", a.name), ("resumed", b.name)]
+        assert check_one_actor_per_cluster(world, [a, b]) > 0
+    finally:
+        await a.stop()
+        await b.stop()

@@ -10,7 +10,6 @@ after the new leader was elected (an election renews every lease to its full TTL
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,7 +18,6 @@ import pytest
 
 from sparkd_sim.world import World
 from tests.etcd.conftest import EtcdCluster, EtcdServer
-from tests.etcd.test_three_members import leader
 from tests.support.daemon import eventually, mutations
 from tests.support.ha import (
     TTL,
@@ -27,6 +25,8 @@ from tests.support.ha import (
     check_one_actor_per_cluster,
     cluster_name,
     healthy_world,
+    leader,
+    on_members,
     start_owner_and_standby,
 )
 
@@ -39,17 +39,6 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
         yield w
 
 
-def on_three_members(instance: Instance, urls: list[str]) -> Instance:
-    """The instance's config pointed at every member, in this order (it rotates on failures)."""
-    listed = ", ".join(f'"{url}"' for url in urls)
-    text = re.sub(
-        r"^etcd_endpoints = .*$", f"etcd_endpoints = [{listed}]", instance.config.read_text(),
-        flags=re.M,
-    )  # fmt: skip
-    instance.config.write_text(text)
-    return instance
-
-
 async def healthy(instance: Instance) -> bool:
     clusters = (await instance.status()).get("clusters") or []
     return bool(clusters) and clusters[0]["phase"] == "healthy"
@@ -60,7 +49,7 @@ async def new_leader(etcd3: EtcdCluster, gone: EtcdServer, within: float) -> flo
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         try:
-            if await leader(etcd3) is not gone:
+            if await leader(etcd3.members) is not gone:
                 return time.time()
         except AssertionError:  # no leader yet: the election is still on
             pass
@@ -72,10 +61,10 @@ async def new_leader(etcd3: EtcdCluster, gone: EtcdServer, within: float) -> flo
 async def test_leader_election_in_the_middle_of_a_takeover(
     world: World, etcd3: EtcdCluster, tmp_path: Path, moment: str
 ) -> None:
-    first = await leader(etcd3)
+    first = await leader(etcd3.members)
     urls = [first.url] + [u for u in etcd3.urls if u != first.url]
     a, b = (
-        on_three_members(Instance(f"ops-{n}", world, first, tmp_path), urls) for n in "ab"
+        on_members(Instance(f"ops-{n}", world, first, tmp_path), urls) for n in "ab"
     )  # fmt: skip
     cluster = cluster_name(world)
     try:

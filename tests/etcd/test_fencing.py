@@ -2,19 +2,25 @@
 owner sends an action, its bytes reach the host late (`late-delivery`, as a partition holding
 them would) and the owner is SIGSTOPped past its TTL meanwhile. The standby takes over and
 sweeps the hosts; when the stale command lands, the host's fence refuses it (exit 76) and
-nothing of it runs. With `host_fencing = false`, the same command runs, and the checker
-(tokens never go backwards in what the hosts ran) catches it: the test bites."""
+nothing of it runs. Woken, the old owner takes the refusal for what it is: an event `fenced`,
+`sparkd_ha_fenced_total` up by one, the action skipped with no budget spent, and it demotes.
+With `host_fencing = false`, the same command runs, and the checker (tokens never go backwards
+in what the hosts ran) catches it: the test bites."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from sparkd.ha.etcd import EtcdClient
+from sparkd.ha.memory import memory_key
 from sparkd.model import exits
 from sparkd.shell import catalogue
 from sparkd_sim.owned import OwnedCommand
@@ -25,9 +31,12 @@ from tests.support.ha import (
     SPARKD,
     TTL,
     Instance,
+    budgets,
     cluster_name,
+    get,
     kill_worker,
     owner_and_standby,
+    stamp,
     wait_healthy,
 )
 
@@ -55,6 +64,14 @@ def backwards(world: World) -> list[str]:
     return problems
 
 
+async def attempts_in_etcd(admin: EtcdClient, cluster: str) -> list[dict[str, Any]]:
+    """The budget attempts in the cluster's memory record in etcd, as stored."""
+    kv, _ = await admin.get(memory_key("sparkd/v1/", cluster))
+    assert kv is not None
+    found: list[dict[str, Any]] = json.loads(kv.value)["memory"]["attempts"]
+    return found
+
+
 @pytest.fixture
 async def unfenced_pair(
     seed_world: World, etcd: EtcdServer, tmp_path: Path, request: pytest.FixtureRequest
@@ -76,12 +93,18 @@ async def unfenced_pair(
 
 @pytest.mark.parametrize("unfenced_pair", [True, False], ids=["fenced", "unfenced"], indirect=True)
 async def test_a_paused_owners_late_command_is_refused_by_the_host(
-    seed_world: World, unfenced_pair: tuple[Instance, Instance], request: pytest.FixtureRequest
+    seed_world: World,
+    unfenced_pair: tuple[Instance, Instance],
+    admin: EtcdClient,
+    request: pytest.FixtureRequest,
 ) -> None:
     fencing = request.node.callspec.id == "fenced"
     a, b, cluster = await owner_and_standby(seed_world, unfenced_pair)
 
     await wait_healthy(a, within=120)
+    # What the owner's own accounting says before the action the host will refuse.
+    a_before = await budgets(a, cluster)
+    assert (await a.metrics())["sparkd_ha_fenced_total"] == 0
     worker = seed_world.host("spark-b").ssh
     await seed_world.fault("late-delivery", "spark-b", str(LATE))
     await eventually(lambda: kill_worker(seed_world), within=30)
@@ -104,6 +127,9 @@ async def test_a_paused_owners_late_command_is_refused_by_the_host(
 
     await eventually(landed, within=LATE + 10)
     late = landed()[0]
+    # The current owner's budgets and etcd's memory as the stale command reached the host.
+    b_before = await budgets(b, cluster)
+    stored_before = await attempts_in_etcd(admin, cluster)
     a.signal(signal.SIGCONT)
     by_b = [c for c in seed_world.owned_commands() if c.owner.instance == b.name]
     # The new owner ran its commands before the stale one landed, with a newer token.
@@ -127,6 +153,26 @@ async def test_a_paused_owners_late_command_is_refused_by_the_host(
     await eventually(a_standby, within=15)
     # Woken, it never started another action.
     assert [s for s, _ in a.intervals(time.time()) if s > stopped_at] == []
+
+    def ended() -> list[dict[str, Any]]:
+        return [e for e in a.events() if e.get("event") == "action" and stamp(e) > stopped_at]
+
+    # The action it was frozen in ends with the host's answer, not with its own timeout.
+    await eventually(ended, within=15)
+    assert [(e["result"], e["detail"].split(":")[0]) for e in ended()] == [("skipped", "fenced")]
+    # It heard the refusal: an event and the counter say so ...
+    fenced = [e for e in a.events() if e.get("event") == "fenced" and stamp(e) > stopped_at]
+    assert fenced and {e.get("host") for e in fenced} == {"spark-b"}, fenced
+    shown = json.loads(await get(a, f"/events?cluster={cluster}"))["events"]
+    assert [e["host"] for e in shown if e["kind"] == "fenced"] == ["spark-b"]
+    assert (await a.metrics())["sparkd_ha_fenced_total"] == 1
+    # ... and the refusal spent nothing: not in its own accounting (the restart was skipped,
+    # not failed), not in the current owner's, not in etcd's memory. (The attempt it charged
+    # in etcd before sending was in flight at the takeover: counted then, as its outcome was
+    # unknown to the new owner, HA.md section 4.2.)
+    assert await budgets(a, cluster) == a_before
+    assert await budgets(b, cluster) == b_before
+    assert await attempts_in_etcd(admin, cluster) == stored_before
 
 
 async def test_a_rebuilt_etcd_fails_closed_until_refenced(

@@ -11,10 +11,9 @@ from contextlib import asynccontextmanager
 import pytest
 
 from sparkd.ha.config import HaSpec
-from sparkd.ha.etcd import EtcdClient, EtcdUnavailable
 from sparkd.ha.ownership import Ownership
-from tests.etcd.conftest import EtcdCluster, EtcdServer
-from tests.support.ha import wait_for
+from tests.etcd.conftest import EtcdCluster
+from tests.support.ha import leader, wait_for
 
 pytestmark = pytest.mark.etcd
 
@@ -27,20 +26,6 @@ def spec(urls: list[str], instance: str, timings: dict[str, float]) -> HaSpec:
     return HaSpec.model_validate(
         {"etcd_endpoints": tuple(urls), "instance": instance, "prefix": "t3/", **timings}
     )
-
-
-async def leader(cluster: EtcdCluster) -> EtcdServer:
-    for member in cluster.members:
-        client = EtcdClient([member.url], timeout=1)
-        try:
-            status = await client.call("maintenance/status", {})
-        except EtcdUnavailable:
-            continue
-        finally:
-            await client.close()
-        if status.get("leader") == status["header"]["member_id"]:
-            return member
-    raise AssertionError("no leader")
 
 
 @asynccontextmanager
@@ -63,7 +48,7 @@ async def watching(a: Ownership, b: Ownership) -> AsyncIterator[list[tuple[bool,
 
 
 async def test_losing_the_leader_the_owner_talks_to_costs_nothing(etcd3: EtcdCluster) -> None:
-    first = await leader(etcd3)
+    first = await leader(etcd3.members)
     urls = [first.url] + [u for u in etcd3.urls if u != first.url]
     a = Ownership(spec(urls, "a", SLOWER), ["c1"])
     b = Ownership(spec(list(reversed(urls)), "b", SLOWER), ["c1"])
@@ -78,7 +63,7 @@ async def test_losing_the_leader_the_owner_talks_to_costs_nothing(etcd3: EtcdClu
         assert all(mine and not theirs for mine, theirs in seen), "ownership flickered"
         assert a.client.endpoint != first.url  # it moved on
         assert a.renew_failures <= 1
-        assert (await leader(etcd3)) is not first
+        assert (await leader(etcd3.members)) is not first
     finally:
         await a.stop()
         await b.stop()
@@ -92,7 +77,7 @@ async def test_quorum_loss_stops_everyone_then_one_owner(etcd3: EtcdCluster) -> 
     b.start()
     try:
         async with watching(a, b) as seen:
-            boss = await leader(etcd3)
+            boss = await leader(etcd3.members)
             stopped = [boss, *[m for m in etcd3.members if m is not boss][:1]]
             for member in stopped:
                 member.signal(signal.SIGSTOP)  # requests hang: only timeouts tell

@@ -13,18 +13,20 @@ import asyncio
 import itertools
 import json
 import os
+import re
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
 from sparkd.ha.claim import boottime
 from sparkd.ha.config import HaSpec
+from sparkd.ha.etcd import EtcdClient, EtcdUnavailable
 from sparkd.settings import load_settings
 from sparkd_demo.cli import sparkd_spec_labels
 from sparkd_sim.timing import Timing
@@ -393,3 +395,32 @@ async def wait_for(check: Callable[[], bool], within: float) -> float:
             raise AssertionError(f"not within {within}s")
         await asyncio.sleep(0.02)
     return time.monotonic() - started
+
+
+E = TypeVar("E", bound=Etcd)
+
+
+async def leader(members: Sequence[E]) -> E:
+    """The member that says it leads (maintenance/status: its `leader` is its own member id)."""
+    for member in members:
+        client = EtcdClient([member.url], timeout=1)
+        try:
+            status = await client.call("maintenance/status", {})
+        except EtcdUnavailable:
+            continue
+        finally:
+            await client.close()
+        if status.get("leader") == status["header"]["member_id"]:
+            return member
+    raise AssertionError("no leader")
+
+
+def on_members(instance: Instance, urls: list[str]) -> Instance:
+    """The instance's config pointed at every member, in this order (it rotates on failures)."""
+    listed = ", ".join(f'"{url}"' for url in urls)
+    text = re.sub(
+        r"^etcd_endpoints = .*$", f"etcd_endpoints = [{listed}]", instance.config.read_text(),
+        flags=re.M,
+    )  # fmt: skip
+    instance.config.write_text(text)
+    return instance

@@ -94,3 +94,25 @@ def test_another_etcds_record_is_a_mismatch_not_a_demotion() -> None:
     with pytest.raises(HostRefused) as caught:
         fence.wrap(host, Remote("x", "docker rm -f -- x", True), 5)
     assert caught.value.kind == "unswept" and "etcd cluster 9" in caught.value.detail
+
+
+def test_a_refusal_heard_once_the_token_is_gone_still_says_fenced() -> None:
+    """Paused while its command travelled, the owner wakes past its deadline (no token) to the
+    host's refusal of the token it sent: a newer owner took over, and it says so."""
+    owner = Owner()
+    fence = make(owner)
+    host = reference_cluster().head
+    sent = owner.fence
+    assert sent is not None
+    fence.swept[host.name] = sent
+    owner.fence = None
+    said = f"{catalogue.FENCE_MARKER} sparks: refused token 30 < 31 (ops-b)"
+    with pytest.raises(HostRefused) as caught:
+        fence.check(host, refusal(76, said), sent)
+    assert caught.value.kind == "fenced" and owner.fenced == [host.name]
+    assert host.name not in fence.swept
+    # Another etcd's record is the current claim's business: none is left to keep it for.
+    said = f"{catalogue.FENCE_MARKER} sparks: token from etcd cluster 9, this is 5: run sparkd"
+    with pytest.raises(HostRefused) as caught:
+        fence.check(host, refusal(77, said), sent)
+    assert caught.value.kind == "mismatch" and owner.mismatch == [] and not fence.mismatched
