@@ -51,6 +51,13 @@ def _spawn(binary: str, scratch: str, url: str, peer: str) -> subprocess.Popen[b
 
 @contextlib.asynccontextmanager
 async def etcd() -> AsyncIterator[str]:
+    async with etcd_process() as (url, _):
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def etcd_process() -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A single-member etcd on loopback: its client URL and its process (for its CPU)."""
     binary = shutil.which("etcd")
     if binary is None:
         raise RuntimeError("no etcd on this machine (apt-get install etcd-server)")
@@ -63,7 +70,7 @@ async def etcd() -> AsyncIterator[str]:
                 if await asyncio.to_thread(_healthy, url):
                     break
                 await asyncio.sleep(0.05)
-            yield url
+            yield url, proc
         finally:
             proc.kill()
             proc.wait()
