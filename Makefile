@@ -57,7 +57,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict $(PACKAGES) bench
 
 test: lint typecheck $(RAY_STAMP) $(VLLM_STAMP)
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder \
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder \
 		$(PYTEST_ARGS)
 
 # Not part of `test`: minutes of measuring, results in bench/results/ (BENCH_ARGS: names, --quick).

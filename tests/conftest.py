@@ -1,6 +1,8 @@
 """Fixtures every tier may take: the simulated world behind either SSH server (tests/support);
 how the suite spreads over pytest-xdist's workers."""
 
+from typing import Any
+
 import pytest
 
 from tests.support.worlds import healthy as healthy
@@ -10,21 +12,26 @@ from tests.support.worlds import seed_world as seed_world
 from tests.support.worlds import ssh_server as ssh_server
 from tests.support.worlds import world_address as world_address
 
-# Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`), each module runs whole
-# on one worker, as `--dist loadfile` would. The tiers that use the machine as a whole share one
-# group: real Ray and real Docker start machine-wide daemons and namespaces, and real vLLM's
-# loads want every core they can get; so do the real-sshd tests, which share one login account.
-_MACHINE_TIERS = ("realvllm", "realray", "realdocker")
+# Under pytest-xdist (`make test` runs two workers), each module runs whole on one worker, as
+# `--dist loadfile` would. The tiers that use the machine as a whole share one group: real Ray and
+# real Docker start machine-wide daemons and namespaces, and real vLLM's loads want every core
+# they can get; so do the real-sshd tests, which share one login account. The scheduler sees
+# only node ids, so the groups are read from them: the tier's directory, or the `openssh`
+# parameter of `@both_servers` (tests/support/worlds.py).
+_MACHINE_TIERS = ("tests/realvllm/", "tests/realray/", "tests/realdocker/")
 # Longest first, so the run does not end on one worker alone with the slowest group.
 _ORDER = ("machine", "tests/etcd/", "tests/e2e/", "sshd")
 
 
-def _group(item: pytest.Item) -> str:
-    if any(item.get_closest_marker(tier) for tier in _MACHINE_TIERS):
+def group_of(nodeid: str) -> str:
+    """The worker group of a test: its module, or a tier that runs one test at a time."""
+    path, _, rest = nodeid.partition("::")
+    if path.startswith(_MACHINE_TIERS):
         return "machine"
-    if item.get_closest_marker("sshd"):
+    params = rest[rest.find("[") :] if "[" in rest else ""
+    if path.startswith("tests/sshd/") or "openssh" in params:
         return "sshd"
-    return item.nodeid.split("::", 1)[0]
+    return path
 
 
 def _rank(group: str) -> int:
@@ -33,7 +40,18 @@ def _rank(group: str) -> int:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     del config
-    groups = {item.nodeid: _group(item) for item in items}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
-    items.sort(key=lambda item: _rank(groups[item.nodeid]))
+    # Workers take groups in the order they first appear (`--no-loadscope-reorder`).
+    items.sort(key=lambda item: _rank(group_of(item.nodeid)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    # xdist's own `loadgroup` marks tests by rewriting `item._nodeid`, which pytest 9's node ids
+    # no longer read: every test went to whichever worker was free.
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TierScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return TierScheduling(config, log)
