@@ -168,15 +168,9 @@ class WorldState:
         return env
 
     def _record(
-        self,
-        host: str,
-        source: Literal["ssh", "tool"],
-        command: str,
-        container: str | None = None,
-        session: int | None = None,
+        self, host: str, source: Literal["ssh", "tool"], command: str, container: str | None = None
     ) -> None:
-        record = CommandRecord(time.time(), host, source, command, container, session)
-        self.command_log.append(record)
+        self.command_log.append(CommandRecord(time.time(), host, source, command, container))
 
     def _serve_on(self, host: str) -> ServeProcess:
         h = self.host(host)
