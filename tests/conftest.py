@@ -1,6 +1,7 @@
 """Fixtures every tier may take: the simulated world behind either SSH server (tests/support);
 how the suite spreads over pytest-xdist's workers."""
 
+import os
 from typing import Any
 
 import pytest
@@ -40,8 +41,10 @@ def _rank(group: str) -> int:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     del config
-    # Workers take groups in the order they first appear (`--no-loadscope-reorder`).
-    items.sort(key=lambda item: _rank(group_of(item.nodeid)))
+    # Workers take groups in the order they first appear (`--no-loadscope-reorder`); one process
+    # keeps the suite's own order.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: _rank(group_of(item.nodeid)))
 
 
 @pytest.hookimpl(optionalhook=True)
