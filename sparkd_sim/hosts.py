@@ -39,6 +39,9 @@ class CommandRecord:
     source: Literal["ssh", "tool"]
     command: str
     container: str | None = None
+    # A tool call's session when the world took it: the PID of the SSH command's shell it came
+    # from (each leads a session of its own), so a call is traced to its command.
+    session: int | None = None
 
 
 @dataclass(frozen=True)

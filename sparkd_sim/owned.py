@@ -10,7 +10,7 @@ from dataclasses import dataclass
 # The simulator shares no code with sparkd: it knows the fence prefix as a host's log would
 # show it, a shell function `sparkd_fence` defined and then called with its arguments.
 _FENCED = re.compile(
-    r"sparkd_fence\(\) \{ .*? \}; sparkd_fence (?P<cluster>\S+) (?P<token>\d+) \d+ "
+    r"sparkd_fence\(\) \{ .*? \}; sparkd_fence (?P<cluster>\S+) (?P<token>\d+) (?P<etcd>\d+) "
     r"(?P<instance>\S+) \d+( refence)? && \{ ",
     re.S,
 )
@@ -25,17 +25,23 @@ class Owner:
     token: int
     instance: str
     fenced: bool
+    # The etcd cluster the token is from (the fence's record names it too); 0 when unfenced.
+    etcd: int = 0
 
 
 @dataclass(frozen=True)
 class OwnedCommand:
-    """One owned command as the host ran it: `at` when it started there, `status` its exit."""
+    """One owned command as the host ran it: `at` when it started there, `status` its exit,
+    `session` the PID of its shell (the leader of its session: the world's records of the
+    tool calls it made carry it) and `ended` when it ended."""
 
     at: float
     host: str
     owner: Owner
     status: int
     command: str
+    session: int = 0
+    ended: float = 0.0
 
     @property
     def refused(self) -> bool:
@@ -44,8 +50,11 @@ class OwnedCommand:
 
 
 def owner_of(command: str) -> Owner | None:
-    for pattern, fenced in ((_FENCED, True), (_AUDITED, False)):
-        match = pattern.match(command)
-        if match is not None:
-            return Owner(match["cluster"], int(match["token"]), match["instance"], fenced)
+    match = _FENCED.match(command)
+    if match is not None:
+        token, etcd = int(match["token"]), int(match["etcd"])
+        return Owner(match["cluster"], token, match["instance"], True, etcd)
+    match = _AUDITED.match(command)
+    if match is not None:
+        return Owner(match["cluster"], int(match["token"]), match["instance"], False)
     return None

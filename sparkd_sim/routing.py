@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import time
 from collections import deque
 
@@ -63,7 +64,10 @@ class ToolRouting(Consequences):
             self._record(host.name, "ssh", call.args[0] if call.args else "")
             return Done()
         container = host.state.containers.get(call.container) if call.container else None
-        self._record(host.name, "tool", " ".join(call.argv), container.name if container else None)
+        self._record(
+            host.name, "tool", " ".join(call.argv), container.name if container else None,
+            _session_of(call.pid),
+        )  # fmt: skip
         state = host.state
         tool = call.tool
         if any(tuple(call.argv[: len(prefix)]) == prefix for prefix in host.hung_tools):
@@ -212,6 +216,18 @@ class ToolRouting(Consequences):
         if not isinstance(ssh, OpenSshHost):
             raise ValueError("a forced command needs ssh_server='openssh'")
         ssh.install_forced_command(program)
+
+
+def _session_of(pid: int) -> int | None:
+    """The session of a tool's process, which waits for this answer: the SSH command's shell
+    (or a detached `docker exec`) leads it. Not its process group: `timeout` makes one of its
+    own for what it runs."""
+    if pid <= 0:  # getsid(0) would name this process's own session
+        return None
+    try:
+        return os.getsid(pid)
+    except OSError:  # gone already (its session was killed)
+        return None
 
 
 class _MappedServer:

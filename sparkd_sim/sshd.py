@@ -19,7 +19,7 @@ from typing import Any
 
 import asyncssh
 
-from sparkd_sim.owned import OwnedCommand, owner_of
+from sparkd_sim.owned import OwnedCommand, Owner, owner_of
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,8 @@ class SimSshHost:
     late: float | None = field(default=None, init=False)
     delayed: int = field(default=0, init=False)
     owned: list[OwnedCommand] = field(default_factory=list, init=False)
+    # The owners of the owned commands started and not yet in `owned`.
+    running: list[Owner] = field(default_factory=list, init=False)
 
     def resolve(self, dest_host: str) -> str | None:
         """Where a direct-tcpip request for `dest_host` goes; never outside loopback."""
@@ -202,9 +204,14 @@ class SimSshHost:
             await asyncio.sleep(delay)
         started = time.time()
         self.record(command)
+        if owner is not None:
+            # Before it starts: its fence may write the host's record before the spawn returns.
+            self.running.append(owner)
         try:
             proc = await self._spawn(command)
         except OSError as exc:
+            if owner is not None:
+                self.running.remove(owner)
             process.stderr.write(f"bash: cannot start: {exc}\n".encode())
             process.exit(126)
             return
@@ -217,8 +224,12 @@ class SimSshHost:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 await proc.wait()
+            if owner is not None:
+                # With no wait before it lands in `owned`: a reader finds it in one or the other.
+                self.running.remove(owner)
         if owner is not None:
-            self.owned.append(OwnedCommand(started, self.address, owner, rc, command))
+            done = OwnedCommand(started, self.address, owner, rc, command, proc.pid, time.time())
+            self.owned.append(done)
         with contextlib.suppress(Exception):
             process.exit(rc)
 

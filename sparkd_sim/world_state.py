@@ -168,9 +168,15 @@ class WorldState:
         return env
 
     def _record(
-        self, host: str, source: Literal["ssh", "tool"], command: str, container: str | None = None
+        self,
+        host: str,
+        source: Literal["ssh", "tool"],
+        command: str,
+        container: str | None = None,
+        session: int | None = None,
     ) -> None:
-        self.command_log.append(CommandRecord(time.time(), host, source, command, container))
+        record = CommandRecord(time.time(), host, source, command, container, session)
+        self.command_log.append(record)
 
     def _serve_on(self, host: str) -> ServeProcess:
         h = self.host(host)

@@ -24,6 +24,7 @@ from tests.support.daemon import eventually, mutations
 from tests.support.ha import (
     TTL,
     Instance,
+    check_invariants,
     check_never_two_actors,
     check_one_actor_per_cluster,
     cli,
@@ -241,6 +242,7 @@ async def test_pause_from_the_standby_holds_across_a_takeover_and_resume_ends_it
 
     await eventually(b_repairs, within=60)
     check_never_two_actors(seed_world, a, b)
+    assert (await check_invariants(seed_world, [a, b], etcd)).ran > 0
 
     etcd.kill()
     code, out = await cli(b, "pause", cluster, "--reason", "late")

@@ -22,7 +22,7 @@ from tests.support.daemon import eventually, mutations
 from tests.support.ha import (
     TTL,
     Instance,
-    check_one_actor_per_cluster,
+    check_invariants,
     cluster_name,
     healthy_world,
     leader,
@@ -119,7 +119,7 @@ async def test_leader_election_in_the_middle_of_a_takeover(
             (b.name, a.name),
         ]
         assert acquired_events[1]["token"] > acquired_events[0]["token"]
-        assert check_one_actor_per_cluster(world, [a, b]) > 0
+        assert (await check_invariants(world, [a, b], etcd3)).ran > 0
     finally:
         await a.stop()
         await b.stop()

@@ -2,10 +2,11 @@
 owner sends an action, its bytes reach the host late (`late-delivery`, as a partition holding
 them would) and the owner is SIGSTOPped past its TTL meanwhile. The standby takes over and
 sweeps the hosts; when the stale command lands, the host's fence refuses it (exit 76) and
-nothing of it runs. Woken, the old owner takes the refusal for what it is: an event `fenced`,
-`sparkd_ha_fenced_total` up by one, the action skipped with no budget spent, and it demotes.
-With `host_fencing = false`, the same command runs, and the checker (tokens never go backwards
-in what the hosts ran) catches it: the test bites."""
+nothing of it runs: the HA checker finds no tool call of its session and the host's fence
+record still the new owner's. Woken, the old owner takes the refusal for what it is: an event
+`fenced`, `sparkd_ha_fenced_total` up by one, the action skipped with no budget spent, and it
+demotes. With `host_fencing = false`, the same command runs, and the checker (tokens never go
+backwards in what the hosts ran) catches it: the test bites."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from tests.support.ha import (
     TTL,
     Instance,
     budgets,
+    check_invariants,
     cluster_name,
     get,
     kill_worker,
@@ -96,6 +98,7 @@ async def test_a_paused_owners_late_command_is_refused_by_the_host(
     seed_world: World,
     unfenced_pair: tuple[Instance, Instance],
     admin: EtcdClient,
+    etcd: EtcdServer,
     request: pytest.FixtureRequest,
 ) -> None:
     fencing = request.node.callspec.id == "fenced"
@@ -137,6 +140,8 @@ async def test_a_paused_owners_late_command_is_refused_by_the_host(
     if not fencing:
         assert not late.refused and late.status == 0
         assert backwards(seed_world), "the checker missed a stale owner's command"
+        with pytest.raises(AssertionError, match="after token"):
+            await check_invariants(seed_world, [a, b], etcd)
         return
     assert late.status == exits.FENCED_EXIT and late.refused
     assert backwards(seed_world) == []
@@ -173,6 +178,9 @@ async def test_a_paused_owners_late_command_is_refused_by_the_host(
     assert await budgets(a, cluster) == a_before
     assert await budgets(b, cluster) == b_before
     assert await attempts_in_etcd(admin, cluster) == stored_before
+    # Frozen inside its action, the old owner's own log shows it acting until it woke.
+    checked = await check_invariants(seed_world, [a, b], etcd, own_spans=False)
+    assert checked.ran > 0 and checked.refused >= 1 and checked.attempts >= 1, checked
 
 
 async def test_a_rebuilt_etcd_fails_closed_until_refenced(
@@ -219,5 +227,8 @@ async def test_a_rebuilt_etcd_fails_closed_until_refenced(
         home = Path(seed_world.host("spark-b").state.home)
         record = (home / catalogue.FENCE_DIR / cluster).read_text().split()
         assert record[0] == str(token) and record[2] == "ops-a" and record[1] != "1"
+        # The sweeps the hosts refused (exit 77) changed nothing there.
+        checked = await check_invariants(seed_world, [a], etcd)
+        assert checked.ran > 0 and checked.refused >= 2, checked
     finally:
         await a.stop()

@@ -27,7 +27,7 @@ from sparkd.ha.shard import HANDOFF_SPACING, cap
 from sparkd_sim.world import World
 from tests.etcd.conftest import EtcdServer, lease_remaining
 from tests.support.daemon import eventually
-from tests.support.ha import TTL, Instance, check_one_actor_per_cluster, healthy_world, stamp
+from tests.support.ha import TTL, Instance, check_invariants, healthy_world, stamp
 
 pytestmark = pytest.mark.etcd
 
@@ -130,7 +130,7 @@ async def test_a_graceful_leave_is_taken_over_before_a_ttl_within_the_cap(
         # Only the leaver's clusters moved; the rest stayed where they were.
         assert {n for n in before if held[n] != before[n]} == theirs
         await eventually(lambda: balanced(admin, [a, b]), within=30)
-        assert check_one_actor_per_cluster(six, [*everyone]) > 0
+        assert (await check_invariants(six, [*everyone], etcd)).ran > 0
     finally:
         for one in everyone:
             await one.stop()
@@ -185,7 +185,8 @@ async def test_sharding_soak_joins_leaves_and_kills(
             await eventually(lambda: balanced(admin, running), within=HANDOFF_SPACING + 30)
             held, members = await read(admin)
             within_cap(held, members)
-            assert check_one_actor_per_cluster(six, [*pool]) > 0, steps
+            checked = await check_invariants(six, [*pool], etcd)
+            assert checked.ran > 0, (steps, checked)
             handoffs_spaced(pool)
         assert steps, "the soak ran no step"
     finally:

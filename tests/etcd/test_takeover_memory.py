@@ -1,12 +1,14 @@
 """SIGKILL of the owner mid-recovery, two real `sparkd run` processes on one simulated cluster:
 the standby continues from the memory in etcd. The attempt the dead owner spent is still spent
-(once), its launch is not replayed, and the load it started keeps its grace: read from the new
-owner's API and metrics and from what the simulated hosts ran."""
+(once), its launch is not replayed, the load it started keeps its grace, and a latch it set
+holds: read from the new owner's API and metrics, from what the simulated hosts ran and by
+the HA checker."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import time
 from collections.abc import AsyncIterator
@@ -24,10 +26,12 @@ from tests.support.ha import (
     Instance,
     budget_left,
     budgets,
+    check_invariants,
     check_never_two_actors,
     cli,
     cluster_name,
     get,
+    memory_history,
     operator_token,
     owner_and_standby,
     paused_by,
@@ -61,7 +65,7 @@ def launches(world: World) -> list[float]:
 
 
 async def test_the_standby_keeps_the_spent_attempt_and_the_loads_grace(
-    seed_world: World, pair: tuple[Instance, Instance]
+    seed_world: World, pair: tuple[Instance, Instance], etcd: EtcdServer
 ) -> None:
     a, b = pair
     budget = load_settings(seed_world.config_path).clusters[0].policy.budget
@@ -113,7 +117,69 @@ async def test_the_standby_keeps_the_spent_attempt_and_the_loads_grace(
         assert mine[0].command.endswith("true\n} 9>&-"), mine[0].command[-80:]
         assert mine[0].at > a.killed_at
     check_never_two_actors(seed_world, a, b)
+    checked = await check_invariants(seed_world, [a, b], etcd)
+    assert checked.ran > 0 and checked.attempts >= len(launches(seed_world)), checked
     assert time.time() > a.killed_at
+
+
+async def memory_latched(etcd: EtcdServer, cluster: str) -> bool:
+    """Whether etcd's newest record of the cluster's memory holds a latch."""
+    history = await memory_history(etcd, cluster)
+    return bool(history) and bool(history[-1]["memory"].get("blocked"))
+
+
+async def blocked_by(instance: Instance) -> str | None:
+    clusters = (await instance.status()).get("clusters") or []
+    latch = clusters[0].get("blocked") if clusters else None
+    return str(latch.get("reason")) if latch else None
+
+
+async def test_a_latch_the_budget_set_holds_across_a_takeover(
+    seed_world: World, pair: tuple[Instance, Instance], etcd: EtcdServer
+) -> None:
+    """The model fails every probe and the budget (one restart) is spent: the owner latches
+    the cluster `blocked` and is killed. The new owner continues latched, and acts on nothing:
+    read from its /status, what the hosts ran and the checker (etcd's record of the memory,
+    write by write)."""
+    for instance in pair:
+        text = re.sub(
+            r"^(\s*)budget = .*$", r"\1budget = 1", instance.config.read_text(), flags=re.M
+        )
+        instance.config.write_text(text)
+    a, b, cluster = await owner_and_standby(seed_world, pair)
+    await wait_healthy(a, within=90)
+    await seed_world.fault("answer-style", "spark-a", "http_500")
+
+    async def a_latched() -> bool:
+        return await blocked_by(a) is not None
+
+    await eventually(a_latched, within=60)
+    latch = await blocked_by(a)
+    # In etcd before the owner dies: what the next owner adopts.
+    await eventually(lambda: memory_latched(etcd, cluster), within=30)
+    await a.kill()
+    assert a.killed_at is not None
+
+    async def b_owns_latched() -> bool:
+        return await b.role(cluster) == "owner" and await blocked_by(b) == latch
+
+    await eventually(b_owns_latched, within=6 * TTL)
+
+    async def cycles() -> int:
+        clusters = (await b.status()).get("clusters") or [{}]
+        return int(clusters[0].get("cycles") or 0)
+
+    since = await cycles()
+
+    async def b_looked() -> bool:
+        return await cycles() >= since + 2
+
+    await eventually(b_looked, within=15)
+    # Latched: the new owner swept the hosts and changed nothing else.
+    assert mutations(seed_world, since=a.killed_at) == []
+    check_never_two_actors(seed_world, a, b)
+    checked = await check_invariants(seed_world, [a, b], etcd)
+    assert checked.ran > 0 and checked.attempts >= 1, checked
 
 
 async def test_a_pause_no_owner_took_holds_from_the_new_owners_first_step(

@@ -27,6 +27,7 @@ from tests.support.ha import (
     TEST_TIMINGS,
     TTL,
     Instance,
+    check_invariants,
     check_never_two_actors,
     cluster_name,
     kill_worker,
@@ -56,7 +57,7 @@ __all__ = [
 
 
 async def test_sigkill_of_the_owner_mid_recovery(
-    seed_world: World, pair: tuple[Instance, Instance]
+    seed_world: World, pair: tuple[Instance, Instance], etcd: EtcdServer
 ) -> None:
     a, b = pair
     cluster = await start_on_a_slow_load(seed_world, a, b)
@@ -84,6 +85,7 @@ async def test_sigkill_of_the_owner_mid_recovery(
     await eventually(b_acted, within=30)
     await wait_healthy(b, within=90)
     check_never_two_actors(seed_world, a, b)
+    assert (await check_invariants(seed_world, [a, b], etcd)).ran > 0
     acquired = [e for e in a.events() + b.events() if e.get("event") == "acquired"]
     assert [(e["instance"], e["was"]) for e in acquired] == [(a.name, None), (b.name, a.name)]
     old, new = acquired[0]["token"], acquired[1]["token"]
@@ -135,6 +137,7 @@ async def test_graceful_stop_hands_over_at_once(
         assert acquired["token"] > held.create_revision
         assert (await b.metrics())["sparkd_ha_takeovers_total"] == 1
         check_never_two_actors(seed_world, a, b)
+        assert (await check_invariants(seed_world, [a, b], etcd)).ran > 0
     finally:
         await a.stop()
         await b.stop()
@@ -142,7 +145,7 @@ async def test_graceful_stop_hands_over_at_once(
 
 
 async def test_sigstop_past_the_ttl_never_acts_again(
-    seed_world: World, pair: tuple[Instance, Instance]
+    seed_world: World, pair: tuple[Instance, Instance], etcd: EtcdServer
 ) -> None:
     a, b = pair
     cluster = await start_on_a_slow_load(seed_world, a, b)
@@ -189,6 +192,7 @@ async def test_sigstop_past_the_ttl_never_acts_again(
     late = [s for s, _ in a.intervals(time.time()) if s > stopped_at]
     assert not late, f"the paused owner acted after losing its lease (resumed {resumed_at})"
     check_never_two_actors(seed_world, a, b)
+    assert (await check_invariants(seed_world, [a, b], etcd)).ran > 0
 
 
 async def test_without_etcd_nobody_acts_then_the_owner_readopts(
@@ -236,6 +240,7 @@ async def test_without_etcd_nobody_acts_then_the_owner_readopts(
     assert mutations(seed_world, since=since), "the owner did not repair once etcd was back"
     assert not [s for s, _ in b.intervals(time.time())], "the standby acted"
     check_never_two_actors(seed_world, a, b)
+    assert (await check_invariants(seed_world, [a, b], etcd)).ran > 0
 
 
 async def imported_by_run(config: Path, port: int, cluster: str) -> set[str]:
@@ -316,6 +321,7 @@ async def test_owner_cut_off_from_etcd_stops_before_the_standby_starts(
 
         await eventually(a_standby, within=TTL + 2)
         check_never_two_actors(seed_world, a, b)
+        assert (await check_invariants(seed_world, [a, b], etcd)).ran > 0
     finally:
         await a.stop()
         await b.stop()
