@@ -42,6 +42,9 @@ from sparkd.ha.peers import Peers
 from sparkd.ha.rounds import Rounds
 from sparkd.shell.catalogue import FenceToken
 
+# Why an owner whose deadline passed acts again (`acting_again`): no one else could own it.
+AGAIN = "renewed before the lease expired: the same token, still the owner"
+
 
 async def _nothing(cluster: str) -> None:
     return None
@@ -101,6 +104,8 @@ class Ownership(Rounds):
         self._listed = asyncio.Event()
         self._stopping = False
         self._timer: asyncio.TimerHandle | None = None
+        # Clusters whose deadline passed while still held: a later good renewal says so.
+        self._lapsed: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- what the controllers ask ---------------------------------------------------------
@@ -351,6 +356,12 @@ class Ownership(Rounds):
                 self._note_holder(claim, answer.holder)
         self.renewed_at = sent
         self._listed.set()
+        for name in sorted(self._lapsed):
+            again = self.claims.get(name)
+            if again is not None and again.token is not None:
+                self.log.info("acting_again", cluster=name, token=again.token, reason=AGAIN)
+                self.on_change(name)
+        self._lapsed.clear()
         for name in fresh:
             self.on_change(name)
         await self._share(was_deferring, now)
@@ -413,6 +424,7 @@ class Ownership(Rounds):
             return
         held = [c for c in self.claims.values() if c.token is not None]
         for claim in held:
+            self._lapsed.add(claim.cluster)
             self.log.warning(
                 "deadline_passed", cluster=claim.cluster, token=claim.token,
                 reason="no good renewal in time: stopped acting",

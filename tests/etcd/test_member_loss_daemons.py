@@ -1,4 +1,4 @@
-"""HA.md section 6, scenario 8's first two cases with real `sparkd run` processes: a
+"""HA.md section 6, scenario 8 with real `sparkd run` processes. First, losing one member: a
 three-member etcd loses one member while an owner and a standby run on a healthy simulated
 cluster. Both instances talk to that member first, so its loss is one each must ride out by
 going to another member. The owner stays the owner throughout: its token never changes, it is
@@ -8,12 +8,14 @@ rejoins, and the checker reads what the hosts ran.
 
 A follower's loss is run on the test timings (TTL 3 s); the leader's on longer ones (TTL 10 s),
 since the election it starts (a new leader within 2 to 3 s in HA.md section 2.5) can outlast a
-3 s lease by design; the in-process case is tests/etcd/test_three_members.py."""
+3 s lease by design; the in-process case is tests/etcd/test_three_members.py. Then losing
+the quorum: nobody acts or acquires until it is back, then exactly one owner repairs."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -23,11 +25,13 @@ import pytest
 
 from sparkd.ha.etcd import EtcdClient, EtcdUnavailable
 from sparkd_sim.world import World
-from tests.etcd.conftest import EtcdCluster
+from tests.etcd.conftest import EtcdCluster, EtcdServer
 from tests.support.daemon import eventually
 from tests.support.ha import (
     TEST_TIMINGS,
+    TTL,
     Instance,
+    check_invariants,
     check_one_actor_per_cluster,
     cluster_name,
     healthy_world,
@@ -177,3 +181,61 @@ async def test_losing_one_etcd_member_costs_the_owner_nothing(
     assert [(e["instance"], e["token"]) for e in acquired] == [(a.name, token)]
     assert failures <= 1, f"{failures:g} renewal rounds failed"
     assert check_one_actor_per_cluster(world, [a, b]) > 0
+
+
+async def test_quorum_loss_stops_both_instances_then_one_owner_repairs(
+    world: World, etcd3: EtcdCluster, tmp_path: Path
+) -> None:
+    """Scenario 8's last case with real processes: two of three members freeze (the leader
+    among them; requests hang, only timeouts tell). The owner stops acting at its deadline,
+    neither instance acquires, and both say "no etcd"; what breaks meanwhile is left alone
+    (no etcd, no action). Once the members are back, exactly one instance owns the cluster
+    and repairs it, and the checker reads what the hosts ran."""
+    a, b = (
+        on_members(Instance(f"ops-{n}", world, etcd3.members[0], tmp_path), etcd3.urls)
+        for n in "ab"
+    )  # fmt: skip
+    cluster = cluster_name(world)
+    stopped: list[EtcdServer] = []
+    try:
+        await start_owner_and_standby(a, b, cluster)
+        await eventually(lambda: is_healthy(a), within=90)
+        boss = await leader(etcd3.members)
+        stopped = [boss, next(m for m in etcd3.members if m is not boss)]
+        for member in stopped:
+            member.signal(signal.SIGSTOP)
+
+        async def nobody_owns() -> bool:
+            roles = {await a.role(cluster), await b.role(cluster)}
+            return roles == {"no etcd"}
+
+        await eventually(nobody_owns, within=2 * TTL + 2)
+        lost_at = time.time()
+        await eventually(lambda: kill_worker(world), within=30)
+        await asyncio.sleep(2 * TTL)
+        assert await nobody_owns(), "acted or acquired without a quorum"
+        ran = [c for c in world.owned_commands() if c.at > lost_at and not c.refused]
+        assert ran == [], ran
+        begun = [
+            e for i in (a, b) for e in i.events()
+            if e.get("event") == "action_start" and stamp(e) > lost_at
+        ]  # fmt: skip
+        assert begun == [], begun
+
+        for member in stopped:
+            member.signal(signal.SIGCONT)
+        stopped = []
+
+        async def one_owner() -> bool:
+            roles = sorted([await a.role(cluster) or "", await b.role(cluster) or ""])
+            return roles == ["owner", "standby"]
+
+        await eventually(one_owner, within=30)
+        owner = a if await a.role(cluster) == "owner" else b
+        await eventually(lambda: is_healthy(owner), within=90)
+        assert (await check_invariants(world, [a, b], etcd3)).ran > 0
+    finally:
+        for member in stopped:
+            member.signal(signal.SIGCONT)
+        await b.stop()
+        await a.stop()

@@ -8,6 +8,7 @@ import json
 import time
 
 import pytest
+from structlog.testing import capture_logs
 
 from sparkd.ha.etcd import Acquired, EtcdClient, EtcdUnavailable
 from sparkd.ha.ownership import Ownership, boottime
@@ -140,6 +141,32 @@ async def test_demotion_timer_fires_at_the_deadline(etcd: EtcdServer) -> None:
         assert [name for name, _ in changes] == ["c1"]
         assert 0 <= changes[0][1] - deadline < 0.5  # at the deadline, not a renewal later
         assert not a.may_act("c1")
+    finally:
+        await a.stop()
+
+
+async def test_a_renewal_after_the_deadline_within_the_lease_says_it_acts_again(
+    etcd: EtcdServer,
+) -> None:
+    """Past its deadline an owner stops acting; a renewal that still finds the lease and its
+    key (a slow etcd, a short stall) lets it act again under the same token, and the log says
+    so, so that "stopped acting" is not the last word an operator reads."""
+    changes: list[str] = []
+    a = Ownership(spec(etcd, "a"), ["c1"], on_change=changes.append)
+    try:
+        with capture_logs() as logs:
+            await a.round()
+            token = a.token("c1")
+            deadline = a.deadline()
+            assert token is not None and deadline is not None
+            await asyncio.sleep(deadline - boottime() + 0.2)
+            assert not a.may_act("c1")
+            changes.clear()
+            await a.round()
+        assert a.may_act("c1") and a.token("c1") == token
+        assert changes == ["c1"]
+        said = [(e["event"], e.get("token")) for e in logs if e.get("cluster") == "c1"]
+        assert said[-2:] == [("deadline_passed", token), ("acting_again", token)], said
     finally:
         await a.stop()
 

@@ -56,7 +56,7 @@ class Logged(Protocol):
     """A `sparkd run` process as the checker reads it: its name, its JSON log, its death."""
 
     name: str
-    killed_at: float | None
+    deaths: list[float]
 
     def events(self) -> list[dict[str, Any]]: ...
 
@@ -66,20 +66,31 @@ def stamp(event: dict[str, Any]) -> float:
 
 
 def action_spans(instance: Logged, until: float) -> dict[str, list[tuple[float, float]]]:
-    """Per cluster, [start, end] of each action in the instance's log."""
+    """Per cluster, [start, end] of each action in the instance's log, across its restarts:
+    one its process died in ends at that death (the first of `deaths` after it began; without
+    one, at the next start), one still running at `until`."""
     spans: dict[str, list[tuple[float, float]]] = {}
     open_at: dict[str, float] = {}
+
+    def close(fallback: float) -> None:
+        for cluster, begun in open_at.items():
+            died = min((d for d in instance.deaths if d >= begun), default=fallback)
+            spans.setdefault(cluster, []).append((begun, died))
+        open_at.clear()
+
     for event in instance.events():
+        at = stamp(event)
+        if event.get("event") == "started":  # a new process: the last one's actions ended
+            close(at)
+            continue
         cluster = event.get("cluster")
         if not isinstance(cluster, str):
             continue
-        at = stamp(event)
         if event.get("event") == "action_start":
             open_at[cluster] = at
         elif event.get("event") == "action" and cluster in open_at:
             spans.setdefault(cluster, []).append((open_at.pop(cluster), at))
-    for cluster, at in open_at.items():
-        spans.setdefault(cluster, []).append((at, instance.killed_at or until))
+    close(until)
     return spans
 
 
@@ -118,7 +129,10 @@ def check_one_actor_per_cluster(
             for cluster, found in spans1.items():
                 for s1, e1 in found:
                     for s2, e2 in spans2.get(cluster, []):
-                        assert e1 < s2 or e2 < s1, f"{cluster}: {name1} and {name2} both acted"
+                        assert e1 < s2 or e2 < s1, (
+                            f"{cluster}: {name1} acted {s1:.3f}..{e1:.3f} and {name2} "
+                            f"{s2:.3f}..{e2:.3f}"
+                        )
     return ran
 
 
@@ -253,7 +267,7 @@ def _budgeted(kind: str, host: str) -> str:
     return f"{kind} on {host}"
 
 
-def _is_sweep(command: OwnedCommand) -> bool:
+def is_sweep(command: OwnedCommand) -> bool:
     return command.command.endswith("true\n} 9>&-")
 
 
@@ -277,12 +291,16 @@ def _sent_by(command: OwnedCommand, actions: list[Acted]) -> Acted | None:
 
 
 async def memory_history(
-    etcd: Etcd | EtcdMembers, cluster: str, prefix: str = "sparkd/v1/"
+    etcd: Etcd | EtcdMembers,
+    cluster: str,
+    prefix: str = "sparkd/v1/",
+    login: tuple[str, Path] | None = None,
 ) -> list[dict[str, Any]]:
     """Every record etcd kept of the cluster's memory, oldest first, each with its revision
     (`mod_revision`): walked back from the newest, one revision before each."""
     urls = list(etcd.urls) if hasattr(etcd, "urls") else [etcd.url]
-    client = EtcdClient(urls, timeout=5)
+    user, password = login or (None, None)
+    client = EtcdClient(urls, timeout=5, user=user, password_file=password)
     key = memory_key(prefix, cluster)
     records: list[dict[str, Any]] = []
     try:
@@ -343,7 +361,11 @@ def _check_history(cluster: str, history: list[dict[str, Any]]) -> tuple[float, 
 
 
 async def check_memory(
-    world: World, instances: Sequence[Logged], etcd: Etcd | EtcdMembers, prefix: str = "sparkd/v1/"
+    world: World,
+    instances: Sequence[Logged],
+    etcd: Etcd | EtcdMembers,
+    prefix: str = "sparkd/v1/",
+    login: tuple[str, Path] | None = None,
 ) -> int:
     """(4) Per cluster, no budgeted attempt was lost or counted twice, across takeovers too,
     and no pause or latch was lost: etcd's record of the memory write by write
@@ -355,7 +377,7 @@ async def check_memory(
     checked = 0
     for name in [c.name for c in load_settings(world.config_path).clusters]:
         read_at = time.time()
-        history = await memory_history(etcd, name, prefix)
+        history = await memory_history(etcd, name, prefix, login)
         if not history:
             continue
         # Read after etcd: every action a charge there is for has begun in a log by now.
@@ -372,7 +394,7 @@ async def check_memory(
             and acted.end < read_at
         }
         for command in world.owned_commands():
-            if command.owner.cluster != name or command.refused or _is_sweep(command):
+            if command.owner.cluster != name or command.refused or is_sweep(command):
                 continue
             if command.at >= read_at:
                 continue  # its action may have begun after the logs were read
@@ -428,7 +450,8 @@ class Instance:
         )
         self.config = config
         self.proc: asyncio.subprocess.Process | None = None
-        self.killed_at: float | None = None
+        # When the test SIGKILLed it, each time: an action it died in ends there.
+        self.deaths: list[float] = []
 
     async def start(self) -> None:
         handle = self.log.open("ab")
@@ -453,8 +476,13 @@ class Instance:
             self.proc.kill()
             await self.proc.wait()
 
+    @property
+    def killed_at(self) -> float | None:
+        """When it was last SIGKILLed, if ever."""
+        return self.deaths[-1] if self.deaths else None
+
     async def kill(self) -> None:
-        self.killed_at = self.signal(signal.SIGKILL)
+        self.deaths.append(self.signal(signal.SIGKILL))
         assert self.proc is not None
         await self.proc.wait()
 
@@ -493,19 +521,8 @@ class Instance:
         return found
 
     def intervals(self, until: float) -> list[tuple[float, float]]:
-        """[start, end] of each action in its log; one still running ends at `until`."""
-        spans: list[tuple[float, float]] = []
-        open_at: float | None = None
-        for event in self.events():
-            at = stamp(event)
-            if event.get("event") == "action_start":
-                open_at = at
-            elif event.get("event") == "action" and open_at is not None:
-                spans.append((open_at, at))
-                open_at = None
-        if open_at is not None:
-            spans.append((open_at, until))
-        return spans
+        """[start, end] of each action in its log, of any cluster (`action_spans`)."""
+        return sorted(span for spans in action_spans(self, until).values() for span in spans)
 
 
 @dataclass(frozen=True)
@@ -519,7 +536,11 @@ class Checked:
 
 
 async def check_invariants(
-    world: World, instances: Sequence[Logged], etcd: Etcd | EtcdMembers, own_spans: bool = True
+    world: World,
+    instances: Sequence[Logged],
+    etcd: Etcd | EtcdMembers,
+    own_spans: bool = True,
+    login: tuple[str, Path] | None = None,
 ) -> Checked:
     """The whole checker (HA.md section 6), per cluster: one actor and tokens never backwards
     (`check_one_actor_per_cluster`, `own_spans` as there), a refused command changed nothing
@@ -527,7 +548,7 @@ async def check_invariants(
     twice (`check_memory`)."""
     ran = check_one_actor_per_cluster(world, instances, own_spans)
     refused = check_refused_changed_nothing(world)
-    attempts = await check_memory(world, instances, etcd)
+    attempts = await check_memory(world, instances, etcd, login=login)
     return Checked(ran, refused, attempts)
 
 
@@ -565,7 +586,7 @@ def operator_token(tmp_path: Path) -> Path:
 
 def check_never_two_actors(world: World, a: Instance, b: Instance) -> None:
     now = time.time() + 1
-    spans = {a.name: a.intervals(a.killed_at or now), b.name: b.intervals(b.killed_at or now)}
+    spans = {a.name: a.intervals(now), b.name: b.intervals(now)}
     for s1, e1 in spans[a.name]:
         for s2, e2 in spans[b.name]:
             assert e1 < s2 or e2 < s1, f"{a.name} acted {s1}..{e1} while {b.name} {s2}..{e2}"
