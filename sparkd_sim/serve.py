@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import posixpath
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -236,7 +237,10 @@ class ServeProcess:
             ):
                 # vLLM pins its first bundle to `node:<its own IP>`; no Ray node has that IP
                 # (the host's default route is the management network): never placed.
-                return await self._wait_for_placement(driver_ip)
+                await self._wait_for_placement(driver_ip, lambda: False)
+                return 1
+            if not await self._wait_for_placement(driver_ip, self._placeable):
+                return 1
             self._place_workers()
         self._info("ray_distributed_executor.py:176", "use_ray_spmd_worker: True")
         self._busy(api=0.3, core=1.5, workers=1.0)
@@ -290,19 +294,31 @@ class ServeProcess:
             self.workers.append((engine, container, proc, gpu))
         held.lost.add_done_callback(lambda lost: self.crash(lost.result()))
 
-    def _place_workers(self) -> None:
+    def _live_nodes(self) -> list[tuple[HostEngine, Container]]:
+        """The nodes a bundle can go to, head first: counted by Ray and with their raylet up. A
+        node whose container exited still counts until Ray declares it dead, but no worker
+        starts there; the placement group waits for another (`_wait_for_placement`)."""
         assert self.cluster is not None
         now = time.monotonic()
         nodes = sorted(
             (n for n in self.cluster.nodes if n.counted(now, self.timing)),
             key=lambda n: not n.is_head,
         )
-        self.cluster.gpus_in_use += self.args.gpus
-        for node in nodes[: self.args.gpus]:
+        live = []
+        for node in nodes:
             engine = self.engines[node.host]
             container = engine.state.containers.get(node.container_id)
-            if container is None:
-                continue
+            if container is not None and container.running:
+                live.append((engine, container))
+        return live
+
+    def _placeable(self) -> bool:
+        return len(self._live_nodes()) >= self.args.gpus
+
+    def _place_workers(self) -> None:
+        assert self.cluster is not None
+        self.cluster.gpus_in_use += self.args.gpus
+        for engine, container in self._live_nodes()[: self.args.gpus]:
             proc = engine.add_process(container, "ray::RayWorkerWrapper", cores=1.0)
             gpu = GpuProcess(
                 pid=proc.pid, name="ray::RayWorkerWrapper", used_mib=1052, container_id=container.id
@@ -347,34 +363,41 @@ class ServeProcess:
             "gpu_model_runner.py:2653", f"Model loading took 58.31 GiB and {took:.6f} seconds"
         )
 
-    async def _wait_for_placement(self, driver_ip: str) -> int:
+    async def _wait_for_placement(self, driver_ip: str, placeable: Callable[[], bool]) -> bool:
+        """Whether the placement group was placed: `placeable` polled while it waits, with the
+        lines real vLLM prints at 10, 30, 70, ... seconds, and its error at the end."""
+        if placeable():
+            return True
         self._busy(api=0.01, core=0.01)
         specs = [{f"node:{driver_ip}": 0.001, "GPU": 1.0}] + [
             {"GPU": 1.0} for _ in range(self.args.gpus - 1)
         ]
-        waited, interval = 0.0, self.timing.pg_wait_first
-        while waited < self.timing.pg_wait_timeout:
-            step = min(interval, self.timing.pg_wait_timeout - waited)
+        first, timeout = self.timing.pg_wait_first, self.timing.pg_wait_timeout
+        waited, interval, line_at = 0.0, first, first
+        while waited < timeout:
+            step = min(first / 10, timeout - waited)
             await asyncio.sleep(step)
             waited += step
-            interval *= 2
-            if waited >= self.timing.pg_wait_timeout:
-                break
-            real = waited / self.timing.pg_wait_first * 10
-            self._info(
-                "ray_utils.py:372",
-                f"Waiting for creating a placement group of specs for {int(real)} seconds. "
-                f"specs={specs}. Check `ray status` and `ray list nodes` to see if you have "
-                "enough resources, and make sure the IP addresses used by ray cluster are the "
-                "same as VLLM_HOST_IP environment variable specified in each node if you are "
-                "running on a multi-node.",
-            )
+            if placeable():
+                return True
+            if line_at <= waited < timeout:
+                self._info(
+                    "ray_utils.py:372",
+                    f"Waiting for creating a placement group of specs for "
+                    f"{int(line_at / first * 10)} seconds. specs={specs}. Check `ray status` "
+                    "and `ray list nodes` to see if you have enough resources, and make sure "
+                    "the IP addresses used by ray cluster are the same as VLLM_HOST_IP "
+                    "environment variable specified in each node if you are running on a "
+                    "multi-node.",
+                )
+                interval *= 2
+                line_at += interval
         self._emit(
             f"ValueError: Cannot provide a placement group of placement_group_specs={specs} "
             "within 1800 seconds. See `ray status` and `ray list nodes` to make sure the cluster "
             "has enough resources."
         )
-        return 1
+        return False
 
     async def _chatty_stall(self) -> None:
         """Stuck (a worker waits on a peer that never answers) but far from quiet: the engine's

@@ -36,6 +36,7 @@ from tests.support.ha import (
     owner_and_standby,
     paused_by,
     start_on_a_slow_load,
+    two_more_looks,
     wait_healthy,
 )
 
@@ -88,16 +89,7 @@ async def test_the_standby_keeps_the_spent_attempt_and_the_loads_grace(
 
     await eventually(b_swept, within=2 * TTL + 5)
 
-    async def cycles() -> int:
-        clusters = (await b.status()).get("clusters") or [{}]
-        return int(clusters[0].get("cycles") or 0)
-
-    since = await cycles()
-
-    async def b_looked() -> bool:
-        return await cycles() >= since + 2
-
-    await eventually(b_looked, within=10)
+    await two_more_looks(b, within=10)
     # The dead owner's launch is spent once on the new owner too.
     assert await budget_left(b, cluster, "start_model") == budget - len(launches(seed_world))
     events = await get(b, f"/events?cluster={cluster}")
@@ -165,16 +157,7 @@ async def test_a_latch_the_budget_set_holds_across_a_takeover(
 
     await eventually(b_owns_latched, within=6 * TTL)
 
-    async def cycles() -> int:
-        clusters = (await b.status()).get("clusters") or [{}]
-        return int(clusters[0].get("cycles") or 0)
-
-    since = await cycles()
-
-    async def b_looked() -> bool:
-        return await cycles() >= since + 2
-
-    await eventually(b_looked, within=15)
+    await two_more_looks(b, within=15)
     # Latched: the new owner swept the hosts and changed nothing else.
     assert mutations(seed_world, since=a.killed_at) == []
     check_never_two_actors(seed_world, a, b)

@@ -18,6 +18,7 @@ from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
 from tests.sim.steps import (
     HEAD,
+    WORKER,
     clean_up,
     ray_head_command,
     ray_status,
@@ -230,3 +231,35 @@ async def test_the_simulated_load_prints_the_real_servers_lines(
     lines = parsers.log_lines(load_log(world))
     for pattern in REAL_LINES:
         assert any(re.search(pattern, line) for line in lines), pattern
+
+
+async def test_a_node_ray_still_counts_after_its_container_died_takes_no_worker(
+    world: World, head: asyncssh.SSHClientConnection, worker: asyncssh.SSHClientConnection
+) -> None:
+    """Ray counts a killed raylet's GPU until it declares the node dead (23 to 25 s in
+    tests/fixtures/ray-real): a placement group asked for meanwhile waits, as real vLLM's
+    does, instead of a worker appearing in the dead container, and its bundle goes to the
+    node that replaces it."""
+    spark_b = world.hosts["spark-b"].state
+    await clean_up(world, head, worker)
+    await start_ray(world, head, worker)
+    await world.fault("kill-container", "spark-b", WORKER)
+    dead = spark_b.container(WORKER)
+    assert dead is not None and not dead.running
+    assert (await run(head, serve_command(world))).exit_status == 0
+    await asyncio.sleep(world.timing.pg_wait_first * 1.5)
+    assert await stage(world) == "init"
+    assert [g for g in spark_b.gpu_processes if g.container_id == dead.id] == []
+    assert "Waiting for creating a placement group" in load_log(world)
+
+    assert (await run(worker, f"docker rm -f {WORKER}")).exit_status == 0
+    assert (await run(worker, ray_worker_command(world))).exit_status == 0
+
+    async def serving() -> bool:
+        return await stage(world) == "running"
+
+    await eventually(serving)
+    live = spark_b.container(WORKER)
+    assert live is not None and live.running and live.id != dead.id
+    workers = [g for g in spark_b.gpu_processes if g.name == "ray::RayWorkerWrapper"]
+    assert [g.container_id for g in workers] == [live.id]

@@ -657,6 +657,23 @@ async def is_healthy(instance: Instance) -> bool:
     return bool(clusters) and clusters[0]["phase"] == "healthy"
 
 
+async def looks(instance: Instance) -> int:
+    """How many looks the instance has made at its (first) cluster, per its /status."""
+    clusters = (await instance.status()).get("clusters") or [{}]
+    return int(clusters[0].get("cycles") or 0)
+
+
+async def two_more_looks(instance: Instance, within: float) -> None:
+    """Until the instance has looked twice more: once that began before now may be under
+    way, so the second is one that began after."""
+    since = await looks(instance)
+
+    async def looked() -> bool:
+        return await looks(instance) >= since + 2
+
+    await eventually(looked, within=within)
+
+
 async def wait_healthy(instance: Instance, within: float) -> None:
     """Until the cluster is healthy per this instance's own /status."""
     await eventually(lambda: is_healthy(instance), within=within)
