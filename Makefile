@@ -15,9 +15,10 @@ BENCH_STAMP := $(BENCH_VENV)/.installed
 # kind keeps on disk (pip's cache keeps the rest between venvs).
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
-# pytest-xdist workers for `test`: 0 is one process. Two halve the time, but the real-vLLM tier's
-# short probe timeouts do not yet hold beside the etcd tier (tests/conftest.py groups the tiers).
-PYTEST_WORKERS ?= 0
+# pytest-xdist workers for `test` (0: one process, in the suite's own order). Two take about 60 %
+# of the time on two cores: the tiers that use the machine as a whole run one after another on
+# one worker, the rest on the other (tests/conftest.py groups them).
+PYTEST_WORKERS ?= 2
 
 .PHONY: test demo lint typecheck unit clean bench
 

@@ -15,13 +15,15 @@ from tests.support.worlds import world_address as world_address
 
 # Under pytest-xdist (`make test` runs two workers), each module runs whole on one worker, as
 # `--dist loadfile` would. The tiers that use the machine as a whole share one group: real Ray and
-# real Docker start machine-wide daemons and namespaces, and real vLLM's loads want every core
-# they can get; so do the real-sshd tests, which share one login account. The scheduler sees
-# only node ids, so the groups are read from them: the tier's directory, or the `openssh`
-# parameter of `@both_servers` (tests/support/worlds.py).
-_MACHINE_TIERS = ("tests/realvllm/", "tests/realray/", "tests/realdocker/")
+# real Docker start machine-wide daemons and namespaces, real vLLM's loads want every core they
+# can get, and the etcd tier runs several `sparkd run` processes and etcd members on TTLs of
+# 3 s (beside it, the real-vLLM tier's probes missed their timeouts); so do the real-sshd
+# tests, which share one login account. The scheduler sees only node ids, so the groups are
+# read from them: the tier's directory, or the `openssh` parameter of `@both_servers`
+# (tests/support/worlds.py).
+_MACHINE_TIERS = ("tests/realvllm/", "tests/realray/", "tests/realdocker/", "tests/etcd/")
 # Longest first, so the run does not end on one worker alone with the slowest group.
-_ORDER = ("machine", "tests/etcd/", "tests/e2e/", "sshd")
+_ORDER = ("machine", "tests/e2e/", "sshd")
 
 
 def group_of(nodeid: str) -> str:
