@@ -16,9 +16,10 @@ BENCH_STAMP := $(BENCH_VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 # pytest-xdist workers for `test` (0: one process, in the suite's own order). Two take about 60 %
-# of the time on two cores: the tiers that use the machine as a whole run one after another on
-# one worker, the rest on the other (tests/conftest.py groups them).
-PYTEST_WORKERS ?= 2
+# of the time on two cores (the tiers that use the machine as a whole run one after another on
+# one worker, tests/conftest.py), but two etcd-tier tests still miss their timings beside the
+# other worker's load, so one process stays the default.
+PYTEST_WORKERS ?= 0
 
 .PHONY: test demo lint typecheck unit clean bench
 
