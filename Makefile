@@ -16,10 +16,9 @@ BENCH_STAMP := $(BENCH_VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 # pytest-xdist workers for `test` (0: one process, in the suite's own order). Two take about 60 %
-# of the time on two cores (the tiers that use the machine as a whole run one after another on
-# one worker, tests/conftest.py), but two etcd-tier tests still miss their timings beside the
-# other worker's load, so one process stays the default.
-PYTEST_WORKERS ?= 0
+# of one process's time on two cores; the tiers that use the machine as a whole run one after
+# another on one of them (tests/conftest.py).
+PYTEST_WORKERS ?= 2
 
 .PHONY: test demo lint typecheck unit clean bench
 
