@@ -15,8 +15,14 @@ from tests.support.sim import connect
 
 
 @pytest.fixture
-async def world(tmp_path: Path) -> AsyncIterator[World]:
-    async with World(tmp_path / "world", scenario="seed-morning", timing=Timing.fast()) as w:
+def timing() -> Timing:
+    """The world's durations; a test parametrises `timing` to run in a slower world."""
+    return Timing.fast()
+
+
+@pytest.fixture
+async def world(tmp_path: Path, timing: Timing) -> AsyncIterator[World]:
+    async with World(tmp_path / "world", scenario="seed-morning", timing=timing) as w:
         yield w
 
 
