@@ -35,7 +35,7 @@ from sparkd.core.remember import MAX_ATTEMPTS
 from sparkd.ha.claim import boottime
 from sparkd.ha.config import HaSpec
 from sparkd.ha.etcd import EtcdClient, EtcdUnavailable, b64
-from sparkd.ha.memory import memory_key
+from sparkd.ha.memory import intent_key, memory_key
 from sparkd.settings import load_settings
 from sparkd.shell.catalogue import FENCE_DIR
 from sparkd_demo.cli import sparkd_spec_labels
@@ -326,6 +326,21 @@ async def memory_history(
     finally:
         await client.close()
     return records[::-1]
+
+
+async def intent_at(
+    etcd: Etcd, cluster: str, revision: int, prefix: str = "sparkd/v1/"
+) -> dict[str, Any] | None:
+    """The cluster's intent record as etcd held it at `revision`: None when there was none."""
+    client = EtcdClient([etcd.url], timeout=5)
+    try:
+        answer = await client.call(
+            "kv/range", {"key": b64(intent_key(prefix, cluster)), "revision": str(revision)}
+        )
+    finally:
+        await client.close()
+    kvs = answer.get("kvs") or []
+    return json.loads(base64.b64decode(kvs[0]["value"])) if kvs else None
 
 
 def _attempts(record: dict[str, Any]) -> list[tuple[str, str]]:
