@@ -27,19 +27,15 @@ import os
 import random
 import re
 import signal
-import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from bench.bench_ha import etcd_process
 from bench.common import (
     CLK_TCK,
-    REPO,
     SimWorld,
     free_port,
     median,
@@ -50,6 +46,8 @@ from bench.common import (
 )
 from sparkd.ha.config import HaSpec
 from sparkd.settings import load_settings
+from tests.support.ha import stamp
+from tests.support.process import SparkdRun
 
 # A world of its own beside the other benchmarks' (127.77.0.x) and the tests' (127.0.0.x).
 FIRST_ADDRESS = "127.77.16.2"
@@ -114,19 +112,13 @@ def etcd_requests(url: str) -> dict[str, float]:
     return found
 
 
-def stamp(event: dict[str, Any]) -> float:
-    return datetime.fromisoformat(str(event["timestamp"])).timestamp()
-
-
-@dataclass
-class Instance:
+class Instance(SparkdRun):
     """One `sparkd run` process, its JSON log in its own directory."""
 
-    name: str
-    directory: Path
-    config: Path
-    port: int
-    process: asyncio.subprocess.Process | None = field(default=None, init=False)
+    def __init__(self, name: str, directory: Path, config: Path, port: int) -> None:
+        super().__init__(config, directory / "run.log", port)
+        self.name = name
+        self.directory = directory
 
     @classmethod
     def make(cls, world: SimWorld, root: Path, name: str, ha: dict[str, Any] | None) -> Instance:
@@ -136,77 +128,13 @@ class Instance:
         ha = None if ha is None else {**ha, "instance": name}
         return cls(name, directory, write_config(world, directory, port, ha), port)
 
-    @property
-    def log(self) -> Path:
-        return self.directory / "run.log"
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    async def start(self) -> None:
-        with self.log.open("ab") as handle:
-            self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "sparkd.cli", "run", "--config", str(self.config),
-                stdin=asyncio.subprocess.DEVNULL, stdout=handle, stderr=handle, cwd=REPO,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", "SPARKD_DAEMON__LOG_FORMAT": "json"},
-            )  # fmt: skip
-
-    def signal(self, sig: signal.Signals) -> float:
-        assert self.process is not None
-        self.process.send_signal(sig)
-        return time.time()
-
-    async def exited(self, within: float) -> None:
-        assert self.process is not None
-        await asyncio.wait_for(self.process.wait(), within)
-
-    async def stop(self) -> None:
-        if self.process is None or self.process.returncode is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(self.process.wait(), 30)
-        except TimeoutError:
-            self.process.kill()
-            await self.process.wait()
-
-    async def status(self) -> dict[str, Any]:
-        return await asyncio.to_thread(self._status)
-
-    def _status(self) -> dict[str, Any]:
-        url = f"http://127.0.0.1:{self.port}/status"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                body = json.loads(answer.read())
-        except (OSError, ValueError):
-            return {}
-        return body if isinstance(body, dict) else {}
-
-    async def role(self, cluster: str) -> str | None:
-        claims = ((await self.status()).get("ha") or {}).get("clusters") or {}
-        role = (claims.get(cluster) or {}).get("role")
-        return str(role) if role is not None else None
-
     async def cycles(self) -> int:
         clusters = (await self.status()).get("clusters") or []
         return min((int(c.get("cycles", 0)) for c in clusters), default=0)
 
-    def events(self, name: str, since: float) -> list[dict[str, Any]]:
+    def named(self, name: str, since: float) -> list[dict[str, Any]]:
         """This instance's log events called `name` stamped at or after `since`."""
-        found = []
-        for line in self.log.read_text(errors="replace").splitlines():
-            start = line.find("{")
-            if start < 0:
-                continue
-            try:
-                event = json.loads(line[start:])
-            except ValueError:
-                continue
-            if isinstance(event, dict) and event.get("event") == name and stamp(event) >= since:
-                found.append(event)
-        return found
+        return [e for e in self.events() if e.get("event") == name and stamp(e) >= since]
 
 
 async def until(check: Any, within: float, what: str) -> None:
@@ -250,8 +178,8 @@ async def takeover(
             break
         await asyncio.sleep(POLL)
     await owner.exited(60)
-    acquired = standby.events("acquired", sent)
-    released = owner.events("released", sent)
+    acquired = standby.named("acquired", sent)
+    released = owner.named("released", sent)
     return {
         "signal": sig.name,
         "owner": owner.name,
@@ -295,7 +223,7 @@ async def takeovers(
                 await standing_by(standby, owner, cluster, spec)
     finally:
         for one in pair:
-            await one.stop()
+            await one.stop(within=30.0)
     return samples
 
 
@@ -339,7 +267,7 @@ async def footprint_round(
             cycles[one.name] += await one.cycles()
     finally:
         for one in order:
-            await one.stop()
+            await one.stop(within=30.0)
     sides = {}
     for name in before:
         seconds = after[name]["t"] - before[name]["t"]

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from sparkd.core.text import printable_json
 from sparkd.model.memory import MEMORY_VERSION, Blocked, Memory
 from sparkd.runtime import logs
+from sparkd.shell.files import atomic_write
 
 EVENTS_FILE = "events.jsonl"
 LOCK_FILE = "sparkd.lock"
@@ -32,26 +33,6 @@ SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 class LockHeld(Exception):
     """Another sparkd process (normally `sparkd run`) holds the state dir."""
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 @dataclass(frozen=True)

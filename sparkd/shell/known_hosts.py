@@ -17,7 +17,6 @@ import hashlib
 import hmac
 import ipaddress
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from asyncssh.pattern import HostPatternList
 
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.exits import EX_UNAVAILABLE
+from sparkd.shell.files import atomic_write
 
 SCAN_TIMEOUT = 10.0
 
@@ -197,7 +197,9 @@ def accept(path: Path, found: list[Scanned]) -> list[str]:
             for line in wild
         )
     if any(not c.startswith("refused") for c in changes):
-        _write(path, "".join(f"{e}\n" for e in known))
+        # A file someone else reads (ssh itself) keeps its mode; a new one is world-readable.
+        mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
+        atomic_write(path, "".join(f"{e}\n" for e in known).encode(), mode)
     return changes
 
 
@@ -221,21 +223,6 @@ def _without(known: list[str], item: Scanned) -> tuple[list[str], list[str]]:
         if rest and not entry.hosts.startswith("|"):
             kept.append(line.replace(entry.hosts, ",".join(rest), 1))
     return kept, wild
-
-
-def _write(path: Path, text: str) -> None:
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 async def scan(clusters: Sequence[ClusterSpec], do_accept: bool, out: TextIO, err: TextIO) -> int:

@@ -31,13 +31,22 @@ from tests.support.http import fetch, scraped
 GIB = 1 << 30
 
 
-async def test_xid_79_blocks_with_a_reboot_and_restarts_nothing(
-    healthy_world: World, pool: SshPool, tmp_path: Path
+# A GPU off the bus, as the kernel logs it (XID 79, nvidia-smi failing too) or as nvidia-smi
+# alone shows it (no kernel line read): the same class, the same hold, the evidence named.
+LOST_GPU = [
+    ("xid-79", "needs a reboot of spark-b (XID 79 (GPU has fallen off the bus)", "XID 79"),
+    ("lost-gpu", "the GPU of spark-b is lost: needs a reboot of", "Unable to determine"),
+]
+
+
+@pytest.mark.parametrize(("fault", "held", "evidence"), LOST_GPU)
+async def test_a_lost_gpu_blocks_with_a_reboot_restarts_nothing_and_a_reboot_recovers(
+    healthy_world: World, pool: SshPool, tmp_path: Path, fault: str, held: str, evidence: str
 ) -> None:
     ctl, since = await converged(healthy_world, pool, tmp_path / "state", cycles=100)
-    await healthy_world.fault("xid-79", "spark-b")
-    lost = "needs a reboot of spark-b (XID 79 (GPU has fallen off the bus)"
-    plans = await relaunch_held(healthy_world, ctl, since, lost, 10)
+    await healthy_world.fault(fault, "spark-b")
+    plans = await relaunch_held(healthy_world, ctl, since, held, 20)
+    assert evidence in plans[-1].reason
     assert plans[-1].triage == ("gpu_lost",)
     assert plans[-1].latch is None
     final = await healthy_after(healthy_world, ctl, "reboot", "spark-b", limit=400)

@@ -79,17 +79,6 @@ async def test_nothing_starts_on_a_full_disk_until_space_is_freed(
     assert len(launches(seed_world, since)) == 1
 
 
-async def test_a_lost_gpu_blocks_with_reboot_and_a_reboot_recovers(
-    seed_world: World, pool: SshPool, tmp_path: Path
-) -> None:
-    ctl, since = await converged(seed_world, pool, tmp_path / "state", cycles=200)
-    await seed_world.fault("lost-gpu", "spark-b")
-    lost = "the GPU of spark-b is lost: needs a reboot of"
-    plans = await relaunch_held(seed_world, ctl, since, lost, 20)
-    assert "Unable to determine the device handle" in plans[-1].reason
-    await healthy_after(seed_world, ctl, "reboot", "spark-b", limit=400)
-
-
 async def test_a_new_tag_rolls_once_ray_then_model_when_every_host_has_it(
     seed_world: World, pool: SshPool, tmp_path: Path
 ) -> None:

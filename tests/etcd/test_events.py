@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,10 +15,7 @@ import pytest
 
 from sparkd.ha.etcd import EtcdClient
 from sparkd.ha.events import events_prefix
-from sparkd.ha.ownership import Ownership
-from sparkd.model.memory import Memory
-from sparkd.runtime.ha_store import EVENTS_PER_WRITE, EtcdStore
-from sparkd.runtime.state import StateDir
+from sparkd.runtime.ha_store import EVENTS_PER_WRITE
 from sparkd.shell.secrets import read_secret
 from sparkd_sim.world import World
 from tests.etcd.conftest import EtcdServer
@@ -28,33 +24,13 @@ from tests.support.ha import (
     TTL,
     Instance,
     owner_and_standby,
-    spec,
     wait_for,
 )
+from tests.support.store_box import Box, two_boxes
 
 pytestmark = pytest.mark.etcd
 
 PREFIX = "test/v1/"
-
-
-class Box:
-    """One instance's ownership and store, in this process."""
-
-    def __init__(self, etcd: EtcdServer, name: str, tmp_path: Path, kept: int = 1000) -> None:
-        self.name = name
-        self.ha = Ownership(spec(etcd, name), ["c1"])
-        self.refused: list[str] = []
-        self.store = EtcdStore(
-            self.ha,
-            StateDir(tmp_path / f"state-{name}"),
-            on_refused=lambda cluster, detail: self.refused.append(detail),
-            events_kept=kept,
-        )
-
-    async def own(self) -> None:
-        await self.ha.round()
-        assert self.ha.role("c1") == "owner"
-        assert await self.store.adopt("c1", Memory(), time.time()) is not None
 
 
 def event(kind: str, n: int) -> dict[str, Any]:
@@ -68,12 +44,8 @@ async def keys(admin: EtcdClient) -> list[tuple[str, int]]:
 
 @pytest.fixture
 async def boxes(etcd: EtcdServer, tmp_path: Path) -> AsyncIterator[tuple[Box, Box]]:
-    a, b = Box(etcd, "a", tmp_path), Box(etcd, "b", tmp_path)
-    try:
-        yield a, b
-    finally:
-        await a.ha.stop()
-        await b.ha.stop()
+    async with two_boxes(Box(etcd, "a", tmp_path), Box(etcd, "b", tmp_path)) as pair:
+        yield pair
 
 
 async def test_the_owners_events_are_what_the_standby_reads_and_a_new_owners_follow(

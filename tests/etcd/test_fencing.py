@@ -29,7 +29,6 @@ from sparkd_sim.world import World
 from tests.etcd.conftest import EtcdServer
 from tests.support.daemon import eventually, mutations
 from tests.support.ha import (
-    SPARKD,
     TTL,
     Instance,
     budgets,
@@ -42,6 +41,7 @@ from tests.support.ha import (
     two_more_looks,
     wait_healthy,
 )
+from tests.support.process import SPARKD
 
 pytestmark = pytest.mark.etcd
 # Longer than a takeover (TTL + 1 s), the new owner's sweep and its first action together.

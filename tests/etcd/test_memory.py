@@ -12,13 +12,11 @@ import pytest
 
 from sparkd.ha.etcd import EtcdClient
 from sparkd.ha.memory import intent_key, memory_key
-from sparkd.ha.ownership import Ownership
 from sparkd.model.memory import Attempt, Blocked, ClockAnchor, LoadMark, Memory, Pause
 from sparkd.model.plan import Action
-from sparkd.runtime.ha_store import EtcdStore
-from sparkd.runtime.state import StateDir
 from tests.etcd.conftest import EtcdServer
-from tests.support.ha import spec, wait_for
+from tests.support.ha import wait_for
+from tests.support.store_box import Box, two_boxes
 
 pytestmark = pytest.mark.etcd
 
@@ -36,40 +34,12 @@ def remembered(now: float, boot: str) -> Memory:
     )
 
 
-class Box:
-    """One instance's ownership and memory store, with a daemon clock of its own."""
-
-    def __init__(self, etcd: EtcdServer, name: str, tmp_path: Path, offset: float) -> None:
-        self.ha = Ownership(spec(etcd, name), ["c1"])
-        self.refused: list[str] = []
-        self.offset = offset
-        self.state = StateDir(tmp_path / f"state-{name}")
-        self.store = EtcdStore(
-            self.ha,
-            self.state,
-            monotonic=lambda: 100.0,
-            on_refused=lambda cluster, detail: self.refused.append(detail),
-        )
-
-    @property
-    def now(self) -> float:
-        return 100.0 + self.offset
-
-    async def own(self, memory: Memory) -> None:
-        """Owner of c1 after a round, continuing from `memory` (imported: etcd has none)."""
-        await self.ha.round()
-        assert await self.store.adopt("c1", memory, self.now) is not None
-
-
 @pytest.fixture
 async def boxes(etcd: EtcdServer, tmp_path: Path) -> AsyncIterator[tuple[Box, Box]]:
     # Box b's daemon time runs a day behind box a's: different boots, different anchors.
     a, b = Box(etcd, "a", tmp_path, 2.0e9), Box(etcd, "b", tmp_path, 2.0e9 - 86400.0)
-    try:
-        yield a, b
-    finally:
-        await a.ha.stop()
-        await b.ha.stop()
+    async with two_boxes(a, b) as pair:
+        yield pair
 
 
 async def test_first_owner_imports_its_memory_only_when_etcd_has_none(

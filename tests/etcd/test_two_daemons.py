@@ -23,7 +23,6 @@ from tests.support.daemon import eventually, free_port, mutations, write_fast_co
 from tests.support.ha import (
     PRODUCTION_TIMINGS,
     SLACK,
-    SPARKD,
     TEST_TIMINGS,
     TTL,
     Instance,
@@ -36,6 +35,7 @@ from tests.support.ha import (
     start_owner_and_standby,
     wait_healthy,
 )
+from tests.support.process import SPARKD
 
 pytestmark = pytest.mark.etcd
 

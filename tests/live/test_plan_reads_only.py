@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,8 +20,7 @@ from sparkd_sim.vllm_server import SimVllmServer
 from sparkd_sim.world import World
 from tests.support.daemon import mutations
 from tests.support.live import cluster_of, live_world, observe_until, serving
-
-SPARKD = [sys.executable, "-m", "sparkd.cli"]
+from tests.support.process import SPARKD
 
 
 class CountingServer(SimVllmServer):

@@ -17,10 +17,8 @@ import asyncio
 import base64
 import itertools
 import json
-import os
 import re
 import signal
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -43,9 +41,9 @@ from sparkd_sim.owned import OwnedCommand, Owner
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import CommandRecord, World
 from tests.support.daemon import eventually, free_port, mutations, write_fast_config
+from tests.support.process import SPARKD, SparkdRun
 
 TTL = 3
-SPARKD = [sys.executable, "-m", "sparkd.cli"]
 # Slack between a command's record on the host and its action's log lines (same clock).
 SLACK = 0.05
 TEST_TIMINGS = f"lease_ttl = {TTL}\nrenew_interval = 1.0\nrequest_timeout = 0.5\nmargin = 1.0\n"
@@ -447,7 +445,7 @@ async def check_memory(
     return checked
 
 
-class Instance:
+class Instance(SparkdRun):
     """One `sparkd run` process with [ha] on, its JSON log in the test's tmp dir."""
 
     def __init__(
@@ -461,43 +459,18 @@ class Instance:
         token_file: Path | None = None,
     ) -> None:
         self.name = name
-        self.port = free_port()
-        self.log = tmp_path / f"{name}.log"
+        port = free_port()
         config = write_fast_config(
-            world, tmp_path / f"{name}.toml", tmp_path / f"state-{name}", self.port, token_file
+            world, tmp_path / f"{name}.toml", tmp_path / f"state-{name}", port, token_file
         )
         config.write_text(
             config.read_text()
             + f'\n[ha]\netcd_endpoints = ["{endpoint or etcd.url}"]\ninstance = "{name}"\n'
             + timings
         )
-        self.config = config
-        self.proc: asyncio.subprocess.Process | None = None
+        super().__init__(config, tmp_path / f"{name}.log", port)
         # When the test SIGKILLed it, each time: an action it died in ends there.
         self.deaths: list[float] = []
-
-    async def start(self) -> None:
-        handle = self.log.open("ab")
-        self.proc = await asyncio.create_subprocess_exec(
-            *SPARKD, "run", "--config", str(self.config), stdout=handle, stderr=handle,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "SPARKD_DAEMON__LOG_FORMAT": "json"},
-        )  # fmt: skip
-
-    def signal(self, sig: signal.Signals) -> float:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-        return time.time()
-
-    async def stop(self) -> None:
-        if self.proc is None or self.proc.returncode is not None:
-            return
-        self.proc.send_signal(signal.SIGCONT)
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(self.proc.wait(), 20)
-        except TimeoutError:
-            self.proc.kill()
-            await self.proc.wait()
 
     @property
     def killed_at(self) -> float | None:
@@ -509,38 +482,12 @@ class Instance:
         assert self.proc is not None
         await self.proc.wait()
 
-    async def status(self) -> dict[str, Any]:
-        url = f"http://127.0.0.1:{self.port}/status"
-        try:
-            timeout = aiohttp.ClientTimeout(total=1)
-            async with aiohttp.ClientSession(timeout=timeout) as s, s.get(url) as r:
-                return await r.json()  # type: ignore[no-any-return]
-        except (aiohttp.ClientError, TimeoutError):
-            return {}
-
-    async def role(self, cluster: str) -> str | None:
-        ha = (await self.status()).get("ha") or {}
-        claim = (ha.get("clusters") or {}).get(cluster) or {}
-        return claim.get("role")
-
     async def metrics(self) -> dict[str, float]:
         found = {}
         for line in (await get(self, "/metrics")).splitlines():
             if line.startswith("sparkd_ha_"):
                 name, _, value = line.rpartition(" ")
                 found[name] = float(value)
-        return found
-
-    def events(self) -> list[dict[str, Any]]:
-        found = []
-        for line in self.log.read_text(errors="replace").splitlines():
-            start = line.find("{")
-            if start < 0:
-                continue
-            try:
-                found.append(json.loads(line[start:]))
-            except ValueError:
-                continue
         return found
 
     def intervals(self, until: float) -> list[tuple[float, float]]:

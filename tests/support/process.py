@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -11,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -45,6 +47,80 @@ async def status(port: int) -> dict:  # type: ignore[type-arg]
             return await r.json()  # type: ignore[no-any-return]
     except aiohttp.ClientError:
         return {}
+
+
+class SparkdRun:
+    """One `sparkd run` process on `config` with a JSON log appended to `log`, its API on
+    127.0.0.1:`port`: started, signalled, stopped, its /status and its log's events read."""
+
+    def __init__(self, config: Path, log: Path, port: int) -> None:
+        self.config = config
+        self.log = log
+        self.port = port
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        self.proc = await start_daemon(self.config, self.log, {"SPARKD_DAEMON__LOG_FORMAT": "json"})
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def signal(self, sig: signal.Signals) -> float:
+        """Send `sig`; when it went (wall clock, as the log's timestamps)."""
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        return time.time()
+
+    async def exited(self, within: float) -> None:
+        assert self.proc is not None
+        await asyncio.wait_for(self.proc.wait(), within)
+
+    async def stop(self, within: float = 20.0) -> None:
+        """SIGTERM (after SIGCONT, should a test have stopped it), SIGKILL past `within`."""
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.proc.wait(), within)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+
+    async def status(self) -> dict[str, Any]:
+        """Its /status, or {} while it does not answer."""
+        url = f"http://127.0.0.1:{self.port}/status"
+        try:
+            timeout = aiohttp.ClientTimeout(total=2)
+            async with aiohttp.ClientSession(timeout=timeout) as s, s.get(url) as r:
+                body = await r.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return {}
+        return body if isinstance(body, dict) else {}
+
+    async def role(self, cluster: str) -> str | None:
+        """Its HA role for `cluster` as its /status says, None while it says none."""
+        ha = (await self.status()).get("ha") or {}
+        claim = (ha.get("clusters") or {}).get(cluster) or {}
+        role = claim.get("role")
+        return None if role is None else str(role)
+
+    def events(self) -> list[dict[str, Any]]:
+        """Every JSON event in its log so far (lines that are not one are skipped)."""
+        found = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            start = line.find("{")
+            if start < 0:
+                continue
+            try:
+                event = json.loads(line[start:])
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                found.append(event)
+        return found
 
 
 def phase(body: dict) -> str | None:  # type: ignore[type-arg]
