@@ -41,12 +41,18 @@ async def start_daemon(
     )  # fmt: skip
 
 
-async def status(port: int) -> dict:  # type: ignore[type-arg]
+async def status(port: int) -> dict[str, Any]:
+    """The /status of the daemon at `port`, or {} while it does not answer."""
     try:
-        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/status") as r:
-            return await r.json()  # type: ignore[no-any-return]
-    except aiohttp.ClientError:
+        timeout = aiohttp.ClientTimeout(total=2)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as s,
+            s.get(f"http://127.0.0.1:{port}/status") as r,
+        ):
+            body = await r.json()
+    except (aiohttp.ClientError, TimeoutError, ValueError):
         return {}
+    return body if isinstance(body, dict) else {}
 
 
 class SparkdRun:
@@ -90,15 +96,7 @@ class SparkdRun:
             await self.proc.wait()
 
     async def status(self) -> dict[str, Any]:
-        """Its /status, or {} while it does not answer."""
-        url = f"http://127.0.0.1:{self.port}/status"
-        try:
-            timeout = aiohttp.ClientTimeout(total=2)
-            async with aiohttp.ClientSession(timeout=timeout) as s, s.get(url) as r:
-                body = await r.json()
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            return {}
-        return body if isinstance(body, dict) else {}
+        return await status(self.port)
 
     async def role(self, cluster: str) -> str | None:
         """Its HA role for `cluster` as its /status says, None while it says none."""
