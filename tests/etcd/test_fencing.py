@@ -111,8 +111,6 @@ async def test_a_paused_owners_late_command_is_refused_by_the_host(
     a, b, cluster = await owner_and_standby(seed_world, unfenced_pair)
 
     await wait_healthy(a, within=120)
-    # What the owner's own accounting says before the action the host will refuse.
-    a_before = await budgets(a, cluster)
     assert (await a.metrics())["sparkd_ha_fenced_total"] == 0
     worker = seed_world.host("spark-b").ssh
     await seed_world.fault("late-delivery", "spark-b", str(LATE))
@@ -120,6 +118,11 @@ async def test_a_paused_owners_late_command_is_refused_by_the_host(
     # The owner's restart of the worker is on its way to the host: the owner checked its lease
     # and sent it. Frozen now, it cannot notice its lease running out.
     await eventually(lambda: worker.delayed == 1, within=30, poll=0.005)
+    # The owner's own accounting with the restart charged (before it was sent) and whatever
+    # it did since the kill: one torn look (the worker's containers read before the kill, the
+    # model's death after it) may have relaunched the model first, a budgeted attempt of its
+    # own. Read now, the stale command is still held for LATE seconds.
+    charged = await budgets(a, cluster)
     stopped_at = a.signal(signal.SIGSTOP)
 
     async def b_owns() -> bool:
@@ -183,11 +186,13 @@ async def test_a_paused_owners_late_command_is_refused_by_the_host(
     shown = json.loads(await get(a, f"/events?cluster={cluster}"))["events"]
     assert [e["host"] for e in shown if e["kind"] == "fenced"] == ["spark-b"]
     assert (await a.metrics())["sparkd_ha_fenced_total"] == 1
-    # ... and the refusal spent nothing: not in its own accounting (the restart was skipped,
-    # not failed), not in the current owner's, not in etcd's memory. (The attempt it charged
-    # in etcd before sending was in flight at the takeover: counted then, as its outcome was
-    # unknown to the new owner, HA.md section 4.2.)
-    assert await budgets(a, cluster) == a_before
+    # ... and the refusal spent nothing: in its own accounting the attempt charged before
+    # sending is given back (the restart was skipped, not failed), and nothing else changed;
+    # nor in the current owner's, nor in etcd's memory. (The attempt it charged in etcd before
+    # sending was in flight at the takeover: counted then, as its outcome was unknown to the
+    # new owner, HA.md section 4.2.)
+    refused_kind = ended()[0]["action"]
+    assert await budgets(a, cluster) == {**charged, refused_kind: charged[refused_kind] + 1}
     assert await budgets(b, cluster) == b_before
     # Each write stores an attempt's age at that write (sparkd.core.handover), so a later
     # write by the current owner may restate the ages: the attempts themselves must be the same.
