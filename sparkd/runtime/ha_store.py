@@ -146,6 +146,7 @@ class EtcdStore:
             # After the owner key is ours: no former owner's event can land behind this read.
             newest = await self.ha.client.newest(events_prefix(self.prefix, cluster), 1)
             last = seq_of(newest[0].key) if newest else None
+            control = None
             if stored is None:
                 raw = self._encode(cluster, memory, now, token)
                 if not await self.ha.client.guarded(owner, token, {key: raw}, absent=key):
@@ -154,10 +155,18 @@ class EtcdStore:
                 adopted, source = memory, "imported"
             else:
                 (adopted, control), source = read_record(stored.value, now), "etcd"
-                self.controls[cluster] = control
             intent = read_intent(left.value) if left is not None else None
-            if left is not None and not await self.ha.client.guarded(owner, token, {}, [ikey]):
+            # What was read is this claim's only if the owner key is still the one created at
+            # the token: an instance paused past its lease between its claim and these reads
+            # would otherwise continue from its successor's memory. The intent goes with it.
+            # (An import was already written under the same guard.)
+            deletes = [ikey] if left is not None else []
+            confirmed = stored is None and left is None
+            if not confirmed and not await self.ha.client.guarded(owner, token, {}, deletes):
+                self.log.info("memory_adopt_refused", cluster=cluster, token=token)
                 return None
+            if control is not None:
+                self.controls[cluster] = control
             self._seq[cluster] = 0 if last is None else last + 1
             self.adopted[cluster] = token
         self.log.info(

@@ -99,6 +99,32 @@ async def test_a_write_after_the_key_moved_on_is_refused_and_changes_nothing(
     assert intent is None
 
 
+async def test_a_claim_lost_before_its_memory_was_read_adopts_nothing(
+    boxes: tuple[Box, Box], admin: EtcdClient
+) -> None:
+    a, b = boxes
+    # a claims the cluster and is paused before it reads the memory; its lease runs out and b
+    # takes the cluster, recording a launch of its own.
+    await a.ha.round()
+    old = a.ha.token("c1")
+    assert old is not None and a.ha.lease is not None
+    await admin.revoke(a.ha.lease)
+    await b.ha.round()
+    adopted = await b.store.adopt("c1", Memory(), b.now)
+    assert adopted is not None
+    launched = Attempt(key="start_model:spark-a", at=b.now, ok=True, reason="b's launch")
+    b.store.save("c1", adopted.memory.evolve(attempts=(launched,)))
+    await b.store.close()
+    before, _ = await admin.get(memory_key(PREFIX, "c1"))
+    # Woken before its next renewal, a still believes in its token: it must not continue
+    # from b's memory as its own, nor take it for current.
+    assert a.ha.token("c1") == old
+    assert await a.store.adopt("c1", Memory(), a.now) is None
+    assert not a.store.current("c1")
+    after, _ = await admin.get(memory_key(PREFIX, "c1"))
+    assert before is not None and after is not None and after.mod_revision == before.mod_revision
+
+
 async def test_a_new_owner_finds_the_former_owners_intent(
     boxes: tuple[Box, Box], admin: EtcdClient
 ) -> None:
