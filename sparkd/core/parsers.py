@@ -357,7 +357,8 @@ _RAY_GPU = re.compile(r"^\s*(\d{1,9}(?:\.\d{1,9})?)/(\d{1,9}(?:\.\d{1,9})?)\s+GP
 
 
 def parse_ray_status(text: str) -> RayState | None:
-    """`ray status`, both layouts: `Active:`/`Total Usage:` (Ray 2.60) and `Healthy:`/`Usage:`.
+    """`ray status`, each layout: `Active:`/`Total Usage:` (Ray 2.60), with `Idle:` too under
+    autoscaler v2 (a node with nothing scheduled is listed there, alive), and `Healthy:`/`Usage:`.
 
     It names nodes but not their IPs: the state says so, and the planner then trusts GPUs only.
     """
@@ -371,7 +372,7 @@ def parse_ray_status(text: str) -> RayState | None:
     total: float | None = None
     for line in text.splitlines():
         stripped = line.strip()
-        if stripped in ("Active:", "Healthy:"):
+        if stripped in ("Active:", "Idle:", "Healthy:"):
             block = "nodes"
             continue
         if stripped.endswith(":") and not stripped.startswith("node_"):

@@ -95,6 +95,9 @@ def test_ray_list_nodes_samples() -> None:
         ("ray-status-active.txt", 2, 2.0),
         ("ray-status-worker-lost.txt", 1, 1.0),
         ("ray-status-healthy.txt", 1, 1.0),
+        # Idle nodes are live nodes: under autoscaler v2 a cluster with nothing scheduled
+        # lists them all there.
+        ("ray-status-v2-idle.txt", 2, 2.0),
     ],
 )
 def test_ray_status_layouts(name: str, nodes: int, gpus: float) -> None:
