@@ -327,11 +327,16 @@ def _script(letter: str) -> str:
 
 
 def _reasoning(message: Mapping[str, Any]) -> str:
+    # A blank field gives way to the other one's text, but is text itself when none has any: a
+    # streamed token of only whitespace ("\n\n" between sentences) belongs to the thought.
+    blank = ""
     for field in REASONING_FIELDS:
         value = message.get(field)
-        if isinstance(value, str) and value.strip():
-            return value
-    return ""
+        if isinstance(value, str):
+            if value.strip():
+                return value
+            blank = blank or value
+    return blank
 
 
 def _completion_tokens(usage: Any) -> int | None:

@@ -46,6 +46,29 @@ def test_real_stream_sample_is_reasoning_only() -> None:
     assert verdict.detail.startswith("Okay, the user wants")
 
 
+def test_the_real_answer_reads_alike_streamed_and_plain() -> None:
+    # The same request to a real vLLM 0.32.0, both ways. Streamed, its thought comes a token a
+    # chunk, one of them only whitespace: it is part of the text, as it is in the plain answer.
+    plain = classify_response(200, sample("vllm-real-chat-probe.json"))
+    lines = sample("vllm-real-chat-stream-include-usage.txt").decode().splitlines()
+    streamed = classify_stream(200, lines)
+    assert streamed.outcome == plain.outcome == "reasoning_only"
+    assert streamed.detail == plain.detail
+
+
+def test_a_blank_reasoning_field_gives_way_to_the_other_ones_text() -> None:
+    lines = [
+        chunk({"reasoning": "", "reasoning_content": "Okay,"}),
+        chunk({"reasoning": "\n\n"}),
+        chunk({"reasoning": " ", "reasoning_content": "the"}),
+        chunk({"reasoning": " user"}, finish="length"),
+        'data: {"choices": [], "usage": {"completion_tokens": 4}}',
+        "data: [DONE]",
+    ]
+    verdict = classify_stream(200, lines)
+    assert (verdict.outcome, verdict.detail) == ("reasoning_only", "Okay, the user")
+
+
 def response(message: dict[str, Any], tokens: int | None = 50, finish: str = "length") -> str:
     body: dict[str, Any] = {
         "object": "chat.completion",
