@@ -45,6 +45,10 @@ def _demo_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fault", help="once healthy, inject this fault and show the recovery")
     parser.add_argument("--dir", type=Path, help="where the simulated world keeps its files")
     parser.add_argument("--load-seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--port", type=int, default=9810,
+        help="the API's port on 127.0.0.1 (a free one when it is taken)",
+    )  # fmt: skip
     return parser
 
 

@@ -67,11 +67,19 @@ HEAL_AFTER = {"unreachable-worker": 6.0, "blackhole-worker": 6.0}
 # reboot a lost GPU needs, the power cycle of a wedged host, memory freed.
 HUMAN_FIX = {
     "xid-79": ("reboot", 6.0, "the operator reboots it"),
-    "nv-no-memory-wedge": ("reboot", 10.0, "the operator power-cycles it"),
-    "aer-fatal": ("reboot", 10.0, "the operator power-cycles it"),
+    "nv-no-memory-wedge": ("reboot", 2.0, "the operator power-cycles it"),
+    "aer-fatal": ("reboot", 2.0, "the operator power-cycles it"),
     "memory-pressure": ("heal", 6.0, "the operator frees memory"),
     "mtu-mismatch": ("heal", 6.0, "the operator sets the MTU back to 9000"),
 }
+# The words of sparkd's that the operator acts on, where acting earlier would show nothing: a
+# host is power-cycled once it has wedged and sparkd said so, not while the omen is all there
+# is (the wedge comes seconds after the kernel's message). Waited for at most CUE_WAIT seconds.
+HUMAN_CUE = {
+    "nv-no-memory-wedge": "needs a power cycle",
+    "aer-fatal": "needs a power cycle",
+}
+CUE_WAIT = 120.0
 REALISTIC_LOAD = 750.0  # model init + weights + graph capture in Timing.realistic()
 
 
@@ -119,8 +127,13 @@ class Narrator:
     rolled_back: bool = False
     good_seen: asyncio.Event = field(default_factory=asyncio.Event)
 
+    # Words the operator waits for (HUMAN_CUE) and the event set once the daemon said them.
+    cue: tuple[str, asyncio.Event] | None = None
+
     def say(self, text: str) -> None:
         print(f"[{time.monotonic() - self.started:7.1f}s] {text}", flush=True)
+        if self.cue is not None and self.cue[0] in text:
+            self.cue[1].set()
 
     def cycle(self, controller: Controller) -> None:
         plan = controller.view.plan
@@ -182,7 +195,7 @@ async def run_demo(args: argparse.Namespace) -> int:
     timing = Timing.realistic().scaled(args.load_seconds / REALISTIC_LOAD)
     async with World(directory, scenario="seed-morning", timing=timing) as world:
         loaded = load_settings(world.config_path)
-        port = free_port(9810)
+        port = free_port(args.port)
         settings = Settings.model_construct(
             daemon=loaded.daemon.model_copy(
                 update={"listen": f"127.0.0.1:{port}", "state_dir": directory / "state"}
@@ -273,6 +286,9 @@ async def _inject(
 ) -> None:
     fault, role = FAULTS[name]
     host = cluster.head if role == "head" else cluster.workers[0]
+    cued = asyncio.Event()
+    if name in HUMAN_CUE:
+        narrator.cue = (HUMAN_CUE[name], cued)
     narrator.say(f"injecting {name}: {await world.fault(fault, host.name)}")
     if name in HEAL_ON_ACTION:
         heal_on[HEAL_ON_ACTION[name]] = host.name
@@ -288,5 +304,9 @@ async def _inject(
         narrator.say(f"  the network comes back: {await world.fault('heal', host.name)}")
     if name in HUMAN_FIX:
         fix, after, words = HUMAN_FIX[name]
+        if name in HUMAN_CUE:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(cued.wait(), CUE_WAIT)
+            narrator.cue = None
         await asyncio.sleep(after)
         narrator.say(f"  {words}: {await world.fault(fix, host.name)}")

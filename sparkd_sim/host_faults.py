@@ -21,6 +21,9 @@ class HostFaults(Consequences):
         """Everything on the host dies; it comes back after `reboot_downtime` with a new boot id,
         its enabled units active and its `always`/`unless-stopped` containers restarted."""
         h = self.host(host)
+        if h.pending_wedge is not None:
+            h.pending_wedge.cancel()
+            h.pending_wedge = None
         h.reachability = "down"
         await h.ssh.close()
         for serve in list(self.serves):
@@ -159,11 +162,14 @@ class HostFaults(Consequences):
     def _wedge_later(self, host: str, arg: str | None, what: str) -> str:
         delay = float(arg) if arg else 10.0
 
+        h = self.host(host)
+
         async def wedge() -> None:
             await asyncio.sleep(delay)
+            h.pending_wedge = None
             await self.blackhole(host)
 
-        self._spawn(wedge())
+        h.pending_wedge = self._spawn(wedge())
         return f"{host}: {what} logged; wedged in {delay:g}s"
 
     async def memory_pressure(self, host: str, arg: str | None = None) -> str:

@@ -3,6 +3,7 @@ hosts, and the names every room of the world shares."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -78,6 +79,9 @@ class SimHost:
     hung_tools: set[tuple[str, ...]] = field(default_factory=set)
     # dockerd is gone (crashed) while containerd's shims keep the containers running.
     docker_down: bool = False
+    # A wedge a kernel omen announced and that has not struck yet: a power cycle first ends it
+    # (the kernel that was about to hang is gone), so a reboot cancels it.
+    pending_wedge: asyncio.Future[None] | None = None
 
     @property
     def name(self) -> str:

@@ -131,10 +131,11 @@ class WorldState:
     def commands(self, host: str | None = None) -> list[CommandRecord]:
         return [r for r in self.command_log if host is None or r.host == host]
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     def _session_gid(self) -> int:
         return pwd.getpwnam(self.run_as).pw_gid if self.run_as is not None else os.getgid()
