@@ -263,14 +263,20 @@ def events(before: Rollout | None, after: Rollout | None) -> list[tuple[str, dic
     return found
 
 
-def retry(memory: Memory) -> Memory:
+def retry(memory: Memory, desired: ClusterSpec) -> Memory:
     """`sparkd rollout retry`: the held rollout ends; the desired spec is rolled out anew (a
-    new rollout, so it may roll back once more). A latch from a failed rollback goes too."""
+    new rollout, so it may roll back once more). A latch from a failed rollback goes too.
+
+    Unchanged (the API answers 409) unless the held rollback is of the desired spec: one held
+    for a spec the config no longer asks for has nothing to retry. Only the attempts made since
+    the rollout began are forgiven: a host's power cycle or a latched kill from before it is
+    another incident's budget, not the rollout's to give back."""
     rollout = memory.rollout
-    if rollout is None or rollout.rolled_back is None:
+    if rollout is None or rollout.rolled_back is None or rollout.to_hash != identity(desired):
         return memory
     blocked = None if rollout.result == "rollback_failed" else memory.blocked
-    return memory.evolve(rollout=None, blocked=blocked, attempts=())
+    kept = tuple(a for a in memory.attempts if a.at < rollout.began_at)
+    return memory.evolve(rollout=None, blocked=blocked, attempts=kept)
 
 
 def back(memory: Memory, desired: ClusterSpec, by: str, now: float, wall: float) -> Memory:

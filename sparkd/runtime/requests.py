@@ -67,9 +67,10 @@ class OperatorRequests:
 
     def rollout_retry(self, by: str) -> bool:
         """Roll the desired spec out again after a rollback; False when none holds."""
-        if self.memory.rollout is None or self.memory.rollout.rolled_back is None:
+        cluster = self.cluster
+        if rollout.retry(self.memory, cluster) == self.memory:
             return False
-        self._edit(rollout.retry)
+        self._edit(lambda m: rollout.retry(m, cluster))
         self.log.info("rollout_retry", by=by)
         self._note("rollout_retry", by=by)
         return True

@@ -134,7 +134,9 @@ def _owned(request: web.Request, controller: Controller) -> None:
 
 async def rollout_retry(request: web.Request) -> web.Response:
     """Roll the desired spec out again after a rollback (409 when none holds)."""
-    return await _rollout_edit(request, lambda c, by: c.rollout_retry(by), "no rollback holds")
+    return await _rollout_edit(
+        request, lambda c, by: c.rollout_retry(by), "no rollback of the desired spec holds"
+    )
 
 
 async def rollout_back(request: web.Request) -> web.Response:

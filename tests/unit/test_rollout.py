@@ -15,7 +15,7 @@ from sparkd.core import rollout
 from sparkd.core.acceptance import judge_check
 from sparkd.core.model_stage import exit_cause
 from sparkd.model.cluster import ClusterSpec, RolloutCheck
-from sparkd.model.memory import Memory
+from sparkd.model.memory import Attempt, Memory
 from sparkd.model.observed import Observed
 from sparkd.model.probe import CheckResult
 from sparkd_sim.vllm_logs import EXECUTOR_STEP, engine_failed, missing_weight_files
@@ -172,7 +172,7 @@ def rolled_back_and_held() -> Run:
 def test_retry_rolls_the_desired_spec_out_again_and_back_goes_to_last_good() -> None:
     run = rolled_back_and_held()
     first = run.memory.rollout
-    run.memory = rollout.retry(run.memory)
+    run.memory = rollout.retry(run.memory, run.desired)
     again = run.cycle()
     assert [a.kind for a in again.actions] == ["restart_model"] and "spec drift" in again.reason
     assert run.toy.serve_spec == rollout.identity(run.desired)
@@ -188,6 +188,26 @@ def test_retry_rolls_the_desired_spec_out_again_and_back_goes_to_last_good() -> 
     assert accepted is not None and accepted.hash == rollout.identity(run.desired)
     # Then an operator goes back to the spec before it: there is none other than this one.
     assert rollout.back(run.memory, run.desired, "ops", run.toy.now, run.toy.now) == run.memory
+
+
+def test_retry_of_a_rollback_the_config_no_longer_asks_for_changes_nothing() -> None:
+    run = rolled_back_and_held()
+    held = run.memory
+    # The operator fixed the config instead: the held rollback is of a spec nobody wants.
+    run.desired = with_args(rolled_back_and_held().desired, "--max-num-seqs", "8")
+    assert rollout.retry(held, run.desired) == held
+
+
+def test_retry_forgives_the_rollouts_attempts_and_no_others() -> None:
+    run = rolled_back_and_held()
+    record = run.memory.rollout
+    assert record is not None
+    earlier = Attempt(key="power_cycle:spark-b:spark-b", at=record.began_at - 5, ok=True)
+    during = Attempt(key="restart_model:spark-a:x", at=record.began_at + 1, ok=False)
+    memory = run.memory.evolve(attempts=(earlier, during))
+    retried = rollout.retry(memory, run.desired)
+    assert retried.rollout is None
+    assert retried.attempts == (earlier,)
 
 
 def test_back_relaunches_the_last_good_spec_during_a_rollout() -> None:
@@ -252,7 +272,7 @@ def test_rollback_properties(steps: list[tuple[str, str, int]], rollback: bool) 
             changes += 1
             run.desired = with_args(base, "--max-num-seqs", str(changes), rollback=rollback)
         elif step == "retry":
-            run.memory = rollout.retry(run.memory)
+            run.memory = rollout.retry(run.memory, run.desired)
         elif step == "back":
             run.memory = rollout.back(run.memory, run.desired, "ops", run.toy.now, run.toy.now)
         lost = step == "lose"

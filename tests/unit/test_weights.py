@@ -322,7 +322,7 @@ def test_the_files_are_read_only_until_the_cutover_stops_the_old_serve_or_a_roll
     held = rollout.back(run.memory.evolve(rollout=None), run.desired, "ops", 0.0, 0.0)
     assert held.rollout is not None and held.rollout.stopped_at is None
     assert not rollout.prepare_due(run.desired, held)
-    assert rollout.prepare_due(run.desired, rollout.retry(held))
+    assert rollout.prepare_due(run.desired, rollout.retry(held, run.desired))
 
 
 def test_a_first_deployment_with_a_missing_file_is_held_not_launched() -> None:
