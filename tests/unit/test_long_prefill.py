@@ -23,6 +23,7 @@ from sparkd.model.memory import Memory
 from sparkd.model.observed import ModelEndpoint, Observed
 from sparkd.model.plan import Plan
 from tests.support.planning import served as served_memory
+from tests.support.toy_run import Run, serving
 from tests.toy import Toy
 
 INTERVAL = 30.0
@@ -308,3 +309,36 @@ def test_no_restart_while_the_kv_cache_moves_short_of_the_longest_prefill(
         if hung(result):
             assert now - last_output >= bound, (now, last_output)
             assert "longer than the longest prefill" in result.actions[0].reason
+
+
+# -- a rollout's acceptance ---------------------------------------------------------------------
+
+
+def new_spec_in_acceptance() -> Run:
+    run = serving()
+    model = run.desired.model
+    args = (*model.extra_args, "--max-num-seqs", "8")
+    run.desired = run.desired.model_copy(
+        update={"model": model.model_copy(update={"extra_args": args})}
+    )
+    run.until("healthy")
+    record = run.memory.rollout
+    assert record is not None and record.result == "in_progress"
+    return run
+
+
+def test_a_long_prefill_during_acceptance_does_not_roll_the_new_spec_back() -> None:
+    """Today's code restarted the model for the prefill, a failure of the new spec while it
+    is on trial."""
+    run = new_spec_in_acceptance()
+    run.toy.prefilling = True
+    plans = [run.cycle() for _ in range(4)]  # four minutes: within the longest prefill
+    assert all(p.rollback is None for p in plans), [p.rollback for p in plans]
+    assert not restarts(plans), [p.reason for p in plans]
+
+
+def test_a_hang_during_acceptance_is_still_restarted() -> None:
+    run = new_spec_in_acceptance()
+    run.toy.hung_under_load = True
+    plans = [run.cycle() for _ in range(4)]
+    assert restarts(plans), [p.reason for p in plans]
