@@ -284,6 +284,8 @@ def _prefilling(ctx: Context, mark: TokenMark, seen: Reading) -> list[str]:
     before = ctx.memory.token_mark
     if before is None or before.kv_cache_usage is None or seen.kv is None:
         return []
+    if before.pid != mark.pid:
+        return []  # another serve process: its KV cache is another's
     if seen.running <= 0 or seen.kv == before.kv_cache_usage or seen.tokens != before.tokens:
         return []
     quiet = _quiet_since(mark)
