@@ -35,7 +35,7 @@ FAULTS = (
     "full-disk", "lost-gpu", "orphan-engine", "hang-capture", "pull-image",
     "xid-79", "xid-13", "xid-45", "nv-no-memory-wedge", "aer-fatal", "memory-pressure",
     "gid-moved", "mtu-mismatch", "rate-degraded", "link-flap", "late-delivery",
-    "missing-weights", "hang-under-load", "vanish-weights",
+    "missing-weights", "hang-under-load", "vanish-weights", "long-prompt",
 )  # fmt: skip
 
 

@@ -62,6 +62,7 @@ class Faults(HostFaults, ModelFaults):
             "late-delivery": self.late_delivery,
             "missing-weights": self.missing_weights,
             "vanish-weights": self.vanish_weights,
+            "long-prompt": self.long_prompt,
         }
         if name in with_arg:
             return await with_arg[name](target.name, arg)

@@ -15,6 +15,9 @@ from sparkd_sim.hosts import TOOLS
 from sparkd_sim.reference import QWEN_IMAGE
 from sparkd_sim.vllm_text import AnswerStyle
 
+# A prompt a long-context user sends: longer than two Sparks prefill in a minute (~2k tokens/s).
+LONG_PROMPT_TOKENS = 150_000
+
 
 class ModelFaults(Consequences):
     """What each model, container and tool fault does."""
@@ -45,6 +48,19 @@ class ModelFaults(Consequences):
 
         serve.stream.exit_code.add_done_callback(recover)
         return f"engine on {host} hung under load: requests running, no token generated"
+
+    async def long_prompt(self, host: str, arg: str | None = None) -> str:
+        """A client sends the model on `host` a prompt of `arg` tokens (default 150000): while
+        it is prefilled one more request runs, no token counter moves, the KV cache fills and
+        requests that arrive meanwhile wait; then it is answered as any other."""
+        tokens = int(arg) if arg else LONG_PROMPT_TOKENS
+        if tokens <= 0:
+            raise ValueError("long-prompt needs a positive number of prompt tokens")
+        server = self._serve_on(host).server
+        if server is None:
+            raise ValueError(f"the model on {host} is not serving yet")
+        server.send_prompt(tokens)
+        return f"a client sent the model on {host} a prompt of {tokens} tokens"
 
     async def oom_capture(self, host: str) -> str:
         self.host(host).faults.oom_capture = True

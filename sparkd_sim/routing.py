@@ -255,3 +255,6 @@ class _MappedServer:
         if self.table.get(self.key) == self.server.port:
             del self.table[self.key]
         await self.server.stop()
+
+    def send_prompt(self, prompt_tokens: int) -> None:
+        self.server.send_prompt(prompt_tokens)

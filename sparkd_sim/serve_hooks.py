@@ -15,6 +15,9 @@ from sparkd_sim.state import Container
 class ModelServer(Protocol):
     async def start(self) -> int: ...
     async def stop(self) -> None: ...
+    def send_prompt(self, prompt_tokens: int) -> None:
+        """A client's request with a prompt this long (the `long-prompt` fault)."""
+        ...
 
 
 ServerFactory = Callable[[str, str, int, str | None, int], ModelServer]

@@ -24,6 +24,10 @@ class ModelBehaviour:
     first_token_latency: float = 0.01
     slow_factor: float = 20.0
     """`slow` and `busy` completions take this many times longer."""
+    prefill_rate: float = 50_000.0
+    """Prompt tokens a long prompt (`SimVllmServer.send_prompt`) is prefilled at per second:
+    two GB10s do about 2000 (vllm#41834); this keeps that rate's proportion to
+    `token_latency` (a real pair's 0.05 s a token is 25 times this default's)."""
 
 
 # How many of its latest requests a server remembers (`SimVllmServer.served`).

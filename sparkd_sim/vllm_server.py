@@ -7,6 +7,15 @@ can be made to misbehave the ways a real deployment does (see `ModelBehaviour`).
 Timing is real (asyncio sleeps), scaled by `token_latency`: tokens are produced in small batches so
 that no sleep is shorter than a few milliseconds, and the generation counter in `/metrics` rises as
 they are produced. Busy and hung differ only in that counter, as on a real server.
+
+A long prompt (`send_prompt`, the `long-prompt` fault) is prefilled in chunks as vLLM V1 does:
+no output for a step that prefills part of a prompt, so while it runs no token counter moves
+(the prompt counter counts it when the prefill ends, with its first token), one more request is
+running, `vllm:kv_cache_usage_perc` rises with every chunk, and a request that arrives meanwhile
+waits (`vllm:num_requests_waiting`) until the prefill is done: the chunk takes the step's token
+budget and running requests are scheduled first. A hung engine makes no step: every figure
+stands, and the blocks of requests whose clients gave up are freed only once it steps again.
+Sources: tests/fixtures/vllm-prefill/README.md.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from aiohttp import web
@@ -64,6 +74,16 @@ MAX_BODY_BYTES = 1 << 20
 BUSY_SEQUENCES = 16
 """Other clients' requests a busy server is decoding, each producing one token per step."""
 
+KV_BLOCK_TOKENS = 16
+"""Tokens per KV-cache block (vLLM's default block size on CUDA)."""
+KV_CAPACITY_LENS = 4
+"""The KV cache holds this many `max_model_len` prompts (vLLM refuses to start unless it holds
+one)."""
+PREFILL_CHUNK = 2048
+"""Prompt tokens prefilled per engine step (a step's token budget, `max_num_batched_tokens`)."""
+LONG_PROMPT_MAX_TOKENS = 16
+"""What a long prompt's client asks to generate once its prefill is done."""
+
 _MIN_SLEEP = 0.005  # shortest sleep per batch of tokens: realistic pacing, no event-loop flood
 _STATE_POLL = 0.01  # how soon a stalled request notices the engine recovered or died
 _SHUTDOWN_GRACE = 0.02  # stop(): wait this long for handlers before cancelling them
@@ -72,6 +92,14 @@ _Metric = TypeVar("_Metric", Gauge, Counter)
 
 class _EngineDied(Exception):
     """The engine died while a request was being generated."""
+
+
+@dataclass
+class _Blocks:
+    """The KV-cache blocks one request holds."""
+
+    tokens: int = 0
+    blocks: int = 0
 
 
 class SimVllmServer:
@@ -109,6 +137,14 @@ class SimVllmServer:
         self._abandoned_hung = 0
         self._generation_tokens = 0
         self._prompt_tokens = 0
+        self._waiting = 0  # requests queued behind a long prefill
+        self._prefilling = 0  # long prompts being prefilled
+        self._no_prefill = asyncio.Event()
+        self._no_prefill.set()
+        self._prompts: set[asyncio.Task[None]] = set()
+        self._kv_blocks_total = max(1, KV_CAPACITY_LENS * max_model_len // KV_BLOCK_TOKENS)
+        self._kv_used = 0
+        self._kv_abandoned = 0  # blocks of requests given up on while the engine hung
 
         self._registry = CollectorRegistry(auto_describe=True)
         running = self._metric(
@@ -117,7 +153,10 @@ class SimVllmServer:
         running.set_function(lambda: float(self.requests_running))
         self._metric(
             Gauge, "vllm:num_requests_waiting", "Number of requests waiting to be processed."
-        ).set(0)
+        ).set_function(lambda: float(self._waiting))
+        self._metric(
+            Gauge, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
+        ).set_function(lambda: self.kv_cache_usage)
         self._prompt_counter = self._metric(
             Counter, "vllm:prompt_tokens", "Number of prefill tokens processed."
         )
@@ -170,6 +209,9 @@ class SimVllmServer:
         """Close the listener and every open connection, in-flight requests included (they get
         no answer: the process went away)."""
         self._stopping = True
+        for task in list(self._prompts):
+            task.cancel()
+        await asyncio.gather(*self._prompts, return_exceptions=True)
         if self._busy_task is not None:
             self._busy_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -193,7 +235,31 @@ class SimVllmServer:
             # until it recovers or dies; then they are gone.
             self._abandoned_hung = 0
         others = BUSY_SEQUENCES if b.style == "busy" and b.engine != "dead" else 0
-        return self._in_flight + self._abandoned_hung + others
+        return self._in_flight - self._waiting + self._abandoned_hung + others
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """`vllm:kv_cache_usage_perc`: the share of KV blocks held. A hung engine processes no
+        abort, so what its abandoned requests hold is freed only once it steps again."""
+        if self._behaviour.engine != "hung" and self._kv_abandoned:
+            self._kv_used -= self._kv_abandoned
+            self._kv_abandoned = 0
+        return min(1.0, self._kv_used / self._kv_blocks_total)
+
+    def send_prompt(self, prompt_tokens: int) -> None:
+        """A client's request with a prompt of `prompt_tokens` tokens (a long one, typically),
+        answered with `LONG_PROMPT_MAX_TOKENS` tokens; it runs until done or the server stops."""
+        if prompt_tokens + LONG_PROMPT_MAX_TOKENS > self._max_model_len:
+            # vLLM answers 400 for a prompt that does not fit.
+            raise ValueError(
+                f"a prompt of {prompt_tokens} tokens does not fit max_model_len "
+                f"{self._max_model_len}"
+            )
+        if self._runner is None or self._stopping:
+            raise RuntimeError("the server is not running")
+        task = asyncio.get_running_loop().create_task(self._long_prompt(prompt_tokens))
+        self._prompts.add(task)
+        task.add_done_callback(self._prompts.discard)
 
     @property
     def generation_tokens_total(self) -> int:
@@ -285,16 +351,18 @@ class SimVllmServer:
         digest = hashlib.sha256(f"{self._model_id}:{next(self._ids)}".encode()).hexdigest()
         header = ChunkHeader(f"chatcmpl-{digest[:32]}", int(time.time()), self._model_id)
         self._in_flight += 1
+        held = _Blocks()
         try:
             if parsed.stream:
-                return await self._stream(request, parsed, gen, header, style, slowdown)
-            return await self._complete(parsed, gen, header, style, slowdown)
+                return await self._stream(request, parsed, gen, header, style, slowdown, held)
+            return await self._complete(parsed, gen, header, style, slowdown, held)
         except asyncio.CancelledError:
             if self._behaviour.engine == "hung" and not self._stopping:
                 self._abandoned_hung += 1
             raise
         finally:
             self._in_flight -= 1
+            self._release(held)
 
     async def _complete(
         self,
@@ -303,9 +371,10 @@ class SimVllmServer:
         header: ChunkHeader,
         style: AnswerStyle,
         slowdown: float,
+        held: _Blocks,
     ) -> web.Response:
         try:
-            async for _batch, _last in self._generate(gen, req, slowdown):
+            async for _batch, _last in self._generate(gen, req, slowdown, held):
                 pass
         except _EngineDied:
             return web.Response(status=500)
@@ -330,6 +399,7 @@ class SimVllmServer:
         header: ChunkHeader,
         style: AnswerStyle,
         slowdown: float,
+        held: _Blocks,
     ) -> web.StreamResponse:
         naming = self._behaviour.naming
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
@@ -338,7 +408,7 @@ class SimVllmServer:
         await resp.prepare(request)
         first = True
         try:
-            async for batch, last in self._generate(gen, req, slowdown):
+            async for batch, last in self._generate(gen, req, slowdown, held):
                 if first:
                     first = False
                     await resp.write(sse(role_chunk(header)))
@@ -363,21 +433,86 @@ class SimVllmServer:
     # --- the engine -----------------------------------------------------------------------------
 
     async def _generate(
-        self, gen: Generation, req: ChatRequest, slowdown: float
+        self, gen: Generation, req: ChatRequest, slowdown: float, held: _Blocks
     ) -> AsyncIterator[tuple[Sequence[Token], bool]]:
         """Produce `gen`'s tokens at the behaviour's pace; yields (batch, is_last_batch)."""
         b = self._behaviour
+        await self._behind_prefills()
         await self._engine_step(b.first_token_latency * slowdown)
-        self._prompt_tokens += req.prompt_tokens
-        self._prompt_counter.inc(req.prompt_tokens)
+        self._take(held, req.prompt_tokens)
+        self._count_prompt(req.prompt_tokens)
         per_token = b.token_latency * slowdown
         size = max(1, math.ceil(_MIN_SLEEP / per_token)) if per_token > 0 else len(gen.tokens)
         tokens = gen.tokens
         for start in range(0, len(tokens), size):
             batch = tokens[start : start + size]
             await self._engine_step(per_token * len(batch))
+            self._take(held, len(batch))
             self._count_generated(len(batch))
             yield batch, start + size >= len(tokens)
+
+    async def _behind_prefills(self) -> None:
+        """Wait, as a waiting request, while a long prompt is prefilled: its chunks take each
+        step's token budget, and vLLM schedules running requests before waiting ones."""
+        if not self._prefilling:
+            return
+        self._waiting += 1
+        try:
+            await self._no_prefill.wait()
+        finally:
+            self._waiting -= 1
+
+    async def _long_prompt(self, prompt_tokens: int) -> None:
+        """One client's long prompt: prefilled chunk by chunk with no output (no counter moves,
+        the KV cache fills), then its first token and the prompt counted, then a short answer.
+        The client waits for it all; the server stopping ends it."""
+        held = _Blocks()
+        self._in_flight += 1
+        try:
+            self._prefilling += 1
+            self._no_prefill.clear()
+            try:
+                left = prompt_tokens
+                while left > 0:
+                    chunk = min(PREFILL_CHUNK, left)
+                    await self._engine_step(chunk / self._behaviour.prefill_rate)
+                    self._take(held, chunk)
+                    left -= chunk
+            finally:
+                self._prefilling -= 1
+                if not self._prefilling:
+                    self._no_prefill.set()
+            self._count_prompt(prompt_tokens)
+            self._take(held, 1)
+            self._count_generated(1)
+            for _ in range(LONG_PROMPT_MAX_TOKENS - 1):
+                await self._engine_step(max(self._behaviour.token_latency, _MIN_SLEEP))
+                self._take(held, 1)
+                self._count_generated(1)
+        except _EngineDied:
+            pass
+        finally:
+            self._in_flight -= 1
+            self._release(held)
+
+    def _take(self, held: _Blocks, tokens: int) -> None:
+        """`tokens` more in a request's KV cache: a block for every `KV_BLOCK_TOKENS`."""
+        held.tokens += tokens
+        blocks = math.ceil(held.tokens / KV_BLOCK_TOKENS)
+        self._kv_used += blocks - held.blocks
+        held.blocks = blocks
+
+    def _release(self, held: _Blocks) -> None:
+        """A request ended: its blocks are freed, once the engine steps (a hung one does not)."""
+        if self._behaviour.engine == "hung" and not self._stopping:
+            self._kv_abandoned += held.blocks
+        else:
+            self._kv_used -= held.blocks
+        held.blocks = held.tokens = 0
+
+    def _count_prompt(self, n: int) -> None:
+        self._prompt_tokens += n
+        self._prompt_counter.inc(n)
 
     async def _engine_step(self, duration: float) -> None:
         """Let `duration` of engine time pass; a hung engine stops time until it recovers."""

@@ -82,6 +82,12 @@ class Toy:
     # stay running, the counter stands still).
     tokens: float = 12345.0
     hung_under_load: bool = False
+    # vLLM's KV-cache usage (`vllm:kv_cache_usage_perc`; None: not exported): it rises while a
+    # long prompt is prefilled (`prefilling`: one request running, no token counted), and
+    # stands still in a hang. `max_model_len` is what `/v1/models` says.
+    kv_cache_usage: float | None = 0.25
+    prefilling: bool = False
+    max_model_len: int | None = 262144
 
     # -- construction -------------------------------------------------------------------
 
@@ -200,6 +206,10 @@ class Toy:
                 self.ready = True
         if self.ready and self.probe_busy and not self.hung_under_load:
             self.tokens += 20.0 * seconds
+        if self.ready and self.prefilling and self.kv_cache_usage is not None:
+            # Two Sparks prefill about 2k tokens/s: 125 blocks of 16 tokens a second, of a
+            # cache of a million blocks.
+            self.kv_cache_usage = min(1.0, self.kv_cache_usage + 125e-6 * seconds)
         if self.ready and (self.probe_at is None or self.now - self.probe_at >= 0):
             self.probe_at = self.now
 
@@ -308,8 +318,12 @@ class Toy:
             status="up",
             health_status=200,
             models=(self.cluster.model.served_name,),
-            requests_running=1.0 if self.probe_busy or self.hung_under_load else 0.0,
+            requests_running=1.0
+            if self.probe_busy or self.hung_under_load or self.prefilling
+            else 0.0,
             generation_tokens_total=self.tokens,
+            kv_cache_usage=self.kv_cache_usage,
+            max_model_len=self.max_model_len,
         )
 
     def _probe(self) -> ProbeResult | None:

@@ -58,6 +58,11 @@ class EngineLoad:
     running: float | None = None
     waiting: float | None = None
     generation_tokens: float | None = None
+    prompt_tokens: float | None = None
+    kv_cache_usage: float | None = None
+
+
+KV_GAUGE = "vllm:kv_cache_usage_perc"
 
 
 def judge_timeout(
@@ -67,8 +72,14 @@ def judge_timeout(
 
     Busy only on evidence of other work: requests besides the probe's own running or waiting
     while the generation-token counter rose, or the counter rising by more than the probe's
-    max_tokens could account for. Requests that sit in the engine while no token is produced
-    (the probe's own, or earlier probes' left behind by a hung engine) are not work: hung.
+    max_tokens could account for, or, with no token at all, other requests in the engine while
+    its KV-cache usage moved: a long prompt being prefilled ahead of the probe. vLLM V1 emits
+    nothing for a step that only prefills part of a prompt, so no counter moves, but its
+    scheduler stats (running requests, KV-cache usage) are published every step (0.32.0 and
+    0.34.0 `v1/core/sched/scheduler.py` `should_emit_output`, "We must return the stats even
+    if there are no request outputs this step"). A hung engine publishes nothing: its
+    requests sit in the engine with every figure still (the probe's own, or earlier probes'
+    left behind), and that is hung. No KV-cache gauge to tell the two apart: unknown.
     None when the counter could not be read both times."""
     if before is None or after is None:
         return None, "vLLM's /metrics unreadable: busy or hung is unknown"
@@ -86,7 +97,22 @@ def judge_timeout(
     if generated > max_tokens:
         return True, f"{tokens}, more than the probe's {max_tokens}"
     if others > 0:
-        return False, f"{others:g} other request(s) in the engine, no token generated: hung"
+        kv_before, kv_after = before.kv_cache_usage, after.kv_cache_usage
+        if kv_before is None or kv_after is None:
+            return None, (
+                f"{others:g} other request(s) in the engine, no token generated, and no "
+                f"{KV_GAUGE} to tell a long prefill ahead of the probe from a hang: unknown"
+            )
+        if kv_after != kv_before:
+            return True, (
+                f"{others:g} other request(s) in the engine, no token generated while "
+                f"{KV_GAUGE} moved ({kv_before:g} -> {kv_after:g}): a long prefill ahead "
+                "of the probe"
+            )
+        return False, (
+            f"{others:g} other request(s) in the engine, no token generated and {KV_GAUGE} "
+            f"still at {kv_after:g}: hung"
+        )
     if generated > 0:
         return False, f"only the probe's request in the engine, {tokens}: slow, not busy"
     return False, "no token generated: hung"

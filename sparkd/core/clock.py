@@ -107,7 +107,12 @@ def restamp(memory: Memory, shift: Shift) -> Memory:
         ),
         token_mark=None
         if memory.token_mark is None
-        else memory.token_mark.model_copy(update={"since": shift(memory.token_mark.since)}),
+        else memory.token_mark.model_copy(
+            update={
+                "since": shift(memory.token_mark.since),
+                "quiet_since": maybe(memory.token_mark.quiet_since),
+            }
+        ),
         last_good=None
         if memory.last_good is None
         else memory.last_good.model_copy(update={"at": shift(memory.last_good.at)}),

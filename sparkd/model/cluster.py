@@ -39,6 +39,11 @@ class PolicySpec(Value):
     # A just-ready engine's stall clock starts this long after it was ready: vLLM's first-shape
     # compiles stall it for 30-70 s, with requests running and no token.
     hang_ready_grace: Seconds = 70.0
+    # The slowest prefill sparkd allows for, in prompt tokens per second: a lone prefill emits
+    # no token and moves no counter, so when `vllm:kv_cache_usage_perc` cannot show it working,
+    # requests running and no token are a hang only after the longest prompt the engine takes
+    # (`max_model_len`) could have been prefilled at this rate. Two Sparks prefill about 2000.
+    prefill_rate: float = Field(default=1000.0, gt=0.0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _backoff(self) -> PolicySpec:

@@ -64,17 +64,30 @@ class LoadMark(Value):
 
 
 class TokenMark(Value):
-    """vLLM's generation-token counter as last read from one serve process, and since when
-    (daemon time) it has stood still with requests running."""
+    """vLLM's progress figures as last read from one serve process (its token counters and
+    KV-cache usage), and since when (daemon time) they have stood still with requests running."""
 
     pid: int | None = Field(None, description="the serve process it was read from")
     tokens: float = Field(description="`vllm:generation_tokens_total` as last read")
     since: float = Field(
-        description="the first look of the current run of looks with requests running and the "
-        "counter still; the look itself when the counter moved, the engine was idle, or the "
-        "counter was first read"
+        description="the first look of the current run of looks with requests running and "
+        "nothing moving (token counters and KV-cache usage); the look itself when one moved, "
+        "the engine was idle, or the counter was first read"
     )
     running: bool = Field(False, description="whether requests were running at that look")
+    prompt_tokens: float | None = Field(
+        None, description="`vllm:prompt_tokens_total` as last read (null: not exported)"
+    )
+    kv_cache_usage: float | None = Field(
+        None,
+        description="`vllm:kv_cache_usage_perc` as last read (null: not exported): it moves "
+        "with every engine step that takes or frees KV blocks, a long prefill's included",
+    )
+    quiet_since: float | None = Field(
+        None,
+        description="the first look of the current run with requests running and no token "
+        "counted, whether or not the KV cache moved (a long prefill); null: `since`",
+    )
 
 
 class ClockAnchor(Value):
@@ -251,7 +264,7 @@ class Memory(Value):
     )
     token_mark: TokenMark | None = Field(
         None,
-        description="the model's token counter while it serves: a hang under load is its "
+        description="the model's progress figures while it serves: a hang under load is their "
         "standing still with requests running (past `policy.hang_window`)",
     )
 

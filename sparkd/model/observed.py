@@ -376,6 +376,22 @@ class ModelEndpoint(Value):
     generation_tokens_total: float | None = Field(
         None, description="`vllm:generation_tokens_total`, summed over engines"
     )
+    prompt_tokens_total: float | None = Field(
+        None,
+        description="`vllm:prompt_tokens_total`, summed over engines: counted when a prompt's "
+        "prefill ends, not while it runs",
+    )
+    kv_cache_usage: float | None = Field(
+        None,
+        description="`vllm:kv_cache_usage_perc`, summed over engines: it moves with every "
+        "engine step that takes or frees KV blocks, so it rises while a long prompt is "
+        "prefilled and no token is counted",
+    )
+    max_model_len: int | None = Field(
+        None,
+        description="the served model's `max_model_len` in `/v1/models`: the longest prompt "
+        "the engine takes, which bounds how long one prefill can last",
+    )
     detail: str = Field("", description="what went wrong, when it did")
 
     @model_validator(mode="before")

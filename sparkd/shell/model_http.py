@@ -198,19 +198,28 @@ def _carries_token(line: str) -> bool:
 
 
 def parse_vllm_metrics(text: str) -> EngineLoad:
-    """vLLM's own /metrics: requests running and waiting, and generation tokens, summed over
-    engines (every series carries a `model_name` label, and `engine` in vLLM v1)."""
+    """vLLM's own /metrics: requests running and waiting, generation and prompt tokens, and
+    KV-cache usage, each summed over engines (every series carries a `model_name` label, and
+    `engine` in vLLM v1: 0.32.0 and 0.34.0 `v1/metrics/loggers.py:499`). The KV-cache gauge is
+    what moves while a long prompt is prefilled and no token is counted (core.hang)."""
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
-        if family.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+        if family.name in _GAUGES:
             values[family.name] = sum(s.value for s in family.samples)
-        elif family.name == "vllm:generation_tokens":
+        elif family.name in _COUNTERS:
             values[family.name] = sum(s.value for s in family.samples if s.name.endswith("_total"))
     return EngineLoad(
         running=values.get("vllm:num_requests_running"),
         waiting=values.get("vllm:num_requests_waiting"),
         generation_tokens=values.get("vllm:generation_tokens"),
+        prompt_tokens=values.get("vllm:prompt_tokens"),
+        kv_cache_usage=values.get("vllm:kv_cache_usage_perc"),
     )
+
+
+# The families read, as prometheus_client names them (a counter's without `_total`).
+_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+_COUNTERS = ("vllm:generation_tokens", "vllm:prompt_tokens")
 
 
 def describe(exc: BaseException) -> str:
@@ -269,6 +278,7 @@ async def read_endpoint(
         )
         return endpoint, None
     models = listed_models(listed.body)
+    max_len = listed_max_model_len(listed.body, cluster.model.served_name)
     load: EngineLoad | None = None
     if metrics.status == 200:
         # Whatever the server prints, it is at worst no figures at all.
@@ -281,6 +291,9 @@ async def read_endpoint(
         models=models,
         requests_running=known.running,
         generation_tokens_total=known.generation_tokens,
+        prompt_tokens_total=known.prompt_tokens,
+        kv_cache_usage=known.kv_cache_usage,
+        max_model_len=max_len,
         detail=f"/health {health.status}, /v1/models {listed.status}",
     )
     return endpoint, load
@@ -300,6 +313,25 @@ def listed_models(body: bytes) -> tuple[str, ...]:
         for m in data
         if isinstance(m, dict) and isinstance(m.get("id"), str)
     )
+
+
+def listed_max_model_len(body: bytes, served_name: str) -> int | None:
+    """The served model's `max_model_len` in a `/v1/models` answer (vLLM's ModelCard: 0.32.0
+    `entrypoints/openai/models/serving.py:66-71`); None when it is not listed or not a
+    positive whole number."""
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    data = document.get("data") if isinstance(document, dict) else None
+    if not isinstance(data, list):
+        return None
+    for entry in data:
+        if isinstance(entry, dict) and entry.get("id") == served_name:
+            value = entry.get("max_model_len")
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
 
 
 # A probe reads vLLM's /metrics at most twice (before, and after a timeout), each this long.

@@ -6,6 +6,7 @@ import asyncio
 import socket
 import tracemalloc
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,8 @@ from sparkd.shell import model_http
 from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
 from tests.support.model_client import MODEL, cluster, opener_for
 from tests.toy import reference_cluster
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 @pytest.fixture
@@ -241,6 +244,28 @@ def test_vllm_metrics_parsing() -> None:
     )
     assert model_http.parse_vllm_metrics(text) == EngineLoad(4.0, 2.0, 1234.0)
     assert model_http.parse_vllm_metrics("") == EngineLoad()
+
+
+def test_real_vllm_metrics_give_the_kv_cache_and_prompt_tokens() -> None:
+    """What moves while a long prompt is prefilled (core.hang) is read from a real vLLM 0.32.0
+    capture (tests/fixtures/vllm-real, four requests running)."""
+    text = (FIXTURES / "vllm-real" / "metrics-busy-4-running.txt").read_text()
+    assert model_http.parse_vllm_metrics(text) == EngineLoad(
+        running=4.0,
+        waiting=0.0,
+        generation_tokens=2147.0,
+        prompt_tokens=288.0,
+        kv_cache_usage=0.0009766221082829762,
+    )
+
+
+def test_the_served_models_max_model_len_is_read() -> None:
+    body = (FIXTURES / "vllm-real" / "v1-models.json").read_bytes()
+    assert model_http.listed_max_model_len(body, "tiny-qwen3") == 512
+    assert model_http.listed_max_model_len(body, "another") is None
+    boolean = b'{"data":[{"id":"m","max_model_len":true}]}'
+    assert model_http.listed_max_model_len(boolean, "m") is None
+    assert model_http.listed_max_model_len(b"[]", "m") is None
 
 
 async def test_the_simulated_servers_metrics_parse(server: Any) -> None:

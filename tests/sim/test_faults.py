@@ -133,6 +133,32 @@ async def test_crash_model(healthy: World) -> None:
     assert "EngineDeadError" in log_text(healthy)
 
 
+async def test_a_long_prompt_runs_with_the_kv_cache_filling_and_no_counter_moving(
+    healthy: World,
+) -> None:
+    from sparkd.shell.model_http import parse_vllm_metrics
+
+    healthy.hosts["spark-a"].behaviour.prefill_rate = 40_000.0  # 5 s
+    await healthy.fault("long-prompt", "spark-a", "200000")
+    async with await connect(healthy, "spark-a") as head:
+        _, before = await http(head, "localhost", 30000, "GET", "/metrics")
+        await asyncio.sleep(0.3)
+        _, after = await http(head, "localhost", 30000, "GET", "/metrics")
+        first, second = parse_vllm_metrics(before), parse_vllm_metrics(after)
+        assert second.running == 1
+        assert first.generation_tokens == second.generation_tokens is not None
+        assert first.prompt_tokens == second.prompt_tokens is not None
+        assert first.kv_cache_usage is not None and second.kv_cache_usage is not None
+        assert second.kv_cache_usage > first.kv_cache_usage
+        # A probe sent meanwhile waits behind the prefill.
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(
+                http(head, "localhost", 30000, "POST", "/v1/chat/completions", PROBE), 0.3
+            )
+    with pytest.raises(ValueError, match="does not fit"):
+        await healthy.fault("long-prompt", "spark-a", "300000")
+
+
 async def test_hang_under_load_keeps_requests_running_and_the_counter_still(
     healthy: World,
 ) -> None:
@@ -151,6 +177,8 @@ async def test_hang_under_load_keeps_requests_running_and_the_counter_still(
         first, second = parse_vllm_metrics(before), parse_vllm_metrics(after)
         assert second.running is not None and second.running > 0
         assert first.generation_tokens == second.generation_tokens is not None
+        # A hung engine makes no step: its KV-cache usage stands too (a prefill's would rise).
+        assert first.kv_cache_usage == second.kv_cache_usage is not None
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(
                 http(head, "localhost", 30000, "POST", "/v1/chat/completions", PROBE), 0.3

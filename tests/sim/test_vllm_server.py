@@ -567,3 +567,102 @@ async def test_connection_refused_until_started_on_an_explicit_port() -> None:
             await server.stop()
     with pytest.raises(RuntimeError):
         await server.start()
+
+
+# --- a long prompt, as vLLM V1 prefills it (tests/fixtures/vllm-prefill/README.md) ------------
+
+REAL_METRICS = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-real"
+
+
+def families(text: str) -> dict[str, tuple[str, frozenset[str]]]:
+    """Each metric family: its type and the label names its samples carry."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found: dict[str, tuple[str, frozenset[str]]] = {}
+    for family in text_string_to_metric_families(text):
+        labels = frozenset(k for sample in family.samples for k in sample.labels)
+        found[family.name] = (family.type, labels)
+    return found
+
+
+async def test_the_metrics_families_are_real_vllms(served: Served) -> None:
+    """Every family the simulator exports is one a real vLLM 0.32.0 exports, with its type and
+    label names (tests/fixtures/vllm-real/metrics-busy-4-running.txt), and those sparkd reads
+    are all there."""
+    real = families((REAL_METRICS / "metrics-busy-4-running.txt").read_text())
+    async with served.session.get(served.url + "/metrics") as resp:
+        ours = families(await resp.text())
+    for name, shape in ours.items():
+        assert real.get(name) == shape, (name, shape, real.get(name))
+    read = {
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:generation_tokens",
+        "vllm:prompt_tokens",
+        "vllm:kv_cache_usage_perc",
+    }
+    assert read <= set(ours), read - set(ours)
+
+
+async def test_a_long_prompt_moves_only_the_kv_cache_while_it_is_prefilled(
+    served: Served,
+) -> None:
+    served.behaviour.prefill_rate = 20_000.0  # 60k tokens: 3 s
+    before = await served.metric("vllm:kv_cache_usage_perc")
+    served.server.send_prompt(60_000)
+    await asyncio.sleep(0.3)
+    first = {
+        name: await served.metric(name)
+        for name in (
+            "vllm:kv_cache_usage_perc",
+            "vllm:generation_tokens_total",
+            "vllm:prompt_tokens_total",
+            "vllm:num_requests_running",
+        )
+    }
+    await asyncio.sleep(0.5)
+    assert await served.metric("vllm:num_requests_running") == 1
+    assert await served.metric("vllm:generation_tokens_total") == 0
+    assert await served.metric("vllm:prompt_tokens_total") == 0
+    assert first["vllm:num_requests_running"] == 1
+    assert (
+        before < first["vllm:kv_cache_usage_perc"] < await served.metric("vllm:kv_cache_usage_perc")
+    )
+    # A request that arrives meanwhile waits behind the prefill.
+    probe = asyncio.create_task(served.chat())
+    deadline = time.monotonic() + 2
+    while await served.metric("vllm:num_requests_waiting") != 1:
+        assert time.monotonic() < deadline, "the probe never waited"
+        await asyncio.sleep(0.01)
+    assert await served.metric("vllm:num_requests_running") == 1
+    assert not probe.done()
+    status, _ = await asyncio.wait_for(probe, 10)
+    assert status == 200
+    # Counted when the prefill ended, with its first token.
+    await wait_until(lambda: served.server.requests_running == 0, within=5)
+    assert served.server.prompt_tokens_total == 60_000 + 16
+    assert served.server.generation_tokens_total == 16 + 50
+    assert served.server.kv_cache_usage == 0
+
+
+async def test_a_hung_engine_moves_no_figure(served: Served) -> None:
+    """Nothing a hung engine shows moves, the KV cache included: not even when the clients of
+    its stuck requests give up (it processes no abort) until it steps again."""
+    served.behaviour.token_latency = 0.01
+    request = asyncio.create_task(served.chat())
+    await wait_until(lambda: served.server.generation_tokens_total > 0)
+    served.behaviour.engine = "hung"
+    await asyncio.sleep(0.05)
+    held = served.server.kv_cache_usage
+    assert held > 0
+    request.cancel()
+    await asyncio.gather(request, return_exceptions=True)
+    await asyncio.sleep(0.05)
+    assert served.server.kv_cache_usage == held
+    served.behaviour.engine = "ok"
+    assert served.server.kv_cache_usage == 0
+
+
+async def test_a_prompt_longer_than_max_model_len_is_refused(served: Served) -> None:
+    with pytest.raises(ValueError, match="does not fit"):
+        served.server.send_prompt(262144)
