@@ -188,7 +188,7 @@ class ToolRouting(Consequences):
             for engine, _, proc, _ in serve.workers:
                 if engine is host.engine and proc.pid == pid:
                     if sig:
-                        serve.crash(f"RayWorkerWrapper pid={pid} killed by signal {sig}")
+                        serve.crash(f"RayWorkerProc pid={pid} killed by signal {sig}")
                     return True
         for container in state.containers.values():
             for index, proc in enumerate(container.processes):
