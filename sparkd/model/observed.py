@@ -95,7 +95,15 @@ class Interface(Value):
 
 
 KernelKind = Literal[
-    "xid", "nv_no_memory", "aer_fatal", "mlx5_pci_error", "soft_lockup", "oom_kill"
+    "xid",
+    "nv_no_memory",
+    "aer_fatal",
+    "mlx5_pci_error",
+    "soft_lockup",
+    "oom_kill",
+    # The driver says the GPU needs a reset: XID 154 to a reset or reboot, or its rate-limited
+    # GSP RPC errors. On GB10, a reboot.
+    "gpu_reset_required",
 ]
 KERNEL_KINDS: tuple[KernelKind, ...] = get_args(KernelKind)
 
