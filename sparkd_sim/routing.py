@@ -147,6 +147,7 @@ class ToolRouting(Consequences):
                 api_key=key,
                 max_model_len=max_len,
                 served=served,
+                log_stats=not args.disable_log_stats,
             )
             return _MappedServer(server, address, port, self.listening)
 

@@ -384,6 +384,11 @@ class ModelEndpoint(Value):
     generation_tokens_total: float | None = Field(
         None, description="`vllm:generation_tokens_total`, summed over engines"
     )
+    vllm_metrics: bool | None = Field(
+        None,
+        description="whether `/metrics` carried any `vllm:` family (false: it answered without "
+        "one, as under `--disable-log-stats`); null when it was not read",
+    )
     detail: str = Field("", description="what went wrong, when it did")
 
     @model_validator(mode="before")

@@ -213,6 +213,12 @@ def parse_vllm_metrics(text: str) -> EngineLoad:
     )
 
 
+def has_vllm_family(text: str) -> bool:
+    """Whether vLLM's own metrics are there at all: `--disable-log-stats` leaves /metrics with
+    only the process's and the HTTP server's families."""
+    return any(f.name.startswith("vllm:") for f in text_string_to_metric_families(text))
+
+
 def describe(exc: BaseException) -> str:
     """An exception as a detail: its type and, for OS errors, the system's reason. Never its
     text: an HTTP library's message can quote the request's headers (the API key)."""
@@ -270,10 +276,13 @@ async def read_endpoint(
         return endpoint, None
     models = listed_models(listed.body)
     load: EngineLoad | None = None
+    exported: bool | None = None
     if metrics.status == 200:
         # Whatever the server prints, it is at worst no figures at all.
         with suppress(ValueError, TypeError, KeyError, IndexError):
-            load = parse_vllm_metrics(metrics.body.decode("utf-8", "replace"))
+            text = metrics.body.decode("utf-8", "replace")
+            load = parse_vllm_metrics(text)
+            exported = has_vllm_family(text)
     known = load or EngineLoad()
     endpoint = ModelEndpoint(
         status="up",
@@ -281,6 +290,7 @@ async def read_endpoint(
         models=models,
         requests_running=known.running,
         generation_tokens_total=known.generation_tokens,
+        vllm_metrics=exported,
         detail=f"/health {health.status}, /v1/models {listed.status}",
     )
     return endpoint, load

@@ -6,6 +6,7 @@ import asyncio
 import socket
 import tracemalloc
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -382,3 +383,29 @@ async def test_a_model_answering_garbage_is_a_counted_failure_not_not_run(
         await server.wait_closed()
     assert result.outcome == "malformed", result.verdict
     assert result.verdict.healthy is False
+
+
+@pytest.mark.parametrize("log_stats", [True, False])
+async def test_metrics_without_any_vllm_family_are_told_apart(log_stats: bool) -> None:
+    # `--disable-log-stats`: /metrics still answers 200, with the process's families only.
+    srv = SimVllmServer(MODEL, ModelBehaviour(), log_stats=log_stats)
+    await srv.start()
+    try:
+        endpoint, load = await model_http.read_endpoint(opener_for(srv.port), cluster(), None, 2)
+    finally:
+        await srv.stop()
+    assert endpoint.serves(MODEL)
+    assert endpoint.vllm_metrics is log_stats
+    assert (endpoint.requests_running is None) is not log_stats
+    assert load is not None
+
+
+def test_the_real_metrics_less_vllms_families_have_none() -> None:
+    # vLLM 0.32's real /metrics, and the same without its stat loggers' `vllm:` lines: what
+    # `--disable-log-stats` leaves.
+    real = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-real" / "metrics-idle.txt"
+    text = real.read_text()
+    assert model_http.has_vllm_family(text)
+    without = "".join(ln for ln in text.splitlines(keepends=True) if "vllm:" not in ln)
+    assert not model_http.has_vllm_family(without)
+    assert "process_cpu_seconds_total" in without

@@ -8,11 +8,14 @@ import asyncio
 import re
 from pathlib import Path
 
+import aiohttp
 import asyncssh
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from sparkd.core import parsers
 from sparkd.core.assemble import ENGINE_MARKERS
+from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
 from sparkd_sim.world import World
 from tests.sim.steps import HEAD
 from tests.sim.test_load_real import launch, load_log, stage
@@ -121,3 +124,22 @@ async def test_a_loader_without_a_bar_loads_in_silence(
     await asyncio.sleep(0)
     assert "% Completed" not in load_log(world)
     assert "Loading weights took" in load_log(world)
+
+
+async def test_without_log_stats_the_metrics_are_the_real_servers_other_families() -> None:
+    """`--disable-log-stats`: no `vllm:` family; what is left is among the real server's own
+    (tests/fixtures/vllm-real/metrics-idle.txt, less its `vllm:` families)."""
+    real = (FIXTURES / "vllm-real" / "metrics-idle.txt").read_text()
+    theirs = {f.name for f in text_string_to_metric_families(real)}
+    server = SimVllmServer("tiny-qwen3", ModelBehaviour(), log_stats=False)
+    port = await server.start()
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/metrics") as reply,
+        ):
+            ours = {f.name for f in text_string_to_metric_families(await reply.text())}
+    finally:
+        await server.stop()
+    assert ours and not any(name.startswith("vllm:") for name in ours)
+    assert ours <= {name for name in theirs if not name.startswith("vllm:")}, ours - theirs
