@@ -246,7 +246,6 @@ class ServeProcess:
             if not await self._wait_for_placement(driver_ip, self._placeable):
                 return 1
             self._place_workers()
-        self._info("ray_distributed_executor.py:176", "use_ray_spmd_worker: True")
         self._busy(api=0.3, core=1.5, workers=1.0)
         missing = self._missing_weights(a.model)
         if missing:
@@ -353,9 +352,8 @@ class ServeProcess:
             for _, _, _, gpu in self.workers:
                 gpu.used_mib = 1052 + (WEIGHTS_MIB - 1052) * done // SHARDS
             if self.faults.noisy_log and done == 1 and self.workers:
-                for line in python_warning(
-                    self.workers[0][2].pid, self.workers[0][0].state.address
-                ):
+                # Rank 0 runs on the driver's node: Ray's prefix names no IP.
+                for line in python_warning(self.workers[0][2].pid):
                     self._emit(line)
             if self.faults.stall_load and done == SHARDS * 4 // 10:
                 # A wedged read: no progress, no output, no CPU, until the process is killed.

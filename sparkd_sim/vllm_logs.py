@@ -35,7 +35,7 @@ def autoscaler_notice(seconds: int, gpus: int) -> list[str]:
     ]
 
 
-def python_warning(pid: int, ip: str) -> list[str]:
+def python_warning(pid: int, ip: str | None = None) -> list[str]:
     """A Python warning from a Ray worker whose text names a RuntimeError (harmless)."""
     return [
         f"{ray_prefix(pid, ip)}{_SITE}/torch/cuda/__init__.py:789: UserWarning: "
