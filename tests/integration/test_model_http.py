@@ -400,12 +400,11 @@ async def test_metrics_without_any_vllm_family_are_told_apart(log_stats: bool) -
     assert load is not None
 
 
-def test_the_real_metrics_less_vllms_families_have_none() -> None:
-    # vLLM 0.32's real /metrics, and the same without its stat loggers' `vllm:` lines: what
-    # `--disable-log-stats` leaves.
-    real = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-real" / "metrics-idle.txt"
-    text = real.read_text()
-    assert model_http.has_vllm_family(text)
-    without = "".join(ln for ln in text.splitlines(keepends=True) if "vllm:" not in ln)
+def test_the_real_metrics_with_and_without_log_stats() -> None:
+    # vLLM 0.32's real /metrics, and what `--disable-log-stats` leaves of it
+    # (tests/fixtures/vllm-log-stats).
+    fixtures = Path(__file__).resolve().parent.parent / "fixtures"
+    assert model_http.has_vllm_family((fixtures / "vllm-real" / "metrics-idle.txt").read_text())
+    without = (fixtures / "vllm-log-stats" / "metrics-disable-log-stats.txt").read_text()
     assert not model_http.has_vllm_family(without)
-    assert "process_cpu_seconds_total" in without
+    assert model_http.parse_vllm_metrics(without) == EngineLoad()
