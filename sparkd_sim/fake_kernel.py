@@ -46,6 +46,16 @@ XID_45 = (
     xid(45, "Ch 00000008", pid="51022", name="python3"),
     xid(45, "Ch 00000009", pid="51022", name="python3"),
 )
+# A GB10's GSP crash as its owners see it: 119, 120, the driver's rate-limit notice once the RPC
+# timeouts pass its reset threshold, and its recovery verdict (tests/fixtures/kernel/xid-gsp.txt).
+GSP_CRASH = (
+    xid(119, "Timeout after 45s of waiting for RPC response from GPU0 GSP!", "3849", "KMS thread"),
+    xid(120, "GSP task exception: load access fault", "9111", "python"),
+    f"NVRM: Rate limiting GSP RPC error prints for GPU at PCI:{GB10_GPU} (printing 1 of every "
+    "30).  The GPU likely needs to be reset.",
+    f"NVRM: Xid (PCI:{GB10_GPU}): 154, GPU recovery action changed from 0x0 (None) to 0x1 "
+    "(GPU Reset Required)",
+)
 NV_NO_MEMORY = (
     "NVRM: nvCheckOkFailedNoLog: Check failed: Out of memory [NV_ERR_NO_MEMORY] (0x00000051) "
     "returned from _memdescAllocInternal(pMemDesc) @ mem_desc.c:1359",

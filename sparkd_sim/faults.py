@@ -37,6 +37,7 @@ class Faults(HostFaults, ModelFaults):
             "orphan-engine": self.orphan_engine,
             "hang-capture": self.hang_capture,
             "xid-79": self.xid_79,
+            "gsp-crash": self.gsp_crash,
             "xid-13": self.xid_13,
             "xid-45": self.xid_45,
             "link-flap": self.link_flap,

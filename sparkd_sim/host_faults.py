@@ -137,6 +137,12 @@ class HostFaults(Consequences):
         fake_kernel.log(self.host(host).state, fake_kernel.XID_79)
         return await self.lost_gpu(host)
 
+    async def gsp_crash(self, host: str) -> str:
+        """The GPU's firmware (GSP) stops answering and crashes: XID 119, 120, the driver's
+        rate-limit notice and XID 154 "GPU Reset Required". nvidia-smi still answers."""
+        fake_kernel.log(self.host(host).state, fake_kernel.GSP_CRASH)
+        return f"{host}: GSP crash logged"
+
     async def xid_13(self, host: str) -> str:
         """An application's graphics exception: logged, the GPU stays usable."""
         fake_kernel.log(self.host(host).state, fake_kernel.XID_13)

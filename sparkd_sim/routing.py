@@ -147,6 +147,7 @@ class ToolRouting(Consequences):
                 api_key=key,
                 max_model_len=max_len,
                 served=served,
+                log_stats=not args.disable_log_stats,
             )
             return _MappedServer(server, address, port, self.listening)
 
@@ -188,7 +189,7 @@ class ToolRouting(Consequences):
             for engine, _, proc, _ in serve.workers:
                 if engine is host.engine and proc.pid == pid:
                     if sig:
-                        serve.crash(f"RayWorkerWrapper pid={pid} killed by signal {sig}")
+                        serve.crash(f"RayWorkerProc pid={pid} killed by signal {sig}")
                     return True
         for container in state.containers.values():
             for index, proc in enumerate(container.processes):

@@ -21,14 +21,18 @@ from sparkd_sim.state import Container, GpuProcess, RayCluster, SimProcess
 from sparkd_sim.timing import Timing
 from sparkd_sim.vllm_logs import (
     EXECUTOR_STEP,
+    RUN_TITLE,
     autoscaler_notice,
     compile_lines,
     cuda_oom,
     engine_failed,
+    loader_bar,
     missing_weight_files,
     python_warning,
+    ray_prefix,
     shm_broadcast_wait,
     ulimit_warning,
+    worker_title,
 )
 
 SHARDS = 39
@@ -242,7 +246,6 @@ class ServeProcess:
             if not await self._wait_for_placement(driver_ip, self._placeable):
                 return 1
             self._place_workers()
-        self._info("ray_distributed_executor.py:176", "use_ray_spmd_worker: True")
         self._busy(api=0.3, core=1.5, workers=1.0)
         missing = self._missing_weights(a.model)
         if missing:
@@ -251,6 +254,7 @@ class ServeProcess:
                 self._emit(line)
             return 1
         await self._load()
+        self._workers_run()
         self.phase = "compile"
         await self._compile()
         self.phase = "capture"
@@ -286,12 +290,7 @@ class ServeProcess:
         """Ray workers where the real placement group put its bundles; the engine dies when
         Ray loses one of their nodes."""
         for engine, container in held.nodes:
-            proc = engine.add_process(container, "ray::RayWorkerWrapper", cores=1.0)
-            gpu = GpuProcess(
-                pid=proc.pid, name="ray::RayWorkerWrapper", used_mib=1052, container_id=container.id
-            )
-            engine.state.gpu_processes.append(gpu)
-            self.workers.append((engine, container, proc, gpu))
+            self._add_worker(engine, container)
         held.lost.add_done_callback(lambda lost: self.crash(lost.result()))
 
     def _live_nodes(self) -> list[tuple[HostEngine, Container]]:
@@ -319,12 +318,24 @@ class ServeProcess:
         assert self.cluster is not None
         self.cluster.gpus_in_use += self.args.gpus
         for engine, container in self._live_nodes()[: self.args.gpus]:
-            proc = engine.add_process(container, "ray::RayWorkerWrapper", cores=1.0)
-            gpu = GpuProcess(
-                pid=proc.pid, name="ray::RayWorkerWrapper", used_mib=1052, container_id=container.id
-            )
-            engine.state.gpu_processes.append(gpu)
-            self.workers.append((engine, container, proc, gpu))
+            self._add_worker(engine, container)
+
+    def _add_worker(self, engine: HostEngine, container: Container) -> None:
+        """One of RayExecutorV2's `RayWorkerProc` actors, rank by rank. vLLM titles it
+        `VLLM::Worker_TP<rank>` while it loads the weights (tests/fixtures/vllm-ray-titles)."""
+        title = worker_title(
+            len(self.workers), self.args.tensor_parallel, self.args.pipeline_parallel
+        )
+        proc = engine.add_process(container, title, cores=1.0)
+        gpu = GpuProcess(pid=proc.pid, name=title, used_mib=1052, container_id=container.id)
+        engine.state.gpu_processes.append(gpu)
+        self.workers.append((engine, container, proc, gpu))
+
+    def _workers_run(self) -> None:
+        """Loading done: `initialize_worker` returned and each actor runs its busy loop, where
+        torch.compile, the graph capture and serving happen: Ray's title from now on."""
+        for _, _, proc, gpu in self.workers:
+            proc.args = gpu.name = RUN_TITLE
 
     async def _load(self) -> None:
         self.phase = "loading"
@@ -332,20 +343,17 @@ class ServeProcess:
         if self.faults.slow_load:
             per_shard *= self.timing.slow_load_factor
         started = time.monotonic()
+        a = self.args
+        bar = loader_bar(a.load_format, a.load_strategy, a.multithread)
         for done in range(SHARDS + 1):
             elapsed = time.monotonic() - started
-            rate = f"{elapsed / done:.2f}s/it" if done else "?it/s"
-            remaining = _clock((SHARDS - done) * per_shard) if done else "?"
-            self._emit(
-                f"Loading safetensors checkpoint shards: {done * 100 // SHARDS:3d}% Completed | "
-                f"{done}/{SHARDS} [{_clock(elapsed)}<{remaining}, {rate}]"
-            )
+            if bar is not None:
+                self._emit(self._bar_line(bar, done, elapsed, per_shard))
             for _, _, _, gpu in self.workers:
                 gpu.used_mib = 1052 + (WEIGHTS_MIB - 1052) * done // SHARDS
             if self.faults.noisy_log and done == 1 and self.workers:
-                for line in python_warning(
-                    self.workers[0][2].pid, self.workers[0][0].state.address
-                ):
+                # Rank 0 runs on the driver's node: Ray's prefix names no IP.
+                for line in python_warning(self.workers[0][2].pid):
                     self._emit(line)
             if self.faults.stall_load and done == SHARDS * 4 // 10:
                 # A wedged read: no progress, no output, no CPU, until the process is killed.
@@ -362,6 +370,26 @@ class ServeProcess:
         self._info(
             "gpu_model_runner.py:2653", f"Model loading took 58.31 GiB and {took:.6f} seconds"
         )
+
+    def _bar_line(self, bar: tuple[str, str], done: int, elapsed: float, per_shard: float) -> str:
+        """tqdm's line for `done` of SHARDS, as the rank-0 worker prints it: tqdm writes `\r`
+        before each refresh, Ray puts its prefix before the line (the worker is on the
+        driver's node: no IP)."""
+        desc, unit = bar
+        scale = {"shards": 1, "tensors": 41}.get(unit, 0)
+        if scale:
+            count, total = f"{done * scale}", f"{SHARDS * scale}"
+        else:  # bytes, with tqdm's unit_scale
+            count, total = f"{done * 2.5:.1f}G", f"{SHARDS * 2.5:.1f}G"
+        rate = f"{elapsed / done:.2f}s/it" if done else "?it/s"
+        remaining = _clock((SHARDS - done) * per_shard) if done else "?"
+        line = (
+            f"{desc}: {done * 100 // SHARDS:3d}% Completed | {count}/{total} "
+            f"[{_clock(elapsed)}<{remaining}, {rate}]"
+        )
+        if not self.workers:
+            return line
+        return f"{ray_prefix(self.workers[0][2].pid)}\r{line}"
 
     async def _wait_for_placement(self, driver_ip: str, placeable: Callable[[], bool]) -> bool:
         """Whether the placement group was placed: `placeable` polled while it waits, with the

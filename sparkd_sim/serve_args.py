@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from sparkd_sim.protocol import Done, fail
@@ -34,6 +35,8 @@ _VALUE_FLAGS = {
     "--quantization",
     "--download-dir",
     "--load-format",
+    "--safetensors-load-strategy",
+    "--model-loader-extra-config",
     "--max-num-batched-tokens",
     "--uvicorn-log-level",
     "--swap-space",
@@ -72,11 +75,26 @@ class ServeArgs:
     served_name: str | None = None
     api_key: str | None = None
     max_model_len: int = 262144
+    # How the weights are read (`--load-format`, `--safetensors-load-strategy`, and
+    # `--model-loader-extra-config '{"enable_multithread_load": true}'`): each loader prints its
+    # own progress line.
+    load_format: str = "auto"
+    load_strategy: str | None = None
+    multithread: bool = False
+    disable_log_stats: bool = False
     argv: list[str] = field(default_factory=list)
 
     @property
     def gpus(self) -> int:
         return self.tensor_parallel * self.pipeline_parallel
+
+
+def _multithread(value: str) -> bool:
+    try:
+        config = json.loads(value)
+    except ValueError:
+        return False
+    return isinstance(config, dict) and config.get("enable_multithread_load") is True
 
 
 def parse_serve(args: list[str], env_api_key: str) -> ServeArgs | Done:
@@ -115,6 +133,14 @@ def parse_serve(args: list[str], env_api_key: str) -> ServeArgs | Done:
                 parsed.api_key = value
             elif name == "--host":
                 parsed.host = value
+            elif name == "--load-format":
+                parsed.load_format = value.lower()
+            elif name == "--safetensors-load-strategy":
+                parsed.load_strategy = value
+            elif name == "--model-loader-extra-config":
+                parsed.multithread = _multithread(value)
+        elif name == "--disable-log-stats":
+            parsed.disable_log_stats = True
         elif name not in _BOOL_FLAGS:
             unknown.append(args[i])
         i += 1

@@ -35,13 +35,13 @@ def autoscaler_notice(seconds: int, gpus: int) -> list[str]:
     ]
 
 
-def python_warning(pid: int, ip: str) -> list[str]:
+def python_warning(pid: int, ip: str | None = None) -> list[str]:
     """A Python warning from a Ray worker whose text names a RuntimeError (harmless)."""
     return [
-        f"(RayWorkerWrapper pid={pid}, ip={ip}) {_SITE}/torch/cuda/__init__.py:789: UserWarning: "
+        f"{ray_prefix(pid, ip)}{_SITE}/torch/cuda/__init__.py:789: UserWarning: "
         "Can't initialize NVML (RuntimeError: NVML_ERROR_NOT_SUPPORTED); memory statistics fall "
         "back to the CUDA runtime",
-        f"(RayWorkerWrapper pid={pid}, ip={ip})   warnings.warn(",
+        f"{ray_prefix(pid, ip)}  warnings.warn(",
     ]
 
 
@@ -144,3 +144,65 @@ def crash_loop_log(pid: int) -> list[str]:
         "0.10.1",
         *engine_failed(pid, pid + 1, cuda_oom("profile_run")),
     ]
+
+
+# Each weight loader's progress bar: its tqdm `desc` (the same `_BAR_FORMAT`, "{desc}:
+# {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [...]") and what it counts. vLLM 0.32.0
+# and 0.34.0 `vllm/model_executor/model_loader/weight_utils.py` (0.34.0: 1140-1141, 1287, 1329,
+# 1479, 1507, 1538, 904), fastsafetensors 0.3.2 `fastsafetensors/parallel_loader.py` (295, 370);
+# tests/fixtures/vllm-loaders. Loaders with no bar (sharded_state, tensorizer, dummy) load in
+# silence.
+DEFAULT_LOADER = ("Loading safetensors checkpoint shards", "shards")
+_LOADERS: dict[str, tuple[str, str] | None] = {
+    "auto": DEFAULT_LOADER,
+    "safetensors": DEFAULT_LOADER,
+    "hf": DEFAULT_LOADER,
+    "mistral": DEFAULT_LOADER,
+    "fastsafetensors": ("Loading fastsafetensors checkpoint shards", "shards"),
+    "instanttensor": ("Loading safetensors using InstantTensor loader", "bytes"),
+    "runai_streamer": ("Loading safetensors using Runai Model Streamer", "tensors"),
+    "npcache": ("Loading np_cache checkpoint shards", "shards"),
+    "pt": ("Loading pt checkpoint shards", "shards"),
+    "sharded_state": None,
+    "runai_streamer_sharded": None,
+    "tensorizer": None,
+    "dummy": None,
+}
+
+
+def loader_bar(load_format: str, strategy: str | None, multithread: bool) -> tuple[str, str] | None:
+    """The progress bar the loader chosen by these arguments prints, or None for none."""
+    bar = _LOADERS.get(load_format, DEFAULT_LOADER)
+    if bar is None:
+        return None
+    if multithread and bar[0] in (DEFAULT_LOADER[0], "Loading pt checkpoint shards"):
+        # `--model-loader-extra-config '{"enable_multithread_load": true}'` (default loader).
+        pt = bar[0] != DEFAULT_LOADER[0]
+        return (
+            "Multi-thread loading pt checkpoint shards" if pt else "Multi-thread loading shards"
+        ), "shards"
+    if strategy == "eager" and bar == DEFAULT_LOADER:
+        return f"{DEFAULT_LOADER[0]} (eager)", "shards"
+    return bar
+
+
+def ray_prefix(pid: int, ip: str | None = None) -> str:
+    """Ray's prefix on a line an actor printed, as the driver shows it (ray 2.60
+    `_private/worker.py` `print_worker_logs`): the node's IP only for a remote actor."""
+    return f"(RayWorkerProc pid={pid}{f', ip={ip}' if ip else ''}) "
+
+
+# A Ray worker's title once loaded: Ray's `ray::<class>.<method>` for the busy loop it runs
+# (tests/fixtures/vllm-ray-titles).
+RUN_TITLE = "ray::RayWorkerProc.run"
+
+
+def worker_title(rank: int, tensor_parallel: int, pipeline_parallel: int) -> str:
+    """vLLM's title for a worker while it loads (`setup_proc_title_and_log_prefix`: `Worker`,
+    then `_PP<rank>` and `_TP<rank>` for each group larger than one)."""
+    name = "Worker"
+    if pipeline_parallel > 1:
+        name += f"_PP{rank // max(tensor_parallel, 1)}"
+    if tensor_parallel > 1:
+        name += f"_TP{rank % tensor_parallel}"
+    return f"VLLM::{name}"

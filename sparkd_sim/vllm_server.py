@@ -33,7 +33,14 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.exposition import choose_encoder
 
 from sparkd_sim.vllm_behaviour import SERVED_KEPT, EngineState, ModelBehaviour, Served
@@ -102,6 +109,13 @@ class _Blocks:
     blocks: int = 0
 
 
+class _Discard:
+    """A counter of a family the server does not export."""
+
+    def inc(self, amount: float = 1) -> None:
+        del amount
+
+
 class SimVllmServer:
     """One simulated `vllm serve` process: single use, `start()` then `stop()`."""
 
@@ -115,6 +129,7 @@ class SimVllmServer:
         api_key: str | None = None,
         max_model_len: int = 262144,
         served: deque[Served] | None = None,
+        log_stats: bool = True,
     ) -> None:
         self._model_id = model_id
         # Every request's own time, newest last (shared by the caller, if given).
@@ -147,6 +162,18 @@ class SimVllmServer:
         self._kv_abandoned = 0  # blocks of requests given up on while the engine hung
 
         self._registry = CollectorRegistry(auto_describe=True)
+        # The process's own families, as prometheus_client's defaults give them; the server's
+        # `http_*` families are left out (tests/fixtures/vllm-real/metrics-idle.txt has both).
+        ProcessCollector(registry=self._registry)
+        PlatformCollector(registry=self._registry)
+        GCCollector(registry=self._registry)
+        # Stand-ins for the engine's stats, updated with each request.
+        self._prompt_counter: Counter | _Discard = _Discard()
+        self._generation_counter: Counter | _Discard = _Discard()
+        if not log_stats:
+            # `--disable-log-stats`: vLLM makes no StatLoggerManager (0.32.0
+            # `v1/engine/async_llm.py:196-203`), so /metrics has no `vllm:` family at all.
+            return
         running = self._metric(
             Gauge, "vllm:num_requests_running", "Number of requests in model execution batches."
         )

@@ -30,8 +30,13 @@ _PRIVILEGE = re.compile(
     r"a password is required|not in the sudoers|Insufficient Permissions",
     re.I,
 )
-# vLLM's engine process and its Ray workers, by their process titles.
-ENGINE_MARKERS = ("EngineCore", "RayWorkerWrapper")
+# vLLM's engine process and its workers, by their process titles (tests/fixtures/vllm-ray-titles):
+# `VLLM::EngineCore`; a Ray worker is `ray::RayWorkerProc.<method>` (RayExecutorV2, the default
+# from vLLM 0.32 and the only Ray executor in 0.34), or `ray::RayWorkerWrapper.<method>` (the
+# executor before it, still on older images); while a worker loads weights vLLM titles it
+# `VLLM::Worker_TP<n>` (`VLLM::Worker` with one GPU, also the title of a non-Ray worker).
+# In silent stages (torch.compile, a loader that prints nothing) the workers do the work.
+ENGINE_MARKERS = ("EngineCore", "RayWorkerProc", "RayWorkerWrapper", "VLLM::Worker")
 LAUNCH_MARKER = "=== sparkd launch"
 # What the API server prints once as it starts: `non-default args: {...}` (vLLM >= 0.8), and
 # `vLLM API server version X` before 0.20 (later releases draw the version in a banner).

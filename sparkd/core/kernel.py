@@ -43,7 +43,27 @@ XIDS: dict[int, Xid] = {
     92: Xid("high single-bit ECC error rate", "hardware"),
     94: Xid("contained ECC error (the GPU needs a reset to be trusted again)", "reboot"),
     95: Xid("uncontained ECC error", "reboot"),
+    # GSP, the GPU's own firmware processor, stopped answering or crashed (NVIDIA
+    # open-gpu-kernel-modules 595.45.04 `src/common/sdk/nvidia/inc/nverror.h`: GSP_RPC_TIMEOUT,
+    # GSP_ERROR). The driver "soldiers on" past a lone timeout (`kernel_gsp.c`), but on GB10 these
+    # come before XID 154 and a forced reboot (tests/fixtures/kernel/SOURCES.md), and nothing
+    # short of a reboot resets the GPU: held as lost; a model that still serves is left alone.
+    119: Xid("GSP RPC timeout (the GPU's firmware stopped answering the driver)", "reboot"),
+    120: Xid("GSP error (the GPU's firmware crashed)", "reboot"),
+    # The driver's recovery verdict changed. Only a new action of GPU reset, node reboot or
+    # drain-and-reset is fatal: that line is classified `gpu_reset_required`, not `xid`.
+    154: Xid("GPU recovery action changed (no reset asked)", "hardware"),
 }
+
+# XID 154's line: "GPU recovery action changed from 0x%x (%s) to 0x%x (%s)" (`gpu.c:7258`); the
+# new action decides, by number (its name differs between driver releases: "OS Reboot", "PF
+# FLR"). NV2080_CTRL_GPU_RECOVERY_ACTION (`ctrl2080gpu.h`): 0 none, 1 GPU reset, 2 node reboot,
+# 3 drain P2P, 4 drain and reset, 5 recover IMEX domain. On GB10 a GPU reset is a reboot.
+_RECOVERY = re.compile(
+    r"GPU recovery action changed from 0x[0-9a-fA-F]{1,8} \([^)]{0,40}\) "
+    r"to 0x(?P<action>[0-9a-fA-F]{1,8}) \((?P<name>[^)]{0,40})\)"
+)
+RESET_ACTIONS = frozenset({1, 2, 4})
 
 
 def xid_info(number: int) -> Xid:
@@ -52,6 +72,9 @@ def xid_info(number: int) -> Xid:
 
 
 def fatal_xid(event: KernelEvent) -> bool:
+    """Whether the event says the GPU needs a reset, which on GB10 is a reboot."""
+    if event.kind == "gpu_reset_required":
+        return True
     return (
         event.kind == "xid" and event.xid is not None and xid_info(event.xid).severity == "reboot"
     )
@@ -76,6 +99,14 @@ _PATTERNS: tuple[tuple[KernelKind, re.Pattern[str]], ...] = (
     ("mlx5_pci_error", re.compile(r"^mlx5_core (?P<dev>\S{1,40}): .*pci_err_detected")),
     ("soft_lockup", re.compile(r"BUG: soft lockup - CPU#[0-9]+ stuck")),
     ("oom_kill", re.compile(r"Out of memory: Killed process [0-9]+")),
+    # After the GSP RPC timeouts pass the driver's reset threshold (`kernel_gsp.c:2477`).
+    (
+        "gpu_reset_required",
+        re.compile(
+            r"NVRM: Rate limiting GSP RPC error prints for GPU at (?P<dev>PCI:[0-9a-fA-F:]{1,20})"
+            r" .{0,60}The GPU likely needs to be reset"
+        ),
+    ),
 )
 # `pcieport 0000:00:01.0: AER: ...`: the reporting device.
 _DEVICE = re.compile(r"^\S+ (?P<dev>[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]):", re.I)
@@ -136,7 +167,11 @@ def parse_kernel_log(text: str) -> KernelLog:
 def _classify(message: str) -> tuple[KernelKind, int | None, str] | None:
     xid = _XID.search(message)
     if xid is not None:
-        return "xid", int(xid.group("xid")), printable(xid.group("dev"))
+        number = int(xid.group("xid"))
+        recovery = _RECOVERY.search(message) if number == 154 else None
+        if recovery is not None and int(recovery.group("action"), 16) in RESET_ACTIONS:
+            return "gpu_reset_required", number, printable(xid.group("dev"))
+        return "xid", number, printable(xid.group("dev"))
     for kind, pattern in _PATTERNS:
         match = pattern.search(message)
         if match is None:
@@ -164,6 +199,13 @@ def describe(event: KernelEvent) -> str:
     """One line naming the event, its count and (for an XID) what it means."""
     times = f" x{event.count}" if event.count > 1 else ""
     at = f" at {event.last_at:.0f}s after boot"
+    if event.kind == "gpu_reset_required":
+        recovery = _RECOVERY.search(event.line)
+        if event.xid is not None and recovery is not None:
+            action = f"0x{recovery.group('action')} ({recovery.group('name')})"
+            meaning = f"the driver's recovery action is now {action}: the GPU needs a reset"
+            return f"XID {event.xid} ({meaning}){times}{at}"
+        return f"GSP RPC errors rate-limited: the GPU likely needs a reset{times}{at}"
     if event.kind == "xid" and event.xid is not None:
         return f"XID {event.xid} ({xid_info(event.xid).meaning}){times}{at}"
     names = {

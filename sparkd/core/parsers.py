@@ -388,7 +388,11 @@ def parse_ray_status(text: str) -> RayState | None:
     return RayState(nodes=nodes, gpus_total=total or 0.0, ips_known=False)
 
 
-_SHARDS = re.compile(r"Loading safetensors checkpoint shards:\s+(\d{1,3})% Completed")
+# Every weight loader's bar has tqdm's `{desc}: {percentage:3.0f}% Completed | ...`, only the
+# `desc` names the loader (`Loading safetensors checkpoint shards`, `... (eager)`, `Loading
+# fastsafetensors checkpoint shards`, `Multi-thread loading shards`, ...: tests/fixtures/
+# vllm-loaders). Any other loader is silent.
+_SHARDS = re.compile(r"(?:Loading|Multi-thread loading) [^:\r\n]{1,60}: {1,3}(\d{1,3})% Completed")
 _CAPTURE = re.compile(r"Capturing CUDA graph|Graph capturing|CUDA graph capture", re.I)
 _READY = re.compile(r"Application startup complete|Starting vLLM API server|Uvicorn running on")
 # Only a signature that the engine is gone fails a load whose process still runs: warnings

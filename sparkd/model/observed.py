@@ -95,7 +95,15 @@ class Interface(Value):
 
 
 KernelKind = Literal[
-    "xid", "nv_no_memory", "aer_fatal", "mlx5_pci_error", "soft_lockup", "oom_kill"
+    "xid",
+    "nv_no_memory",
+    "aer_fatal",
+    "mlx5_pci_error",
+    "soft_lockup",
+    "oom_kill",
+    # The driver says the GPU needs a reset: XID 154 to a reset or reboot, or its rate-limited
+    # GSP RPC errors. On GB10, a reboot.
+    "gpu_reset_required",
 ]
 KERNEL_KINDS: tuple[KernelKind, ...] = get_args(KernelKind)
 
@@ -391,6 +399,11 @@ class ModelEndpoint(Value):
         None,
         description="the served model's `max_model_len` in `/v1/models`: the longest prompt "
         "the engine takes, which bounds how long one prefill can last",
+    )
+    vllm_metrics: bool | None = Field(
+        None,
+        description="whether `/metrics` carried any `vllm:` family (false: it answered without "
+        "one, as under `--disable-log-stats`); null when it was not read",
     )
     detail: str = Field("", description="what went wrong, when it did")
 

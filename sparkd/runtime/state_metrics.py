@@ -12,6 +12,7 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from sparkd.core import engine_stats
 from sparkd.core.policy import budget_used
 from sparkd.model.observed import HostFacts
 from sparkd.model.plan import ACTION_KINDS, PHASES, TRIAGE_CLASSES
@@ -119,6 +120,11 @@ class _Families:
             "The GID table row holding the data IP as RoCE v2 (-1: none)",
             host_labels,
         )
+        self.vllm_metrics_missing = gauge(
+            "sparkd_model_vllm_metrics_missing",
+            "1 when vLLM exports no vllm:* metrics (--disable-log-stats): hang detection and "
+            "busy-or-hung read unknown",
+        )
         self.info = InfoMetricFamily(
             "sparkd_model", "The model a cluster serves", labels=["cluster"]
         )
@@ -167,6 +173,9 @@ class _Families:
             for triage in TRIAGE_CLASSES:
                 self.triage.add_metric([name, triage], 1.0 if triage in plan.triage else 0.0)
         observed = view.snapshot
+        endpoint = observed.endpoint if observed is not None else None
+        missing = engine_stats.missing(cluster, endpoint) is not None
+        self.vllm_metrics_missing.add_metric([name], 1.0 if missing else 0.0)
         if observed is None:
             return
         for host in observed.hosts:
@@ -241,5 +250,6 @@ class _Families:
             self.link_rate,
             self.mtu,
             self.gid_index,
+            self.vllm_metrics_missing,
             self.info,
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from sparkd.core import engine_stats
 from sparkd.model.plan import ActionOutcome
 from sparkd.model.snapshot import SnapshotDocument
 from sparkd.runtime.rollout_json import rollout_json
@@ -69,6 +70,10 @@ def cluster_json(controller: Controller) -> dict[str, Any]:
             "window": len(view.probe_window),
             "last_success_at": view.last_probe_success_at,
         },
+        # Why vLLM's own metrics are missing (`--disable-log-stats`), or null.
+        "vllm_metrics_missing": engine_stats.missing(
+            controller.cluster, view.snapshot.endpoint if view.snapshot is not None else None
+        ),
         "snapshot": snapshot,
         "rollout": rollout_json(controller),
     }

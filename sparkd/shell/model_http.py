@@ -222,6 +222,12 @@ _GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_ca
 _COUNTERS = ("vllm:generation_tokens", "vllm:prompt_tokens")
 
 
+def has_vllm_family(text: str) -> bool:
+    """Whether vLLM's own metrics are there at all: `--disable-log-stats` leaves /metrics with
+    only the process's and the HTTP server's families."""
+    return any(f.name.startswith("vllm:") for f in text_string_to_metric_families(text))
+
+
 def describe(exc: BaseException) -> str:
     """An exception as a detail: its type and, for OS errors, the system's reason. Never its
     text: an HTTP library's message can quote the request's headers (the API key)."""
@@ -280,10 +286,13 @@ async def read_endpoint(
     models = listed_models(listed.body)
     max_len = listed_max_model_len(listed.body, cluster.model.served_name)
     load: EngineLoad | None = None
+    exported: bool | None = None
     if metrics.status == 200:
         # Whatever the server prints, it is at worst no figures at all.
         with suppress(ValueError, TypeError, KeyError, IndexError):
-            load = parse_vllm_metrics(metrics.body.decode("utf-8", "replace"))
+            text = metrics.body.decode("utf-8", "replace")
+            load = parse_vllm_metrics(text)
+            exported = has_vllm_family(text)
     known = load or EngineLoad()
     endpoint = ModelEndpoint(
         status="up",
@@ -294,6 +303,7 @@ async def read_endpoint(
         prompt_tokens_total=known.prompt_tokens,
         kv_cache_usage=known.kv_cache_usage,
         max_model_len=max_len,
+        vllm_metrics=exported,
         detail=f"/health {health.status}, /v1/models {listed.status}",
     )
     return endpoint, load

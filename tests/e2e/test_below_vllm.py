@@ -36,6 +36,12 @@ GIB = 1 << 30
 LOST_GPU = [
     ("xid-79", "needs a reboot of spark-b (XID 79 (GPU has fallen off the bus)", "XID 79"),
     ("lost-gpu", "the GPU of spark-b is lost: needs a reboot of", "Unable to determine"),
+    # A GB10 GSP crash: nvidia-smi still answers, the driver's own lines say it.
+    (
+        "gsp-crash",
+        "needs a reboot of spark-b (XID 119 (GSP RPC timeout",
+        "0x1 (GPU Reset Required): the GPU needs a reset",
+    ),
 ]
 
 

@@ -407,3 +407,28 @@ async def test_a_model_answering_garbage_is_a_counted_failure_not_not_run(
         await server.wait_closed()
     assert result.outcome == "malformed", result.verdict
     assert result.verdict.healthy is False
+
+
+@pytest.mark.parametrize("log_stats", [True, False])
+async def test_metrics_without_any_vllm_family_are_told_apart(log_stats: bool) -> None:
+    # `--disable-log-stats`: /metrics still answers 200, with the process's families only.
+    srv = SimVllmServer(MODEL, ModelBehaviour(), log_stats=log_stats)
+    await srv.start()
+    try:
+        endpoint, load = await model_http.read_endpoint(opener_for(srv.port), cluster(), None, 2)
+    finally:
+        await srv.stop()
+    assert endpoint.serves(MODEL)
+    assert endpoint.vllm_metrics is log_stats
+    assert (endpoint.requests_running is None) is not log_stats
+    assert load is not None
+
+
+def test_the_real_metrics_with_and_without_log_stats() -> None:
+    # vLLM 0.32's real /metrics, and what `--disable-log-stats` leaves of it
+    # (tests/fixtures/vllm-log-stats).
+    fixtures = Path(__file__).resolve().parent.parent / "fixtures"
+    assert model_http.has_vllm_family((fixtures / "vllm-real" / "metrics-idle.txt").read_text())
+    without = (fixtures / "vllm-log-stats" / "metrics-disable-log-stats.txt").read_text()
+    assert not model_http.has_vllm_family(without)
+    assert model_http.parse_vllm_metrics(without) == EngineLoad()

@@ -261,5 +261,5 @@ async def test_a_node_ray_still_counts_after_its_container_died_takes_no_worker(
     await eventually(serving)
     live = spark_b.container(WORKER)
     assert live is not None and live.running and live.id != dead.id
-    workers = [g for g in spark_b.gpu_processes if g.name == "ray::RayWorkerWrapper"]
+    workers = [g for g in spark_b.gpu_processes if g.name == "ray::RayWorkerProc.run"]
     assert [g.container_id for g in workers] == [live.id]
