@@ -73,6 +73,13 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_argument(
         "--host", metavar="NAME", help="with --forced-command: only this host's wrapper"
     )
+    commands.add_argument(
+        "--last-good",
+        action="store_true",
+        help="also admit (list) the commands of the last-good spec the state dir remembers, "
+        "which a rollback launches: only one this box's configs ran, its hash checked, and "
+        "never one wider than the config in extra_docker_args, mounts, env names or image",
+    )
 
     known = sub.add_parser("known-hosts", help="the hosts' SSH keys, checked out of band")
     known_sub = known.add_subparsers(dest="known_hosts_command", required=True, metavar="ACTION")
@@ -201,13 +208,15 @@ def check_config(explicit: str | None) -> int:
     settings = _settings(explicit)
     if isinstance(settings, int):
         return settings
-    from sparkd.preflight import problems
+    from sparkd.preflight import problems, warnings
 
     found = problems(settings)
     if found:
         for problem in found:
             print(printable(problem), file=sys.stderr)
         return EX_CONFIG
+    for warning in warnings(settings):
+        print(printable(f"warning: {warning}"), file=sys.stderr)
     for cluster in settings.clusters:
         workers = ", ".join(f"{w.name}={w.ip}" for w in cluster.workers) or "none"
         model = cluster.model

@@ -169,10 +169,12 @@ def wrapper(
     fenced: bool = False,
     also: ClusterSpec | None = None,
     unfenced: bool = False,
+    notes: tuple[str, ...] = (),
 ) -> str:
     """The wrapper program for `host`, its header saying how to install it; with `also`, the
-    last-good spec's commands pass too. With `unfenced` (`[ha] host_fencing = false`), a
-    mutating command also passes behind the tag naming its owner (catalogue.audited), unchecked."""
+    last-good spec's commands pass too, and `notes` (one comment line each) say what it differs
+    by from the config. With `unfenced` (`[ha] host_fencing = false`), a mutating command also
+    passes behind the tag naming its owner (catalogue.audited), unchecked."""
     allowed = allowed_commands(cluster, host, fenced, also)
     line = authorized_keys_line(cluster, host, key, path)
     header = [
@@ -180,8 +182,17 @@ def wrapper(
         f"# sparkd {__version__} forced command for host {host.name} of cluster {cluster.name}.",
         "# It holds the exact commands for this config (timeouts, units, image, model, paths):",
         "# REGENERATE AND REINSTALL IT WHENEVER THE CONFIG OR SPARKD CHANGES, or sparkd's",
-        "# commands are refused (exit 126). It also takes the last-good spec's commands",
-        "# (a rollback launches it) as the state dir held it when it was generated.",
+        "# commands are refused (exit 126).",
+        *(
+            [
+                "# It also takes the last-good spec's commands (a rollback launches it) as the",
+                "# state dir held it when it was generated (sparkd commands --last-good).",
+            ]
+            if also is not None
+            else []
+        ),
+        # One line each, whatever a note holds: a line break in one would end the comment.
+        *(f"# {' '.join(note.splitlines())}" for note in notes),
         f"# Install as root: {path}, owned by root, mode 0755. Check a command with",
         f"#   SSH_ORIGINAL_COMMAND='...' {path} --check",
         f"# Then, in ~{cluster.ssh.user}/.ssh/authorized_keys on {host.name}, instead of the",
