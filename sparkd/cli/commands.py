@@ -102,6 +102,13 @@ def _parser() -> argparse.ArgumentParser:
         "after etcd was rebuilt: give the cluster's hosts the current owner's token",
     )
     refence.add_argument("cluster", metavar="CLUSTER")
+    refence.add_argument(
+        "--force",
+        action="store_true",
+        help="write the current owner's token over any record, a newer one of the same etcd too "
+        "(a token planted above every etcd revision locks every owner out); only once no "
+        "former owner can still act",
+    )
 
     # The simulator is its own distribution (sparkd-sim); these two are its entry points.
     for name, what in PLUGIN_COMMANDS.items():
@@ -150,7 +157,7 @@ def dispatch(argv: Sequence[str]) -> int:
     if args.command == "known-hosts":
         return known_hosts_scan(args.config, args.accept)
     if args.command == "ha":
-        return ha_refence(args.config, args.cluster)
+        return ha_refence(args.config, args.cluster, args.force)
     if args.command in api.COMMANDS:
         return api.main(args)
     from sparkd.cli import live
@@ -191,7 +198,7 @@ def known_hosts_scan(explicit: str | None, accept: bool) -> int:
     return asyncio.run(known_hosts.scan(settings.clusters, accept, sys.stdout, sys.stderr))
 
 
-def ha_refence(explicit: str | None, cluster: str) -> int:
+def ha_refence(explicit: str | None, cluster: str, force: bool = False) -> int:
     settings = _settings(explicit)
     if isinstance(settings, int):
         return settings
@@ -200,7 +207,9 @@ def ha_refence(explicit: str | None, cluster: str) -> int:
     from sparkd.ha.refence import refence
 
     return asyncio.run(
-        refence(settings.ha, settings.cluster(cluster), cluster, sys.stdout, sys.stderr)
+        refence(
+            settings.ha, settings.cluster(cluster), cluster, sys.stdout, sys.stderr, force=force
+        )
     )
 
 
