@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 from sparkd.core import known_specs, rollout
 from sparkd.ha.memory import decode, encode
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory, Rollout
+from sparkd.runtime.controller import Controller
 from sparkd.runtime.spec_history import HISTORY_KEPT, SpecHistory
 from sparkd.runtime.state import StateDir
+from sparkd.shell.ssh import SshPool
 from tests.support.hostile import flagged, hostile
 from tests.toy import reference_cluster
 
@@ -151,3 +154,41 @@ def test_an_unreadable_history_holds_nothing(tmp_path: Path) -> None:
     history.path(desired.name).write_text("{not json")
     seed = rollout.good_of(flagged(desired, "--max-num-seqs", "8"), None, 0.0)
     assert history.known(desired.name, seed=seed) == {}
+
+
+def _started(state: Path, desired: ClusterSpec) -> Controller:
+    return Controller(desired, cast(SshPool, None), StateDir(state), watch_events=False)
+
+
+def test_a_state_dir_memory_naming_a_spec_no_config_here_ran_is_refused_at_start(
+    tmp_path: Path,
+) -> None:
+    """The state dir's memory holds a rollback to a planted spec, and this box's history (it
+    has run a config before) does not know it: the controller starts latched, says why, and
+    keeps nothing launchable from it."""
+    desired = reference_cluster()
+    state = tmp_path / "state"
+    _started(state, desired)  # this box runs the config: its history exists
+    StateDir(state).save_memory(desired.name, held_rollback(desired, hostile(desired)))
+    ctl = _started(state, desired)
+    assert ctl.memory.blocked is not None and ctl.memory.last_good is None
+    assert rollout.steer(desired, ctl.memory).spec == desired
+    lines = (state / "events.jsonl").read_text().splitlines()
+    kinds = [json.loads(line)["kind"] for line in lines]
+    assert kinds[-2:] == ["spec_refused", "blocked"]
+    assert StateDir(state).peek_memory(desired.name).last_good is None
+
+
+def test_a_state_dir_from_before_the_history_keeps_its_rollback(tmp_path: Path) -> None:
+    """Upgrading: no history yet, the state dir's own last-good spec is one this box ran."""
+    desired = reference_cluster()
+    old = flagged(desired, "--max-num-seqs", "8")
+    state = tmp_path / "state"
+    StateDir(state).save_memory(desired.name, held_rollback(desired, old))
+    ctl = _started(state, desired)
+    assert ctl.memory.blocked is None
+    assert rollout.steer(desired, ctl.memory).spec == old
+    assert set(SpecHistory(StateDir(state)).known(desired.name)) == {
+        rollout.identity(old),
+        rollout.identity(desired),
+    }
