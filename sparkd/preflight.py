@@ -4,9 +4,11 @@ machine is usable (key files, known_hosts, secrets, the state dir). Each problem
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import stat
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import asyncssh
 
@@ -91,3 +93,34 @@ def _readable(where: str, path: Path) -> list[str]:
     if not os.access(path, os.R_OK):
         return [f"{where}: {path} is not readable by this user"]
     return []
+
+
+def warnings(settings: Settings) -> list[str]:
+    """What `check-config` warns of without refusing: etcd a stranger may write. Write access
+    to the `[ha]` prefix decides who owns a cluster and what its memory holds (docs/security.md)."""
+    ha = settings.ha
+    if ha is None:
+        return []
+    found: list[str] = []
+    if ha.user is None:
+        found.append(
+            "ha: no user/password_file: anyone who reaches etcd can write the prefix "
+            f"{ha.prefix!r} (ownership, memory); turn etcd auth on"
+        )
+    for endpoint in ha.etcd_endpoints:
+        url = urlsplit(endpoint)
+        if url.scheme == "http" and not _loopback(url.hostname or ""):
+            found.append(
+                f"ha.etcd_endpoints: {endpoint} is plain HTTP to another host: its password "
+                "and every record can be read and changed on the way; use https://"
+            )
+    return found
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 # show it, a shell function `sparkd_fence` defined and then called with its arguments.
 _FENCED = re.compile(
     r"sparkd_fence\(\) \{ .*? \}; sparkd_fence (?P<cluster>\S+) (?P<token>\d+) (?P<etcd>\d+) "
-    r"(?P<instance>\S+) \d+( refence)? && \{ ",
+    r"(?P<instance>\S+) \d+( refence| force)? && \{ ",
     re.S,
 )
 # The fence's own refusals: a newer token recorded, another etcd's record, the lock busy.

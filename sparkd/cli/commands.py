@@ -73,6 +73,13 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_argument(
         "--host", metavar="NAME", help="with --forced-command: only this host's wrapper"
     )
+    commands.add_argument(
+        "--last-good",
+        action="store_true",
+        help="also admit (list) the commands of the last-good spec the state dir remembers, "
+        "which a rollback launches: only one this box's configs ran, its hash checked, and "
+        "never one wider than the config in extra_docker_args, mounts, env names or image",
+    )
 
     known = sub.add_parser("known-hosts", help="the hosts' SSH keys, checked out of band")
     known_sub = known.add_subparsers(dest="known_hosts_command", required=True, metavar="ACTION")
@@ -95,6 +102,13 @@ def _parser() -> argparse.ArgumentParser:
         "after etcd was rebuilt: give the cluster's hosts the current owner's token",
     )
     refence.add_argument("cluster", metavar="CLUSTER")
+    refence.add_argument(
+        "--force",
+        action="store_true",
+        help="write the current owner's token over any record, a newer one of the same etcd too "
+        "(a token planted above every etcd revision locks every owner out); only once no "
+        "former owner can still act",
+    )
 
     # The simulator is its own distribution (sparkd-sim); these two are its entry points.
     for name, what in PLUGIN_COMMANDS.items():
@@ -143,7 +157,7 @@ def dispatch(argv: Sequence[str]) -> int:
     if args.command == "known-hosts":
         return known_hosts_scan(args.config, args.accept)
     if args.command == "ha":
-        return ha_refence(args.config, args.cluster)
+        return ha_refence(args.config, args.cluster, args.force)
     if args.command in api.COMMANDS:
         return api.main(args)
     from sparkd.cli import live
@@ -184,7 +198,7 @@ def known_hosts_scan(explicit: str | None, accept: bool) -> int:
     return asyncio.run(known_hosts.scan(settings.clusters, accept, sys.stdout, sys.stderr))
 
 
-def ha_refence(explicit: str | None, cluster: str) -> int:
+def ha_refence(explicit: str | None, cluster: str, force: bool = False) -> int:
     settings = _settings(explicit)
     if isinstance(settings, int):
         return settings
@@ -193,7 +207,9 @@ def ha_refence(explicit: str | None, cluster: str) -> int:
     from sparkd.ha.refence import refence
 
     return asyncio.run(
-        refence(settings.ha, settings.cluster(cluster), cluster, sys.stdout, sys.stderr)
+        refence(
+            settings.ha, settings.cluster(cluster), cluster, sys.stdout, sys.stderr, force=force
+        )
     )
 
 
@@ -201,13 +217,15 @@ def check_config(explicit: str | None) -> int:
     settings = _settings(explicit)
     if isinstance(settings, int):
         return settings
-    from sparkd.preflight import problems
+    from sparkd.preflight import problems, warnings
 
     found = problems(settings)
     if found:
         for problem in found:
             print(printable(problem), file=sys.stderr)
         return EX_CONFIG
+    for warning in warnings(settings):
+        print(printable(f"warning: {warning}"), file=sys.stderr)
     for cluster in settings.clusters:
         workers = ", ".join(f"{w.name}={w.ip}" for w in cluster.workers) or "none"
         model = cluster.model

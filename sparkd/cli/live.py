@@ -8,12 +8,14 @@ import json
 import os
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sparkd.cli.output import render_plan
+from sparkd.core.text import printable
 from sparkd.model.cluster import ClusterSpec
-from sparkd.model.exits import EX_CONFIG, EX_TEMPFAIL, EX_USAGE
+from sparkd.model.exits import EX_CONFIG, EX_DATAERR, EX_TEMPFAIL, EX_USAGE
 from sparkd.model.observed import ModelEndpoint
 from sparkd.model.plan import Plan
 from sparkd.model.probe import ProbeResult
@@ -43,12 +45,12 @@ def main(args: argparse.Namespace, settings: Settings, config: Path) -> int:
         logs.configure(settings.daemon.log_format)
         return run(settings, config, args.dry_run)
     if command == "commands" and args.forced_command:
-        return print_forced_commands(settings, args.host)
+        return print_forced_commands(settings, args.host, args.last_good)
     if command == "commands":
         if args.host is not None:
             print("sparkd commands: --host goes with --forced-command", file=sys.stderr)
             return EX_USAGE
-        return print_commands(settings, args.sudoers)
+        return print_commands(settings, args.sudoers, args.last_good)
     raise AssertionError(command)
 
 
@@ -219,16 +221,22 @@ def run(settings: Settings, config: Path, dry_run: bool) -> int:
     return 0
 
 
-def print_commands(settings: Settings, sudoers: str | None) -> int:
+def print_commands(settings: Settings, sudoers: str | None, admit: bool = False) -> int:
     """Every command for review; with `sudoers`, the sudoers snippet alone, so the whole output
-    can go to `visudo -f` as its header says."""
+    can go to `visudo -f` as its header says. With `admit` (`--last-good`), the last-good
+    spec's commands too (LastGood)."""
     privileged: set[str] = set()
     notes: list[str] = []
+    goods = {c.name: last_good_spec(settings, c, admit) for c in settings.clusters}
+    if sudoers is None and _refused(goods):
+        return EX_DATAERR
     for cluster in settings.clusters:
         if sudoers is None:
             print(f"# cluster {cluster.name}")
+            for line in goods[cluster.name].notes:
+                print(printable(f"# {line}"))
             seen: set[tuple[str, str]] = set()
-            also = last_good_spec(settings, cluster)
+            also = goods[cluster.name].spec
             for spec in (cluster,) if also is None else (cluster, also):
                 for host, remote in catalogue.catalogue(spec, spec.ssh.command_timeout):
                     if spec is not cluster and (host.name, remote.command) in seen:
@@ -261,39 +269,92 @@ def print_commands(settings: Settings, sudoers: str | None) -> int:
     return 0
 
 
-def print_forced_commands(settings: Settings, only: str | None) -> int:
+def print_forced_commands(settings: Settings, only: str | None, admit: bool = False) -> int:
     """Each host's wrapper program, its header holding the authorized_keys line; with `only`,
-    exactly one program, ready to be saved as the wrapper."""
+    exactly one program, ready to be saved as the wrapper. With `admit` (`--last-good`), the
+    last-good spec's commands pass too (LastGood)."""
     hosts = [(c, h) for c in settings.clusters for h in c.hosts if only in (None, h.name)]
     if not hosts:
         known = ", ".join(h.name for c in settings.clusters for h in c.hosts)
         print(f"sparkd commands: no host {only!r} in the config ({known})", file=sys.stderr)
         return EX_USAGE
+    goods = {c.name: last_good_spec(settings, c, admit) for c in settings.clusters}
+    if _refused(goods):
+        return EX_DATAERR
     for number, (cluster, host) in enumerate(hosts):
         if only is None:
             if number:
                 print()
             print(f"# ===== {cluster.name}/{host.name}: the wrapper for this host follows")
         key = forced.public_key(cluster.ssh)
-        also = last_good_spec(settings, cluster)
+        good = goods[cluster.name]
         ha = settings.ha
         unfenced = ha is not None and not ha.host_fencing
         fenced = ha is not None
-        text = forced.wrapper(cluster, host, key, fenced=fenced, also=also, unfenced=unfenced)
+        text = forced.wrapper(
+            cluster, host, key, fenced=fenced, also=good.spec, unfenced=unfenced,
+            notes=tuple(printable(n) for n in good.notes),
+        )  # fmt: skip
         print(text, end="")
     return 0
 
 
-def last_good_spec(settings: Settings, cluster: ClusterSpec) -> ClusterSpec | None:
-    """The last-good spec the state dir remembers when it is not the desired one: a rollback
-    launches it (core.rollout.acting_spec), so its commands must pass the wrapper too."""
-    from sparkd.core import rollout
+@dataclass(frozen=True)
+class LastGood:
+    """The last-good spec the state dir remembers, when it is not the desired one: a rollback
+    launches it (core.rollout.acting_spec), so its commands pass the wrapper only if `spec` is
+    set: asked for (`--last-good`), its hash checked, one this box's configs ran, and no wider
+    than the config in a security-relevant field (core.known_specs.SECURITY_FIELDS)."""
 
-    good = StateDir(settings.daemon.state_dir).peek_memory(cluster.name).last_good
+    spec: ClusterSpec | None = None
+    # Comment lines for the wrapper's header and `sparkd commands`: what it differs by, and
+    # whether its commands are admitted.
+    notes: tuple[str, ...] = ()
+    # Why `--last-good` cannot admit it.
+    refused: tuple[str, ...] = ()
+
+
+def _refused(goods: dict[str, LastGood]) -> bool:
+    found = False
+    for name, good in sorted(goods.items()):
+        for line in good.refused:
+            print(printable(f"sparkd commands: {name}: {line}"), file=sys.stderr)
+            found = True
+    return found
+
+
+def last_good_spec(settings: Settings, cluster: ClusterSpec, admit: bool = False) -> LastGood:
+    from sparkd.core import known_specs, rollout
+    from sparkd.runtime.spec_history import SpecHistory
+
+    state = StateDir(settings.daemon.state_dir)
+    good = state.peek_memory(cluster.name).last_good
     if good is None or good.hash == rollout.identity(cluster):
-        return None
-    try:
-        return rollout.spec_of(cluster, good)
-    except ValueError as exc:  # a last-good spec this sparkd no longer reads
-        print(f"sparkd commands: {cluster.name}: last-good spec unreadable: {exc}", file=sys.stderr)
-        return None
+        return LastGood()
+    head = f"last-good spec {good.hash} (a rollback launches it)"
+    if known_specs.hash_of(cluster, known_specs.KnownSpec(good.ray, good.model)) != good.hash:
+        why = f"{head}: its sections in the state dir do not make its hash; not admitted"
+        return LastGood(notes=(why,), refused=(why,) if admit else ())
+    history = SpecHistory(state).known(cluster.name, seed=good)
+    ours = known_specs.trusted(cluster, history).get(good.hash)
+    if ours is None:
+        why = f"{head}: no config on this box ran it (not in its spec history); not admitted"
+        return LastGood(notes=(why,), refused=(why,) if admit else ())
+    # What a rollback launches: the history's sections (core.known_specs.vet).
+    good = good.model_copy(update={"ray": ours.ray, "model": ours.model})
+    differs = [f"  {line}" for line in rollout.differs(cluster, good)]
+    notes = [f"{head} differs from the config (LAST-GOOD -> CONFIG) by:", *differs]
+    wider = known_specs.security_differences(cluster, ours)
+    if wider:
+        notes.append("it is wider than the config in a security-relevant field, never admitted:")
+        notes += [f"  {line}" for line in wider]
+        refused = tuple(f"{head} is wider than the config: {line}" for line in wider)
+        return LastGood(notes=tuple(notes), refused=refused if admit else ())
+    if not admit:
+        notes.append(
+            "its commands are NOT admitted (a rollback to it is refused on the hosts); "
+            "regenerate with --last-good to admit them"
+        )
+        return LastGood(notes=tuple(notes))
+    notes.append("its commands are admitted (--last-good)")
+    return LastGood(spec=rollout.spec_of(cluster, good), notes=tuple(notes))

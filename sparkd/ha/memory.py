@@ -36,9 +36,19 @@ def encode(memory: Memory, now: float, token: int, instance: str, control: int =
         "control": control,
         # Wall clock, for people only: nothing is decided on it.
         "written": time.time(),
-        "memory": to_ages(memory, now).model_dump(mode="json"),
+        "memory": _hashes_only(to_ages(memory, now).model_dump(mode="json")),
     }
     return json.dumps(record, sort_keys=True).encode()
+
+
+def _hashes_only(document: dict[str, Any]) -> dict[str, Any]:
+    """The memory as etcd keeps it: its last-good spec by hash alone. Whoever can write the
+    prefix is not the config's author, so no launchable spec is kept there (a new owner takes
+    the sections from its own history, core.known_specs)."""
+    good = document.get("last_good")
+    if isinstance(good, dict):
+        document["last_good"] = {k: v for k, v in good.items() if k not in ("ray", "model")}
+    return document
 
 
 def decode(

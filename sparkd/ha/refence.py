@@ -3,7 +3,8 @@ revisions from 1 again), the hosts' fence records name the old etcd and refuse e
 the cluster's owner cannot act (it fails closed and alerts). An operator who has checked that
 no instance still talks to the old etcd runs this: the current owner's token, read from etcd,
 replaces each host's record. A record from the same etcd with a newer token is never replaced:
-refencing cannot revive a former owner."""
+refencing cannot revive a former owner. `--force` replaces that too: the way out when whoever
+holds the hosts' key wrote a token above every etcd revision, run once no former owner can act."""
 
 from __future__ import annotations
 
@@ -41,9 +42,11 @@ async def owner_token(ha: HaSpec, cluster: str) -> FenceToken | str:
     return FenceToken(cluster, kv.create_revision, client.cluster_id, instance)
 
 
-async def _one(pool: SshPool, cluster: ClusterSpec, host: HostSpec, fence: FenceToken) -> str:
+async def _one(
+    pool: SshPool, cluster: ClusterSpec, host: HostSpec, fence: FenceToken, force: bool
+) -> str:
     seconds = cluster.ssh.command_timeout
-    remote = catalogue.fence_sweep(fence, seconds, refence=True)
+    remote = catalogue.fence_sweep(fence, seconds, refence=True, force=force)
     try:
         await pool.connection(host, cluster.ssh).run(
             remote.command, timeout=2 * seconds + catalogue.KILL_GRACE
@@ -57,9 +60,17 @@ async def _one(pool: SshPool, cluster: ClusterSpec, host: HostSpec, fence: Fence
 
 
 async def refence(
-    ha: HaSpec | None, cluster: ClusterSpec | None, name: str, out: TextIO, err: TextIO
+    ha: HaSpec | None,
+    cluster: ClusterSpec | None,
+    name: str,
+    out: TextIO,
+    err: TextIO,
+    force: bool = False,
 ) -> int:
-    """Refence the cluster `name` (`cluster`, None when the config has none by that name)."""
+    """Refence the cluster `name` (`cluster`, None when the config has none by that name). With
+    `force`, the owner's token replaces any record, a newer one of the same etcd too: a token
+    written above every etcd revision by whoever holds the hosts' key would otherwise refuse
+    every owner for good."""
     if ha is None or cluster is None:
         why = "the config has no [ha] section" if ha is None else f"no cluster {name!r}"
         print(f"sparkd ha refence: {why}", file=err)
@@ -73,7 +84,7 @@ async def refence(
         failed = [
             line
             for line in await asyncio.gather(
-                *(_one(pool, cluster, h, fence) for h in cluster.hosts)
+                *(_one(pool, cluster, h, fence, force) for h in cluster.hosts)
             )
             if line
         ]
@@ -83,7 +94,8 @@ async def refence(
         print(line, file=err)
     done = len(cluster.hosts) - len(failed)
     print(
-        f"{name}: {done} of {len(cluster.hosts)} hosts refenced with token {fence.token} of etcd "
+        f"{name}: {done} of {len(cluster.hosts)} hosts {'forced' if force else 'refenced'} "
+        f"with token {fence.token} of etcd "
         f"cluster {fence.etcd_cluster} (owner {fence.instance})",
         file=out,
     )

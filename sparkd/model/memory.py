@@ -103,11 +103,19 @@ class ClockAnchor(Value):
 
 class GoodSpec(Value):
     """The spec that last reached lasting health: its Ray and model sections as configured
-    (file paths, never a secret; the API key only by its fingerprint)."""
+    (file paths, never a secret; the API key only by its fingerprint). A rollback launches the
+    sections this box recorded under `hash` (core.known_specs), never these: etcd's record
+    holds the hash alone."""
 
     hash: str = Field(description="its spec hash")
-    ray: dict[str, Any] = Field(description="the `ray` section as configured")
-    model: dict[str, Any] = Field(description="the `model` section as configured")
+    ray: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the `ray` section as configured (empty in etcd's record: the hash names it)",
+    )
+    model: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the `model` section as configured (empty in etcd's record: the hash names it)",
+    )
     key: str | None = Field(None, description="the API key's fingerprint")
     at: float = Field(description="when it was recorded")
 

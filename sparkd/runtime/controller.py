@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sparkd.core import rollout
+from sparkd.core import known_specs, rollout
 from sparkd.core.clock import bounded
 from sparkd.core.planner import plan as make_plan
 from sparkd.core.policy import is_new_probe, rebooted
@@ -41,6 +41,7 @@ from sparkd.runtime.next_look import NextLook, next_look, wake_rest
 from sparkd.runtime.persist import Persistence
 from sparkd.runtime.reads import probe_due, reusable_ray
 from sparkd.runtime.requests import OperatorRequests
+from sparkd.runtime.spec_history import SpecHistory
 from sparkd.runtime.state import StateDir
 from sparkd.runtime.store import LocalStore, MemoryStore
 from sparkd.shell.events import EventWatch
@@ -133,6 +134,16 @@ class Controller(OperatorRequests):
         if read.problem is not None and read.memory.blocked is not None:
             self.log.error("memory_unreadable", problem=read.problem)
             self._persist([self._event("blocked", reason=read.memory.blocked.reason)])
+        # The specs this box's configs ran: the only ones a rollback may launch. A state dir
+        # from before the history existed has its own last-good spec taken as one of them.
+        self.history = SpecHistory(state, wall_clock)
+        self._seed = read.memory.last_good
+        if not dry_run:
+            try:
+                self.history.record(cluster, seed=self._seed)
+            except OSError as exc:
+                self.log.error("spec_history_unwritten", error=str(exc.strerror or exc))
+        self.memory = self._vetted(self.memory, "state dir")
         # Progress for the watchdog and /healthz: a cycle finished, or an action is running.
         self.progress_at = monotonic()
         self.action_deadline: float | None = None
@@ -336,12 +347,30 @@ class Controller(OperatorRequests):
         its outcome never landed, is only known from the look that follows."""
         adopted = await self.store.adopt(self.cluster.name, self.memory, self.clock.now())
         if adopted is not None:
-            self.memory = bounded(adopted.memory, self.clock.now()).evolve(clock=self.clock.anchor)
+            memory = bounded(adopted.memory, self.clock.now()).evolve(clock=self.clock.anchor)
+            self.memory = self._vetted(memory, adopted.source)
             unknown = (
                 [self._event("intent_unknown", intent=adopted.intent)] if adopted.intent else []
             )
             self._persist([self._event("memory_adopted", source=adopted.source), *unknown])
             await self.store.continued(self.cluster.name)
+
+    def _vetted(self, memory: Memory, source: str) -> Memory:
+        """`memory` with its last-good spec as this box's history holds it; refused (latched,
+        said in an event and the log) when it names a spec no config here ran
+        (core.known_specs)."""
+        known = self.history.known(self.cluster.name, seed=self._seed)
+        vetted, refused = known_specs.vet(self.cluster, memory, known, self.clock.now())
+        if refused is not None:
+            self.log.error("memory_spec_refused", source=source, reason=refused)
+            self.memory = vetted
+            self._persist(
+                [
+                    self._event("spec_refused", source=source, reason=refused),
+                    self._event("blocked", reason=refused),
+                ]
+            )
+        return vetted
 
     def _action_finished(self, outcome: ActionOutcome) -> None:
         self.store.settled(self.cluster.name)

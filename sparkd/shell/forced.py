@@ -169,10 +169,12 @@ def wrapper(
     fenced: bool = False,
     also: ClusterSpec | None = None,
     unfenced: bool = False,
+    notes: tuple[str, ...] = (),
 ) -> str:
     """The wrapper program for `host`, its header saying how to install it; with `also`, the
-    last-good spec's commands pass too. With `unfenced` (`[ha] host_fencing = false`), a
-    mutating command also passes behind the tag naming its owner (catalogue.audited), unchecked."""
+    last-good spec's commands pass too, and `notes` (one comment line each) say what it differs
+    by from the config. With `unfenced` (`[ha] host_fencing = false`), a mutating command also
+    passes behind the tag naming its owner (catalogue.audited), unchecked."""
     allowed = allowed_commands(cluster, host, fenced, also)
     line = authorized_keys_line(cluster, host, key, path)
     header = [
@@ -180,8 +182,17 @@ def wrapper(
         f"# sparkd {__version__} forced command for host {host.name} of cluster {cluster.name}.",
         "# It holds the exact commands for this config (timeouts, units, image, model, paths):",
         "# REGENERATE AND REINSTALL IT WHENEVER THE CONFIG OR SPARKD CHANGES, or sparkd's",
-        "# commands are refused (exit 126). It also takes the last-good spec's commands",
-        "# (a rollback launches it) as the state dir held it when it was generated.",
+        "# commands are refused (exit 126).",
+        *(
+            [
+                "# It also takes the last-good spec's commands (a rollback launches it) as the",
+                "# state dir held it when it was generated (sparkd commands --last-good).",
+            ]
+            if also is not None
+            else []
+        ),
+        # One line each, whatever a note holds: a line break in one would end the comment.
+        *(f"# {' '.join(note.splitlines())}" for note in notes),
         f"# Install as root: {path}, owned by root, mode 0755. Check a command with",
         f"#   SSH_ORIGINAL_COMMAND='...' {path} --check",
         f"# Then, in ~{cluster.ssh.user}/.ssh/authorized_keys on {host.name}, instead of the",
@@ -211,6 +222,8 @@ def wrapper(
         busy_exit=FENCE_BUSY_EXIT,
         instance=repr(NAME_PATTERN),
         unfenced=fenced and unfenced,
+        token_more=catalogue.TOKEN_DIGITS - 1,
+        token_digits=catalogue.TOKEN_DIGITS,
     )
     return "\n".join(header) + "\n" + body
 
@@ -240,11 +253,13 @@ FENCED = frozenset({fenced})
 FENCED_PATTERNS = {fenced_patterns}
 FENCE_HEAD = {fence_function} + "; sparkd_fence "
 FENCE_ARGS = (
-    r"(?P<cluster>\\S+) (?P<token>[1-9][0-9]{{0,18}}) (?P<etcd>[0-9]{{1,20}}) "
+    r"(?P<cluster>\\S+) (?P<token>[1-9][0-9]{{0,{token_more}}}) (?P<etcd>[0-9]{{1,20}}) "
     r"(?P<instance>" + {instance}[1:-1] + r") (?P<wait>[1-9][0-9]{{0,5}})"
-    r"(?P<refence> refence)? && \\{{ (?P<inner>.*)\\n\\}} 9>&-"
+    r"(?: (?P<refence>refence|force))? && \\{{ (?P<inner>.*)\\n\\}} 9>&-"
 )
 FENCE_DIR = {fence_dir}
+# A token is an etcd revision: at most this many digits, as the shell prefix takes them.
+TOKEN_DIGITS = {token_digits}
 MARKER = {fence_marker}
 FENCED_EXIT = {fenced_exit}
 MISMATCH_EXIT = {mismatch_exit}
@@ -252,7 +267,7 @@ BUSY_EXIT = {busy_exit}
 # `[ha] host_fencing = false`: the owner's tag (a no-op `:`) before a mutating command, unchecked.
 UNFENCED = {unfenced}
 UNFENCED_ARGS = (
-    r": sparkd-unfenced (?P<cluster>\\S+) (?P<token>[1-9][0-9]{{0,18}}) "
+    r": sparkd-unfenced (?P<cluster>\\S+) (?P<token>[1-9][0-9]{{0,{token_more}}}) "
     r"(?P<instance>" + {instance}[1:-1] + r"); (?P<inner>.*)"
 )
 
@@ -327,22 +342,37 @@ def unfenced(command):
     )
 
 
-def say(cluster, text):
+def say(cluster, text, detail=None):
+    \"\"\"One line to the client's stderr; `detail` (what the host's record holds: its token,
+    etcd cluster ID, instance) only to syslog, never to whoever holds the key.\"\"\"
     sys.stderr.write("%s %s: %s\\n" % (MARKER, cluster, text))
     sys.stderr.flush()
+    if detail is not None:
+        try:
+            import syslog
+
+            syslog.openlog("sparkd-forced-command", syslog.LOG_PID, syslog.LOG_AUTHPRIV)
+            syslog.syslog(syslog.LOG_WARNING, "%s %s: %s (%s)" % (MARKER, cluster, text, detail))
+        except Exception:
+            pass
+
+
+def readable(stored):
+    \"\"\"A recorded token sparkd could have written: digits, at most TOKEN_DIGITS of them.\"\"\"
+    return stored.isascii() and stored.isdigit() and 0 < len(stored) <= TOKEN_DIGITS
 
 
 def fence(match):
     \"\"\"0 with the lock held (its descriptor returned), else the refusal's exit status.\"\"\"
     cluster, token, etcd = match.group("cluster"), int(match.group("token")), match.group("etcd")
-    instance, refence = match.group("instance"), match.group("refence") is not None
+    instance, mode = match.group("instance"), match.group("refence")
     directory = os.path.join(os.path.expanduser("~"), FENCE_DIR)
     path = os.path.join(directory, cluster)
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         fd = os.open(path + ".lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     except OSError:
-        say(cluster, "cannot open %s.lock" % path)
+        say(cluster, "cannot open the lock")
         return MISMATCH_EXIT, None
     deadline = time.monotonic() + int(match.group("wait"))
     while True:
@@ -363,17 +393,18 @@ def fence(match):
         stored = words[0] if words else ""
         other = words[1] if len(words) > 1 else ""
         holder = words[2] if len(words) > 2 else ""
-        if not (stored.isascii() and stored.isdigit()):
-            if not refence:
-                say(cluster, "unreadable %s: run sparkd ha refence %s" % (path, cluster))
+        if not readable(stored):
+            if mode is None:
+                say(cluster, "unreadable record: run sparkd ha refence %s" % cluster)
                 return MISMATCH_EXIT, None
             stored, other = "0", etcd
-        if other != etcd and not refence:
-            say(cluster, "token from etcd cluster %s, this is %s: run sparkd ha refence %s"
-                % (other, etcd, cluster))
+        if other != etcd and mode is None:
+            say(cluster, "token from another etcd cluster: run sparkd ha refence %s" % cluster,
+                "recorded %s, this is %s" % (other, etcd))
             return MISMATCH_EXIT, None
-        if other == etcd and int(stored) > token:
-            say(cluster, "refused token %d < %s (%s)" % (token, stored, holder))
+        if other == etcd and mode != "force" and int(stored) > token:
+            say(cluster, "refused token %d: a newer one is recorded" % token,
+                "recorded %s (%s)" % (stored, holder))
             return FENCED_EXIT, None
         if other == etcd and int(stored) == token:
             return 0, fd
@@ -387,7 +418,7 @@ def fence(match):
             os.close(out)
         os.replace(temp, path)
     except OSError:
-        say(cluster, "cannot write %s" % path)
+        say(cluster, "cannot write the record")
         return MISMATCH_EXIT, None
     return 0, fd
 

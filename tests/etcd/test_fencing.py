@@ -251,3 +251,43 @@ async def test_a_rebuilt_etcd_fails_closed_until_refenced(
         assert checked.ran > 0 and checked.refused >= 2, checked
     finally:
         await a.stop()
+
+
+async def test_a_token_planted_above_every_revision_is_undone_by_refence_force(
+    seed_world: World, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """Whoever holds the hosts' key writes a record with a token no etcd revision will reach:
+    every owner is refused there, and a plain refence never replaces a newer token of the same
+    etcd. `sparkd ha refence --force` writes the owner's token over it."""
+    cluster = cluster_name(seed_world)
+    a = Instance("ops-a", seed_world, etcd, tmp_path)
+    homes = [Path(seed_world.host(h).state.home) for h in ("spark-a", "spark-b")]
+    records = [home / catalogue.FENCE_DIR / cluster for home in homes]
+    try:
+        await a.start()
+        await eventually(lambda: all(r.exists() for r in records), within=30)
+        etcd_id = records[0].read_text().split()[1]
+        planted = f"{10**17} {etcd_id} ops-evil\n"
+        for record in records:
+            record.write_text(planted)
+
+        async def refence(*flags: str) -> tuple[int, str]:
+            proc = await asyncio.create_subprocess_exec(
+                *SPARKD, "ha", "refence", cluster, *flags, "--config", str(a.config),
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            )  # fmt: skip
+            out, _ = await proc.communicate()
+            assert proc.returncode is not None
+            return proc.returncode, out.decode()
+
+        code, out = await refence()
+        assert code == 1 and "not refenced" in out, out
+        assert str(10**17) not in out and "ops-evil" not in out
+        assert [r.read_text() for r in records] == [planted, planted]
+        code, out = await refence("--force")
+        assert code == 0 and f"{cluster}: 2 of 2 hosts forced with token" in out, out
+        for record in records:
+            words = record.read_text().split()
+            assert words[1] == etcd_id and int(words[0]) < 10**17, words
+    finally:
+        await a.stop()

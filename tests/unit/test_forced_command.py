@@ -245,24 +245,111 @@ def test_the_wrapper_takes_the_last_good_spec_a_rollback_launches(tmp_path: Path
     text = EXAMPLE_CONFIG.read_text()
     assert 'state_dir = "/var/lib/sparkd"' in text
     config.write_text(text.replace('state_dir = "/var/lib/sparkd"', f'state_dir = "{state}"'))
-    done = subprocess.run(
-        [sys.executable, "-m", "sparkd.cli", "commands", "--config", str(config),
-         "--forced-command", "--host", head.name],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    namespace: dict[str, Any] = {"__name__": "sparkd_forced_wrapper"}
-    exec(compile(done.stdout, "wrapper", "exec"), namespace)
-    allowed: Callable[[str], bool] = namespace["allowed"]
     seconds = cluster.ssh.command_timeout
     acting = rollout.spec_of(cluster, good)
+    # Not asked for: the header says what it differs by, and that it is not admitted.
+    plain = _forced(config)
+    assert plain.returncode == 0, plain.stderr
+    assert "# last-good spec " in plain.stdout and "model.extra_args" in plain.stdout
+    assert "NOT admitted" in plain.stdout
+    assert not _allowed(plain.stdout)(catalogue.start_model(acting, seconds, None).command)
+    done = _forced(config, "--last-good")
+    assert done.returncode == 0, done.stderr
+    assert "model.extra_args" in done.stdout and "admitted (--last-good)" in done.stdout
+    allowed = _allowed(done.stdout)
     assert allowed(catalogue.start_model(acting, seconds, None).command)
     assert allowed(catalogue.start_model(cluster, seconds, None).command)
     assert not allowed(catalogue.start_model(other, seconds, None).command)
     review = subprocess.run(
-        [sys.executable, "-m", "sparkd.cli", "commands", "--config", str(config)],
+        [sys.executable, "-m", "sparkd.cli", "commands", "--config", str(config), "--last-good"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert review.returncode == 0, review.stderr
     listed = f"## start_model on {head.name} (changes, of the last-good spec a rollback launches)\n"
     assert listed + catalogue.start_model(acting, seconds, None).command in review.stdout
+
+
+def _state_with_last_good(tmp_path: Path, good: Any) -> Path:
+    """A config whose state dir remembers `good` as its last-good spec (no spec history yet:
+    a state dir from before it existed)."""
+    from sparkd.model.memory import Memory
+    from sparkd.runtime.state import StateDir
+
+    cluster = reference_cluster()
+    state = tmp_path / "state"
+    state.mkdir()
+    StateDir(state).memory_path(cluster.name).write_text(Memory(last_good=good).model_dump_json())
+    config = tmp_path / "sparkd.toml"
+    text = EXAMPLE_CONFIG.read_text()
+    config.write_text(text.replace('state_dir = "/var/lib/sparkd"', f'state_dir = "{state}"'))
+    return config
+
+
+def _forced(config: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    head = reference_cluster().head
+    return subprocess.run(
+        [sys.executable, "-m", "sparkd.cli", "commands", "--config", str(config),
+         "--forced-command", "--host", head.name, *flags],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def _allowed(wrapper: str) -> Callable[[str], bool]:
+    namespace: dict[str, Any] = {"__name__": "sparkd_forced_wrapper"}
+    exec(compile(wrapper, "wrapper", "exec"), namespace)
+    found: Callable[[str], bool] = namespace["allowed"]
+    return found
+
+
+def _commands_of(spec: ClusterSpec, host: str) -> list[str]:
+    seconds = spec.ssh.command_timeout
+    return [r.command for h, r in catalogue.catalogue(spec, seconds) if h.name == host]
+
+
+def test_a_last_good_spec_wider_than_the_config_never_passes_the_wrapper(tmp_path: Path) -> None:
+    """The state dir's last-good spec runs Ray `--privileged -v /:/host` with a command in its
+    environment, its hash made to match: the wrapper says so in its header and lets none of
+    its commands through; `--last-good` refuses to admit it."""
+    from sparkd.core import rollout
+    from tests.support.hostile import hostile
+
+    cluster = reference_cluster()
+    evil = hostile(cluster)
+    config = _state_with_last_good(tmp_path, rollout.good_of(evil, None, 1000.0))
+    done = _forced(config)
+    assert done.returncode == 0, done.stderr
+    assert "wider than the config in a security-relevant field" in done.stdout
+    assert "ray.extra_docker_args" in done.stdout
+    allowed = _allowed(done.stdout)
+    privileged = [c for c in _commands_of(evil, cluster.head.name) if "--privileged" in c]
+    assert privileged and not any(allowed(c) for c in privileged)
+    admitted = _forced(config, "--last-good")
+    assert admitted.returncode == exits.EX_DATAERR, admitted.stdout[:200]
+    assert admitted.stdout == "" and "ray.extra_docker_args" in admitted.stderr
+    assert "ray.env names" in admitted.stderr
+    review = subprocess.run(
+        [sys.executable, "-m", "sparkd.cli", "commands", "--config", str(config)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    listed = [line for line in review.stdout.splitlines() if not line.startswith("#")]
+    assert review.returncode == 0 and not any("--privileged" in line for line in listed)
+    assert "# last-good spec" in review.stdout and "ray.extra_docker_args" in review.stdout
+
+
+def test_a_last_good_spec_whose_sections_do_not_make_its_hash_is_not_admitted(
+    tmp_path: Path,
+) -> None:
+    from sparkd.core import rollout
+
+    cluster = reference_cluster()
+    model = cluster.model.model_copy(update={"extra_args": (*cluster.model.extra_args, "--x")})
+    old = cluster.model_copy(update={"model": model})
+    good = rollout.good_of(old, None, 1000.0).model_copy(update={"hash": "0123456789ab"})
+    config = _state_with_last_good(tmp_path, good)
+    done = _forced(config)
+    assert done.returncode == 0, done.stderr
+    assert "do not make its hash" in done.stdout
+    start = catalogue.start_model(rollout.spec_of(cluster, good), cluster.ssh.command_timeout, None)
+    assert not _allowed(done.stdout)(start.command)
+    refused = _forced(config, "--last-good")
+    assert refused.returncode == exits.EX_DATAERR and "do not make its hash" in refused.stderr

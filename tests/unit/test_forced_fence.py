@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from sparkd.model import exits
 from sparkd.model.cluster import ClusterSpec
 from sparkd.shell import catalogue, forced
@@ -106,7 +108,8 @@ def test_the_wrapper_refuses_an_older_token_and_shares_the_shells_record(tmp_pat
         tmp_path, wrapper, catalogue.fenced(kill, fence(8, cluster, "ops-b"), seconds).command
     )
     assert status == exits.FENCED_EXIT
-    assert f"{catalogue.FENCE_MARKER} {cluster.name}: refused token 8 < 9 (ops-a)" in err
+    said = f"{catalogue.FENCE_MARKER} {cluster.name}: refused token 8: a newer one is recorded\n"
+    assert err == said  # the record's token, etcd cluster ID and instance stay on the host
     assert calls(tmp_path) == ["kill -TERM 4100"]
     # The shell prefix (a host without the wrapper) reads the same record.
     shell = subprocess.run(
@@ -194,3 +197,71 @@ def test_with_host_fencing_off_the_wrapper_takes_the_owner_tagged_form(tmp_path:
     assert run(tmp_path, wrapper, stray, "--check")[0] == exits.REFUSED_EXIT
     # With fencing on, the tagged form is not taken.
     assert run(tmp_path, program(tmp_path, cluster), tagged, "--check")[0] == exits.REFUSED_EXIT
+
+
+def _shell(tmp_path: Path, command: str) -> tuple[int, str]:
+    done = subprocess.run(
+        ["sh", "-c", command], env={"HOME": str(tmp_path), "PATH": os.environ["PATH"]},
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    return done.returncode, done.stderr
+
+
+def test_a_token_above_any_etcd_revision_locks_no_owner_out(tmp_path: Path) -> None:
+    """The key holder writes a 19-digit token (above int64's range as the shell compares it) or
+    sends one through the wrapper: the wrapper and the shell prefix agree to compare neither,
+    and `refence` takes such a record over."""
+    cluster = reference_cluster()
+    wrapper = program(tmp_path, cluster)
+    seconds = cluster.ssh.command_timeout
+    kill = catalogue.kill_process(cluster, 4100, "TERM", seconds)
+    huge = "9" * 19
+    sent = catalogue.fenced(kill, fence(7, cluster), seconds).command.replace(
+        f"sparkd_fence {cluster.name} 7 ", f"sparkd_fence {cluster.name} {huge} "
+    )
+    assert huge in sent
+    assert run(tmp_path, wrapper, sent, "--check")[0] == exits.REFUSED_EXIT
+    assert _shell(tmp_path, sent)[0] == exits.FENCE_MISMATCH_EXIT
+    assert calls(tmp_path) == []
+    record = tmp_path / catalogue.FENCE_DIR / cluster.name
+    record.parent.mkdir(parents=True)
+    for planted in (huge, "1" + "0" * 18):
+        record.write_text(f"{planted} {ETCD} ops-z\n")
+        owner = catalogue.fenced(kill, fence(9, cluster), seconds).command
+        status, err = run(tmp_path, wrapper, owner)
+        assert status == exits.FENCE_MISMATCH_EXIT and "refence" in err, err
+        assert _shell(tmp_path, owner)[0] == exits.FENCE_MISMATCH_EXIT
+        assert record.read_text() == f"{planted} {ETCD} ops-z\n"
+        assert planted not in err and str(ETCD) not in err and "ops-z" not in err
+        sweep = catalogue.fence_sweep(fence(9, cluster), seconds, refence=True).command
+        assert run(tmp_path, wrapper, sweep)[0] == 0
+        assert record.read_text() == f"9 {ETCD} ops-a\n"
+    assert calls(tmp_path) == []
+    with pytest.raises(ValueError):
+        fence(10**18, cluster)
+
+
+def test_refence_force_replaces_a_newer_token_of_the_same_etcd(tmp_path: Path) -> None:
+    """A token within range but above every revision etcd will reach: only `--force` gets the
+    owner back, through the wrapper and the shell prefix alike; a plain refence never does."""
+    cluster = reference_cluster()
+    wrapper = program(tmp_path, cluster)
+    seconds = cluster.ssh.command_timeout
+    record = tmp_path / catalogue.FENCE_DIR / cluster.name
+    record.parent.mkdir(parents=True)
+    planted = f"{10**17} {ETCD} ops-z\n"
+    for runner in ("wrapper", "shell"):
+        record.write_text(planted)
+        refence = catalogue.fence_sweep(fence(9, cluster), seconds, refence=True).command
+        force = catalogue.fence_sweep(fence(9, cluster), seconds, force=True).command
+        if runner == "wrapper":
+            status, err = run(tmp_path, wrapper, refence)
+            assert status == exits.FENCED_EXIT and str(10**17) not in err
+            assert run(tmp_path, wrapper, force)[0] == 0
+        else:
+            assert _shell(tmp_path, refence)[0] == exits.FENCED_EXIT
+            assert _shell(tmp_path, force)[0] == 0
+        assert record.read_text() == f"9 {ETCD} ops-a\n", runner
+    # A forced sweep is a sweep: nothing but `true` runs behind it.
+    stray = catalogue.fence_sweep(fence(9, cluster), seconds, force=True).command
+    assert run(tmp_path, wrapper, stray.replace("true\n}", "id\n}"), "--check")[0] == 126

@@ -80,6 +80,30 @@ def test_check_config_names_the_ha_settings(tmp_path: Path) -> None:
     )
 
 
+def test_check_config_warns_of_etcd_anyone_may_write(tmp_path: Path) -> None:
+    """Write access to the prefix is root on the GPU hosts: no auth, or plain HTTP to another
+    host, is said (and not refused: a loopback etcd on the ops box is a valid setup)."""
+    secret = tmp_path / "etcd-password"
+    secret.write_text("pw\n")
+    secret.chmod(0o600)
+    remote = HA.replace("http://127.0.0.1:23790", "http://10.1.230.10:2379")
+    cases = [
+        (HA, ["ha: no user/password_file"]),
+        (remote, ["ha: no user/password_file", "ha.etcd_endpoints: http://10.1.230.10:2379"]),
+        (remote.replace("http://", "https://"), ["ha: no user/password_file"]),
+        (HA + f'user = "sparkd"\npassword_file = "{secret}"\n', []),
+    ]
+    for number, (text, expected) in enumerate(cases):
+        where = tmp_path / str(number)
+        where.mkdir()
+        result = run_cli("check-config", "--config", str(usable(where, BASE + text)))
+        assert result.returncode == 0, result.stderr
+        warned = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+        assert len(warned) == len(expected), (text, result.stderr)
+        for line, start in zip(warned, expected, strict=True):
+            assert line.startswith(f"warning: {start}"), line
+
+
 ETCD_MODULES = ("sparkd.ha.etcd", "sparkd.ha.ownership")
 
 
