@@ -15,7 +15,7 @@ from sparkd.core.planner import plan
 from sparkd.core.remember import remember
 from sparkd.model.cluster import ClusterSpec, PowerSpec
 from sparkd.model.memory import Memory
-from sparkd.model.observed import HostError, Observed, RayState
+from sparkd.model.observed import HostError, Observed
 from sparkd.model.plan import ACTION_KINDS, Plan
 from tests.examples import EXAMPLE_SET
 from tests.support.planning import host
@@ -56,11 +56,17 @@ def silent(
     toy.probe_style = "timeout"
 
     def look(gone: list[str]) -> Observed:
-        seen = toy.observe().model_copy(update={"ray": RayState(error="no route to host")})
+        # Nothing read on the head: no Ray, no serve, and no endpoint or probe (both reach the
+        # model through the head's SSH).
+        nothing = {"ray": None, "serve": None, "endpoint": None, "probe": None}
+        seen = toy.observe()
+        if cluster.head.name in gone:
+            seen = seen.model_copy(update=nothing)
         for name in gone:
             seen = host(seen, name, error=NO_ROUTE, kernel=None)
         return seen
 
+    toy.advance(cluster.interval)
     if apart:
         first = look(["spark-b"])
         memory = remember(memory, first, (), toy.now, plan(cluster, first, memory, toy.now))
