@@ -131,7 +131,13 @@ def _power(
         return
     serving = still_serving(ctx, host)
     if serving is not None:
-        verdict.notes.append(f"{why}; not power-cycling it: {serving}")
+        # Past the cap the host works but sparkd cannot reach it: a firewall on port 22, a dead
+        # sshd, a route. Nothing sparkd does changes that; waiting on would never end.
+        verdict.notes.append(
+            f"{why}; not power-cycling it: {serving}; its SSH has been silent for {ago(silent)}: "
+            f"check sshd, port {host.port} and the path from the ops box to {host.name}"
+        )
+        verdict.phase = "blocked"
         return
     error = ctx.facts[host.name].error
     failure = f"{error.kind}: {error.detail}" if error is not None and error.detail else "silent"
