@@ -18,8 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sparkd.core.judge import Context, ago
-from sparkd.core.power import SILENT
+from sparkd.model.observed import HostErrorKind
 from sparkd.model.plan import Action, ActionKind
+
+# SSH failures that are silence: the host may be wedged. Any other (auth, host_key, a command
+# that exited non-zero) is the host answering.
+SILENT: frozenset[HostErrorKind] = frozenset({"unreachable", "timeout", "conn_lost"})
 
 
 @dataclass(frozen=True)

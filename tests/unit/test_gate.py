@@ -129,3 +129,21 @@ def test_every_action_kind_has_a_row_and_every_check_a_name() -> None:
     docs = (Path(__file__).resolve().parents[2] / "docs" / "decisions.md").read_text()
     for name in names:
         assert f"`{name}`" in docs, name
+
+
+def test_without_a_power_command_the_advice_passes_the_gate_too() -> None:
+    # No power cycle to refuse: the plan would have told a human to power-cycle every host.
+    cluster, seen, memory, now = silent()
+    manual = cluster.model_copy(update={"power": PowerSpec()})
+    result = plan(manual, seen, memory, now)
+    assert result.phase == "blocked" and result.actions == ()
+    assert "needs a power cycle" not in result.reason
+    assert "not power-cycling spark-a: every host (2) of sparks went silent at once" in (
+        result.reason
+    )
+    assert "host_wedged" not in result.triage
+    # A real wedge (an omen in the last log) is still named as one.
+    cluster, seen, memory, now = silent(samples={"spark-b": "nv-no-memory.txt"})
+    manual = cluster.model_copy(update={"power": PowerSpec()})
+    result = plan(manual, seen, memory, now)
+    assert "spark-b wedged: needs a power cycle (last kernel log seen: NVRM" in result.reason
