@@ -246,7 +246,7 @@ def _refused(reason: str, action: Action, refused: gate.Refusal) -> str:
 def _spent(draft: _Draft, memory: Memory, desired: ClusterSpec, now: float) -> str | None:
     """A model start whose budget is spent: the new spec (or the rollback) ran out of tries."""
     for action in draft.actions:
-        if action.kind not in MODEL_STARTS:
+        if action.kind not in MODEL_STARTS or gate.refusal(draft.ctx, action) is not None:
             continue
         used = policy.budget_used(memory, action.key, desired.policy, now)
         if used >= desired.policy.budget:
@@ -350,7 +350,11 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
     # A failure counts against the spec only through a restart that survives the vetoes, and
     # never while a host is out of reach, wedged or its fabric is down: that is not the spec.
     failing = [*restarts, *(a for a in model.actions if a.reason == model.failed)]
-    failure = next((a.reason for a in failing if _veto(a, holds) is None), None)
+    # Nor through one the gate refuses: what it withholds was not shown to be the spec's fault.
+    failure = next(
+        (a.reason for a in failing if _veto(a, holds) is None and gate.refusal(ctx, a) is None),
+        None,
+    )
     not_the_spec = bool(reach.holds or wedged.holds or fabric.holds)
     if not_the_spec:
         failure = None

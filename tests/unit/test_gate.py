@@ -10,15 +10,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from sparkd.core import gate, kernel
+from sparkd.core.judge import Context
 from sparkd.core.planner import plan
 from sparkd.core.remember import remember
 from sparkd.model.cluster import ClusterSpec, PowerSpec
 from sparkd.model.memory import Memory
 from sparkd.model.observed import HostError, Observed
-from sparkd.model.plan import ACTION_KINDS, Plan
+from sparkd.model.plan import ACTION_KINDS, Action, Plan
 from tests.examples import EXAMPLE_SET
 from tests.support.planning import host
+from tests.support.toy_run import serving
 
 KERNEL = Path(__file__).resolve().parent.parent / "fixtures" / "kernel"
 COMMAND = ("/usr/local/bin/spark-power", "cycle", "{host}")
@@ -147,3 +151,28 @@ def test_without_a_power_command_the_advice_passes_the_gate_too() -> None:
     manual = cluster.model_copy(update={"power": PowerSpec()})
     result = plan(manual, seen, memory, now)
     assert "spark-b wedged: needs a power cycle (last kernel log seen: NVRM" in result.reason
+
+
+def _refuses(ctx: Context, action: Action) -> gate.Refusal | None:
+    """Withholds the restart of a stalled load (a stand-in for a check yet to come)."""
+    return gate.Refusal("held for the test") if "load stalled" in action.reason else None
+
+
+def test_a_refused_restart_is_no_evidence_against_a_new_spec(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A restart the gate withholds (as it will a long prefill's) neither counts as the new
+    spec failing nor spends its budget: no rollback on it."""
+    row = (gate.Named("refuses_for_the_test", _refuses),)
+    monkeypatch.setitem(gate.TABLE, "restart_model", row)
+    run = serving()
+    run.on_launch = ["stall"]
+    model = run.desired.model
+    extra = (*model.extra_args, "--max-num-seqs", "8")
+    run.desired = run.desired.model_copy(
+        update={"model": model.model_copy(update={"extra_args": extra})}
+    )
+    plans = [run.cycle() for _ in range(25)]
+    assert all(p.rollback is None for p in plans)
+    assert any("not restarting" in p.reason and "held for the test" in p.reason for p in plans)
+    assert not any("load stalled" in a.reason for p in plans for a in p.actions)
