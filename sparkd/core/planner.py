@@ -7,14 +7,15 @@ Every stage is always judged, in dependency order: the hosts (core.cleanup), the
 (core.images), Ray (core.ray_stage), the model (core.model_stage) and the probe
 (core.probe_stage). A stage proposes actions and raises holds; here, and only here, a hold
 vetoes the actions that need what it makes unsafe (spending no budget), then every remaining
-remediation is gated by a per-target budget (spent: latch `blocked`) and exponential backoff.
+action passes the gate (core.gate: what else could explain its evidence; a refusal spends no
+budget either), then a per-target budget (spent: latch `blocked`) and exponential backoff.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sparkd.core import acceptance, policy, rollout, weights
+from sparkd.core import acceptance, gate, policy, rollout, weights
 from sparkd.core.cache import judge_cache
 from sparkd.core.cleanup import judge_cleanup, judge_reachability
 from sparkd.core.clock import bounded
@@ -55,6 +56,8 @@ class _Draft:
 
     phase: Phase
     reason: str
+    # The cycle's context the actions were judged in: the gate judges them in it too.
+    ctx: Context
     actions: list[Action] = field(default_factory=list)
     model_ready: bool = False
     ray_unsettled: bool = False
@@ -180,14 +183,23 @@ def plan(
         and now - memory.healthy_since >= desired.policy.healthy_reset
         and memory.backoff_reset_at < memory.healthy_since
     )
+    # The gate first (core.gate): a refused action is withheld with the reason in place of
+    # what proposed it, before any budget is counted or latched.
+    judged = [(a, gate.refusal(draft.ctx, a)) for a in draft.actions]
+    for action, refused in judged:
+        if refused is not None:
+            draft.reason = _refused(draft.reason, action, refused)
+            draft.phase = "blocked" if refused.needs_a_human else draft.phase
     allowed: list[Action] = []
     withheld: list[Action] = []
     backoffs: list[float] = []
+    gated: list[str] = []
     reason = draft.reason
-    for action in draft.actions:
-        if withheld:
+    for action, refused in judged:
+        if withheld or refused is not None:
             withheld.append(action)
             continue
+        gated.append(action.key)
         used = policy.budget_used(memory, action.key, desired.policy, now)
         if used >= desired.policy.budget and action.kind == "prune_cache":
             # A cache entry that will not go is no reason to stop keeping the cluster alive.
@@ -217,15 +229,24 @@ def plan(
             "reset_backoff": reset,
             "recheck_at": draft.horizon(desired, memory, now, backoffs, wall),
             "rollback": rollback,
+            "gated": tuple(gated),
             **draft.carry(),
         }
     )
 
 
+def _refused(reason: str, action: Action, refused: gate.Refusal) -> str:
+    """The plan's reason with the gate's refusal in place of the note that proposed it."""
+    said = gate.note(action, refused)
+    if action.reason and action.reason in reason:
+        return reason.replace(action.reason, said, 1)
+    return f"{said}; {reason}"
+
+
 def _spent(draft: _Draft, memory: Memory, desired: ClusterSpec, now: float) -> str | None:
     """A model start whose budget is spent: the new spec (or the rollback) ran out of tries."""
     for action in draft.actions:
-        if action.kind not in MODEL_STARTS:
+        if action.kind not in MODEL_STARTS or gate.refusal(draft.ctx, action) is not None:
             continue
         used = policy.budget_used(memory, action.key, desired.policy, now)
         if used >= desired.policy.budget:
@@ -329,7 +350,11 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
     # A failure counts against the spec only through a restart that survives the vetoes, and
     # never while a host is out of reach, wedged or its fabric is down: that is not the spec.
     failing = [*restarts, *(a for a in model.actions if a.reason == model.failed)]
-    failure = next((a.reason for a in failing if _veto(a, holds) is None), None)
+    # Nor through one the gate refuses: what it withholds was not shown to be the spec's fault.
+    failure = next(
+        (a.reason for a in failing if _veto(a, holds) is None and gate.refusal(ctx, a) is None),
+        None,
+    )
     not_the_spec = bool(reach.holds or wedged.holds or fabric.holds)
     if not_the_spec:
         failure = None
@@ -370,6 +395,7 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
         not_the_spec=not_the_spec,
         token_mark=token_mark,
         hang_at=deadline(ctx, token_mark),
+        ctx=ctx,
         # Health that lasts closes an incident: healthy, or degraded only while the model
         # serves and answers (busy, a dead data link, Ray unread) with no failure counted.
         serving_well=phase == "healthy"

@@ -25,16 +25,12 @@ Without `power.command` the same evidence gives `blocked` "needs a power cycle".
 
 from __future__ import annotations
 
-from sparkd.core import policy
+from sparkd.core import gate, policy
+from sparkd.core.gate import SILENT
 from sparkd.core.judge import Context, Hold, Verdict, act, ago
 from sparkd.core.load import Load
-from sparkd.model.observed import HostErrorKind
 from sparkd.model.plan import EVERYTHING, MODEL_STARTS, RAY_STARTS
 from sparkd.model.spec import HostSpec
-
-# SSH failures that are silence: the host may be wedged. Any other (auth, host_key, a command
-# that exited non-zero) is the host answering.
-SILENT: frozenset[HostErrorKind] = frozenset({"unreachable", "timeout", "conn_lost"})
 
 
 def power_key(host: str) -> str:
@@ -70,9 +66,18 @@ def judge_wedged(ctx: Context, load: Load, fabric_sound: bool) -> Verdict:
         if evidence is None:
             continue
         why = f"{host.name} wedged: needs a power cycle ({evidence})"
+        refused: gate.Refusal | None = None
+        if not ctx.desired.power.enabled:
+            # The advice to a human passes the gate as the cycle itself would: a power cycle
+            # sparkd would refuse is no advice either (with a command, the planner's gate
+            # refuses the action itself).
+            cycle = act("power_cycle", host.name, host.name, why)
+            refused = gate.refusal(ctx, cycle)
+            why = why if refused is None else gate.note(cycle, refused)
         verdict.holds.append(Hold(why, EVERYTHING, frozenset({host.name})))
         verdict.holds.append(Hold(why, RAY_STARTS | MODEL_STARTS))
-        verdict.triage = ["host_wedged"]
+        if refused is None:
+            verdict.triage = ["host_wedged"]
         if not ctx.desired.power.enabled:
             verdict.notes.append(why)
             verdict.phase = "blocked"
@@ -131,7 +136,13 @@ def _power(
         return
     serving = still_serving(ctx, host)
     if serving is not None:
-        verdict.notes.append(f"{why}; not power-cycling it: {serving}")
+        # Past the cap the host works but sparkd cannot reach it: a firewall on port 22, a dead
+        # sshd, a route. Nothing sparkd does changes that; waiting on would never end.
+        verdict.notes.append(
+            f"{why}; not power-cycling it: {serving}; its SSH has been silent for {ago(silent)}: "
+            f"check sshd, port {host.port} and the path from the ops box to {host.name}"
+        )
+        verdict.phase = "blocked"
         return
     error = ctx.facts[host.name].error
     failure = f"{error.kind}: {error.detail}" if error is not None and error.detail else "silent"

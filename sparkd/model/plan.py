@@ -102,6 +102,9 @@ class Plan(Value):
     fabric_held: bool = False
     # The token counter's reading, for remember() to keep while the model serves.
     token_mark: TokenMark | None = None
+    # The keys of the actions that passed the gate (core.gate) in this plan: every action a plan
+    # holds went through it.
+    gated: tuple[str, ...] = ()
 
     @property
     def converged(self) -> bool:

@@ -84,3 +84,28 @@ async def test_a_failed_power_command_is_not_run_again_and_blocks_with_its_outpu
     assert event["result"] == "failed"
     assert "exited 3: outlet of spark-b: no such outlet" in event["detail"]
     assert healthy_world.power_log == []
+
+
+async def test_every_host_silent_at_once_is_not_power_cycled_but_blocked(
+    healthy_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    """The ops box's own path to the hosts goes (played by blackholing every host at once, no
+    kernel log holding a wedge omen): no host is power-cycled; after power.unreachable_for the
+    cluster is `blocked` naming the ops box's network, and it recovers by itself when the path
+    is back."""
+    ctl = controller(healthy_world, pool, tmp_path / "state", cluster=power(healthy_world))
+    await converge(ctl, cycles=100)
+    for name in ("spark-a", "spark-b"):
+        await healthy_world.fault("blackhole", name)
+    started = time.monotonic()
+    plans = await cycle_until(ctl, "check the ops box's own network path", limit=600)
+    assert time.monotonic() - started >= ctl.cluster.power.unreachable_for * 0.9
+    assert plans[-1].phase == "blocked" and not plans[-1].actions
+    plans += await cycles(ctl, 3)
+    assert not [a for p in plans for a in p.actions if a.kind == "power_cycle"]
+    assert healthy_world.power_log == []
+    for name in ("spark-a", "spark-b"):
+        await healthy_world.fault("heal", name)
+    final = await converge(ctl, cycles=400)
+    assert final[-1].phase == "healthy"
+    assert healthy_world.power_log == []

@@ -370,3 +370,18 @@ def test_at_most_one_power_cycle_per_host_per_incident(sample: str, steps: list[
     assert ran <= 1
     if sum(steps) >= LIMIT:
         assert ran == 1
+
+
+def test_a_silent_host_whose_node_still_works_ends_blocked_naming_its_ssh() -> None:
+    """Not cycled while its Ray node is ALIVE or the model answers (SSH alone fails), and not
+    left `unreachable` for ever either: past the cap, `blocked` naming what to check."""
+    cluster, gone, memory, now = wedged(silent=LIMIT + 5)
+    alive = _ray_lists(gone, cluster.host("spark-b").ip, alive=True)
+    for later in (now, now + 24 * 3600):
+        result = plan(cluster, alive, memory, later)
+        assert cycles(result) == [] and result.phase == "blocked" and result.latch is None
+        assert "check sshd, port 22 and the path from the ops box to spark-b" in result.reason
+    # Before the cap it is the usual wait.
+    cluster, gone, memory, now = wedged(silent=LIMIT - 5)
+    alive = _ray_lists(gone, cluster.host("spark-b").ip, alive=True)
+    assert plan(cluster, alive, memory, now).phase == "unreachable"

@@ -1,0 +1,167 @@
+"""The gate (core.gate, docs/decisions.md) over generated situations: every action of a plan
+passed it; a power cycle only when the table says its cause is established, with the observer's
+own silence generated beside real wedges; and every hold the gate makes ends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sparkd.core import kernel
+from sparkd.core.planner import plan
+from sparkd.core.remember import remember
+from sparkd.model.cluster import ClusterSpec, PowerSpec
+from sparkd.model.memory import Memory
+from sparkd.model.observed import HostError, Observed
+from sparkd.model.spec import HostSpec
+from tests.support.planning import BASES, COMMON, host, served, situations
+from tests.toy import Toy, reference_cluster
+
+KERNEL = Path(__file__).resolve().parent.parent / "fixtures" / "kernel"
+COMMAND = ("/usr/local/bin/spark-power", "cycle", "{host}")
+LIMIT = 600.0
+OMEN = "nv-no-memory.txt"
+QUIET = "xid-45.txt"
+SILENCES = ("unreachable", "timeout", "conn_lost")
+
+
+def cluster_of(count: int) -> ClusterSpec:
+    base = reference_cluster()
+    hosts = [
+        HostSpec(
+            name=f"spark-{chr(ord('a') + i)}",
+            address=f"10.1.230.{180 + i}",
+            role="head" if i == 0 else "worker",
+            data_ip=f"192.168.200.{12 + i}",
+            interface=base.hosts[0].interface,
+        )
+        for i in range(count)
+    ]
+    return base.model_copy(
+        update={
+            "hosts": tuple(hosts),
+            "ray": base.ray.model_copy(update={"expected_gpus": count}),
+            "model": base.model.model_copy(update={"tensor_parallel_size": count}),
+        }
+    )
+
+
+@dataclass(frozen=True)
+class Scene:
+    cluster: ClusterSpec
+    seen: Observed
+    memory: Memory
+    now: float
+    # What was generated, read by the properties instead of the code under test.
+    silent: frozenset[str]
+    omens: frozenset[str]
+    # Per silent host, when it went silent (daemon time).
+    since: dict[str, float]
+
+    @property
+    def observer_silence(self) -> bool:
+        """The confounder as docs/decisions.md states it: every host silent, within one look
+        of each other, no wedge omen in any last kernel log."""
+        every = self.silent == {h.name for h in self.cluster.hosts}
+        stamps = list(self.since.values())
+        together = every and max(stamps) - min(stamps) <= self.cluster.interval
+        return together and not self.omens
+
+
+@st.composite
+def scenes(draw: st.DrawFn) -> Scene:
+    """An example situation (or a healthy cluster of 1-4 hosts) with `power.command` set, whose
+    hosts' last kernel logs held a wedge omen or not; then some hosts, or all of them, go
+    silent, at the same look or looks apart; then a look some time later."""
+    if draw(st.booleans()):
+        toy, memory = draw(st.sampled_from(BASES)).build()
+    else:
+        toy = Toy.healthy(cluster_of(draw(st.integers(1, 4))))
+        memory = served(toy)
+    cluster = toy.cluster.model_copy(update={"power": PowerSpec(command=COMMAND)})
+    names = [h.name for h in cluster.hosts]
+    omens = draw(st.sampled_from([frozenset(), frozenset(), draw(st.sets(st.sampled_from(names)))]))
+    everyone = frozenset(names)
+    silent = draw(
+        st.sampled_from([everyone, everyone, frozenset(draw(st.sets(st.sampled_from(names))))])
+    )
+    if not silent:
+        silent = everyone
+    spread = [0.0, 0.0, 0.0, cluster.interval / 2, cluster.interval * 2, 300.0]
+    offsets = {name: draw(st.sampled_from(spread)) for name in sorted(silent)}
+    kind = draw(st.sampled_from(SILENCES))
+    seen = toy.observe()
+    for name in names:
+        text = (KERNEL / (OMEN if name in omens else QUIET)).read_text()
+        seen = host(seen, name, kernel=kernel.parse_kernel_log(text))
+    memory = remember(memory, seen, (), toy.now, plan(cluster, seen, memory, toy.now))
+    start = toy.now + cluster.interval
+    error = HostError(kind=kind, detail="no answer")
+
+    def look(gone: set[str]) -> Observed:
+        head = cluster.head.name in gone
+        toy.probe_style = "timeout" if head or len(gone) > 0 else toy.probe_style
+        out = toy.observe()
+        if head:
+            # What the shell observes of a silent head: nothing read on it, and no endpoint or
+            # probe either (both reach the model through the head's SSH).
+            nothing = {"ray": None, "serve": None, "endpoint": None, "probe": None}
+            out = out.model_copy(update=nothing)
+        for name in gone:
+            out = host(out, name, error=error, kernel=None)
+        return out
+
+    since: dict[str, float] = {}
+    gone: set[str] = set()
+    for offset in sorted(set(offsets.values())):
+        toy.advance(start + offset - toy.now)
+        gone |= {n for n, o in offsets.items() if o == offset}
+        for name in gone:
+            since.setdefault(name, toy.now)
+        step = look(gone)
+        memory = remember(memory, step, (), toy.now, plan(cluster, step, memory, toy.now))
+    toy.advance(draw(st.floats(0, 3 * LIMIT)))
+    return Scene(cluster, look(gone), memory, toy.now, frozenset(silent), frozenset(omens), since)
+
+
+@COMMON
+@given(situations())
+def test_every_action_of_a_plan_passed_the_gate(situation: tuple[Toy, Memory, float]) -> None:
+    toy, memory, now = situation
+    result = plan(toy.cluster, toy.observe(), memory, now)
+    assert {a.key for a in result.actions} <= set(result.gated)
+
+
+@COMMON
+@given(scenes())
+def test_a_power_cycle_only_when_its_cause_is_established(scene: Scene) -> None:
+    result = plan(scene.cluster, scene.seen, scene.memory, scene.now)
+    assert {a.key for a in result.actions} <= set(result.gated)
+    cycled = [a.host for a in result.actions if a.kind == "power_cycle"]
+    if cycled:
+        # Established: another host answers, a last log held an omen, or the hosts went
+        # silent looks apart.
+        assert not scene.observer_silence, (cycled, result.reason)
+        assert set(cycled) <= scene.silent
+
+
+@COMMON
+@given(scenes())
+def test_the_observers_silence_ends_blocked_with_what_to_check(scene: Scene) -> None:
+    """The hold the gate makes has an end on daemon time: however long the silence lasted so
+    far, once `power.unreachable_for` has passed with nothing changed the plan is `blocked`
+    naming what a human should check (or it was already paused or latched by a human)."""
+    if not scene.observer_silence:
+        return
+    capped = max(scene.now, max(scene.since.values()) + LIMIT)
+    for now in (scene.now, capped):
+        result = plan(scene.cluster, scene.seen, scene.memory, now)
+        assert not any(a.kind == "power_cycle" for a in result.actions)
+    if scene.memory.paused is not None or scene.memory.blocked is not None:
+        assert result.phase in ("paused", "blocked")
+        return
+    assert result.phase == "blocked", result.reason
+    assert "check the ops box's own network path" in result.reason
