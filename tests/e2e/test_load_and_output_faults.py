@@ -88,3 +88,24 @@ async def test_reasoning_only_stop_is_an_output_fault_never_restarted(
     last = ctl.memory.last_probe
     assert last is not None and last.outcome == "no_answer"
     assert degraded(ctl, "output_fault") == 1
+
+
+async def test_streamed_answer_after_a_stray_think_close_stays_healthy(
+    healthy_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    """Streamed, vLLM 0.32's qwen3 parser leaves a turn whose `</think>` came in pieces all in
+    `reasoning`; the answer after the closer is an answer."""
+    ctl = controller(healthy_world, pool, tmp_path / "state", cluster={"probe": {"stream": True}})
+    await converge(ctl)
+    await healthy_world.fault("answer-style", "spark-a", "stray_think")
+    seen: set[float] = set()
+
+    def done(_: list[Plan]) -> bool:
+        last = ctl.memory.last_probe
+        if last is not None and last.outcome == "answer":
+            seen.add(last.at)
+        return len(seen) >= ctl.cluster.policy.failure_threshold + 1
+
+    plans = await cycles_until(ctl, done)
+    assert plans[-1].phase == "healthy", plans[-1].reason
+    assert restarted(ctl) == [] and ctl.memory.consecutive_failures == 0

@@ -59,6 +59,15 @@ async def test_probe_styles(server: Any, style: str, outcome: str) -> None:
     assert result.verdict.outcome == outcome
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answer_after_a_stray_think_close_is_healthy(server: Any, stream: bool) -> None:
+    srv, behaviour = server
+    behaviour.style = "stray_think"
+    result = await model_http.probe(opener_for(srv.port), cluster(stream=stream), None)
+    assert (result.verdict.outcome, result.verdict.healthy) == ("answer", True), result.verdict
+    assert "Hello! It's nice to meet you." in result.verdict.detail
+
+
 async def test_busy_is_told_from_hung(server: Any) -> None:
     srv, behaviour = server
     behaviour.style = "busy"
