@@ -7,9 +7,9 @@ ended (`stop`) with reasoning and no content is what every client gets from a br
 parser or chat template: `no_answer` (which a restart reproduces: core.policy does not count it).
 A turn the server cut short (`abort`, or an error streamed after part of the answer) is `aborted`.
 
-An answer that follows a `</think>` inside `reasoning` is an answer: vLLM's qwen3 reasoning parser
-leaves everything in `reasoning`, the closer included, when the model spells `</think>` in pieces
-rather than as its one special token (vLLM 0.32.0 and 0.34.0,
+An answer that follows a `</think>` inside `reasoning` is an answer: vLLM's qwen3 reasoning parser,
+streaming, leaves everything in `reasoning`, the closer included, when the model spells
+`</think>` in pieces rather than as its one added token (vLLM 0.32.0 and 0.34.0,
 vllm/parser/engine/streaming_parser_engine.py `_process_lex_tokens`: once token ids are fed, a
 closer lexed from text alone is content of the current state, and the state is still reasoning).
 Every client reads that answer after the closer; it is read from there (tests/fixtures/vllm-parser).

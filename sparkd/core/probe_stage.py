@@ -11,10 +11,11 @@ with its cause named (and exported: `sparkd_model_degraded{cause}`, alerted on):
   degraded and alerted; it is no hang while tokens flow (a hang is core.hang's, on the token
   counter standing still).
 - `output_fault`: the turn ended (`stop`) with reasoning and no content (`no_answer`): the chat
-  template or reasoning parser put the whole answer in `reasoning` (vLLM 0.32's qwen3 parser
-  starts every turn in reasoning, even after a template that closed the think block itself;
-  vllm/parser/engine/parser_engine.py, `adjust_initial_state_from_prompt` is a no-op there, and
-  0.34 starts in content only then, `set_prompt_token_ids`). At `probe.temperature` 0 the answer
+  template or reasoning parser put the whole answer in `reasoning` (vLLM 0.32's qwen3 parser,
+  not streaming, starts every turn in reasoning even after a template that closed the think
+  block itself: vllm/parser/abstract_parser.py, `set_prompt_token_ids` is a no-op, line 215;
+  0.34 starts in content then, vllm/parser/engine/parser_engine.py `set_prompt_token_ids`;
+  tests/fixtures/vllm-parser). At `probe.temperature` 0 the answer
   is decoded greedily, so a restart returns the same turn. Above 0 one such turn is weaker
   evidence (the sampled model may have stopped inside its thought once): it is reported the
   same way, never counted (a restart cures neither cause), and the alert waits for it to last.
