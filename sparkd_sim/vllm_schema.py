@@ -263,9 +263,10 @@ def chat_completion(
     gen: Generation, *, request_id: str, created: int, model: str, prompt: int, naming: FieldNaming
 ) -> Json:
     """A non-streaming `chat.completion` body."""
+    reasoning, content = gen.parsed()
     choice: Json = {
         "index": 0,
-        "message": _message(gen.content, gen.reasoning, naming),
+        "message": _message(content, reasoning, naming),
         "logprobs": None,
         "finish_reason": gen.finish_reason,
         "stop_reason": None,

@@ -29,6 +29,7 @@ AnswerStyle = Literal[
     "slow",
     "busy",
     "no_answer",
+    "stray_think",
 ]
 FinishReason = Literal["stop", "length"]
 
@@ -56,6 +57,10 @@ _REVIEW = (
 )
 _ANSWER_REASONING = "The user wants a one-sentence greeting. A warm, simple hello will do."
 
+# The reasoning closer, as text: a model that spells it in pieces rather than as its one added
+# token leaves it (and all after it) in `reasoning` when streamed; see `stray_think`.
+THINK_END = "</think>"
+
 _TOKEN_RE = re.compile(r"\s*[A-Za-z0-9']+|\s*[^\sA-Za-z0-9']")
 
 
@@ -79,6 +84,20 @@ class Generation:
     @property
     def content(self) -> str | None:
         return _joined(self.tokens, "content")
+
+    def parsed(self) -> tuple[str | None, str | None]:
+        """(reasoning, content) as vLLM 0.32's non-streaming qwen3 path returns them: it hands
+        the reasoning parser the text alone (vllm/parser/abstract_parser.py, `DelegatingParser.
+        parse`, line 841), whose lexer ends reasoning at the first `</think>` in it and drops a
+        later one (vllm/parser/qwen3.py lines 130-139). Streamed, the closer is matched by token
+        id only (vllm/parser/engine/streaming_parser_engine.py line 359): the tokens' own
+        channels stand (tests/fixtures/vllm-parser)."""
+        reasoning, content = self.reasoning, self.content
+        if reasoning is None or THINK_END not in reasoning:
+            return reasoning, content
+        before, _, after = reasoning.partition(THINK_END)
+        after = after.replace(THINK_END, "") + (content or "")
+        return before or None, after or None
 
 
 def _joined(tokens: Sequence[Token], channel: Channel) -> str | None:
@@ -145,6 +164,16 @@ def plan_generation(style: AnswerStyle, max_tokens: int) -> Generation:
         # thinks, closes its turn within budget, and the answer lands in `reasoning` too.
         script = [
             *(Token("reasoning", t) for t in tokenize(_ANSWER_REASONING)),
+            *(Token("reasoning", t) for t in tokenize(ANSWER_TEXT)),
+            Token("control", ""),  # end of sequence
+        ]
+        return _within_budget(script, max_tokens)
+    if style == "stray_think":
+        # The model spells `</think>` in pieces instead of its one added token, then answers:
+        # streamed, all of it stays in `reasoning` (Generation.parsed for the other way).
+        script = [
+            *(Token("reasoning", t) for t in tokenize(_ANSWER_REASONING)),
+            *(Token("reasoning", t) for t in ("</", "think", ">", "\n\n")),
             *(Token("reasoning", t) for t in tokenize(ANSWER_TEXT)),
             Token("control", ""),  # end of sequence
         ]

@@ -4,8 +4,15 @@ A reasoning model that spends its whole budget thinking answers with `content: n
 in `reasoning` (vLLM >= 0.11) or `reasoning_content` (older vLLM, SGLang): that is healthy, but
 only as a spent budget (`finish_reason: length`, or `max_tokens` completion tokens). A turn that
 ended (`stop`) with reasoning and no content is what every client gets from a broken reasoning
-parser or chat template: `no_answer`. A turn the server cut short (`abort`, or an error streamed
-after part of the answer) is `aborted`.
+parser or chat template: `no_answer` (which a restart reproduces: core.policy does not count it).
+A turn the server cut short (`abort`, or an error streamed after part of the answer) is `aborted`.
+
+An answer that follows a `</think>` inside `reasoning` is an answer: vLLM's qwen3 reasoning parser,
+streaming, leaves everything in `reasoning`, the closer included, when the model spells
+`</think>` in pieces rather than as its one added token (vLLM 0.32.0 and 0.34.0,
+vllm/parser/engine/streaming_parser_engine.py `_process_lex_tokens`: once token ids are fed, a
+closer lexed from text alone is content of the current state, and the state is still reasoning).
+Every client reads that answer after the closer; it is read from there (tests/fixtures/vllm-parser).
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ SOUP_MIN_LETTERS = 12
 # Only the start of a long text is examined: garbling fills a response from its first tokens.
 GARBLED_SCAN_CHARS = 4096
 REASONING_FIELDS = ("reasoning", "reasoning_content")
+# The closer of a reasoning block (Qwen3, DeepSeek-R1): text after the last one is the answer.
+THINK_END = "</think>"
 AUTH_FAILURES = (401, 403)
 
 
@@ -260,6 +269,11 @@ def _classify_message(
         return verdict("answer", f"{len(tool_calls)} tool call(s)", **extra)
     if text:
         return verdict("answer", _snippet(text), **extra)
+    after = _after_closer(thought)
+    if after:
+        return verdict(
+            "answer", f"after a {THINK_END} left in reasoning: {_snippet(after)}", **extra
+        )
     if thought:
         if tokens == 0:
             return verdict("malformed", "reasoning text but completion_tokens is 0", **extra)
@@ -363,6 +377,12 @@ def _reasoning(message: Mapping[str, Any]) -> str:
                 return value
             blank = blank or value
     return blank
+
+
+def _after_closer(thought: str) -> str:
+    """The text after the last reasoning closer that a parser left in `reasoning`, or ""."""
+    _, closer, after = thought.rpartition(THINK_END)
+    return after.strip() if closer else ""
 
 
 def _completion_tokens(usage: Any) -> int | None:

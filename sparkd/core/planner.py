@@ -162,6 +162,8 @@ def plan(
         )
     draft = _draft(desired, observed, memory, now)
     failure = draft.failure or (acceptance.failed(observed.checks) if steer.may_roll_back else None)
+    if failure is None and steer.may_roll_back:
+        failure = rollout.output_fault(desired, observed, memory)
     if failure is None and (steer.may_roll_back or steer.held is not None):
         failure = _spent(draft, memory, desired, now)
     if draft.not_the_spec:
@@ -343,8 +345,7 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
         stages.append(hung)
         restarts = [a for a in (*probed.actions, *hung.actions) if a.kind == "restart_model"]
         if observed.probe is not None and policy.is_new_probe(memory, observed.probe):
-            threshold = desired.policy.failure_threshold
-            probe_failures = policy.failures_after(memory, observed.probe, threshold)
+            probe_failures = policy.failures_after(memory, observed.probe)
             busy = policy.busy_streak_after(memory, observed.probe)
     holds = [hold for stage in stages for hold in stage.holds]
     # A failure counts against the spec only through a restart that survives the vetoes, and

@@ -46,28 +46,32 @@ def is_new_probe(memory: Memory, probe: ProbeResult | None) -> bool:
 
 
 def busy_streak_after(memory: Memory, probe: ProbeResult | None) -> int:
-    """Consecutive busy probes once `probe` is taken into account."""
+    """Consecutive busy probes once `probe` is taken into account (how long the overload has
+    lasted, for the report)."""
     if probe is None or not is_new_probe(memory, probe):
         return memory.busy_streak
     return memory.busy_streak + 1 if probe.busy else 0
 
 
-def counts_as_failure(probe: ProbeResult, busy_streak: int = 0, threshold: int = 0) -> bool:
-    """A failed probe that says the model is broken: not `not_run`, and not a busy timeout
-    unless busy has lasted past the failure threshold."""
+def counts_as_failure(probe: ProbeResult) -> bool:
+    """A failed probe that says the engine is broken. Not `not_run` (nothing learnt); not a busy
+    timeout, however long the load lasts (the engine generates for others: a restart would drop
+    their requests and meet the same load again); not an output fault (`no_answer`: the engine
+    generated a whole turn and the template or reasoning parser left no content, which a
+    restart reproduces)."""
     verdict = probe.verdict
     if verdict.healthy is not False or verdict.outcome in UNCOUNTED:
         return False
-    return not probe.busy or (threshold > 0 and busy_streak > threshold)
+    return not probe.busy and not probe.output_fault
 
 
-def failures_after(memory: Memory, probe: ProbeResult | None, threshold: int = 0) -> int:
+def failures_after(memory: Memory, probe: ProbeResult | None) -> int:
     """Consecutive counted failures once `probe` is taken into account."""
     if probe is None or not is_new_probe(memory, probe):
         return memory.consecutive_failures
     if probe.verdict.healthy:
         return 0
-    if counts_as_failure(probe, busy_streak_after(memory, probe), threshold):
+    if counts_as_failure(probe):
         return memory.consecutive_failures + 1
     return memory.consecutive_failures
 

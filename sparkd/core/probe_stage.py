@@ -1,9 +1,24 @@
 """Stage 5, the probe: only a real completion proves health.
 
 A model that was ready is restarted only after `failure_threshold` consecutive counted
-failures. `not_run` (the probe could not be sent) never counts. A busy timeout (other requests
-running or waiting, tokens flowing beyond the probe's own) does not count, until it has lasted
-`failure_threshold` probes: busy forever is reported, then counted.
+failures. `not_run` (the probe could not be sent) never counts. Two failures that a restart
+would not change never count either, however long they last; each is reported as `degraded`
+with its cause named (and exported: `sparkd_model_degraded{cause}`, alerted on):
+
+- `overloaded`: the probe timed out while other requests ran or waited and tokens flowed beyond
+  the probe's own (core.classify.judge_timeout). The engine is generating: a restart would drop
+  every request in flight and meet the same load again. Overload that lasts for hours stays
+  degraded and alerted; it is no hang while tokens flow (a hang is core.hang's, on the token
+  counter standing still).
+- `output_fault`: the turn ended (`stop`) with reasoning and no content (`no_answer`): the chat
+  template or reasoning parser put the whole answer in `reasoning` (vLLM 0.32's qwen3 parser,
+  not streaming, starts every turn in reasoning even after a template that closed the think
+  block itself: vllm/parser/abstract_parser.py, `set_prompt_token_ids` is a no-op, line 215;
+  0.34 starts in content then, vllm/parser/engine/parser_engine.py `set_prompt_token_ids`;
+  tests/fixtures/vllm-parser). At `probe.temperature` 0 the answer
+  is decoded greedily, so a restart returns the same turn. Above 0 one such turn is weaker
+  evidence (the sampled model may have stopped inside its thought once): it is reported the
+  same way, never counted (a restart cures neither cause), and the alert waits for it to last.
 """
 
 from __future__ import annotations
@@ -63,17 +78,20 @@ def judge_probe(ctx: Context, load: Load, serving: bool, link_down: list[str]) -
     if outcome.outcome == "not_run":
         verdict.notes.append(f"probe could not run ({outcome.detail}); not counted")
         return verdict
-    streak = policy.busy_streak_after(memory, probe)
-    if probe.busy and streak <= threshold:
+    if probe.busy:
+        streak = policy.busy_streak_after(memory, probe)
+        seen = f"; {outcome.detail}" if outcome.detail else ""
         verdict.notes.append(
-            f"busy: probe timed out{latency} while other requests run or tokens flow "
-            f"({streak} busy probe(s) in a row, counted after {threshold}); not counted"
+            f"degraded: overloaded: probe timed out{latency} while other requests run and "
+            f"tokens flow ({streak} such probe(s) in a row{seen}); not counted: a restart "
+            "would drop the requests in flight and meet the same load"
         )
         return verdict
-    failures = policy.failures_after(memory, probe, threshold)
+    if probe.output_fault:
+        verdict.notes.append(_output_fault(ctx, outcome.detail))
+        return verdict
+    failures = policy.failures_after(memory, probe)
     what = f"probe {outcome.outcome}" + (f": {outcome.detail}" if outcome.detail else "")
-    if probe.busy:
-        what = f"busy for {streak} probes in a row, now counted (last: {what}{latency})"
     if failures >= threshold:
         why = f"{failures} consecutive failed probes (last: {what})"
         verdict.notes.append(why)
@@ -81,6 +99,21 @@ def judge_probe(ctx: Context, load: Load, serving: bool, link_down: list[str]) -
         return verdict
     verdict.notes.append(f"{what}; failure {failures} of {threshold}")
     return verdict
+
+
+def _output_fault(ctx: Context, detail: str) -> str:
+    temperature = ctx.desired.probe.temperature
+    if temperature == 0:
+        how = "at temperature 0 a restart returns the same turn"
+    else:
+        how = (
+            f"sampled at temperature {temperature:g}, one such turn may be chance; "
+            "a restart cures neither"
+        )
+    return (
+        f"degraded: output fault: probe no_answer: {detail}; {how}; not counted: check the "
+        "chat template and --reasoning-parser"
+    )
 
 
 def _slow(ctx: Context, latency: float | None) -> str | None:

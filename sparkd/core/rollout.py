@@ -3,7 +3,8 @@
 The spec that last reached lasting health (N healthy probes in a row, `rollout.acceptance_probes`)
 is kept as last-good. A change from it is one rollout: cut over once, accepted after N healthy
 probes of the new spec. When the new spec fails on evidence (core.model_stage's `failed`, the
-probe failing it before acceptance, its restart budget spent), the planner relaunches the
+probe failing it before acceptance, its restart budget spent, its answers reaching no content:
+`output_fault`), the planner relaunches the
 last-good spec and holds it (`degraded`, "rolled back from SPEC to LAST-GOOD: WHY") until the
 config changes again or an operator retries. A rollback that itself fails latches `blocked`.
 
@@ -89,6 +90,20 @@ def steer(desired: ClusterSpec, memory: Memory) -> Steer:
     accepted = rollout is not None and rollout.accepted_at is not None
     may = desired.rollout.rollback and of_rollout and not accepted
     return Steer(spec=desired, desired_hash=want, good=last, may_roll_back=may)
+
+
+def output_fault(desired: ClusterSpec, observed: Observed, memory: Memory) -> str | None:
+    """Why the spec being judged failed on its own output: this cycle's probe ended its turn
+    with reasoning and no content (a chat template or reasoning parser that the spec brought).
+    A restart of the same spec reproduces it; the last-good spec, which served, may not. At
+    `probe.temperature` 0 one such probe; above it, two in a row (one may be chance)."""
+    probe = observed.probe
+    if probe is None or not probe.output_fault or not policy.is_new_probe(memory, probe):
+        return None
+    before = memory.last_probe
+    if desired.probe.temperature > 0 and (before is None or not before.output_fault):
+        return None
+    return f"its answers reach no content (probe no_answer: {probe.verdict.detail})"
 
 
 def prepare_due(desired: ClusterSpec, memory: Memory) -> bool:

@@ -209,7 +209,9 @@ class Memory(Value):
         None, description="the last time the model's load was seen to advance"
     )
     busy_streak: int = Field(
-        0, description="busy probe timeouts in a row: past the failure threshold, busy is no excuse"
+        0,
+        description="busy probe timeouts in a row (overloaded): reported, never counted as "
+        "failures",
     )
     kernel_omens: dict[str, str] = Field(
         default_factory=dict,

@@ -26,6 +26,12 @@ PROBE_OUTCOMES: tuple[ProbeOutcome, ...] = get_args(ProbeOutcome)
 # a turn that ended with reasoning and no content (a reasoning-parser or chat-template fault),
 # `aborted` a turn the server cut short (finish_reason `abort`, or an error streamed mid-answer).
 HEALTHY_OUTCOMES: frozenset[ProbeOutcome] = frozenset({"answer", "reasoning_only"})
+# Not healthy, but not the engine's fault either: the text is there, in the wrong field.
+OUTPUT_FAULTS: frozenset[ProbeOutcome] = frozenset({"no_answer"})
+# Why a probe leaves the model `degraded` without counting toward a restart (a restart would not
+# change it): the `cause` label of `sparkd_model_degraded`.
+DegradedCause = Literal["overloaded", "output_fault"]
+DEGRADED_CAUSES: tuple[DegradedCause, ...] = get_args(DegradedCause)
 
 
 class ProbeVerdict(Value):
@@ -73,4 +79,19 @@ class ProbeResult(Value):
 
     @property
     def busy(self) -> bool:
+        """Timed out on a server generating for others: overloaded, not broken."""
         return self.verdict.outcome == "timeout" and self.tokens_advanced is True
+
+    @property
+    def output_fault(self) -> bool:
+        """The engine generated a whole turn that reached no `content`: a chat-template or
+        reasoning-parser fault, which a restart of the same spec reproduces."""
+        return self.verdict.outcome in OUTPUT_FAULTS
+
+    @property
+    def degraded_cause(self) -> DegradedCause | None:
+        if self.busy:
+            return "overloaded"
+        if self.output_fault:
+            return "output_fault"
+        return None

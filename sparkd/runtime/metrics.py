@@ -85,7 +85,7 @@ class Metrics:
         self.probes = counter("sparkd_probes", "Probes by outcome", "outcome")
         self.probe_failures = counter(
             "sparkd_probe_failures",
-            "Probes that count as a model failure (not not_run, not a busy timeout)",
+            "Probes that count as a model failure (not not_run, a busy timeout or an output fault)",
         )
         self.completion_tokens = counter(
             "sparkd_probe_completion_tokens", "Completion tokens the probes generated"

@@ -16,6 +16,7 @@ from sparkd.core import engine_stats
 from sparkd.core.policy import budget_used
 from sparkd.model.observed import HostFacts
 from sparkd.model.plan import ACTION_KINDS, PHASES, TRIAGE_CLASSES
+from sparkd.model.probe import DEGRADED_CAUSES
 
 if TYPE_CHECKING:
     from sparkd.runtime.controller import Controller
@@ -99,6 +100,13 @@ class _Families:
             "MemAvailable of the host (on GB10 GPU allocations come out of it)",
             ("cluster", "host"),
         )
+        self.degraded = gauge(
+            "sparkd_model_degraded",
+            "1 for the cause the last probe shows when a restart would not change it "
+            "(overloaded: timed out while tokens flowed for others; output_fault: the turn "
+            "reached no content)",
+            ("cluster", "cause"),
+        )
         self.triage = gauge(
             "sparkd_cluster_triage",
             "1 for each failure class below vLLM the planner recognises now (core.triage)",
@@ -155,6 +163,9 @@ class _Families:
         if view.last_cycle_at is not None:
             self.last_cycle.add_metric([name], view.last_cycle_at)
         last = memory.last_probe
+        cause = last.degraded_cause if last is not None else None
+        for each in DEGRADED_CAUSES:
+            self.degraded.add_metric([name, each], 1.0 if cause == each else 0.0)
         if last is not None:
             if last.verdict.completion_tokens is not None:
                 self.tokens.add_metric([name], last.verdict.completion_tokens)
@@ -245,6 +256,7 @@ class _Families:
             self.last_success,
             self.last_latency,
             self.memory_available,
+            self.degraded,
             self.triage,
             self.link_up,
             self.link_rate,

@@ -363,10 +363,13 @@ async def run_checks(
     opener: Opener, cluster: ClusterSpec, api_key: str | None
 ) -> tuple[CheckResult, ...]:
     """A rollout's acceptance checks (`rollout.checks`), one completion each, in order, each
-    within the probe timeout; one that cannot be sent says nothing (`ok` None)."""
+    within the probe timeout; one that cannot be sent says nothing (`ok` None), and neither does
+    one that timed out while vLLM generated for other requests (judged as a probe's timeout:
+    peak traffic is no fault of the spec; the checks run again with a later probe)."""
     authority = f"{cluster.model_host}:{cluster.model.port}"
     results: list[CheckResult] = []
     for index, check in enumerate(cluster.rollout.checks):
+        load_before = await _engine_load(opener, authority)
         payload = {
             "model": cluster.model.served_name,
             "messages": [{"role": "user", "content": check.prompt}],
@@ -384,7 +387,15 @@ async def run_checks(
                     headers=_auth(api_key),
                 )
         except TimeoutError:
-            results.append(CheckResult(index=index, ok=False, detail="no answer in time"))
+            load_after = await _engine_load(opener, authority)
+            busy, seen = judge_timeout(load_before, load_after, check.max_tokens)
+            if busy:
+                detail = f"no answer in time, overloaded ({seen}): says nothing of the spec"
+                results.append(CheckResult(index=index, ok=None, detail=detail))
+            else:
+                results.append(
+                    CheckResult(index=index, ok=False, detail=f"no answer in time; {seen}")
+                )
             continue
         except Exception as exc:  # the channel or the connection: nothing learnt
             results.append(CheckResult(index=index, ok=None, detail=describe(exc)))

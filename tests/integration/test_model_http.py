@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from sparkd.core.classify import EngineLoad
-from sparkd.model.cluster import ClusterSpec
+from sparkd.model.cluster import ClusterSpec, RolloutCheck
 from sparkd.shell import model_http
 from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
 from tests.support.model_client import MODEL, cluster, opener_for
@@ -62,6 +62,15 @@ async def test_probe_styles(server: Any, style: str, outcome: str) -> None:
     assert result.verdict.outcome == outcome
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answer_after_a_stray_think_close_is_healthy(server: Any, stream: bool) -> None:
+    srv, behaviour = server
+    behaviour.style = "stray_think"
+    result = await model_http.probe(opener_for(srv.port), cluster(stream=stream), None)
+    assert (result.verdict.outcome, result.verdict.healthy) == ("answer", True), result.verdict
+    assert "Hello! It's nice to meet you." in result.verdict.detail
+
+
 async def test_busy_is_told_from_hung(server: Any) -> None:
     srv, behaviour = server
     behaviour.style = "busy"
@@ -72,6 +81,24 @@ async def test_busy_is_told_from_hung(server: Any) -> None:
     behaviour.engine = "hung"
     hung = await model_http.probe(opener_for(srv.port), cluster(timeout=0.3), None)
     assert (hung.verdict.outcome, hung.tokens_advanced, hung.busy) == ("timeout", False, False)
+
+
+async def test_an_acceptance_check_that_meets_peak_load_says_nothing_of_the_spec(
+    server: Any,
+) -> None:
+    """A rollout's check timing out while vLLM decodes other requests is no failed check (it
+    would roll the spec back); on a hung engine it still fails."""
+    srv, behaviour = server
+    spec = cluster(timeout=0.3)
+    checks = (RolloutCheck(prompt="Say hello in one sentence."),)
+    spec = spec.model_copy(update={"rollout": spec.rollout.model_copy(update={"checks": checks})})
+    behaviour.style = "busy"
+    [busy] = await model_http.run_checks(opener_for(srv.port), spec, None)
+    assert busy.ok is None and "overloaded" in busy.detail, busy
+    behaviour.style = "reasoning_only"
+    behaviour.engine = "hung"
+    [hung] = await model_http.run_checks(opener_for(srv.port), spec, None)
+    assert hung.ok is False and "no answer in time" in hung.detail, hung
 
 
 async def test_a_hung_engine_stays_hung_with_earlier_probes_stuck_in_it(server: Any) -> None:

@@ -267,6 +267,27 @@ async def test_stream_matches_vllm_sse_and_the_non_streaming_text(
     assert set(got) <= REASONING_KEYS[naming] | {"content"}
 
 
+async def test_stray_think_reads_as_vllm_032s_qwen3_parser_gives_it(served: Served) -> None:
+    """Not streamed, split at the closer's text; streamed, everything stays in `reasoning`,
+    closer included (tests/fixtures/vllm-parser, made by vLLM 0.32.0's own parser)."""
+    parser = SAMPLES.parent / "vllm-parser"
+    real = json.loads((parser / "qwen3-stray-think-close.json").read_text())
+    served.behaviour.style = "stray_think"
+    _, whole = await served.chat()
+    body = json.loads(whole)
+    message = body["choices"][0]["message"]
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert message["content"] == real["choices"][0]["message"]["content"]
+    assert "</think>" not in message["reasoning"]
+    _, text = await served.chat(stream=True)
+    got: dict[str, str] = {}
+    for event in parse_sse(text)[:-1]:
+        for key, value in json.loads(event)["choices"][0]["delta"].items():
+            got[key] = got.get(key, "") + (value or "")
+    assert not got.get("content")
+    assert got["reasoning"].endswith("</think>\n\nHello! It's nice to meet you.")
+
+
 async def test_stream_without_include_usage_has_no_usage_chunk(served: Served) -> None:
     _, text = await served.chat(stream=True)
     chunks = [json.loads(e) for e in parse_sse(text)[:-1]]

@@ -203,7 +203,7 @@ def test_a_busy_model_that_answers_is_lasting_health() -> None:
         }
     )
     decided = plan(toy.cluster, toy.observe(), memory, toy.now)
-    assert decided.phase == "degraded" and "busy" in decided.reason
+    assert decided.phase == "degraded" and "overloaded" in decided.reason
     assert decided.reset_backoff
     after = remember(memory, toy.observe(), (), toy.now, decided)
     assert after.backoff_reset_at == toy.now

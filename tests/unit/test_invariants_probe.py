@@ -1,9 +1,10 @@
 """Invariant 8: a healthy probe is an answer or a spent budget.
 
 Reasoning with no content is healthy only when the budget ran out (`finish_reason: length`, or
-`max_tokens` completion tokens); a turn that ended with reasoning only is a reasoning-parser or
-chat-template fault, a turn the server aborted or an error streamed mid-answer is no answer,
-and a probe that answers slowly is reported, never counted.
+`max_tokens` completion tokens) or when an answer follows a `</think>` left in it; a turn that
+ended with reasoning only is a reasoning-parser or chat-template fault, a turn the server
+aborted or an error streamed mid-answer is no answer, and a probe that answers slowly is
+reported, never counted.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkd.core.classify import classify_response, classify_stream
+from sparkd.core.classify import classify_response, classify_stream, garbled
 from sparkd.core.planner import plan
 from sparkd.model.memory import Memory
 from sparkd.model.probe import PROBE_OUTCOMES, ProbeResult, ProbeVerdict
@@ -68,6 +69,24 @@ def test_healthy_is_an_answer_or_a_spent_budget(
     verdict = classify_response(200, real_with(content, reasoning, finish, tokens), MAX_TOKENS)
     if verdict.healthy:
         assert spent_or_answered(content, finish, tokens), verdict
+
+
+@COMMON
+@given(st.one_of(st.none(), st.just(""), st.just("\n\n")), TEXT, TEXT, FINISH, st.integers(1, 50))
+def test_an_answer_after_a_closer_left_in_reasoning_is_an_answer(
+    content: str | None, thought: str, answer: str, finish: str | None, tokens: int
+) -> None:
+    """Whatever the turn's end and length: text after the last `</think>` that a reasoning
+    parser left in `reasoning` is an answer (unless the server aborted the turn)."""
+    reasoning = f"{thought}</think>\n\n{answer}"
+    verdict = classify_response(200, real_with(content, reasoning, finish, tokens), MAX_TOKENS)
+    if garbled(reasoning) is not None:  # a word repeated over most of it: a broken kernel's
+        assert verdict.outcome == "garbled", verdict
+    elif finish == "abort":
+        assert verdict.outcome == "aborted", verdict
+    else:
+        assert (verdict.outcome, verdict.healthy) == ("answer", True), verdict
+        assert answer.split()[0] in verdict.detail
 
 
 def stream_of(parts: list[tuple[str, str]], finish: str | None, error_at: int | None) -> list[str]:

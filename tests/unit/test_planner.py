@@ -443,7 +443,7 @@ CASES += [
         probe_failing("timeout", 2, busy=True),
         "degraded",
         (),
-        "busy: probe timed out",
+        "degraded: overloaded: probe timed out",
     ),
     Case(
         "hung_timeout_counts",
