@@ -30,6 +30,7 @@ from sparkd.core.gate import SILENT
 from sparkd.core.judge import Context, Hold, Verdict, act, ago
 from sparkd.core.load import Load
 from sparkd.model.plan import EVERYTHING, MODEL_STARTS, RAY_STARTS
+from sparkd.model.probe import OUTPUT_FAULTS, ProbeResult
 from sparkd.model.spec import HostSpec
 
 
@@ -155,13 +156,23 @@ def _power(
     verdict.actions.append(act("power_cycle", host.name, host.name, reason))
 
 
+def generated(probe: ProbeResult) -> bool:
+    """Whether the engine produced tokens for this probe: a tensor-parallel engine whose rank on
+    a wedged host could not take part in a step produces none. A healthy answer does, and so
+    does an output fault (`no_answer`: the text in the wrong field), which says nothing against
+    the hosts."""
+    if probe.verdict.healthy is True or probe.outcome in OUTPUT_FAULTS:
+        return True
+    return probe.outcome == "garbled" and (probe.verdict.completion_tokens or 0) > 0
+
+
 def still_serving(ctx: Context, host: HostSpec) -> str | None:
     """What says the silent `host` still does its work, or None."""
     since = ctx.memory.unreachable_since.get(host.name)
     probe = ctx.observed.probe or ctx.memory.last_probe
     # A probe from before the silence says nothing of the host now.
     recent = probe is not None and since is not None and probe.at >= since
-    if probe is not None and recent and (probe.verdict.healthy is True or probe.busy):
+    if probe is not None and recent and (generated(probe) or probe.busy):
         answer = "busy" if probe.busy else probe.outcome
         return f"the model answered a probe {ago(ctx.now - probe.at)} ago ({answer})"
     ray = ctx.observed.ray

@@ -180,6 +180,11 @@ def test_not_while_the_model_answers_probes_taken_during_the_silence() -> None:
     busy = probe.model_copy(update={"verdict": verdict, "tokens_advanced": True})
     result = plan(cluster, dead_ray.model_copy(update={"probe": busy}), memory, now)
     assert cycles(result) == [] and "the model answered a probe 0.00s ago (busy)" in result.reason
+    # An output fault (the answer left in `reasoning`) is the engine generating on both ranks.
+    faulted = probe.verdict.model_copy(update={"outcome": "no_answer", "healthy": False})
+    result = plan(cluster, dead_ray.model_copy(update={"probe": probe.model_copy(
+        update={"verdict": faulted})}), memory, now)  # fmt: skip
+    assert cycles(result) == [] and "answered a probe 0.00s ago (no_answer)" in result.reason
     # A healthy probe from before the silence says nothing of the host now.
     since = memory.unreachable_since["spark-b"]
     stale = probe.model_copy(update={"at": since - 1})
