@@ -52,6 +52,7 @@ class Faults(HostFaults, ModelFaults):
             "hang-tool": self.hang_tool,
             "rename-iface": self.rename_iface,
             "full-disk": self.full_disk,
+            "big-layer": self.big_layer,
             "pull-image": self.pull_image,
             "nv-no-memory-wedge": self.nv_no_memory_wedge,
             "aer-fatal": self.aer_fatal,

@@ -404,4 +404,4 @@ def _stable_gpu_processes(
 
 
 def _json_lines(text: str) -> str:
-    return "\n".join(line for line in text.splitlines() if line.lstrip().startswith("{"))
+    return "\n".join(line for line in text.splitlines() if parsers.container_json(line))
