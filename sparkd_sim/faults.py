@@ -48,6 +48,7 @@ class Faults(HostFaults, ModelFaults):
             "hang-container": self.hang_container,
             "crash-loop": self.crash_loop,
             "repull-image": self.repull_image,
+            "image-without-ray": self.image_without_ray,
             "answer-style": self.answer_style,
             "hang-tool": self.hang_tool,
             "rename-iface": self.rename_iface,

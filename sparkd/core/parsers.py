@@ -134,6 +134,7 @@ def parse_docker_ps(text: str, started: Mapping[str, float] | None = None) -> tu
                 labels=parse_docker_labels(_text(row.get("Labels"))),
                 started_at=(started or {}).get(name),
                 status=_text(row.get("Status")),
+                exit_code=exit_code(_text(row.get("Status"))),
             )
         )
     return tuple(containers)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkd.core import parsers
-from sparkd.core.assemble import docker_failure, unreadable
+from sparkd.core.assemble import docker_failure, host_facts, unreadable
 from sparkd.shell import catalogue
 from sparkd.shell.events import ExecFilter, parse_event
 from tests.toy import reference_cluster
@@ -170,3 +170,37 @@ def test_running_names_come_from_the_template_not_from_the_json_spelling(
     assert "top fat" in sections
     listed = parsers.parse_docker_ps(sections["containers"].body)
     assert [(c.name, c.state) for c in listed] == [("fat", "running"), ("old-build", "exited")]
+
+
+def test_an_exited_ray_container_reads_with_its_exit_code_and_last_line() -> None:
+    """A real engine (no-ray.jsonl): sparkd's Ray command in an image without `ray`, through an
+    entrypoint shell, exits 127 at once; the listing's `Status` has the code, `docker logs
+    --tail` the shell's line. The fact script asks for that log only while sparkd's own
+    container has exited."""
+    cluster = reference_cluster()
+    own = "sparkd-sparks-ray-head"
+    [listing] = [
+        c for c in calls_in("no-ray.jsonl", "docker ps") if '"State":"exited"' in c["stdout"]
+    ]
+    # The container's stderr comes out on `docker logs`' own stderr (the fact script joins both).
+    [log] = [c for c in calls_in("no-ray.jsonl", f"docker logs --tail 5 -- {own}") if c["stderr"]]
+    got = host_facts(
+        cluster,
+        cluster.head,
+        {
+            "boot_id": parsers.Section("b", 0),
+            "containers": parsers.Section(listing["stdout"], 0),
+            "running": parsers.Section("", 0),
+            "exit_log": parsers.Section(log["stdout"] + log["stderr"], 0),
+        },
+        1000.0,
+    )
+    box = got.container(own)
+    assert box is not None and box.state == "exited" and not box.running
+    assert box.exit_code == 127
+    assert box.last_line == "entrypoint.sh: exec: line 0: ray: not found"
+    script = catalogue.fact_script(cluster, cluster.head, 5).command
+    assert (
+        f'if [ "$e" = exited ]; then s exit_log timeout -k 2 5 docker logs --tail 5 -- {own}'
+        in (script)
+    )
