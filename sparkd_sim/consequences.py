@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from sparkd_sim.engine import HostEngine
+from sparkd_sim.engine import ENTRYPOINT, HostEngine
 from sparkd_sim.serve import ServeProcess
 from sparkd_sim.state import Container, RayCluster, RayNode
 from sparkd_sim.vllm_logs import crash_loop_log
@@ -21,6 +21,12 @@ class Consequences(WorldState):
             for line in crash_loop_log(container.processes[0].pid if container.processes else 1):
                 container.log(line)
             return 1
+        if container.command[:1] == ["ray"] and container.image_id in engine.state.rayless_ids:
+            # The image's entrypoint (bash) `exec`s the command it is given, and finds no `ray`
+            # (bash's words; tests/fixtures/docker-real/no-ray.jsonl has a shell's through an
+            # entrypoint, exit 127 at once).
+            container.log(f"{ENTRYPOINT}: line 67: exec: ray: not found")
+            return 127
         if container.command[:2] == ["ray", "start"]:
             if self.real_ray is not None:
                 return await self.real_ray.run(

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from typing import Any
 
-from sparkd_sim.docker_args import DAEMON, is_restarting, no_such, not_running, parse
+from sparkd_sim.docker_args import DAEMON, Parsed, is_restarting, no_such, not_running, parse
 from sparkd_sim.docker_images import IMAGE_SIZE, find_image, human_size, image_id, image_value
 from sparkd_sim.engine import ENTRYPOINT
 from sparkd_sim.formats import (
@@ -23,7 +24,7 @@ from sparkd_sim.protocol import Done, fail
 from sparkd_sim.state import Container, HostState, SimProcess
 
 
-def _ps_row(c: Container, no_trunc: bool) -> dict[str, Any]:
+def _ps_row(c: Container, no_trunc: bool, size: bool) -> dict[str, Any]:
     command = shlex.join([ENTRYPOINT, *c.command])
     if not no_trunc and len(command) > 20:
         command = command[:19] + "…"
@@ -49,7 +50,12 @@ def _ps_row(c: Container, no_trunc: bool) -> dict[str, Any]:
         "Platform": None,
         "Ports": "",
         "RunningFor": ago(c.created_wall),
-        "Size": f"0B (virtual {human_size(IMAGE_SIZE)})",
+        # Unasked, the sizes are zero and the CLI prints `0B` (formatter/container.go `Size`).
+        "Size": (
+            f"{human_size(c.layer_bytes)} (virtual {human_size(IMAGE_SIZE + c.layer_bytes)})"
+            if size
+            else "0B"
+        ),
         "State": c.status,
         "Status": status,
     }
@@ -82,19 +88,45 @@ def _matches(c: Container, filters: list[str]) -> bool | str:
     return True
 
 
+_PS_VALUES = {"--format", "-f", "--filter"}
+_PS_BOOLS = {"-a", "--all", "--no-trunc", "-q", "--quiet", "-s", "--size"}
+# Go's strconv.ParseBool, as a `--flag=value` is read.
+_FALSE = {"0", "f", "F", "false", "FALSE", "False"}
+# `.Size` in a template, or `{{json .}}` (which marshals every field, `.Size` too).
+_USES_SIZE = re.compile(r"\.Size\b|\{\{\s*json\s+\.\s*\}\}")
+
+
+def _sizes_asked(parsed: Parsed) -> bool:
+    """Whether the daemon is asked for sizes: `--size` as given, else when the template uses
+    `.Size` (and not `--quiet`), as docker/cli v29.7.2 cli/command/container/list.go decides:
+    `--size=false` given explicitly keeps them off."""
+    given = parsed.flags.get("--size", []) + parsed.flags.get("-s", [])
+    if given:
+        return given[-1] not in _FALSE
+    fmt = parsed.one("--format")
+    quiet = parsed.has("-q", "--quiet")
+    return fmt is not None and not quiet and _USES_SIZE.search(fmt) is not None
+
+
+def walked_bytes(host: HostState, args: list[str]) -> int:
+    """The writable layers the daemon walks to answer this `docker ps`: those of every listed
+    container when sizes are asked (the walk is the cost: seconds for a big layer), else none."""
+    parsed = parse(args, _PS_VALUES, _PS_BOOLS, "ps")
+    if isinstance(parsed, Done) or not _sizes_asked(parsed):
+        return 0
+    show_all = parsed.has("-a", "--all")
+    return sum(c.layer_bytes for c in host.containers.values() if show_all or c.up)
+
+
 def ps(host: HostState, args: list[str]) -> Done:
-    parsed = parse(
-        args,
-        {"--format", "-f", "--filter"},
-        {"-a", "--all", "--no-trunc", "-q", "--quiet"},
-        "ps",
-    )
+    parsed = parse(args, _PS_VALUES, _PS_BOOLS, "ps")
     if isinstance(parsed, Done):
         return parsed
     if parsed.rest:
         return fail("\"docker ps\" accepts no arguments.\nSee 'docker ps --help'.", 1)
     show_all = parsed.has("-a", "--all")
     no_trunc = parsed.has("--no-trunc")
+    size = _sizes_asked(parsed)
     selected = []
     for c in sorted(host.containers.values(), key=lambda c: -c.created_wall):
         if not show_all and not c.up:
@@ -104,7 +136,7 @@ def ps(host: HostState, args: list[str]) -> Done:
             return fail(ok)
         if ok:
             selected.append(c)
-    rows = [_ps_row(c, no_trunc) for c in selected]
+    rows = [_ps_row(c, no_trunc, size) for c in selected]
     if parsed.has("-q", "--quiet"):
         return Done(stdout="".join(r["ID"] + "\n" for r in rows))
     fmt = parsed.one("--format")

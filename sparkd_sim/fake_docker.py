@@ -78,6 +78,11 @@ class FakeDocker:
             "images": functools.partial(docker_images.images, self.host),
             "image": functools.partial(docker_images.image_inspect, self.host),
         }
+        if cmd == "ps":
+            # The daemon answers only once it has walked every layer whose size is asked.
+            walked = docker_views.walked_bytes(self.host, args)
+            if walked:
+                await asyncio.sleep(walked / 1e9 * self.engine.timing.size_walk)
         handler = handlers.get(cmd)
         if handler is None:
             return fail(

@@ -11,7 +11,7 @@ from sparkd_sim import fake_fabric, fake_kernel
 from sparkd_sim.consequences import Consequences
 from sparkd_sim.hosts import WRONG_IP_OFFSET, SimHost
 from sparkd_sim.reference import INTERFACE
-from sparkd_sim.state import GpuProcess, HostState, new_boot_id
+from sparkd_sim.state import Container, GpuProcess, HostState, new_boot_id, new_container_id
 
 
 class HostFaults(Consequences):
@@ -120,6 +120,32 @@ class HostFaults(Consequences):
             raise ValueError("late-delivery needs seconds")
         self.host(host).ssh.late = float(arg)
         return f"the next owned command reaches {host} {float(arg):g}s late"
+
+    async def big_layer(self, host: str, arg: str | None = None) -> str:
+        """A stopped container left behind (`old-build`) whose writable layer holds `arg` GB
+        (default 4, as after a `pip install` in a running container): every `docker ps -a`
+        that asks for sizes waits while the daemon walks it (`Timing.size_walk`)."""
+        gb = float(arg) if arg else 4.0
+        h = self.host(host)
+        now = time.time()
+        box = Container(
+            id=new_container_id(),
+            name="old-build",
+            image=next(iter(sorted(h.state.images)), "busybox:latest"),
+            command=["sleep", "infinity"],
+            labels={},
+            env={},
+            mounts=[],
+            restart="no",
+            status="exited",
+            exit_code=137,
+            created_wall=now,
+            started_wall=now,
+            finished_wall=now,
+            layer_bytes=int(gb * 1e9),
+        )
+        h.state.containers[box.id] = box
+        return f"{host}: stopped container old-build holds a {gb:g} GB writable layer"
 
     async def full_disk(self, host: str, arg: str | None = None) -> str:
         """The file system under the log dir (and Docker's) has `arg` bytes left (default 0)."""

@@ -3,6 +3,7 @@ containers, images and dockerd, and the fake tools that hang."""
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import shlex
 from pathlib import Path
@@ -109,6 +110,21 @@ class ModelFaults(Consequences):
         h.state.images.add(name)
         h.state.image_ids[name] = new_id
         return f"{name} on {host} is now {new_id[:19]}"
+
+    async def image_without_ray(self, host: str, arg: str | None = None) -> str:
+        """Tag `arg` (default: the Ray image) on `host` is now an image without `ray`, as NGC's
+        vLLM image from 26.05 (NVIDIA/dgx-spark-playbooks nvidia/vllm/README.md: "ships without
+        ray"), pulled there: a new image ID, and `ray start` in a container of it exits 127 at
+        once. The same image ID on every host it is pulled on; existing containers keep their
+        image; a re-pull (`repull-image`) brings one with `ray` again."""
+        h = self.host(host)
+        name = normalize_image(arg or QWEN_IMAGE)
+        # The same image wherever it is pulled: one ID for the tag on every host.
+        new_id = "sha256:" + hashlib.sha256(f"without ray: {name}".encode()).hexdigest()
+        h.state.images.add(name)
+        h.state.image_ids[name] = new_id
+        h.state.rayless_ids.add(new_id)
+        return f"{name} on {host} is now {new_id[:19]}, without ray"
 
     async def pull_image(self, host: str, arg: str | None = None) -> str:
         """`docker pull` of tag `arg` on `host`: the same image ID every host pulls."""

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlsplit
 
+from sparkd_sim.ray_runtime import status_text
 from sparkd_sim.state import RayCluster, RayNode
 from sparkd_sim.timing import Timing
 
@@ -101,10 +102,16 @@ def _usage(counted: list[RayNode], gpus_in_use: float) -> dict[str, list[float]]
     return usage
 
 
-def cluster_status(cluster: RayCluster, timing: Timing) -> Answer:
+def cluster_status(cluster: RayCluster, timing: Timing, formatted: bool = False) -> Answer:
+    """`/api/cluster_status`: the report autoscaler v1 writes to Ray's KV, camel-cased; with
+    `?format=1` the text `ray status` prints (ray 2.60 reporter_head.py `get_cluster_status`,
+    which formats v2's status from the GCS: v2 writes no report)."""
+    if formatted:
+        text = status_text(cluster, timing)
+        return 200, _envelope(True, "Got formatted cluster status.", {"clusterStatus": text})
     now = time.monotonic()
     head = next((n for n in cluster.nodes if n.is_head), None)
-    if head is None or now < head.launched + head.counted_after:
+    if cluster.autoscaler_v2 or head is None or now < head.launched + head.counted_after:
         # The autoscaler has written no report yet (`ray status`: `No cluster status`).
         data: dict[str, object] = {
             "autoscalingStatus": None,
@@ -147,7 +154,8 @@ def answer(cluster: RayCluster, timing: Timing, target: str) -> Answer:
     if parts.path == "/api/v0/nodes":
         return nodes(cluster, timing, parse_qs(parts.query))
     if parts.path == "/api/cluster_status":
-        return cluster_status(cluster, timing)
+        formatted = parse_qs(parts.query).get("format", ["0"])[0] == "1"
+        return cluster_status(cluster, timing, formatted)
     return 404, {"message": "Not Found"}
 
 

@@ -170,6 +170,9 @@ class RayNodes:
             dashboard_port=parsed.dashboard_port,
             launched=now,
             answers_after=self.timing.head_answer,
+            # Ray reads its config flags from `RAY_<name>`, a bool as `1` or `true`.
+            autoscaler_v2=container.env.get("RAY_enable_autoscaler_v2", "").lower()
+            in ("1", "true"),
         )
         self.clusters.append(cluster)
         engine.add_process(

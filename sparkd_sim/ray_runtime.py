@@ -18,7 +18,7 @@ from sparkd_sim.ray_text import (
     no_cluster_traceback,
     no_dashboard,
 )
-from sparkd_sim.state import Container, RayNode
+from sparkd_sim.state import Container, RayCluster, RayNode
 from sparkd_sim.timing import Timing
 
 StatusLayout = Literal["active", "healthy"]
@@ -34,6 +34,64 @@ def _size(gib: float) -> str:
 def _status_size(gib: float) -> str:
     """A memory amount as `ray status` prints it: `44.66GiB`, `381.47MiB`."""
     return f"{gib:.2f}GiB" if gib >= 1 else f"{gib * 1024:.2f}MiB"
+
+
+def status_text(cluster: RayCluster, timing: Timing, layout: StatusLayout = "active") -> str:
+    """What `ray status` prints of a cluster that answers (the dashboard's formatted status is
+    the same text). Under autoscaler v2 (`RAY_enable_autoscaler_v2=1`) a node with nothing
+    scheduled on it is listed under `Idle:`, one in use under `Active:` (ray 2.60
+    autoscaler/v2/utils.py `ClusterStatusFormatter`; tests/fixtures/ray-http/v2_two_nodes.jsonl)."""
+    now = time.monotonic()
+    head = next((n for n in cluster.nodes if n.is_head), None)
+    if head is None or now < head.launched + head.counted_after:
+        return NO_CLUSTER_STATUS + "\n"
+    # Ray lists nodes sorted by id; the head is not singled out.
+    active = sorted((n for n in cluster.nodes if n.active(now, timing)), key=_id)
+    counted = cluster.counted_nodes(now, timing)
+    cpus = sum(n.cpus for n in counted)
+    gpus = sum(n.gpus for n in counted)
+    memory = sum(n.memory_gib for n in counted)
+    store = sum(n.object_store_gib for n in counted)
+    used_gpus = min(cluster.gpus_in_use, gpus)
+    stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
+    active_title = "Active:" if layout == "active" else "Healthy:"
+    usage = "Total Usage:" if layout == "active" else "Usage:"
+    listed = [f" 1 node_{n.node_id}" for n in active]
+    nodes = [active_title, *listed]
+    if cluster.autoscaler_v2:
+        # The placement group vLLM holds spans every GPU: every node is in use, or none is.
+        busy = used_gpus > 0
+        nodes = [
+            "Active:",
+            *(listed if busy and listed else [" (no active nodes)"]),
+            "Idle:",
+            *(listed if not busy and listed else [" (no idle nodes)"]),
+        ]
+    lines = [
+        f"======== Autoscaler status: {stamp} ========",
+        "Node status",
+        "-" * 63,
+        *nodes,
+        "Pending:",
+        " (no pending nodes)",
+        "Recent failures:",
+        " (no failures)",
+        "",
+        "Resources",
+        "-" * 63,
+        usage,
+        f" 0.0/{cpus:.1f} CPU",
+        f" {used_gpus:.1f}/{gpus:.1f} GPU",
+        f" 0B/{_status_size(memory)} memory",
+        f" 0B/{_status_size(store)} object_store_memory",
+        "",
+    ]
+    if layout == "active":
+        lines += ["From request_resources:", " (none)", "Pending Demands:"]
+    else:
+        lines += ["Demands:"]
+    lines.append(" (no resource demands)")
+    return "".join(line + "\n" for line in lines)
 
 
 class RayWorld(RayNodes):
@@ -84,46 +142,7 @@ class RayWorld(RayNodes):
         now = time.monotonic()
         if cluster is None or not cluster.answers(now):
             return fail(no_cluster_traceback("status"), 1)
-        head = next((n for n in cluster.nodes if n.is_head), None)
-        if head is None or now < head.launched + head.counted_after:
-            return Done(stdout=NO_CLUSTER_STATUS + "\n")
-        # Ray lists nodes sorted by id; the head is not singled out.
-        active = sorted((n for n in cluster.nodes if n.active(now, self.timing)), key=_id)
-        counted = cluster.counted_nodes(now, self.timing)
-        cpus = sum(n.cpus for n in counted)
-        gpus = sum(n.gpus for n in counted)
-        memory = sum(n.memory_gib for n in counted)
-        store = sum(n.object_store_gib for n in counted)
-        used_gpus = min(cluster.gpus_in_use, gpus)
-        stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
-        active_title = "Active:" if self.layout == "active" else "Healthy:"
-        usage = "Total Usage:" if self.layout == "active" else "Usage:"
-        lines = [
-            f"======== Autoscaler status: {stamp} ========",
-            "Node status",
-            "-" * 63,
-            active_title,
-            *(f" 1 node_{n.node_id}" for n in active),
-            "Pending:",
-            " (no pending nodes)",
-            "Recent failures:",
-            " (no failures)",
-            "",
-            "Resources",
-            "-" * 63,
-            usage,
-            f" 0.0/{cpus:.1f} CPU",
-            f" {used_gpus:.1f}/{gpus:.1f} GPU",
-            f" 0B/{_status_size(memory)} memory",
-            f" 0B/{_status_size(store)} object_store_memory",
-            "",
-        ]
-        if self.layout == "active":
-            lines += ["From request_resources:", " (none)", "Pending Demands:"]
-        else:
-            lines += ["Demands:"]
-        lines.append(" (no resource demands)")
-        return Done(stdout="".join(line + "\n" for line in lines))
+        return Done(stdout=status_text(cluster, self.timing, self.layout))
 
     def list_nodes(self, container: Container, args: list[str]) -> Done:
         if not args or args[0] != "nodes":

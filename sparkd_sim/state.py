@@ -120,6 +120,8 @@ class Container:
     """Its main process exits with an error shortly after every start."""
     image_id: str = ""
     """The image ID its tag pointed at when it was created (a later re-pull does not change it)."""
+    layer_bytes: int = 0
+    """What its writable layer holds: what the daemon walks to tell its size (`docker ps -s`)."""
 
     @property
     def running(self) -> bool:
@@ -277,6 +279,9 @@ class RayCluster:
     """Set when the head goes away; its workers give up (see `Timing.gcs_reconnect_timeout`)."""
     ended_at: float | None = None
     dashboard_port: int = 8265
+    autoscaler_v2: bool = False
+    """Started with `RAY_enable_autoscaler_v2=1`: no report in the dashboard's KV-backed
+    `/api/cluster_status`, nodes with nothing scheduled under `ray status`'s `Idle:`."""
 
     def answers(self, now: float) -> bool:
         return self.alive and now >= self.launched + self.answers_after
@@ -303,6 +308,9 @@ class HostState:
     boot_id: str = field(default_factory=new_boot_id)
     booted_wall: float = field(default_factory=time.time)
     images: set[str] = field(default_factory=set)
+    rayless_ids: set[str] = field(default_factory=set)
+    """Image IDs with no `ray` in them (NGC's vLLM image from 26.05): `ray start` in a container
+    of one exits 127 at once."""
     image_ids: dict[str, str] = field(default_factory=dict)
     """Tags whose image ID differs from the one every host shares (re-pulled, retagged)."""
     units: dict[str, Unit] = field(default_factory=dict)

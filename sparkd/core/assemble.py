@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from sparkd.core import cache, fabric, kernel, parsers, weights
 from sparkd.core.spec import container_name, model_spec_hashes, normalize_image
-from sparkd.core.text import redact
+from sparkd.core.text import printable, redact
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import GpuProcess, HostError, HostFacts, RayState, ServeState
 from sparkd.model.sections import FactSection, top_container, top_section
@@ -195,6 +195,12 @@ def host_facts(
     containers = tuple(
         c.model_copy(update={"image_id": ours[c.name]}) if c.name in ours else c for c in containers
     )
+    last = _last_line(body(FactSection.EXIT_LOG))
+    own = container_name(cluster, host)
+    containers = tuple(
+        c.model_copy(update={"last_line": last}) if c.name == own and last else c
+        for c in containers
+    )
     gpu = _stable_gpu_processes(apps_text, body(FactSection.GPU_APPS_AFTER), owners)
     if unread or docker is not None:
         gpu = tuple(
@@ -247,6 +253,18 @@ def _model_files(cluster: ClusterSpec, sections: dict[str, parsers.Section]) -> 
     return weights.with_index(
         files, index.body if index is not None else None, index.rc if index else None
     )
+
+
+# What of an exited container's last line goes into reasons (Ray's tracebacks end in one line).
+LAST_LINE_CHARS = 200
+
+
+def _last_line(text: str | None) -> str | None:
+    """The last line an exited container printed, readable and bounded, credentials masked."""
+    lines = parsers.log_lines(text or "")
+    if not lines:
+        return None
+    return redact(printable(lines[-1].strip()[:LAST_LINE_CHARS])) or None
 
 
 _IMAGE_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -409,4 +427,4 @@ def _stable_gpu_processes(
 
 
 def _json_lines(text: str) -> str:
-    return "\n".join(line for line in text.splitlines() if line.lstrip().startswith("{"))
+    return "\n".join(line for line in text.splitlines() if parsers.container_json(line))

@@ -90,12 +90,37 @@ def parse_docker_labels(text: str) -> dict[str, str]:
     return labels
 
 
+def container_json(line: str) -> str | None:
+    """The JSON of one `docker ps` line: the whole line (`--format '{{json .}}'`), or what
+    follows the state and names (`--format '{{.State}} {{.Names}} {{json .}}'`, the fact
+    script's); None for a line of neither form."""
+    text = line.strip()
+    if text.startswith("{"):
+        return text
+    parts = text.split(None, 2)
+    if len(parts) == 3 and parts[2].startswith("{"):
+        return parts[2]
+    return None
+
+
+_EXITED = re.compile(r"^Exited \((-?[0-9]{1,3})\)")
+
+
+def exit_code(status: str) -> int | None:
+    """The exit code in Docker's `Status` of an exited container (`Exited (127) 2 seconds
+    ago`); None for any other status."""
+    found = _EXITED.match(status)
+    return int(found.group(1)) if found else None
+
+
 def parse_docker_ps(text: str, started: Mapping[str, float] | None = None) -> tuple[Container, ...]:
-    """`docker ps -a --no-trunc --format '{{json .}}'`, one JSON object per line. A line that is
-    not such an object is skipped: it names no container sparkd could act on."""
+    """`docker ps -a --no-trunc --format '{{json .}}'` (each line's JSON after the state and
+    names, as the fact script asks), one JSON object per line. A line that is not such an
+    object is skipped: it names no container sparkd could act on."""
     containers: list[Container] = []
     for line in text.splitlines():
-        row = json_or_none(line.strip()) if line.strip() else None
+        found = container_json(line)
+        row = json_or_none(found) if found is not None else None
         if not isinstance(row, dict):
             continue
         name = _text(row.get("Names")).split(",")[0]
@@ -109,6 +134,7 @@ def parse_docker_ps(text: str, started: Mapping[str, float] | None = None) -> tu
                 labels=parse_docker_labels(_text(row.get("Labels"))),
                 started_at=(started or {}).get(name),
                 status=_text(row.get("Status")),
+                exit_code=exit_code(_text(row.get("Status"))),
             )
         )
     return tuple(containers)
@@ -120,7 +146,7 @@ def unreadable_container_line(text: str) -> str | None:
     container would read as missing, and a missing head container reads as "start Ray"."""
     for line in text.splitlines():
         stripped = line.strip()
-        if not (stripped.startswith("{") or '"Names"' in stripped):
+        if not (container_json(stripped) is not None or '"Names"' in stripped):
             continue
         if not parse_docker_ps(stripped):
             return stripped[:120]

@@ -50,15 +50,17 @@ def _field(mapping: dict[str, Any], name: str, camel: str) -> Any:
 
 def parse_cluster_status(body: str) -> float | None:
     """`/api/cluster_status`: the GPUs Ray can place on (`ray status`'s `Total Usage` line),
-    from `data.clusterStatus.loadMetricsReport.usage.GPU`, `[used, total]`. No report yet, or
-    no GPU in it, is 0 (Ray's services still starting; `ray status` says `No cluster status`).
+    from `data.clusterStatus.loadMetricsReport.usage.GPU`, `[used, total]`; a report without
+    GPU is 0. No report (`clusterStatus` null) is None: the dashboard serves only what
+    autoscaler v1 writes to Ray's KV, and v2 writes none, so under v2 (`RAY_enable_autoscaler_v2=1`)
+    it is null for ever (ray 2.60 dashboard/modules/reporter/reporter_head.py
+    `get_cluster_status`; reporter_agent.py: "Autoscaler v1 writes DEBUG_AUTOSCALING_STATUS to the
+    internal KV; v2 does not"). `report_absent` tells that case; the formatted status says more.
     """
     data = _data(body)
     if data is None:
         return None
     status = _field(data, "cluster_status", "clusterStatus")
-    if status is None:
-        return 0.0
     if not isinstance(status, dict):
         return None
     report = _field(status, "load_metrics_report", "loadMetricsReport")
@@ -71,3 +73,23 @@ def parse_cluster_status(body: str) -> float | None:
     if not isinstance(gpu, list) or len(gpu) != 2 or parsers.gpu_count(gpu[0]) is None:
         return None
     return parsers.gpu_count(gpu[1])
+
+
+def report_absent(body: str) -> bool:
+    """A readable `/api/cluster_status` with no report in it (`clusterStatus` null): autoscaler
+    v2, or v1 before its first report."""
+    data = _data(body)
+    return data is not None and _field(data, "cluster_status", "clusterStatus") is None
+
+
+def parse_formatted_status(body: str) -> float | None:
+    """`/api/cluster_status?format=1`: `data.clusterStatus` is the text `ray status` prints,
+    formatted by the dashboard under either autoscaler (v2: from the GCS's own cluster status,
+    ray 2.60 autoscaler/_private/commands.py `debug_status`); its GPU total, or 0 while Ray's
+    services start (`No cluster status`)."""
+    data = _data(body)
+    text = _field(data, "cluster_status", "clusterStatus") if data is not None else None
+    if not isinstance(text, str):
+        return None
+    state = parsers.parse_ray_status(text)
+    return state.gpus_total if state is not None else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sparkd.core import policy
 from sparkd.core.images import ImageVerdict
 from sparkd.core.judge import Context, Hold, Verdict, act, ago
 from sparkd.core.load import Load
@@ -22,7 +23,7 @@ from sparkd.core.spec import (
     short_image_id,
 )
 from sparkd.model.observed import Container, RayNode, RayState
-from sparkd.model.plan import MODEL_STARTS, RAY_STARTS, START_MODEL, Action, Plan
+from sparkd.model.plan import MODEL_STARTS, RAY_STARTS, START_MODEL, Action, ActionKind, Plan
 from sparkd.model.spec import HostSpec
 
 # Docker's figure for a container's start comes from whole seconds of process age. (A node is new
@@ -122,10 +123,10 @@ def _head(
         return False  # its container is unknown, not missing (the hosts stage says why)
     box = ctx.facts[head.name].container(name)
     if box is None or not box.running:
-        state = "missing" if box is None else f"{box.state} ({box.status})"
-        verdict.actions.append(
-            act("start_ray_head", head.name, name, f"Ray head container {state}")
-        )
+        reason = _not_running("Ray head container", box)
+        if _exited_again(ctx, verdict, images, "start_ray_head", head, box, reason):
+            return False
+        verdict.actions.append(act("start_ray_head", head.name, name, reason))
         return True
     drift = _drift(ctx, head, box, images)
     if drift is not None:
@@ -174,14 +175,65 @@ def _workers(ctx: Context, verdict: RayVerdict, images: ImageVerdict, new_head: 
                 )
             continue
         if box is None or not box.running:
-            state = "missing" if box is None else f"{box.state} ({box.status})"
-            verdict.actions.append(
-                act("start_ray_worker", worker.name, name, f"Ray worker container {state}")
-            )
+            reason = _not_running("Ray worker container", box)
+            if not _exited_again(ctx, verdict, images, "start_ray_worker", worker, box, reason):
+                verdict.actions.append(act("start_ray_worker", worker.name, name, reason))
             continue
         drift = _drift(ctx, worker, box, images)
         if drift is not None:
             verdict.actions.append(act("restart_ray", worker.name, name, drift))
+
+
+def _not_running(what: str, box: Container | None) -> str:
+    """Why a Ray container is to be started: missing, or how it ended. An exited one is told by
+    its exit code and its last line (the same words each time it fails the same way: Docker's
+    `Exited (127) 3 seconds ago` changes every look)."""
+    if box is None:
+        return f"{what} missing"
+    if box.exit_code is None:
+        return f"{what} {box.state} ({box.status})"
+    said = f": {box.last_line}" if box.last_line else ""
+    return f"{what} exited {box.exit_code}{said}"
+
+
+def _exited_again(
+    ctx: Context,
+    verdict: RayVerdict,
+    images: ImageVerdict,
+    kind: ActionKind,
+    host: HostSpec,
+    box: Container | None,
+    reason: str,
+) -> bool:
+    """Whether a Ray container of the desired spec and image failed the same way twice: it
+    exited with an error (1-127: not a signal, which is someone else's doing) and the same last
+    line as when sparkd last started it for that, with no lasting health since (the same
+    incident: health that lasts forgives older attempts). Another start would fail the same way
+    (an image without `ray` exits 127 at once, `ray: not found`): `blocked`, with what the
+    container said, until the image or the spec changes (or `sparkd resume`)."""
+    if box is None or box.exit_code is None or not 0 < box.exit_code < 128:
+        return False
+    if box.last_line is None or _drift(ctx, host, box, images) is not None:
+        return False
+    name = container_name(ctx.desired, host)
+    tried = policy.incident(ctx.memory, f"{kind}:{host.name}:{name}")
+    if not tried or tried[-1].reason != reason:
+        return False
+    check = (
+        f"check that {ctx.desired.ray.image} has `ray` (NVIDIA's vLLM images ship without it "
+        "from 26.05: install it in the image)"
+        if box.exit_code == 127
+        else f"check the image and `docker logs {name}` on {host.name}"
+    )
+    why = (
+        f"{host.name}: the Ray container exited {box.exit_code} after each of two starts: "
+        f"{box.last_line}; a restart cannot cure it: {check}"
+    )
+    verdict.phase = "blocked"
+    verdict.notes.append(why)
+    verdict.holds.append(Hold(why, RAY_STARTS, frozenset({host.name})))
+    verdict.holds.append(Hold(why, START_MODEL))
+    return True
 
 
 def _drift(ctx: Context, host: HostSpec, box: Container, images: ImageVerdict) -> str | None:

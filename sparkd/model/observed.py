@@ -62,6 +62,14 @@ class Container(Value):
     image_id: str | None = Field(
         None, description="the image ID (`sha256:...`) it runs, where it was read (sparkd's own)"
     )
+    exit_code: int | None = Field(
+        None, description="the exit code of an exited container (from `Status`), else null"
+    )
+    last_line: str | None = Field(
+        None,
+        description="the last line sparkd's own exited container printed (`docker logs "
+        "--tail`), bounded, secrets redacted; null when not read",
+    )
 
     @property
     def running(self) -> bool:

@@ -16,6 +16,8 @@ class FactSection(StrEnum):
     # The running containers' names; each then has its own `top NAME` section (TOP).
     RUNNING = "running"
     GPU_APPS_AFTER = "gpu_apps_after"
+    # The last lines of sparkd's own container's output, when it has exited.
+    EXIT_LOG = "exit_log"
     OURS_IMAGE = "ours_image"
     IFACE = "iface"
     DISK = "disk"

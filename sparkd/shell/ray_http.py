@@ -36,6 +36,8 @@ NODES_PATH = "/api/v0/nodes?" + urlencode(
     ]
 )
 STATUS_PATH = "/api/cluster_status"
+# The same status as text, as `ray status` prints it: under autoscaler v2 the only one there is.
+FORMATTED_STATUS_PATH = "/api/cluster_status?format=1"
 # A node list is a few kB; the cluster status grows with the nodes and resources.
 MAX_ANSWER = 1 << 20
 
@@ -66,16 +68,23 @@ async def read_ray(
     """The node list, and with `ray_status` the GPUs Ray can place on beside it (a node is
     listed ALIVE a few seconds before its GPU counts). A node list that cannot be had is
     `DashboardSilent`; a cluster status that cannot be had leaves `gpus_usable` unset, as a
-    failed `ray status` beside `ray list nodes` does."""
+    failed `ray status` beside `ray list nodes` does. A status with no report in it (autoscaler
+    v2 never writes one) is asked again formatted, as `ray status` prints it."""
     paths = [NODES_PATH, STATUS_PATH] if ray_status else [NODES_PATH]
     try:
         async with asyncio.timeout(seconds):
             answers = await asyncio.gather(
                 *(_get(opener, port, path) for path in paths), return_exceptions=True
             )
+            nodes = answers[0]
+            status = answers[1] if ray_status else None
+            if isinstance(status, str) and ray_json.report_absent(status):
+                try:
+                    status = await _get(opener, port, FORMATTED_STATUS_PATH)
+                except DashboardSilent as silent:
+                    status = silent
     except TimeoutError:
         return DashboardSilent(f"dashboard did not answer within {seconds:.0f} s")
-    nodes = answers[0]
     if isinstance(nodes, BaseException):
         if isinstance(nodes, DashboardSilent):
             return nodes
@@ -84,10 +93,15 @@ async def read_ray(
     if ray is None:
         return DashboardSilent("dashboard node list unreadable")
     if ray_status:
-        status = answers[1]
         if isinstance(status, BaseException) and not isinstance(status, DashboardSilent):
             raise status
-        usable = ray_json.parse_cluster_status(status) if isinstance(status, str) else None
+        usable = _usable(status) if isinstance(status, str) else None
         if usable is not None:
             ray = ray.model_copy(update={"gpus_usable": usable})
     return ray
+
+
+def _usable(body: str) -> float | None:
+    """The GPUs Ray can place on, from the structured status or the formatted one."""
+    usable = ray_json.parse_cluster_status(body)
+    return usable if usable is not None else ray_json.parse_formatted_status(body)

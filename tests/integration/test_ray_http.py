@@ -114,3 +114,38 @@ async def test_nothing_listening_is_silent() -> None:
     await runner.cleanup()
     ray = await ray_http.read_ray(opener_for(port), port, True, 2.0)
     assert isinstance(ray, ray_http.DashboardSilent) and "refused" in str(ray)
+
+
+def _v2(path: str, formatted: bool = False) -> str:
+    """The last body real Ray gave to `path` with autoscaler v2 on (V2_head_start)."""
+    for line in reversed((FIXTURES / "V2_head_start.jsonl").read_text().splitlines()):
+        sample: dict[str, Any] = json.loads(line)
+        if (
+            sample["path"].split("?")[0] == path
+            and sample["path"].endswith("format=1") == formatted
+            and sample["status"] == 200
+        ):
+            body: str = sample["body"]
+            return body
+    raise AssertionError(path)
+
+
+async def test_under_autoscaler_v2_the_usable_gpus_come_from_the_formatted_status() -> None:
+    """v2 writes no report: `clusterStatus` is null for ever, which read as 0 usable GPUs and
+    held the model in "Ray settling" for ever. The formatted status is asked then."""
+    asked: list[str] = []
+
+    async def status(request: web.Request) -> web.Response:
+        asked.append(request.path_qs)
+        formatted = request.query.get("format") == "1"
+        body = _v2("/api/cluster_status", formatted)
+        return web.Response(text=body, content_type="application/json")
+
+    ray = await read(text(_v2("/api/v0/nodes")), status)
+    assert isinstance(ray, RayState) and ray.gpus_total == 1.0
+    assert ray.gpus_usable == 1.0
+    assert asked == [ray_http.STATUS_PATH, ray_http.FORMATTED_STATUS_PATH]
+    # Under v1 the report is there: the formatted status is not asked.
+    asked.clear()
+    ray = await read(text(real("/api/v0/nodes")), text(real("/api/cluster_status")))
+    assert isinstance(ray, RayState) and ray.gpus_usable == 1.0

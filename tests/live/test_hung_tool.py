@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from sparkd.core import parsers
 from sparkd.core.assemble import unreadable
 from sparkd.core.planner import plan
 from sparkd.model.memory import Memory
 from sparkd.shell import catalogue
 from sparkd.shell.observe import observe, tool_timeout
-from sparkd.shell.ssh import SshPool
+from sparkd.shell.ssh import SshFailure, SshPool
 from tests.support.live import TIMEOUT_RC, Live, cluster_of, released
 from tests.support.sim import eventually
 
@@ -116,3 +118,32 @@ def test_a_container_that_stopped_after_listing_is_no_reason_to_distrust_the_hos
     assert unreadable(sections(listed + "|@@sparkd running|gone|@@sparkd-end running 0")) is None
     no_list = unreadable(sections("@@sparkd boot_id|b|@@sparkd-end boot_id 0"))
     assert no_list is not None and no_list.detail == "fact script printed no containers section"
+
+
+async def test_a_big_writable_layer_does_not_slow_the_container_listing(
+    healthy: Live, pool: SshPool
+) -> None:
+    """`{{json .}}` touches `.Size`, so the CLI asks the daemon for every container's size
+    unless `--size` is given either way (docker/cli v29.7.2 cli/command/container/list.go); the
+    daemon then walks every writable layer, a stopped container's too (`-a`): 6.5-8.6 s for one
+    layer of 150,000 files (tests/fixtures/docker-real/size.jsonl), past the tool timeout."""
+    world = healthy.world
+    cluster = cluster_of(world, ssh={"command_timeout": COMMAND_TIMEOUT})
+    await world.fault("big-layer", "spark-a", "100")
+    head = cluster.head
+    connection = pool.connection(head, cluster.ssh)
+
+    # The listing as sparkd asked for it before: the walk outlasts the tool's timeout.
+    old = catalogue.cmd(["docker", "ps", "-a", "--no-trunc", "--format", "{{json .}}"], 1.0)
+    with pytest.raises(SshFailure) as failed:
+        await connection.run(old, timeout=COMMAND_TIMEOUT)
+    assert failed.value.result is not None and failed.value.result.exit_status == TIMEOUT_RC
+
+    script = catalogue.fact_script(cluster, head, tool_timeout(cluster))
+    result = await connection.run(script.command, timeout=COMMAND_TIMEOUT)
+    sections = parsers.parse_sections(result.stdout)
+    assert sections["containers"].rc == 0
+    listed = {c.name: c for c in parsers.parse_docker_ps(sections["containers"].body)}
+    assert listed["old-build"].state == "exited"
+    assert listed["sparkd-sparks-ray-head"].state == "running"
+    assert sections["running"].body.split() == ["sparkd-sparks-ray-head"]

@@ -149,7 +149,7 @@ async def test_a_look_runs_one_docker_ps_and_one_nvidia_smi_when_the_containers_
         # The running names come from the one `docker ps -a`; every GPU process is in a
         # container's `top`, so nothing is judged and nvidia-smi is not asked again.
         assert [c for c in tools if c.startswith("docker ps")] == [
-            "docker ps -a --no-trunc --format {{json .}}"
+            "docker ps -a --no-trunc --size=false --format {{.State}} {{.Names}} {{json .}}"
         ], tools
         assert sum(c.startswith("nvidia-smi") for c in tools) == 1, tools
         running = [c.name for c in facts.containers if c.running]

@@ -58,7 +58,12 @@ async def fake(tier: Tier, tmp_path_factory: pytest.TempPathFactory) -> AsyncIte
 
 
 def json_shapes(text: str) -> list[Any]:
-    return [json_shape(json.loads(line)) for line in text.splitlines() if line.strip()]
+    """Each line's JSON shape; a `docker ps` line's after its state and names."""
+    return [
+        json_shape(json.loads(parsers.container_json(line) or line))
+        for line in text.splitlines()
+        if line.strip()
+    ]
 
 
 def plain(result: Result) -> Result:
@@ -83,6 +88,9 @@ async def test_the_fact_script_reads_alike(clean: Tier, fake: Tier) -> None:
     for name in ("containers", "image", "running", "ours_image"):
         assert (real[name].rc, sim[name].rc) == (0, 0), name
     assert json_shapes(sim["containers"].body) == json_shapes(real["containers"].body)
+    # The template's own fields before the JSON: state and names, as words.
+    words = [[line.split()[:2] for line in s["containers"].body.splitlines()] for s in (real, sim)]
+    assert words[0] == words[1]
     head = container_name(clean.cluster, clean.host)
     assert real["running"].body.split() == sim["running"].body.split() == [head]
     header = {name: section.body.splitlines()[0].split() for name, section in

@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shlex
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncssh
 import pytest
 
+from sparkd_sim import docker_views
+from sparkd_sim.state import Container, HostState, new_container_id
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
 from tests.support.sim import connect, eventually, run
@@ -147,3 +150,30 @@ async def test_inspect_name_and_image_id_and_a_repulled_tag(
     assert (await run(head, f"docker image inspect --format '{{{{.Id}}}}' {glm_image}")).stdout == (
         by_tag.stdout
     )
+
+
+def test_the_fake_asks_for_sizes_when_the_real_cli_does() -> None:
+    """The real CLI asks the daemon for sizes (`"Size":"0B (virtual 1.98MB)"`, seconds) for a
+    template using `.Size`, `{{json .}}` included, unless `--size` is given either way; the fake
+    walks its layers (`Timing.size_walk`) in the same cases, and prints the same `Size`."""
+    real = Path(__file__).resolve().parent.parent / "fixtures" / "docker-real" / "size.jsonl"
+    calls = [json.loads(line) for line in real.read_text().splitlines()]
+    listings = [c for c in calls if c["cmd"].startswith("docker ps") and "json ." in c["cmd"]]
+    assert len(listings) >= 4
+    host = HostState("spark-a", "127.0.0.1", "head", "127.0.0.1", "eth0", "/tmp", "/root")
+    box = Container(
+        id=new_container_id(), name="fat", image="local/noray:1", command=["sleep"], labels={},
+        env={}, mounts=[], restart="no", status="running", layer_bytes=10**9,
+    )  # fmt: skip
+    host.containers[box.id] = box
+    for call in listings:
+        asked = "(virtual " in call["stdout"]
+        assert asked == ("--size=false" not in call["cmd"])
+        args = shlex.split(call["cmd"])[2:]
+        assert (docker_views.walked_bytes(host, args) > 0) == asked, call["cmd"]
+        [line] = docker_views.ps(host, args).stdout.splitlines()
+        real_size = json.loads(call["stdout"][call["stdout"].index("{") :])["Size"]
+        fake_size = json.loads(line[line.index("{") :])["Size"]
+        assert fake_size.endswith(")") == real_size.endswith(")")
+        if not asked:
+            assert fake_size == real_size == "0B"

@@ -11,11 +11,17 @@ import asyncssh
 import pytest
 
 from sparkd.core import ray_json
-from sparkd.shell.ray_http import DASHBOARD_HOST, NODES_PATH, STATUS_PATH
+from sparkd.shell.ray_http import DASHBOARD_HOST, FORMATTED_STATUS_PATH, NODES_PATH, STATUS_PATH
 from sparkd_sim.world import World
-from tests.sim.steps import clean_up, ray_head_command, start_ray
+from tests.sim.steps import (
+    clean_up,
+    ray_head_command,
+    ray_status,
+    ray_worker_command,
+    start_ray,
+)
 from tests.support.shapes import json_shape
-from tests.support.sim import http, run
+from tests.support.sim import eventually, http, run
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "ray-http"
 
@@ -106,3 +112,49 @@ async def test_refused_without_a_head_or_with_the_dashboard_off(
         assert (await run(head, ray_head_command(world, dashboard))).exit_status == 0
     with pytest.raises(asyncssh.ChannelOpenError, match="refused"):
         await head.open_connection(DASHBOARD_HOST, world.dashboard_port)
+
+
+def real_v2(formatted: bool) -> dict[str, Any]:
+    """The last answer real Ray gave to `/api/cluster_status` under autoscaler v2."""
+    for line in reversed((REAL / "V2_head_start.jsonl").read_text().splitlines()):
+        sample = json.loads(line)
+        path = sample["path"]
+        wanted = path.startswith(STATUS_PATH) and path.endswith("format=1") == formatted
+        if wanted and sample["status"] == 200:
+            document: dict[str, Any] = json.loads(sample["body"])
+            return document
+    raise AssertionError("no real v2 answer")
+
+
+def _headings(text: str) -> list[str]:
+    """A `ray status` text's layout: its titles, without the nodes and amounts under them."""
+    return [line for line in text.splitlines()[1:] if line and not line.startswith(" ")]
+
+
+async def test_under_autoscaler_v2_the_status_is_real_rays(
+    world: World, head: asyncssh.SSHClientConnection, worker: asyncssh.SSHClientConnection
+) -> None:
+    """With `RAY_enable_autoscaler_v2=1` in the head's env, `/api/cluster_status` has no report
+    (v2 writes none), `?format=1` and `ray status` list idle nodes under `Idle:`, as real Ray
+    2.60's (V2_head_start), and sparkd reads the usable GPUs from the formatted one."""
+    await clean_up(world, head, worker)
+    v2 = ray_head_command(world).replace(" -e ", " -e RAY_enable_autoscaler_v2=1 -e ", 1)
+    assert (await run(head, v2)).exit_status == 0
+    assert (await run(worker, ray_worker_command(world))).exit_status == 0
+
+    async def two_gpus() -> bool:
+        return " 0.0/2.0 GPU" in (await ray_status(head)).stdout
+
+    await eventually(two_gpus)
+    served = await get(world, head, STATUS_PATH)
+    assert served == real_v2(formatted=False)
+    assert ray_json.report_absent(json.dumps(served))
+    formatted = await get(world, head, FORMATTED_STATUS_PATH)
+    want = real_v2(formatted=True)
+    assert sorted(formatted) == sorted(want) and formatted["msg"] == want["msg"]
+    text = formatted["data"]["clusterStatus"]
+    assert _headings(text) == _headings(want["data"]["clusterStatus"])
+    assert ray_json.parse_formatted_status(json.dumps(formatted)) == 2.0
+    idle = text.split("Idle:\n", 1)[1].split("Pending:", 1)[0]
+    assert idle.count(" 1 node_") == 2
+    assert _headings((await ray_status(head)).stdout) == _headings(text)

@@ -548,6 +548,55 @@ def _pause_expired(toy: Toy, memory: Memory) -> Memory:
     )
 
 
+# An image without `ray` through its entrypoint shell (tests/fixtures/docker-real/no-ray.jsonl).
+NO_RAY = "entrypoint.sh: exec: line 0: ray: not found"
+EXITED_127 = f"Ray head container exited 127: {NO_RAY}"
+
+
+def _head_exited_127(toy: Toy, memory: Memory) -> None:
+    replace_container(
+        toy, "spark-a", state="exited", status="Exited (127) 2 seconds ago", exit_code=127,
+        last_line=NO_RAY,
+    )  # fmt: skip
+    toy.ray_nodes = []
+    serve_gone(toy)
+
+
+@rule(
+    "head_exited_says_its_exit_code_and_last_line",
+    "starting_ray",
+    ("start_ray_head", "restart_ray"),
+    EXITED_127,
+)
+def _head_exited_once(toy: Toy, memory: Memory) -> Memory:
+    _head_exited_127(toy, memory)
+    # Started before for another reason (it was missing): this exit is the first of its kind.
+    key = "start_ray_head:spark-a:sparkd-sparks-ray-head"
+    started = Attempt(key=key, at=toy.now - 600, ok=True, reason="Ray head container missing")
+    return memory.model_copy(update={"attempts": (started,)})
+
+
+@rule("head_exited_the_same_way_twice_is_blocked", "blocked", (), f"{NO_RAY}; a restart cannot")
+def _head_exited_twice(toy: Toy, memory: Memory) -> Memory:
+    _head_exited_127(toy, memory)
+    key = "start_ray_head:spark-a:sparkd-sparks-ray-head"
+    started = Attempt(key=key, at=toy.now - 3, ok=True, reason=EXITED_127)
+    return memory.model_copy(update={"attempts": (started,)})
+
+
+@rule(
+    "head_exited_the_same_way_after_lasting_health_starts_again",
+    "starting_ray",
+    ("start_ray_head", "restart_ray"),
+    EXITED_127,
+)
+def _head_exited_after_health(toy: Toy, memory: Memory) -> Memory:
+    _head_exited_127(toy, memory)
+    key = "start_ray_head:spark-a:sparkd-sparks-ray-head"
+    started = Attempt(key=key, at=toy.now - 3600, ok=True, reason=EXITED_127)
+    return memory.model_copy(update={"attempts": (started,), "backoff_reset_at": toy.now - 60})
+
+
 @rule("blocked_latch_plans_nothing", "blocked", (), "latched; `sparkd resume sparks` to retry")
 def _latched(toy: Toy, memory: Memory) -> Memory:
     _head_exited(toy, memory)

@@ -130,3 +130,27 @@ def test_any_json_parses_to_a_state_or_unknown(document: object) -> None:
     usable = ray_json.parse_cluster_status(text)
     assert state is None or state.gpus_total >= 0
     assert usable is None or usable >= 0
+
+
+def test_under_autoscaler_v2_the_status_has_no_report_and_the_formatted_one_counts() -> None:
+    """Real Ray 2.60 with `RAY_enable_autoscaler_v2=1` (V2_head_start): `clusterStatus` is null
+    for ever, which is no reading (it read as 0 usable GPUs, "Ray settling" for ever); the
+    formatted status, `ray status`'s text, counts the head's GPU once it is listed."""
+    for sample in answers("V2_head_start.jsonl", "/api/cluster_status"):
+        if sample["path"].endswith("format=1"):
+            continue
+        assert ray_json.report_absent(sample["body"])
+        assert ray_json.parse_cluster_status(sample["body"]) is None
+    formatted = [
+        ray_json.parse_formatted_status(s["body"])
+        for s in answers("V2_head_start.jsonl", "/api/cluster_status")
+        if s["path"].endswith("format=1")
+    ]
+    assert formatted[-1] == 1.0
+    listed = [
+        ray_json.parse_nodes(s["body"]) for s in answers("V2_head_start.jsonl", "/api/v0/nodes")
+    ]
+    assert listed[-1] is not None and listed[-1].gpus_total == 1.0
+    # Autoscaler v1 writes a report: not absent.
+    for sample in answers("E_kill_worker.jsonl", "/api/cluster_status"):
+        assert not ray_json.report_absent(sample["body"])

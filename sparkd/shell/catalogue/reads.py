@@ -42,17 +42,32 @@ _CAPTURE_FUNCTION = (
 )
 # `$1`..., `$o`'s lines, `IFS` as given: the loops below read captured output without a tool.
 _LINES = "set -f; IFS=$N; for l in {text}; do {body}; done; unset IFS; set +f"
-# The running containers' names from `docker ps -a`'s JSON lines (what `docker ps` lists: the
-# states where Docker counts a container running), one a line. Docker escapes quotes inside
-# values, so `"State":"running"` and `"Names":"` match the fields themselves.
-_RUNNING_NAMES = "r=; " + _LINES.format(
-    text="$k",
-    body=(
-        'case $l in *\'"State":"running"\'*|*\'"State":"restarting"\'*|*\'"State":"paused"\'*) '
-        'case $l in *\'"Names":"\'*) n=${l#*\'"Names":"\'}; n=${n%%\'"\'*}; '
-        'r="$r$n$N";; esac;; esac'
-    ),
-)
+# `docker ps` prints each container as `STATE NAMES {json}`: the state and names from the
+# template's own fields (Docker's names hold no space, its states none either), so the shell
+# reads them as words, whatever spacing the CLI's JSON may come to have; core.parsers reads the
+# JSON. `--size=false` given explicitly: a template touching `.Size` (as `{{json .}}` does) makes
+# the CLI ask the daemon for every container's size unless `--size` was set either way (docker/cli
+# v29.7.2 cli/command/container/list.go: `sizeChanged`), and that walk of every writable layer
+# took 6.5-8.6 s for one container of 150,000 files (tests/fixtures/docker-real/size.jsonl).
+PS_FORMAT = "{{.State}} {{.Names}} {{json .}}"
+CONTAINER_LIST = ("docker", "ps", "-a", "--no-trunc", "--size=false", "--format", PS_FORMAT)
+# Lines of a container's own output read when it has exited (core.assemble takes the last).
+EXIT_LOG_LINES = 5
+
+
+def _running_names(own: str) -> str:
+    """The running containers' names (what `docker ps` lists: the states where Docker counts a
+    container running), one a line in `$r`, from the listing's first two words; the first name
+    only (`--no-trunc` adds a legacy link's names after a comma). `$e` is the state of `own`."""
+    body = (
+        "IFS=' '; set -- $l; IFS=$N; "
+        "case $2 in ''|'{'*) ;; *) n=${2%%,*}; "
+        f"case $n in {shlex.quote(own)}) e=$1;; esac; "
+        'case $1 in running|restarting|paused) r="$r$n$N";; esac;; esac'
+    )
+    return "r=; e=; " + _LINES.format(text="$k", body=body)
+
+
 # The PIDs of a container's `top` (first column), added to `$t`.
 _TOP_PIDS = _LINES.format(text="$o", body="IFS=' '; set -- $l; t=\"$t $1 \"; IFS=$N")
 # Whether `nvidia-smi` listed a process no container's `top` holds (u=1): only such a process is
@@ -105,12 +120,7 @@ def fact_script(
     # A hung Docker daemon would cost every later `docker` call its whole tool timeout and the
     # script its SSH timeout (the host would read as unreachable): once `docker ps` timed out
     # (d=124), no other `docker` call is made; the host still reports everything else.
-    lines.append(
-        capture(
-            FactSection.CONTAINERS, ["docker", "ps", "-a", "--no-trunc", "--format", "{{json .}}"]
-        )
-        + "; d=$rc; k=$o"
-    )
+    lines.append(capture(FactSection.CONTAINERS, CONTAINER_LIST) + "; d=$rc; k=$o")
 
     def docker(line: str) -> str:
         return f'if [ "$d" != 124 ]; then {line}; fi'
@@ -127,16 +137,23 @@ def fact_script(
     # The running containers' names are a section too, so a failed listing is seen as such
     # rather than as "no processes in any container"; each named one then gets its `top`,
     # whose PIDs (in `$t`) tell which GPU processes are the containers'.
+    own = container_name(cluster, host)
     top = shlex.join(timed(["docker", "top"], t))
     top_name = top_section("$n")
     lines.append(
         docker(
-            f"{_RUNNING_NAMES}; printf '@@sparkd {FactSection.RUNNING}\\n%s\\n"
+            f"{_running_names(own)}; printf '@@sparkd {FactSection.RUNNING}\\n%s\\n"
             f"@@sparkd-end {FactSection.RUNNING} %s\\n' "
             '"$r" "$d"; t=; '
             f'if [ "$d" = 0 ]; then for n in $r; do c "{top_name}" {top} "$n" -eo {TOP_FORMAT}; '
             f'if [ "$rc" = 0 ]; then {_TOP_PIDS}; fi; done; fi'
         )
+    )
+    # sparkd's own container, exited: its last lines say why (an image without `ray` exits 127
+    # at once, `ray: not found`), so the restart that follows is not blind (core.ray_stage).
+    exit_log = ["docker", "logs", "--tail", str(EXIT_LOG_LINES), "--", own]
+    lines.append(
+        docker(f'if [ "$e" = exited ]; then {section(FactSection.EXIT_LOG, exit_log)}; fi')
     )
     # Asked again after the `top`s (unless it failed the first time) when it listed a process
     # no container holds: only a process seen both times is judged, so one that started or
