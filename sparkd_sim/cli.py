@@ -34,7 +34,8 @@ FAULTS = (
     "docker-down", "docker-hung", "rename-iface", "hand-restart-serve",
     "full-disk", "lost-gpu", "orphan-engine", "hang-capture", "pull-image",
     "xid-79", "xid-13", "xid-45", "nv-no-memory-wedge", "aer-fatal", "memory-pressure",
-    "gid-moved", "mtu-mismatch", "rate-degraded", "link-flap", "late-delivery",
+    "gid-moved", "mtu-mismatch", "rate-degraded", "link-flap", "rail-down",
+    "late-delivery",
     "missing-weights", "hang-under-load", "vanish-weights", "long-prompt",
 )  # fmt: skip
 

@@ -41,6 +41,7 @@ class Faults(HostFaults, ModelFaults):
             "xid-13": self.xid_13,
             "xid-45": self.xid_45,
             "link-flap": self.link_flap,
+            "rail-down": self.rail_down,
             "hang-under-load": self.hang_under_load,
         }
         with_arg: dict[str, Callable[[str, str | None], Awaitable[str]]] = {

@@ -232,6 +232,13 @@ class HostFaults(Consequences):
         self.host(host).state.link.rate = f"{rate} Gb/sec (1X HDR)"
         return f"{host}: RDMA port at {rate} Gb/s"
 
+    async def rail_down(self, host: str) -> str:
+        """The other PCIe half of the host's QSFP port (`fake_fabric.RAIL_DEVICE`) went DOWN;
+        the data interface's half stays sound, so only a read of every device NCCL uses sees
+        it."""
+        self.host(host).state.link.rail_up = False
+        return f"{host}: RDMA device {fake_fabric.RAIL_DEVICE} is DOWN"
+
     async def link_flap(self, host: str) -> str:
         """The data link went down and came back: two carrier changes."""
         self.host(host).state.link.carrier_changes += 2

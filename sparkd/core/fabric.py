@@ -6,6 +6,10 @@ port's `state`, `phys_state`, `rate`, `gids/K` and `gid_attrs/types/K`
 (Documentation/ABI/stable/sysfs-class-infiniband); samples in tests/fixtures/fabric. Unused GID
 rows fail to read (EINVAL), so grep's exit status says nothing: only the lines count.
 
+A DGX Spark's QSFP port is two RDMA devices, one per PCIe x4 half, and NCCL spreads its traffic
+over every device `NCCL_IB_HCA` lists: the script also reads those devices' ports under
+/sys/class/infiniband (catalogue `rail_globs`), and each is judged as a rail (`Rail`).
+
 A tensor-parallel NCCL run over a fabric fault hangs without an error, and restarting it hangs
 again: a fault here holds every Ray and model start or restart, naming the host, the interface,
 the fact and the operator's fix.
@@ -22,13 +26,18 @@ from sparkd.core.judge import Context, Hold, Verdict, act, ago
 from sparkd.core.load import launch_time
 from sparkd.core.spec import container_name
 from sparkd.core.text import printable
-from sparkd.model.observed import Fabric
+from sparkd.model.observed import Fabric, Rail
 from sparkd.model.plan import MODEL_STARTS, RAY_STARTS
 
 _LINE = re.compile(r"^/sys/class/net/(?P<iface>[^/:]{1,64})/(?P<rest>[^:]{1,300}):(?P<value>.*)$")
 _PORT = re.compile(
     r"^device/infiniband/(?P<dev>[^/]{1,64})/ports/(?P<port>[0-9]{1,3})/"
     r"(?P<what>state|phys_state|rate|gids/[0-9]{1,4}|gid_attrs/types/[0-9]{1,4})$"
+)
+# A further RDMA device's port, read under /sys/class/infiniband (catalogue `rail_globs`).
+_RAIL = re.compile(
+    r"^/sys/class/infiniband/(?P<dev>[^/:]{1,64})/ports/(?P<port>[0-9]{1,3})/"
+    r"(?P<what>state|phys_state|rate|gids/[0-9]{1,4}|gid_attrs/types/[0-9]{1,4}):(?P<value>.*)$"
 )
 _RATE = re.compile(r"^\s*(?P<n>[0-9]{1,6}(?:\.[0-9]{1,3})?) Gb/sec")
 _WORD = re.compile(r"^\s*[0-9]{1,3}:\s*(?P<word>\S{1,32})")
@@ -44,7 +53,13 @@ def parse_fabric(text: str, data_ip: str) -> Fabric:
     """Whatever lines came; a missing one is None, never a guess."""
     net: dict[str, str] = {}
     ports: dict[tuple[str, int], dict[str, str]] = {}
+    rails: dict[tuple[str, int], dict[str, str]] = {}
     for line in text.splitlines():
+        rail = _RAIL.match(line)
+        if rail is not None:
+            key = (printable(rail.group("dev")), int(rail.group("port")))
+            rails.setdefault(key, {}).setdefault(rail.group("what"), rail.group("value"))
+            continue
         match = _LINE.match(line)
         if match is None:
             continue
@@ -57,7 +72,9 @@ def parse_fabric(text: str, data_ip: str) -> Fabric:
             key = (printable(port.group("dev")), int(port.group("port")))
             ports.setdefault(key, {}).setdefault(port.group("what"), value)
     fabric = Fabric(
-        mtu=_int(net.get("mtu", "")), carrier_changes=_int(net.get("carrier_changes", ""))
+        mtu=_int(net.get("mtu", "")),
+        carrier_changes=_int(net.get("carrier_changes", "")),
+        rails=tuple(_rail(key, rows) for key, rows in sorted(rails.items())),
     )
     if not ports:
         return fabric
@@ -67,6 +84,8 @@ def parse_fabric(text: str, data_ip: str) -> Fabric:
     rate = _RATE.match(rows.get("rate", ""))
     return fabric.model_copy(
         update={
+            # The data device is judged as itself (its GID must hold the data IP).
+            "rails": tuple(r for r in fabric.rails if r.device != key[0]),
             "rdma_device": key[0],
             "port": key[1],
             "port_state": _word(rows.get("state")),
@@ -75,6 +94,37 @@ def parse_fabric(text: str, data_ip: str) -> Fabric:
             "gid_index": found[key],
         }
     )
+
+
+def _rail(key: tuple[str, int], rows: dict[str, str]) -> Rail:
+    rate = _RATE.match(rows.get("rate", ""))
+    return Rail(
+        device=key[0],
+        port=key[1],
+        port_state=_word(rows.get("state")),
+        phys_state=_word(rows.get("phys_state")),
+        rate_gbps=float(rate.group("n")) if rate is not None else None,
+        roce_v2_gids=_routable_v2(rows),
+    )
+
+
+def _routable_v2(rows: dict[str, str]) -> tuple[int, ...]:
+    """The GID rows of type RoCE v2 holding an address NCCL can route: not the zero GID of an
+    unused row, not the link-local one every port has."""
+    found: list[int] = []
+    for what, value in rows.items():
+        if not what.startswith("gids/"):
+            continue
+        index = int(what.split("/")[1])
+        try:
+            gid = ipaddress.IPv6Address(value.strip())
+        except ValueError:
+            continue
+        if gid.is_unspecified or gid.is_link_local:
+            continue
+        if rows.get(f"gid_attrs/types/{index}", "").strip() == ROCE_V2:
+            found.append(index)
+    return tuple(sorted(found))
 
 
 def _word(text: str | None) -> str | None:
@@ -172,6 +222,8 @@ def problems(ctx: Context) -> list[Problem]:
                     False,
                 )
             )
+        for rail in fabric.rails:
+            found.extend(_rail_problems(host.name, rail, expected, wanted_gid))
     if len(set(mtus.values())) > 1:
         top = max(mtus.values())
         listed = ", ".join(f"{name} {mtu}" for name, mtu in sorted(mtus.items()))
@@ -214,6 +266,58 @@ def problems(ctx: Context) -> list[Problem]:
                 "restarted if it stops answering",
                 False,
                 holds=False,
+            )
+        )
+    return found
+
+
+def _rail_problems(
+    host: str, rail: Rail, expected: float | None, wanted_gid: int | None
+) -> list[Problem]:
+    """A further RDMA port NCCL_IB_HCA lists, judged like the data device: NCCL spreads a
+    connection's traffic over every listed port, so one bad half of a Spark's QSFP port hangs
+    or fails the whole tensor-parallel run. Its address is not in the config, so its GID is
+    judged by kind: a routable RoCE v2 row, at NCCL_IB_GID_INDEX when that is set (NCCL uses
+    the one index on every device)."""
+    where = f"{host} {rail.device} port {rail.port} (in NCCL_IB_HCA)"
+    if rail.port_state not in (None, "ACTIVE"):
+        # NCCL skips a port that is not ACTIVE when it starts (net_ib/init.cc), so the two
+        # hosts would open different rails, and a port that drops later fails its transfers.
+        return [
+            Problem(
+                host,
+                f"{where} is {rail.port_state} ({rail.phys_state}): reseat the cable, bring "
+                f"the interface up, or take {rail.device} out of NCCL_IB_HCA",
+                True,
+            )
+        ]
+    found: list[Problem] = []
+    if rail.port_state is not None and not rail.roce_v2_gids:
+        found.append(
+            Problem(
+                host,
+                f"{where} has no routable RoCE v2 GID: give its interface its address "
+                "(NVIDIA's netplan addresses both halves of the port)",
+                True,
+            )
+        )
+    elif wanted_gid is not None and rail.roce_v2_gids and wanted_gid not in rail.roce_v2_gids:
+        rows = ", ".join(str(i) for i in rail.roce_v2_gids)
+        found.append(
+            Problem(
+                host,
+                f"{where} holds RoCE v2 at GID index {rows}, not NCCL_IB_GID_INDEX="
+                f"{wanted_gid}: re-add its address or set ray.env NCCL_IB_GID_INDEX",
+                True,
+            )
+        )
+    if expected is not None and rail.rate_gbps is not None and rail.rate_gbps < expected:
+        found.append(
+            Problem(
+                host,
+                f"{where} runs at {rail.rate_gbps:g} Gb/s, below the expected "
+                f"{expected:g}: reseat or replace the cable",
+                False,
             )
         )
     return found

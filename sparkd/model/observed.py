@@ -148,6 +148,22 @@ class KernelLog(Value):
     )
 
 
+class Rail(Value):
+    """One more RDMA port NCCL uses (`ray.env` NCCL_IB_HCA), read from
+    /sys/class/infiniband: on a DGX Spark each QSFP port is two devices, one per PCIe x4 half."""
+
+    device: str = Field(description="the RDMA device")
+    port: int = Field(description="its port")
+    port_state: str | None = Field(None, description="the port's `state` word: `ACTIVE` when sound")
+    phys_state: str | None = Field(
+        None, description="the port's `phys_state` word: `LinkUp` when sound"
+    )
+    rate_gbps: float | None = Field(None, description="the port's rate, Gb/s")
+    roce_v2_gids: tuple[int, ...] = Field(
+        (), description="the GID table rows holding a routable (not link-local) RoCE v2 address"
+    )
+
+
 class Fabric(Value):
     """The data interface's link and its RDMA port, from sysfs (None: not read or absent)."""
 
@@ -166,6 +182,9 @@ class Fabric(Value):
         None,
         description="the GID table row holding the data IP as RoCE v2 (what "
         "`NCCL_IB_GID_INDEX` must name)",
+    )
+    rails: tuple[Rail, ...] = Field(
+        (), description="the other RDMA ports NCCL_IB_HCA names (the data device's excluded)"
     )
 
 

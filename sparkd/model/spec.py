@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from sparkd.model.base import Value
 from sparkd.model.fields import SECRET_NAME, EnvName, Name, NotOption, Seconds, own_directory
+from sparkd.model.hca import parse_hca
 
 SHM_SIZE = re.compile(r"^[0-9]+[bkmgBKMG]?$")
 
@@ -87,6 +88,9 @@ class RaySpec(Value):
             )
         if "VLLM_HOST_IP" in value:
             raise ValueError("VLLM_HOST_IP is set per host from its data_ip; leave it out")
+        if "NCCL_IB_HCA" in value:
+            # Its device names become sysfs paths the fact script reads.
+            parse_hca(value["NCCL_IB_HCA"])
         return value
 
     @field_validator("mounts")

@@ -8,7 +8,9 @@ from pathlib import Path
 
 from sparkd.runtime.controller import Controller
 from sparkd.runtime.metrics import Metrics
+from sparkd.settings import load_settings
 from sparkd.shell.ssh import SshPool
+from sparkd_sim import fake_fabric
 from sparkd_sim.world import World
 from tests.support.daemon import controller, converge, cycle_until, cycles, mutations
 
@@ -105,3 +107,41 @@ async def test_a_model_hung_over_a_faulty_fabric_restarts_both_ranks_once_it_is_
     labels = {"action": "restart_ray", "result": "ok"}
     assert sample(metrics, "sparkd_remediations_total", **labels) == 2
     assert sample(metrics, "sparkd_remediations_total", action="restart_model", result="ok") == 0
+
+
+async def test_the_other_half_of_the_port_down_holds_the_relaunch(
+    healthy_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    """A Spark's QSFP port is two RDMA devices; NCCL_IB_HCA lists both, as recipes set it. The
+    data interface's half stays sound while the other goes DOWN: sparkd sees it, names it, and
+    relaunches nothing over it until it is back."""
+    env = {**load_settings(healthy_world.config_path).clusters[0].ray.env}
+    env["NCCL_IB_HCA"] = f"{fake_fabric.RDMA_DEVICE},{fake_fabric.RAIL_DEVICE}"
+    found: list[Controller] = []
+    metrics = Metrics(lambda: found)
+    ctl = controller(
+        healthy_world,
+        pool,
+        tmp_path / "state",
+        on_record=metrics.record,
+        cluster={"ray": {"env": env}},
+    )
+    found.append(ctl)
+    metrics.track(ctl.cluster)
+    final = await converge(ctl, cycles=100)
+    assert final[-1].phase == "healthy" and final[-1].triage == ()
+    await healthy_world.fault("rail-down", "spark-b")
+    down = f"fabric: spark-b {fake_fabric.RAIL_DEVICE} port 1 (in NCCL_IB_HCA) is DOWN (Disabled)"
+    plans = await cycle_until(ctl, down)
+    assert plans[-1].phase == "blocked" and plans[-1].triage == ("fabric",)
+    assert sample(metrics, "sparkd_cluster_triage", **{"class": "fabric"}) == 1
+    since = time.time()
+    await healthy_world.fault("crash-model", "spark-a")
+    plans = await cycles(ctl, 8)
+    assert all(down in p.reason for p in plans), plans[-1].reason
+    assert not [a for p in plans for a in p.actions if a.kind == "start_model"]
+    assert launches(healthy_world, since) == []
+    await healthy_world.fault("heal", "spark-b")
+    final = await converge(ctl, cycles=400)
+    assert final[-1].phase == "healthy" and final[-1].triage == ()
+    assert len(launches(healthy_world, since)) == 1

@@ -15,6 +15,7 @@ from sparkd.core.spec import (
     serve_spec_path,
 )
 from sparkd.model.cluster import ClusterSpec
+from sparkd.model.hca import parse_hca
 from sparkd.model.sections import FactSection, top_section
 from sparkd.model.spec import HostSpec
 from sparkd.shell.catalogue.remote import Remote, cmd, timed, tool_timeout
@@ -191,7 +192,7 @@ def fact_script(
     # forced command can list it), and what is new is told apart by the kernel's timestamps.
     lines.append(section(FactSection.KERNEL, KERNEL_LOG))
     lines.append(section(FactSection.MEMINFO, ["cat", MEMINFO_PATH]))
-    lines.append(fabric_section(host, t))
+    lines.append(fabric_section(host, t, rails=rail_globs(cluster)))
     head = container_name(cluster, host)
     if host.role == "head" and read_ray:
         ray_lines: list[str] = []
@@ -314,11 +315,37 @@ FABRIC_FILES = (
 )
 
 
-def fabric_section(host: HostSpec, seconds: float) -> str:
+RAIL_FILES = tuple(name.removeprefix("device/infiniband/*/ports/*/") for name in FABRIC_FILES[2:])
+
+
+def rail_globs(cluster: ClusterSpec) -> tuple[str, ...]:
+    """The port directories of every RDMA device `ray.env` NCCL_IB_HCA names, as shell words
+    (name quoted, globs not): a DGX Spark's port is two devices (one per PCIe x4 half), and
+    NCCL spreads its traffic over every one listed. A name is a prefix unless the list starts
+    with `=` (NCCL's matching, which the glob repeats); an excluding list (`^`) names the
+    devices NCCL avoids, not those it uses, so only the data interface's device is read then."""
+    value = cluster.ray.env.get("NCCL_IB_HCA")
+    if value is None:
+        return ()
+    hca = parse_hca(value)  # validated when the config loaded
+    if hca.exclude:
+        return ()
+    found: list[str] = []
+    for name, port in hca.devices:
+        base = shlex.quote(f"/sys/class/infiniband/{name}")
+        found.append(f"{base}{'' if hca.exact else '*'}/ports/{'*' if port is None else port}")
+    return tuple(found)
+
+
+def fabric_section(host: HostSpec, seconds: float, rails: Sequence[str] = ()) -> str:
     """The data interface's sysfs files, globs left to the host's shell (the RDMA device and
-    its GID rows are found there); the interface's name is quoted."""
+    its GID rows are found there); the interface's name is quoted. `rails`: port directories
+    of further RDMA devices NCCL uses (`rail_globs`), read the same way."""
     base = shlex.quote(f"/sys/class/net/{host.interface}")
-    paths = " ".join(f"{base}/{name}" for name in FABRIC_FILES)
+    paths = " ".join(
+        [f"{base}/{name}" for name in FABRIC_FILES]
+        + [f"{rail}/{name}" for rail in rails for name in RAIL_FILES]
+    )
     grep = shlex.join(["s", FactSection.FABRIC, *timed(["grep", "-s", "-H", "."], seconds)])
     return f"{grep} {paths}"
 
