@@ -1,6 +1,6 @@
 """The simulator's modules import one another without a cycle, imports made for type checking
-only included, and each stays small: each room of the world can be read, and changed, from the
-bottom up."""
+only included: each room of the world can be read, and changed, from the bottom up. (Size is
+judged by responsibility in review, not by a line count: a count split classes into halves.)"""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from pathlib import Path
 from tests.support.imports import imported
 
 SIM = Path(__file__).resolve().parents[2] / "sparkd_sim"
-# A module past this holds more than one concern (the world was 1,490 lines before its split).
-MAX_LINES = 450
 
 
 def _module(path: Path) -> str:
@@ -66,8 +64,3 @@ def test_the_graph_reads_the_world_and_its_rooms() -> None:
 
 def test_the_simulator_has_no_import_cycle() -> None:
     assert _cycle(_graph()) is None
-
-
-def test_every_simulator_module_is_small() -> None:
-    sizes = {p.name: len(p.read_text().splitlines()) for p in sorted(SIM.rglob("*.py"))}
-    assert {name: n for name, n in sizes.items() if n > MAX_LINES} == {}
