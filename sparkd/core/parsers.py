@@ -46,6 +46,9 @@ _RC = re.compile(r"^-?[0-9]{1,5}$")
 # all line breaks; a kernel tail is 200, a GID table 510): a section past it is a host printing
 # up to the SSH output cap to hold the parsers, read as cut off (no exit status), unparsed.
 SECTION_LINES = 65_536
+# Far more markers than the script prints (its sections, and a `top` per container): the rest of
+# an output past it is read as cut off.
+MAX_MARKERS = 1024
 # Every character `str.splitlines` ends a line at.
 _BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 # A marker, up to the next line break (a literal first: the scan skips to each `@@sparkd`); it
@@ -62,7 +65,9 @@ def parse_sections(text: str) -> dict[str, Section]:
     sections: dict[str, Section] = {}
     name: str | None = None
     start = 0
-    for marker in _MARKER.finditer(text):
+    for seen, marker in enumerate(_MARKER.finditer(text)):
+        if seen == MAX_MARKERS:
+            break
         if marker.start() > 0 and text[marker.start() - 1] not in _BREAKS:
             continue
         line = marker.group(0)

@@ -213,3 +213,10 @@ def test_a_section_flooded_to_the_output_cap_is_cut_off_unsplit() -> None:
     lines = "x\n" * parsers.SECTION_LINES
     kept = parsers.parse_sections(f"@@sparkd top\n{lines}@@sparkd-end top 0\n")["top"]
     assert kept.rc == 0 and len(kept.body.splitlines()) == parsers.SECTION_LINES
+
+
+def test_markers_past_the_bound_end_the_reading() -> None:
+    many = "".join(f"@@sparkd s{i}\nx\n@@sparkd-end s{i} 0\n" for i in range(parsers.MAX_MARKERS))
+    sections = parsers.parse_sections(many)
+    assert len(sections) == parsers.MAX_MARKERS // 2
+    assert f"s{parsers.MAX_MARKERS}" not in sections
