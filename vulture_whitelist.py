@@ -16,6 +16,10 @@ _.memory_total_bytes
 _.reused
 _.http_status
 _.snapshot_version
+# A kernel event's first line's time, for the snapshot's readers (its last is what sparkd reads).
+_.first_at
+# RE2's option, read by the library when it compiles (sparkd.model.linear_regex).
+_.log_errors
 # A parsed known_hosts line keeps the key as OpenSSH wrote it; lookups go by `hosts`.
 _.blob
 

@@ -14,7 +14,7 @@ from sparkd.runtime import logs
 
 NAMES = (
     "observe", "fanout", "host", "kernel", "probe", "detect", "recover", "footprint", "scale",
-    "vllm_warm", "ha", "ha_process", "fence", "ha_events",
+    "vllm_warm", "ha", "ha_process", "fence", "ha_events", "parsers",
 )  # fmt: skip
 
 

@@ -3,15 +3,18 @@
 Reasoning-aware as the probe is (core.classify): the completion must be healthy (an answer, or
 reasoning that spent the budget); `contains` and `regex` are judged on the answer when there is
 content, `min_completion_tokens` on the usage the server reports.
+
+A `regex` runs on RE2, linear in the answer (sparkd.model.linear_regex): these checks run on the
+event loop, on what a model wrote.
 """
 
 from __future__ import annotations
 
 import json
-import re
 
 from sparkd.core.classify import classify_response
 from sparkd.model.cluster import RolloutCheck
+from sparkd.model.linear_regex import compile_regex
 from sparkd.model.probe import CheckResult
 
 
@@ -24,7 +27,7 @@ def judge_check(index: int, check: RolloutCheck, status: int, body: bytes | str)
     if content:
         if check.contains is not None and check.contains not in content:
             return CheckResult(index=index, ok=False, detail=f"answer lacks {check.contains!r}")
-        if check.regex is not None and re.search(check.regex, content) is None:
+        if check.regex is not None and compile_regex(check.regex).search(content) is None:
             return CheckResult(
                 index=index, ok=False, detail=f"answer does not match {check.regex!r}"
             )
@@ -37,13 +40,18 @@ def judge_check(index: int, check: RolloutCheck, status: int, body: bytes | str)
     return CheckResult(index=index, ok=True, detail=verdict.outcome)
 
 
+# What a check's regex is matched against, at most: the body is already bounded where it is read
+# (shell.model_http.MAX_BODY, 1 MiB); this keeps the bound here too, with RE2 linear in it.
+ANSWER_LIMIT = 1 << 20
+
+
 def _content(body: bytes | str) -> str:
     try:
         document = json.loads(body)
         content = document["choices"][0]["message"].get("content")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         return ""
-    return content.strip() if isinstance(content, str) else ""
+    return content.strip()[:ANSWER_LIMIT] if isinstance(content, str) else ""
 
 
 def failed(checks: tuple[CheckResult, ...] | None) -> str | None:

@@ -91,17 +91,21 @@ TAIL_LINES = 200
 # `[  65.315783] spark-a kernel: MESSAGE` (short-monotonic); the host part is optional.
 _LINE = re.compile(r"^\[\s*(?P<t>[0-9]{1,10}\.[0-9]{1,9})\]\s(?:\S+ kernel: )?(?P<msg>.*)$")
 _XID = re.compile(r"NVRM: Xid \((?P<dev>[^)]{0,40})\): (?P<xid>[0-9]{1,4}),")
-_PATTERNS: tuple[tuple[KernelKind, re.Pattern[str]], ...] = (
-    ("nv_no_memory", re.compile(r"NVRM:.*\bNV_ERR_NO_MEMORY\b")),
+# Each pattern with a literal that must come before its match (searched from just after it):
+# `NVRM:.*\bNV_ERR_NO_MEMORY\b` as one regex retries its `.*` at every `NVRM:` of a line,
+# quadratic in a line a host fills with them.
+_PATTERNS: tuple[tuple[KernelKind, str, re.Pattern[str]], ...] = (
+    ("nv_no_memory", "NVRM:", re.compile(r"\bNV_ERR_NO_MEMORY\b")),
     # `Uncorrectable (Fatal) error message received` / `severity=Uncorrected (Fatal)`, never
     # `(Non-Fatal)`.
-    ("aer_fatal", re.compile(r"(?:AER: |severity=)Uncorrect(?:ed|able) \(Fatal\)")),
-    ("mlx5_pci_error", re.compile(r"^mlx5_core (?P<dev>\S{1,40}): .*pci_err_detected")),
-    ("soft_lockup", re.compile(r"BUG: soft lockup - CPU#[0-9]+ stuck")),
-    ("oom_kill", re.compile(r"Out of memory: Killed process [0-9]+")),
+    ("aer_fatal", "", re.compile(r"(?:AER: |severity=)Uncorrect(?:ed|able) \(Fatal\)")),
+    ("mlx5_pci_error", "", re.compile(r"^mlx5_core (?P<dev>\S{1,40}): .*pci_err_detected")),
+    ("soft_lockup", "", re.compile(r"BUG: soft lockup - CPU#[0-9]+ stuck")),
+    ("oom_kill", "", re.compile(r"Out of memory: Killed process [0-9]+")),
     # After the GSP RPC timeouts pass the driver's reset threshold (`kernel_gsp.c:2477`).
     (
         "gpu_reset_required",
+        "",
         re.compile(
             r"NVRM: Rate limiting GSP RPC error prints for GPU at (?P<dev>PCI:[0-9a-fA-F:]{1,20})"
             r" .{0,60}The GPU likely needs to be reset"
@@ -111,6 +115,14 @@ _PATTERNS: tuple[tuple[KernelKind, re.Pattern[str]], ...] = (
 # `pcieport 0000:00:01.0: AER: ...`: the reporting device.
 _DEVICE = re.compile(r"^\S+ (?P<dev>[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]):", re.I)
 _LINE_LIMIT = 300
+# The kernel's longest record is 1024 bytes less its header (printk's PRINTKRB_RECORD_MAX,
+# linux kernel/printk/internal.h, v6.8); a longer "kernel line" is not the kernel's.
+MESSAGE_LIMIT = 1024
+# Every character `str.splitlines` ends a line at; a line that may be the kernel's starts with
+# `[` right after one (or at the start). The text is read from its end in blocks this long.
+_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_CANDIDATE = re.compile(f"(?:^|(?<=[{_BREAKS}]))\\[[^{_BREAKS}]*")
+_BLOCK = 1 << 16
 # What journalctl prints instead of the system journal to a user outside `adm` and
 # `systemd-journal`: the kernel's lines are then missing, never "none".
 _NO_ACCESS = "not seeing messages from other users and the system"
@@ -127,41 +139,67 @@ def unreadable(text: str) -> str | None:
 
 
 def parse_kernel_log(text: str) -> KernelLog:
-    """Each known message kind, de-duplicated by kind, XID and device, with every timestamp."""
-    events: dict[tuple[str, int | None, str], KernelEvent] = {}
-    lines = 0
+    """Each known message kind, de-duplicated by kind, XID and device, with every timestamp.
+
+    Only the last `TAIL_LINES` kernel lines count (what the script asked `journalctl` for): a
+    host that prints more (up to the SSH output cap, some 160,000 lines) costs one pass over the
+    text from its end and no more, so no host's log can hold the event loop. The same bound
+    keeps each event's `times` at most `TAIL_LINES` long and its count exact for what was read.
+    """
+    read = _tail(text)
+    stamps: dict[tuple[str, int | None, str], list[float]] = {}
+    lines: dict[tuple[str, int | None, str], str] = {}
     last: float | None = None
-    for raw in text.splitlines():
-        match = _LINE.match(raw)
-        if match is None:
-            continue
-        try:
-            at = float(match.group("t"))
-        except ValueError:
-            continue
-        lines += 1
+    for at, message in read:
         last = at if last is None else max(last, at)
-        found = _classify(match.group("msg"))
+        found = _classify(message)
         if found is None:
             continue
-        kind, xid, device = found
-        key = (kind, xid, device)
-        seen = events.get(key)
-        if seen is None:
-            line = printable(match.group("msg"))[:_LINE_LIMIT]
-            events[key] = KernelEvent(
-                kind=kind, xid=xid, device=device, first_at=at, last_at=at, times=(at,), line=line
-            )
-        else:
-            events[key] = seen.model_copy(
-                update={
-                    "count": seen.count + 1,
-                    "first_at": min(seen.first_at, at),
-                    "last_at": max(seen.last_at, at),
-                    "times": (*seen.times, at),
-                }
-            )
-    return KernelLog(events=tuple(events.values()), lines=lines, last_at=last)
+        stamps.setdefault(found, []).append(at)
+        lines.setdefault(found, printable(message)[:_LINE_LIMIT])
+    events = tuple(
+        KernelEvent(
+            kind=kind,
+            xid=xid,
+            device=device,
+            count=len(times),
+            first_at=min(times),
+            last_at=max(times),
+            times=tuple(times),
+            line=lines[(kind, xid, device)],
+        )
+        for (kind, xid, device), times in stamps.items()
+    )
+    return KernelLog(events=events, lines=len(read), last_at=last)
+
+
+def _tail(text: str) -> list[tuple[float, str]]:
+    """The last `TAIL_LINES` kernel lines of `text` as (timestamp, message), oldest first.
+
+    Read from the end a block at a time (cut at a line break), stopping once enough are found;
+    in each block only lines that start with `[` are looked at, found by one regex scan rather
+    than a Python step per line (8 MiB of empty lines is 8 million of them). Lines end where
+    `str.splitlines` ends them. A message is cut to `MESSAGE_LIMIT` before any pattern sees it:
+    the kernel's own records are shorter.
+    """
+    found: list[tuple[float, str]] = []
+    end = len(text)
+    while end > 0 and len(found) < TAIL_LINES:
+        start = text.rfind("\n", 0, max(0, end - _BLOCK)) + 1
+        for raw in reversed(_CANDIDATE.findall(text, start, end)):
+            match = _LINE.match(raw[: MESSAGE_LIMIT + 128])
+            if match is None:
+                continue
+            try:
+                at = float(match.group("t"))
+            except ValueError:
+                continue
+            found.append((at, match.group("msg")[:MESSAGE_LIMIT]))
+            if len(found) == TAIL_LINES:
+                break
+        end = start - 1
+    found.reverse()
+    return found
 
 
 def _classify(message: str) -> tuple[KernelKind, int | None, str] | None:
@@ -172,8 +210,11 @@ def _classify(message: str) -> tuple[KernelKind, int | None, str] | None:
         if recovery is not None and int(recovery.group("action"), 16) in RESET_ACTIONS:
             return "gpu_reset_required", number, printable(xid.group("dev"))
         return "xid", number, printable(xid.group("dev"))
-    for kind, pattern in _PATTERNS:
-        match = pattern.search(message)
+    for kind, before, pattern in _PATTERNS:
+        start = message.find(before)
+        if start < 0:
+            continue
+        match = pattern.search(message, start + len(before))
         if match is None:
             continue
         device = match.groupdict().get("dev") or ""

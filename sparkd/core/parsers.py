@@ -42,24 +42,58 @@ class Section:
 _RC = re.compile(r"^-?[0-9]{1,5}$")
 
 
+# More lines than any section holds when the tools are sane (the serve log's 64 KiB tail, were it
+# all line breaks; a kernel tail is 200, a GID table 510): a section past it is a host printing
+# up to the SSH output cap to hold the parsers, read as cut off (no exit status), unparsed.
+SECTION_LINES = 65_536
+# Far more markers than the script prints (its sections, and a `top` per container): the rest of
+# an output past it is read as cut off.
+MAX_MARKERS = 1024
+# Every character `str.splitlines` ends a line at.
+_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+# A marker, up to the next line break (a literal first: the scan skips to each `@@sparkd`); it
+# counts only at the start of a line.
+_MARKER = re.compile(f"@@sparkd(?: |-end )[^{_BREAKS}]*")
+
+
 def parse_sections(text: str) -> dict[str, Section]:
-    """Split the fact script's output: `@@sparkd NAME` ... `@@sparkd-end NAME RC`."""
+    """Split the fact script's output: `@@sparkd NAME` ... `@@sparkd-end NAME RC`.
+
+    The markers are found by one regex scan and each body is cut out whole, so the output costs
+    no Python step per line; a body of more than SECTION_LINES lines is not split at all.
+    """
     sections: dict[str, Section] = {}
     name: str | None = None
-    lines: list[str] = []
-    for line in text.splitlines():
+    start = 0
+    for seen, marker in enumerate(_MARKER.finditer(text)):
+        if seen == MAX_MARKERS:
+            break
+        if marker.start() > 0 and text[marker.start() - 1] not in _BREAKS:
+            continue
+        line = marker.group(0)
         if line.startswith(SECTION_START):
-            name, lines = line[len(SECTION_START) :].strip(), []
-        elif line.startswith(SECTION_END) and name is not None:
+            name, start = line[len(SECTION_START) :].strip(), _next_line(text, marker.end())
+        elif name is not None:
             _, _, rc_text = line[len(SECTION_END) :].strip().rpartition(" ")
             rc = int(rc_text) if _RC.match(rc_text) else None
-            sections[name] = Section("\n".join(lines), rc)
+            sections[name] = _section(text[start : marker.start()], rc)
             name = None
-        elif name is not None:
-            lines.append(line)
     if name is not None:  # cut off mid-section: keep what came, with no exit status
-        sections[name] = Section("\n".join(lines), None)
+        sections[name] = _section(text[start:], None)
     return sections
+
+
+def _next_line(text: str, end: int) -> int:
+    """Where the line after the one ending at `end` starts (`\r\n` is one break)."""
+    if text.startswith("\r\n", end):
+        return end + 2
+    return min(end + 1, len(text))
+
+
+def _section(body: str, rc: int | None) -> Section:
+    if sum(body.count(c) for c in _BREAKS) > SECTION_LINES:
+        return Section("", None)
+    return Section("\n".join(body.splitlines()), rc)
 
 
 def parse_systemctl_show(text: str) -> tuple[UnitState, ...]:

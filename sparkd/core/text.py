@@ -45,18 +45,23 @@ def printable_json(value: Any) -> Any:
 
 # Secrets a line may carry that sparkd never read (so the process-wide redactor cannot know
 # them): the value after each prefix is masked. The first are vLLM's and its environment's,
-# masked in every line; the last, `credentials`, what a PDU's or smart plug's client may echo
-# (`password=...`, `token: ...`), masked in the power command's output only: sparkd's own log
-# lines carry `token=N`, the fencing token, which is no secret.
-SECRET_PATTERNS = (
+# masked in every line; the rest, `CREDENTIALS`, what a PDU's or smart plug's client may echo
+# (`password=...`, `token: ...`, ipmitool's `-P pass`, snmpset's `-c community`, a URL's
+# `user:pass@`), masked in the power command's output only: sparkd's own log lines carry
+# `token=N`, the fencing token, which is no secret.
+_EVERY_LINE = (
     re.compile(r"(--api-key[ =])\S+"),
-    re.compile(r"(Authorization:\s*Bearer\s+)\S+", re.I),
+    re.compile(r"(Authorization:\s*(?:Bearer|Basic)\s+)\S+", re.I),
     re.compile(r"((?:VLLM_API_KEY|HF_TOKEN|HUGGING_FACE_HUB_TOKEN|OPENAI_API_KEY)=)\S+"),
+)
+CREDENTIALS = (
     re.compile(
         r"(\b(?:password|passwd|pass|token|secret|api[_-]?key|community)\s*[=:]\s*)\S+", re.I
     ),
+    re.compile(r"((?<!\S)-[Pc] ?)\S+"),
+    re.compile(r"(\b[a-z][a-z0-9+.-]{0,20}://[^/@\s:]{0,256}:)[^/@\s]{1,256}(?=@)", re.I),
 )
-_EVERY_LINE = SECRET_PATTERNS[:-1]
+SECRET_PATTERNS = _EVERY_LINE + CREDENTIALS
 
 
 def redact(line: str, secrets: Iterable[str] = (), credentials: bool = False) -> str:

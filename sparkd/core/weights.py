@@ -79,6 +79,9 @@ def parse_index(text: str) -> WeightIndex | str:
         data: Any = json.loads(text)
     except ValueError as exc:
         return f"{INDEX} is not JSON ({exc})"
+    except RecursionError:
+        # `[[[[...` past the decoder's depth: a host's text, never an exception of the look's.
+        return f"{INDEX} is not JSON (nested too deep)"
     if not isinstance(data, dict):
         return f"{INDEX} is not a JSON object"
     weight_map = data.get("weight_map")

@@ -27,6 +27,21 @@ class EtcdUnavailable(Exception):
     """No endpoint answered in time: the outcome of a write is unknown."""
 
 
+# No answer sparkd asks for comes near this (a range of the prefix's records, a transaction's
+# answer, one watch message); an endpoint sending more is broken or not etcd (with `http://`,
+# anyone on the path), and reading on would only grow the daemon toward its memory limit.
+MAX_ANSWER = 4 << 20
+READ_CHUNK = 65536
+
+
+class AnswerTooLarge(aiohttp.ClientPayloadError):
+    """An answer or watch message over MAX_ANSWER bytes: cut off as a reset would cut it (the
+    outcome of a write is unknown), so the next endpoint is tried as after a reset."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what} over {MAX_ANSWER} bytes")
+
+
 class EtcdError(Exception):
     """etcd answered with an error (the request was refused, not lost)."""
 
@@ -63,6 +78,45 @@ def prefix_end(prefix: str) -> str:
     """The range end that covers every key starting with `prefix` (its last byte plus one)."""
     raw = prefix.encode()
     return b64(raw[:-1] + bytes([raw[-1] + 1]))
+
+
+async def _read_capped(response: aiohttp.ClientResponse) -> str:
+    """The whole body, at most MAX_ANSWER bytes of it (AnswerTooLarge past that)."""
+    if response.content_length is not None and response.content_length > MAX_ANSWER:
+        raise AnswerTooLarge("answer")
+    parts: list[bytes] = []
+    total = 0
+    async for chunk in response.content.iter_chunked(READ_CHUNK):
+        total += len(chunk)
+        if total > MAX_ANSWER:
+            raise AnswerTooLarge("answer")
+        parts.append(chunk)
+    return b"".join(parts).decode("utf-8", "replace")
+
+
+async def _messages(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The watch stream's messages (one JSON document a line), each at most MAX_ANSWER bytes:
+    read as it comes, so a line that never ends is refused at the cap, not gathered whole."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in stream.iter_any():
+        start = 0
+        while (cut := chunk.find(b"\n", start)) >= 0:
+            parts.append(chunk[start:cut])
+            size += cut - start
+            if size > MAX_ANSWER:
+                raise AnswerTooLarge("watch message")
+            line = b"".join(parts)
+            parts, size, start = [], 0, cut + 1
+            if line.strip():
+                yield line
+        parts.append(chunk[start:])
+        size += len(chunk) - start
+        if size > MAX_ANSWER:
+            raise AnswerTooLarge("watch message")
+    line = b"".join(parts)
+    if line.strip():
+        yield line
 
 
 def _kv(doc: dict[str, Any]) -> KeyValue:
@@ -163,7 +217,7 @@ class EtcdClient:
             async with self._http().post(
                 f"{endpoint}/v3/{path}", json=body, headers=headers
             ) as response:
-                text = await response.text()
+                text = await _read_capped(response)
         try:
             doc = json.loads(text) if text else {}
         except ValueError:
@@ -315,10 +369,8 @@ class EtcdClient:
             f"{self.endpoint}/v3/watch", json=body, headers=headers, timeout=timeout
         ) as response:
             if response.status != 200:
-                raise EtcdError(response.status, (await response.text())[:200])
-            async for line in response.content:
-                if not line.strip():
-                    continue
+                raise EtcdError(response.status, (await _read_capped(response))[:200])
+            async for line in _messages(response.content):
                 result = json.loads(line).get("result", {})
                 if result.get("canceled") or result.get("compact_revision"):
                     return

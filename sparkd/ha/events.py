@@ -17,6 +17,9 @@ import json
 from typing import Any
 
 SEQ_DIGITS = 20
+# No journal reaches this (10^19 events); a key at or past it was planted, and a sequence
+# continued from it would outgrow SEQ_DIGITS, so that its keys sort below the trim range's end.
+SEQ_LIMIT = 10 ** (SEQ_DIGITS - 1)
 
 
 def events_prefix(prefix: str, cluster: str) -> str:
@@ -29,9 +32,11 @@ def event_key(prefix: str, cluster: str, seq: int) -> str:
 
 def seq_of(key: str) -> int | None:
     """The sequence number a key under a cluster's events prefix ends in; None for a key
-    sparkd did not write."""
+    sparkd did not write (one at or past SEQ_LIMIT included)."""
     tail = key.rpartition("/")[2]
-    return int(tail) if len(tail) == SEQ_DIGITS and tail.isdigit() else None
+    if len(tail) != SEQ_DIGITS or not tail.isascii() or not tail.isdigit():
+        return None
+    return int(tail) if int(tail) < SEQ_LIMIT else None
 
 
 def encode_event(event: dict[str, Any], token: int, instance: str) -> bytes:

@@ -3,14 +3,15 @@ fabric, power, maintenance and rollout sections it carries."""
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
+from sparkd.model import linear_regex
 from sparkd.model.base import Value
 from sparkd.model.duration import parse_duration
 from sparkd.model.fields import Name, Seconds, unique
+from sparkd.model.linear_regex import compile_regex
 from sparkd.model.spec import (
     CleanupSpec,
     HostSpec,
@@ -126,8 +127,8 @@ class RolloutCheck(Value):
     def _regex(cls, value: str | None) -> str | None:
         if value is not None:
             try:
-                re.compile(value)
-            except re.error as exc:
+                compile_regex(value)
+            except linear_regex.Error as exc:
                 raise ValueError(f"regex {value!r}: {exc}") from None
         return value
 

@@ -52,6 +52,8 @@ RETRY = 0.5
 # Events per transaction: with the memory, the intent and the trim, well under etcd's default
 # limit of 128 operations in one transaction (--max-txn-ops).
 EVENTS_PER_WRITE = 100
+# The journal's newest keys read at a claim, to continue after the newest sparkd wrote.
+NEWEST_READ = 16
 # Events made once this instance no longer holds the token: they stay in its state dir, and
 # its /events shows them beside etcd's journal.
 UNGUARDED_KINDS = frozenset({"fenced"})
@@ -86,6 +88,8 @@ class EtcdStore:
         self.events_kept = events_kept
         self._events: dict[str, list[dict[str, Any]]] = {}
         self._seq: dict[str, int] = {}
+        # Per cluster: writes etcd did not answer in a row.
+        self._failures: dict[str, int] = {}
 
     def _lock(self, cluster: str) -> asyncio.Lock:
         return self._locks.setdefault(cluster, asyncio.Lock())
@@ -144,8 +148,14 @@ class EtcdStore:
             stored, _ = await self.ha.client.get(key)
             left, _ = await self.ha.client.get(ikey)
             # After the owner key is ours: no former owner's event can land behind this read.
-            newest = await self.ha.client.newest(events_prefix(self.prefix, cluster), 1)
-            last = seq_of(newest[0].key) if newest else None
+            newest = await self.ha.client.newest(events_prefix(self.prefix, cluster), NEWEST_READ)
+            seqs = [seq_of(kv.key) for kv in newest]
+            last = next((seq for seq in seqs if seq is not None), None)
+            refused = [kv.key[-40:] for kv, seq in zip(newest, seqs, strict=True) if seq is None]
+            if refused:
+                # Keys sparkd never writes (sorting after its own): continued from, the
+                # journal's next keys would outgrow their width and every write would fail.
+                self.log.warning("events_keys_refused", cluster=cluster, keys=refused)
             control = None
             if stored is None:
                 raw = self._encode(cluster, memory, now, token)
@@ -289,11 +299,17 @@ class EtcdStore:
                 except (EtcdUnavailable, EtcdError, OSError) as exc:
                     if pending is not None:
                         self._pending.setdefault(cluster, pending)
-                    self.log.info(
+                    failures = self._failures[cluster] = self._failures.get(cluster, 0) + 1
+                    # Once is etcd's hiccup; again and again (retried every RETRY) is a fault
+                    # someone has to see.
+                    log = self.log.warning if failures > 1 else self.log.info
+                    log(
                         "memory_unwritten", cluster=cluster, error=type(exc).__name__,
-                        events=len(self._events.get(cluster, [])),
+                        events=len(self._events.get(cluster, [])), failures=failures,
                     )  # fmt: skip
                     written = None
+                else:
+                    self._failures.pop(cluster, None)
                 if written:
                     if deletes:
                         self._settled.discard(cluster)
@@ -325,7 +341,10 @@ class EtcdStore:
             for i, event in enumerate(events)
         }
         below = trimmed_below(first + len(events) - 1, self.events_kept)
-        ranges = [(events_prefix(self.prefix, cluster), event_key(self.prefix, cluster, below))]
+        # The range ends before the first new key whatever their order: etcd refuses a
+        # transaction that puts a key it also deletes.
+        end = min(event_key(self.prefix, cluster, below), event_key(self.prefix, cluster, first))
+        ranges = [(events_prefix(self.prefix, cluster), end)]
         return puts, ranges if below > 0 else []
 
     def _unwritten(self, cluster: str, why: str) -> None:

@@ -216,3 +216,24 @@ async def test_after_a_sigkill_the_new_owner_shows_the_old_owners_events_then_it
     assert mine.index("memory_adopted") < mine.index("fence_swept"), mine
     tokens = [e["token"] for e in after]
     assert tokens == sorted(tokens) and tokens[first_b] > tokens[first_b - 1]
+
+
+async def test_a_planted_journal_key_near_the_sequences_width_never_blocks_the_journal(
+    etcd: EtcdServer, admin: EtcdClient, tmp_path: Path
+) -> None:
+    # Anyone who can write the prefix: one key at the last 20-digit sequence number. Continued
+    # from, the next key has 21 digits, sorts inside the trim range, and etcd refuses every
+    # transaction that puts it (`duplicate key given in txn request`), memory included.
+    planted = events_prefix(PREFIX, "c1") + "9" * 20
+    await admin.put(planted, b'{"kind": "planted"}')
+    a = Box(etcd, "a", tmp_path)
+    try:
+        await a.own()
+        a.store.journal("c1", [event("phase", 1), event("phase", 2)])
+        async with asyncio.timeout(20):
+            await a.store.close()
+        read, _ = await a.store.read_events(["c1"], 10)
+        assert [e["n"] for e in read if "n" in e] == [2, 1]
+        assert planted in [key for key, _ in await keys(admin)]
+    finally:
+        await a.ha.stop()

@@ -4,12 +4,14 @@ never an exception out of the cycle."""
 from __future__ import annotations
 
 import json
+import re
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkd.core import parsers
 from sparkd.core.assemble import head_extras, host_facts, unreadable
+from sparkd.shell.ssh import MAX_OUTPUT
 from tests.toy import ROOT, reference_cluster
 
 SECTIONS = (
@@ -159,3 +161,62 @@ def test_an_unreadable_docker_ps_line_makes_the_host_unknown_not_its_container_m
     warned["containers"] = parsers.Section("WARNING: No swap limit support\n" + lines[head], 0)
     assert unreadable(warned) is None
     assert host_facts(cluster, cluster.head, warned, 1000.0).containers
+
+
+def _sections_line_by_line(text: str) -> dict[str, tuple[str, int | None]]:
+    """The splitting as it was done a line at a time (splitlines), to compare with."""
+    sections: dict[str, tuple[str, int | None]] = {}
+    name: str | None = None
+    lines: list[str] = []
+    for line in text.splitlines():
+        if line.startswith(parsers.SECTION_START):
+            name, lines = line[len(parsers.SECTION_START) :].strip(), []
+        elif line.startswith(parsers.SECTION_END) and name is not None:
+            _, _, rc_text = line[len(parsers.SECTION_END) :].strip().rpartition(" ")
+            rc = int(rc_text) if re.match(r"^-?[0-9]{1,5}$", rc_text) else None
+            sections[name] = ("\n".join(lines), rc)
+            name = None
+        elif name is not None:
+            lines.append(line)
+    if name is not None:
+        sections[name] = ("\n".join(lines), None)
+    return sections
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            ["@@sparkd a", "@@sparkd b", "@@sparkd-end a 0", "@@sparkd-end b 1", "@@sparkd-end",
+             "x", "", " ", "@@sparkd", "y@@sparkd a", "-1"]
+        ),
+        max_size=12,
+    ),
+    st.lists(st.sampled_from(["\n", "\r", "\r\n", "\x0b", "\x1c", "\x85", "\u2028"]), min_size=12),
+)  # fmt: skip
+def test_sections_split_as_line_by_line(words: list[str], breaks: list[str]) -> None:
+    text = "".join(w + b for w, b in zip(words, breaks, strict=False))
+    got = {k: (v.body, v.rc) for k, v in parsers.parse_sections(text).items()}
+    assert got == _sections_line_by_line(text)
+
+
+def test_a_section_flooded_to_the_output_cap_is_cut_off_unsplit() -> None:
+    # 8 MiB of line breaks in one section: 8 million lines for its parser to step through.
+    flood = "\n" * MAX_OUTPUT
+    text = (
+        f"@@sparkd containers\n{flood}@@sparkd-end containers 0\n"
+        "@@sparkd disk\n1\n@@sparkd-end disk 0\n"
+    )
+    sections = parsers.parse_sections(text)
+    assert sections["containers"] == parsers.Section("", None)
+    assert sections["disk"] == parsers.Section("1", 0)
+    lines = "x\n" * parsers.SECTION_LINES
+    kept = parsers.parse_sections(f"@@sparkd top\n{lines}@@sparkd-end top 0\n")["top"]
+    assert kept.rc == 0 and len(kept.body.splitlines()) == parsers.SECTION_LINES
+
+
+def test_markers_past_the_bound_end_the_reading() -> None:
+    many = "".join(f"@@sparkd s{i}\nx\n@@sparkd-end s{i} 0\n" for i in range(parsers.MAX_MARKERS))
+    sections = parsers.parse_sections(many)
+    assert len(sections) == parsers.MAX_MARKERS // 2
+    assert f"s{parsers.MAX_MARKERS}" not in sections

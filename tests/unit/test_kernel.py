@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sparkd.core import kernel
 from sparkd.model.observed import KernelLog
+from sparkd.shell.ssh import MAX_OUTPUT
 
 KERNEL = Path(__file__).resolve().parent.parent / "fixtures" / "kernel"
 
@@ -119,3 +122,63 @@ def test_the_parsers_are_total(text: str) -> None:
 def test_samples_with_noise_between_them_still_parse(names: list[Path], noise: str) -> None:
     text = "\n".join(p.read_text() + noise for p in names)
     kernel.parse_kernel_log(text)
+
+
+# One repeated XID line as a broken or hostile host may print it until the SSH output cap
+# (8 MiB, about 160,000 such lines) although the script asked for the last 200.
+FLOOD_LINE = "[ 4410.118204] spark-b kernel: NVRM: Xid (PCI:000f:01:00): 13, pid=1, name=x, Ch 8\n"
+
+
+def test_a_flooded_log_is_read_to_its_last_200_lines_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    text = FLOOD_LINE * (MAX_OUTPUT // len(FLOOD_LINE))
+    classified = 0
+    classify = kernel._classify
+
+    def counting(message: str) -> object:
+        nonlocal classified
+        classified += 1
+        return classify(message)
+
+    monkeypatch.setattr(kernel, "_classify", counting)
+    log = kernel.parse_kernel_log(text)
+    assert classified == kernel.TAIL_LINES
+    assert log.lines == kernel.TAIL_LINES
+    [event] = log.events
+    assert event.count == kernel.TAIL_LINES and len(event.times) == kernel.TAIL_LINES
+    assert [(e.xid, n) for e, n in kernel.new_since(log, None)] == [(13, kernel.TAIL_LINES)]
+
+
+def test_the_tail_is_the_last_lines_with_their_own_stamps() -> None:
+    old = "".join(f"[ {t}.000000] NVRM: Xid (PCI:0000:01:00): 79, pid=1\n" for t in range(1000))
+    new = "".join(
+        f"[ {t}.000000] NVRM: Xid (PCI:0000:01:00): 13, pid=1\n" for t in range(1000, 1200)
+    )
+    log = kernel.parse_kernel_log(old + "not a kernel line\n" * 5000 + new)
+    assert [(e.xid, e.count, e.first_at, e.last_at) for e in log.events] == [(13, 200, 1000, 1199)]
+    assert [n for _, n in kernel.new_since(log, 1149.0)] == [50]
+
+
+def test_a_long_line_is_cut_before_any_pattern_sees_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    line = "[ 1.000000] " + "NVRM:" * (MAX_OUTPUT // 5 // 200) + "\n"
+    seen: list[int] = []
+    classify = kernel._classify
+
+    def measuring(message: str) -> object:
+        seen.append(len(message))
+        return classify(message)
+
+    monkeypatch.setattr(kernel, "_classify", measuring)
+    log = kernel.parse_kernel_log(line * 200)
+    assert log.events == () and log.lines == 200
+    assert seen == [kernel.MESSAGE_LIMIT] * 200
+
+
+@given(st.lists(st.sampled_from(["NVRM:", "NVRM", ":", " ", "x", "NV_ERR_NO_MEMORY", "_"])))
+def test_no_memory_is_found_as_the_one_regex_found_it(words: list[str]) -> None:
+    # The old single regex, quadratic in a line full of `NVRM:`; the split search must agree.
+    message = "".join(words)
+    found = kernel._classify(message)
+    old = re.search(r"NVRM:.*\bNV_ERR_NO_MEMORY\b", message) is not None
+    assert (found is not None and found[0] == "nv_no_memory") == old

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from sparkd.model.plan import Action
 from sparkd.shell.catalogue import FenceToken
 from sparkd.shell.execute import Executor
 from sparkd.shell.fencing import HostFence
-from sparkd.shell.power import PowerFailed, power_argv, run_power
+from sparkd.shell.power import OUTPUT_KEPT, PowerFailed, power_argv, run_power
 from sparkd.shell.ssh import SshPool
 from tests.toy import reference_cluster
 
@@ -111,3 +112,57 @@ def test_an_instance_that_does_not_own_the_cluster_never_runs_the_power_command(
     done = asyncio.run(executor.run_one(action))
     assert done.result == "ok", done.detail
     assert marker.read_text() == "x"
+
+
+def test_a_flood_of_output_is_read_into_a_bounded_tail(tmp_path: Path) -> None:
+    # 256 MiB then the last words: the whole would have been held at once.
+    pdu = script(
+        tmp_path,
+        "import sys\nblock = b'x' * (1 << 20) + b'\\n'\n"
+        "for _ in range(256):\n    sys.stdout.buffer.write(block)\n"
+        "sys.stdout.buffer.write(b'outlet 7 cycled\\n')\n",
+    )
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    said = asyncio.run(run_power([sys.executable, pdu], 60.0))
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    assert said.endswith("outlet 7 cycled") and len(said) <= OUTPUT_KEPT
+    assert grown < 64 << 20, grown
+
+
+def test_credentials_it_echoes_and_terminal_escapes_never_come_back(tmp_path: Path) -> None:
+    echoed = [
+        "ipmitool -I lanplus -H pdu-1 -U admin -P hunter2 chassis power cycle",
+        "snmpset -v2c -c s3cr3t-community pdu-1 PowerNet-MIB::sPDUOutletCtl.7 i 3",
+        "GET http://admin:pa55word@pdu-1/outlet?7=cycle",
+        "Authorization: Basic YWRtaW46cGE1NXdvcmQ=",
+        "\x1b]0;owned\x07\x1b[2J\x1b[31mred\x1b[0m outlet 7 cycled",
+    ]
+    pdu = script(tmp_path, f"for line in {echoed!r}:\n    print(line)\n")
+    said = asyncio.run(run_power([sys.executable, pdu], 10.0))
+    for secret in ("hunter2", "s3cr3t-community", "pa55word", "YWRtaW46cGE1NXdvcmQ="):
+        assert secret not in said, said
+    assert "\x1b" not in said and "\x07" not in said
+    assert "-P ***" in said and "http://admin:***@pdu-1" in said and "outlet 7 cycled" in said
+
+
+def test_at_its_timeout_a_child_that_left_the_group_is_killed_too(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    pdu = script(
+        tmp_path,
+        "import os, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+        " start_new_session=True)\n"
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+        "time.sleep(60)\n",
+    )
+    with pytest.raises(TimeoutError):
+        asyncio.run(run_power([sys.executable, pdu], 3.0))
+    survivors = []
+    for pid in map(int, pids.read_text().split()):
+        deadline = time.monotonic() + 5
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(pid):
+            survivors.append(pid)
+            os.kill(pid, 9)
+    assert survivors == []

@@ -373,3 +373,9 @@ def test_a_cutover_never_starts_on_a_missing_file_or_an_unknown_index(
             stops = [a for a in made.actions if a.kind in rollout.STOPS]
             if stops and rollout.prepare_due(run.desired, before):
                 assert weights.unready(read) is None, (made.reason, read)
+
+
+def test_an_index_nested_past_the_decoders_depth_is_unknown_not_a_crash() -> None:
+    # What a hostile host may print for the index, within the reduced read's bound.
+    said = weights.parse_index("[" * (weights.REDUCED_LIMIT - 1))
+    assert isinstance(said, str) and "nested too deep" in said
