@@ -1,4 +1,4 @@
-"""Classify a sanity completion (DESIGN section 5). Pure: bytes and status codes in, verdict out.
+"""Classify a sanity completion. Pure: bytes and status codes in, verdict out.
 
 A reasoning model that spends its whole budget thinking answers with `content: null` and its text
 in `reasoning` (vLLM >= 0.11) or `reasoning_content` (older vLLM, SGLang): that is healthy, but

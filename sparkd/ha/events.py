@@ -1,4 +1,4 @@
-"""The event journal in etcd (HA.md 4.1): its keys, its records and its bound.
+"""The event journal in etcd: its keys, its records and its bound.
 
 `<prefix>events/<cluster>/<seq>` holds one event of the cluster's journal, stamped with the
 instance and the token that wrote it. The sequence number is zero-padded, so the keys' order is

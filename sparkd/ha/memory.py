@@ -1,4 +1,4 @@
-"""The memory and intent records in etcd (HA.md 4.1): their keys and their JSON.
+"""The memory and intent records in etcd: their keys and their JSON.
 
 `<prefix>clusters/<cluster>/memory` holds the memory with every daemon-time stamp as its age
 at the write (sparkd.core.handover): another box's elapsed clock means nothing here, and a new

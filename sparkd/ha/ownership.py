@@ -1,6 +1,6 @@
 """Who may act on a cluster: one etcd session lease per instance, one owner key per cluster.
 
-The rules (HA.md section 4.2, after Patroni and client-go's leader election):
+The rules (after Patroni and client-go's leader election):
 
 * An owner key `<prefix>owner/<cluster>` is created only if absent, bound to this instance's
   lease, in one transaction. Its create revision is the fencing token: it only ever grows.

@@ -1,4 +1,4 @@
-"""Which clusters an instance contends for, when several share them (HA.md section 4.3). Pure.
+"""Which clusters an instance contends for, when several share them. Pure.
 
 Bounded-load rendezvous hashing, kept sticky: every member holds `clusters // members` or one
 more (so none above the cap, `ceil(clusters / members)`), and a cluster stays with its current
@@ -6,7 +6,7 @@ owner unless that owner holds more than its share. Which of an owner's clusters 
 where an unowned or shed cluster goes, is decided by the rendezvous score `sha256(cluster,
 member)`, so every instance reading the same members and owner keys computes the same answer.
 Staying put is what plain rendezvous hashing lacks once loads are capped: with the cap alone a
-member joining can set off a chain of moves among the others (HA.md's table: 2.18 moves where
+member joining can set off a chain of moves among the others (2.18 moves where
 1.5 would do for 6 clusters on 3 members); here a join or a leave moves exactly as many
 clusters as the balance requires, and an assignment already balanced is left as it is.
 

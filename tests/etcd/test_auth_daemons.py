@@ -1,4 +1,4 @@
-"""HA.md section 6, scenario 15 with real `sparkd run` processes: etcd with auth on and simple
+"""With real `sparkd run` processes: etcd with auth on and simple
 tokens that expire after one second, shorter than the renewal interval, so every renewal of
 the owner's finds its token gone. Two instances log in with a user and a password file. Over
 many token lifetimes the owner stays the owner under one fencing token, no renewal round

@@ -1,4 +1,4 @@
-"""HA.md section 6, scenario 14: a watch whose start revision etcd has compacted ends instead of
+"""A watch whose start revision etcd has compacted ends instead of
 hanging, and a standby whose watch hit compaction re-lists at its renewals and still takes
 over (against a real etcd)."""
 

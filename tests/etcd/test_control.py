@@ -1,7 +1,6 @@
 """An operator's pause or resume through etcd: recorded by any instance, applied by the owner
 (once, heard through its watch), honoured by the next owner after a takeover; a `blocked`
-latch crosses a takeover too, and a resume from another box's CLI clears it (HA.md section 6,
-scenario 13)."""
+latch crosses a takeover too, and a resume from another box's CLI clears it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""HA.md section 6, scenario 8's third case: an etcd leader election in the middle of a
+"""An etcd leader election in the middle of a
 takeover. Two `sparkd run` processes on one simulated cluster and a three-member etcd (TTL 3 s,
 both instances talking to the leader first): the owner is killed mid-recovery, and while the
 standby is taking over (before its acquire, or the moment it acquired, its fence sweep under

@@ -1,4 +1,4 @@
-"""HA.md section 6, scenario 5, with real `sparkd run` processes and a real etcd (TTL 3 s): the
+"""With real `sparkd run` processes and a real etcd (TTL 3 s): the
 owner sends an action, its bytes reach the host late (`late-delivery`, as a partition holding
 them would) and the owner is SIGSTOPped past its TTL meanwhile. The standby takes over and
 sweeps the hosts; when the stale command lands, the host's fence refuses it (exit 76) and
@@ -190,7 +190,7 @@ async def test_a_paused_owners_late_command_is_refused_by_the_host(
     # sending is given back (the restart was skipped, not failed), and nothing else changed;
     # nor in the current owner's, nor in etcd's memory. (The attempt it charged in etcd before
     # sending was in flight at the takeover: counted then, as its outcome was unknown to the
-    # new owner, HA.md section 4.2.)
+    # new owner.)
     refused_kind = ended()[0]["action"]
     assert await budgets(a, cluster) == {**charged, refused_kind: charged[refused_kind] + 1}
     assert await budgets(b, cluster) == b_before
@@ -205,7 +205,7 @@ async def test_a_paused_owners_late_command_is_refused_by_the_host(
 async def test_a_rebuilt_etcd_fails_closed_until_refenced(
     seed_world: World, etcd: EtcdServer, tmp_path: Path
 ) -> None:
-    """HA.md section 6, scenario 9: the hosts' records come from another etcd (this one is
+    """The hosts' records come from another etcd (this one is
     fresh under running hosts). The owner acts on none of them and says so in its metrics;
     `sparkd ha refence` gives them the owner's token, and the owner then acts."""
     from sparkd.shell.catalogue import FenceToken

@@ -1,4 +1,4 @@
-"""HA.md section 6, scenario 17: a bounded randomized soak. Two `sparkd run` processes on one
+"""A bounded randomized soak. Two `sparkd run` processes on one
 simulated cluster and a real three-member etcd (TTL 3 s), each instance reaching every member
 through a proxy of its own. In a seeded random order, each run's steps kill the owner, freeze
 it past its lease, stop it gracefully, cut it off from etcd (a partition: its proxies swallow

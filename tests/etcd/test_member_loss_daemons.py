@@ -1,4 +1,4 @@
-"""HA.md section 6, scenario 8 with real `sparkd run` processes. First, losing one member: a
+"""With real `sparkd run` processes. First, losing one member: a
 three-member etcd loses one member while an owner and a standby run on a healthy simulated
 cluster. Both instances talk to that member first, so its loss is one each must ride out by
 going to another member. The owner stays the owner throughout: its token never changes, it is
@@ -7,7 +7,7 @@ never acquires, and the owner repairs what breaks meanwhile. The member is then 
 rejoins, and the checker reads what the hosts ran.
 
 A follower's loss is run on the test timings (TTL 3 s); the leader's on longer ones (TTL 10 s),
-since the election it starts (a new leader within 2 to 3 s in HA.md section 2.5) can outlast a
+since the election it starts (a new leader within 2 to 3 s) can outlast a
 3 s lease by design; through it, a standby round may fail and the standby say "no etcd"
 until the next (it acts in neither role). The in-process case is
 tests/etcd/test_three_members.py. Then losing

@@ -105,7 +105,7 @@ async def test_may_act_ends_at_the_deadline_not_the_next_renewal(etcd: EtcdServe
 
 @pytest.mark.parametrize("jump", [-86400.0, 86400.0], ids=["back a day", "ahead a day"])
 async def test_a_wall_clock_jump_does_not_move_the_deadline(etcd: EtcdServer, jump: float) -> None:
-    """HA.md scenario 16: the owner's deadline is on CLOCK_BOOTTIME; a wall clock that steps
+    """The owner's deadline is on CLOCK_BOOTTIME; a wall clock that steps
     (NTP, `date -s`) between renewals neither extends nor ends its right to act."""
     wall = {"now": time.time()}
     a = Ownership(spec(etcd, "a"), ["c1"], wall_clock=lambda: wall["now"])

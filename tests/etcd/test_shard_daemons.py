@@ -1,4 +1,4 @@
-"""HA.md section 6, scenarios 11 and 12, with real `sparkd run` processes, six simulated
+"""With real `sparkd run` processes, six simulated
 one-host clusters and a real etcd (TTL 3 s): three instances spread the clusters two each, a
 fourth joins and takes its share by handoff, a killed one's clusters are owned again once
 its lease runs out, and an instance whose config differs refuses them all.

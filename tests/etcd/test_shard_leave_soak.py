@@ -1,10 +1,10 @@
-"""HA.md section 6, scenario 11's last two parts, with real `sparkd run` processes, six simulated
+"""With real `sparkd run` processes, six simulated
 one-host clusters and a real etcd (TTL 3 s): an instance that leaves gracefully (SIGTERM) has
 its clusters owned again by the others before one TTL could have run out (it released its keys),
 with no instance ever above the cap ceil(clusters / members); and a bounded, seeded soak of
 joins, graceful leaves and kills, the same checker as every HA test after each step (one owner
 per token, tokens never backwards, never two acting) and no flapping (an instance hands off at
-most once per HANDOFF_SPACING). HA.md asks for a five-minute soak: SOAK_SECONDS bounds it (and
+most once per HANDOFF_SPACING). A five-minute soak is the aim: SOAK_SECONDS bounds it (and
 SPARKD_SOAK_SECONDS shortens it for a local run); SPARKD_SOAK_COUNT sets the seeded runs."""
 
 from __future__ import annotations

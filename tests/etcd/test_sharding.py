@@ -1,4 +1,4 @@
-"""Sharding against a real etcd (HA.md sections 4.3 and 6, scenarios 11 and 12), with the
+"""Sharding against a real etcd, with the
 ownership rules in this process and the clock a parameter: the spread, handoffs and their
 spacing, orphans, and the instance whose config differs."""
 

@@ -1,4 +1,4 @@
-"""HA.md section 6, scenario 4 with an action in flight: SIGTERM reaches the owner while its
+"""With an action in flight: SIGTERM reaches the owner while its
 repair's command is on its way to the host. The owner takes no new action, lets the one in
 flight finish under its token (the host runs it: nothing is refused), then releases the
 cluster; the standby acquires within a second of that release, long before the lease could

@@ -201,7 +201,7 @@ async def test_a_pause_no_owner_took_holds_from_the_new_owners_first_step(
 async def test_one_instance_restarted_without_its_state_dir_keeps_its_memory(
     seed_world: World, slow_renewals: tuple[Instance, Instance], tmp_path: Path
 ) -> None:
-    """HA.md scenario 2: with [ha] the memory lives in etcd. Restarted with its local state
+    """With [ha] the memory lives in etcd. Restarted with its local state
     dir gone, one instance still knows the attempts it spent and the pause it was given."""
     a, _ = slow_renewals
     cluster = cluster_name(seed_world)

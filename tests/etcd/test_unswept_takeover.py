@@ -1,4 +1,4 @@
-"""HA.md section 3.3 with real `sparkd run` processes: a host the new owner cannot reach at
+"""With real `sparkd run` processes: a host the new owner cannot reach at
 its takeover stays unfenced, and nothing of the new owner's runs there until its sweep has.
 The owner is SIGKILLed while spark-b refuses SSH; the standby takes over and sweeps spark-a
 only. spark-b's Ray worker dies while it is away, so the moment it is back the new owner

@@ -1,5 +1,5 @@
 """The sanity probe through the head's SSH connection, against the world's vLLM in every way it
-can answer (DESIGN section 5): each outcome must come out of the real wire format."""
+can answer: each outcome must come out of the real wire format."""
 
 from __future__ import annotations
 

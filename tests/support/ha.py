@@ -1,4 +1,4 @@
-"""The HA tiers' invariant checker (HA.md section 6), `check_invariants`: per cluster, every
+"""The HA tiers' invariant checker, `check_invariants`: per cluster, every
 command the hosts ran names one owner (token and instance), the tokens never go backwards,
 the spans in which different tokens' commands ran never overlap, and neither do the spans of
 different instances' actions in their own logs; a command a host's fence refused changed
@@ -512,7 +512,7 @@ async def check_invariants(
     own_spans: bool = True,
     login: tuple[str, Path] | None = None,
 ) -> Checked:
-    """The whole checker (HA.md section 6), per cluster: one actor and tokens never backwards
+    """The whole checker, per cluster: one actor and tokens never backwards
     (`check_one_actor_per_cluster`, `own_spans` as there), a refused command changed nothing
     (`check_refused_changed_nothing`), no budgeted attempt, pause or latch lost or counted
     twice (`check_memory`)."""
