@@ -18,12 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sparkd.core.judge import Context, ago
-from sparkd.model.observed import HostErrorKind
+from sparkd.model.observed import SILENT_ERRORS, HostErrorKind
 from sparkd.model.plan import Action, ActionKind
 
-# SSH failures that are silence: the host may be wedged. Any other (auth, host_key, a command
-# that exited non-zero) is the host answering.
-SILENT: frozenset[HostErrorKind] = frozenset({"unreachable", "timeout", "conn_lost"})
+# SSH failures that are silence (`model.observed.SILENT_ERRORS`).
+SILENT: frozenset[HostErrorKind] = SILENT_ERRORS
 
 
 @dataclass(frozen=True)

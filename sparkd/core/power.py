@@ -150,10 +150,19 @@ def _power(
     reason = (
         f"power-cycling {host.name}: {evidence}; every look failed for {ago(silent)} ({failure}), "
         f"past power.unreachable_for ({ago(limit)}); no load progressing on a sound fabric; "
-        "no answering model, no ALIVE Ray node; the first power cycle of this incident"
+        f"{_unanswered(ctx)}; the first power cycle of this incident"
     )
     verdict.notes.append(reason)
     verdict.actions.append(act("power_cycle", host.name, host.name, reason))
+
+
+def _unanswered(ctx: Context) -> str:
+    """What was read of the model and Ray, as the reason says it: both are read through the
+    head, so with the head silent they were not read at all, which is not "dead"."""
+    ray = "no ALIVE Ray node" if ctx.observed.ray is not None else "Ray unread"
+    probe = ctx.observed.probe or ctx.memory.last_probe
+    model = "no answering model" if probe is not None else "the model unread"
+    return f"{model}, {ray}"
 
 
 def generated(probe: ProbeResult) -> bool:

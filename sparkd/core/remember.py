@@ -14,7 +14,7 @@ from sparkd.core import fabric, policy, triage
 from sparkd.core.clock import bounded
 from sparkd.core.evidence import of_this_launch
 from sparkd.model.memory import Attempt, Blocked, Memory, Pause
-from sparkd.model.observed import Fabric, HostFacts, Observed
+from sparkd.model.observed import SILENT_ERRORS, Fabric, HostFacts, Observed
 from sparkd.model.plan import MODEL_STARTS, RAY_STARTS, ActionOutcome, Plan
 
 # Attempts older than any sane budget window are of no use; keep memory bounded.
@@ -60,10 +60,12 @@ def remember(
         else:
             kernel_omens[host.name] = omen
     changes["kernel_omens"] = kernel_omens
+    # Silence only: a host that refused the key or the connection for an hour and then went
+    # quiet has been silent for one look, not an hour (a power cycle waits on silence alone).
     changes["unreachable_since"] = {
         host.name: memory.unreachable_since.get(host.name, observed.observed_at)
         for host in observed.hosts
-        if not host.reachable
+        if host.error is not None and host.error.kind in SILENT_ERRORS
     }
 
     carriers = dict(memory.carrier_changes)

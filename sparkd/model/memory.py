@@ -224,7 +224,8 @@ class Memory(Value):
     )
     unreachable_since: dict[str, float] = Field(
         default_factory=dict,
-        description="per host, since when (the reading's time) it has failed every look",
+        description="per host, since when (the reading's time) every look at it has met silence "
+        "(no route, a timeout, a dropped connection); an answer such as a refused key ends it",
     )
     flapped_at: dict[str, float] = Field(
         default_factory=dict,

@@ -20,6 +20,9 @@ HostErrorKind = Literal[
     "unreachable", "refused", "timeout", "auth", "host_key", "conn_lost", "exit_nonzero"
 ]
 HOST_ERROR_KINDS: tuple[HostErrorKind, ...] = get_args(HostErrorKind)
+# SSH failures that are silence: the host may be wedged. Any other (auth, host_key, a refused
+# connection, a command that exited non-zero) is the host answering.
+SILENT_ERRORS: frozenset[HostErrorKind] = frozenset({"unreachable", "timeout", "conn_lost"})
 
 
 class HostError(Value):

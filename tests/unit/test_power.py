@@ -163,6 +163,19 @@ def test_not_when_ssh_is_refused_the_host_kernel_answers() -> None:
     assert "wedged" not in result.reason
 
 
+def test_the_wait_counts_silence_only_not_the_answers_before_it() -> None:
+    # spark-b refused the key for three times the wait (a host answering), then went silent:
+    # it has been silent for one look, not for the whole outage.
+    cluster, refused, memory, now = wedged(kind="auth", silent=3 * LIMIT)
+    assert "spark-b" not in memory.unreachable_since
+    error = HostError(kind="timeout", detail="no answer")
+    silent = host(refused, "spark-b", error=error, kernel=None)
+    memory = remember(memory, silent, (), now, plan(cluster, silent, memory, now))
+    result = plan(cluster, silent, memory, now)
+    assert cycles(result) == []
+    assert memory.unreachable_since["spark-b"] == silent.observed_at
+
+
 def test_not_while_the_model_answers_probes_taken_during_the_silence() -> None:
     # A firewall on port 22 of spark-b: Ray and the TP=2 model keep serving.
     cluster, gone, memory, now = wedged(silent=LIMIT + 5, serving=True)
