@@ -173,3 +173,29 @@ def test_ray_token_path_is_a_path_not_a_secret(tmp_path: Path) -> None:
     result = check(path)
     assert result.returncode == EX_CONFIG
     assert "clusters.0.ray.auth_token_file:" in result.stderr
+
+
+def test_ray_token_is_known_to_the_redactor_from_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray's token is masked in every line from the first one, like the API key."""
+    import argparse
+
+    from sparkd.cli import live
+    from sparkd.shell import secrets
+
+    token = tmp_path / "ray_token"
+    token.write_text("primed-ray-token\n")
+    path = usable(tmp_path)
+    port = "dashboard_port = 8265"
+    path.write_text(path.read_text().replace(port, f'{port}\n  auth_token_file = "{token}"', 1))
+    primed: list[Path | None] = []
+    monkeypatch.setattr(secrets, "prime", lambda paths: primed.extend(paths))
+
+    async def nothing(*args: object, **kwargs: object) -> int:
+        return 0
+
+    monkeypatch.setattr(live, "probe", nothing)
+    args = argparse.Namespace(command="probe", cluster=None, json=False)
+    assert live.main(args, load_settings(path), path) == 0
+    assert token in primed
