@@ -27,6 +27,8 @@ def problems(settings: Settings) -> list[str]:
         found.extend(_known_hosts(f"{where}.ssh.known_hosts_file", cluster.ssh.known_hosts_file))
         if cluster.model.api_key_file is not None:
             found.extend(_secret(f"{where}.model.api_key_file", cluster.model.api_key_file))
+        if cluster.ray.auth_token_file is not None:
+            found.extend(_secret(f"{where}.ray.auth_token_file", cluster.ray.auth_token_file))
     return list(dict.fromkeys(found))
 
 

@@ -26,6 +26,46 @@ Answer = tuple[int, dict[str, object]]
 DEFAULT_DASHBOARD = 8265
 GIB = float(1 << 30)
 MAX_REQUEST_HEAD = 16 << 10
+# Ray 2.60's token auth, when the head runs with it: its middleware's statuses and bodies
+# (python/ray/_private/authentication/http_token_authentication.py `token_auth_middleware`),
+# and the paths it leaves open (python/ray/dashboard/http_server_head.py `public_exact_paths`,
+# `public_path_prefixes`).
+MISSING_TOKEN = "Unauthorized: Missing authentication token"  # noqa: S105 (a message)
+INVALID_TOKEN = "Forbidden: Invalid authentication token"  # noqa: S105 (a message)
+PUBLIC_PATHS = frozenset(
+    {
+        "/",
+        "/favicon.ico",
+        "/api/authentication_mode",
+        "/api/authenticate",
+        "/api/healthz",
+        "/api/gcs_healthz",
+        "/api/local_raylet_healthz",
+        "/-/healthz",
+    }
+)
+PUBLIC_PREFIXES = ("/static/",)
+
+
+def refusal(cluster: RayCluster, target: str, authorization: str | None) -> tuple[int, str] | None:
+    """Ray's token middleware: None lets the request through. Ray compares the whole header
+    value with `Bearer <token>` (python/ray/dashboard/authentication_utils.py)."""
+    path = urlsplit(target).path
+    if cluster.auth_token is None or path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
+        return None
+    if not authorization:
+        return 401, MISSING_TOKEN
+    if authorization != f"Bearer {cluster.auth_token}":
+        return 403, INVALID_TOKEN
+    return None
+
+
+def _authorization(head: bytes) -> str | None:
+    for line in head.split(b"\r\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if sep and name.strip().lower() == b"authorization":
+            return value.strip().decode("latin-1")
+    return None
 
 
 def _envelope(ok: bool, message: str, data: dict[str, object] | None) -> dict[str, object]:
@@ -189,12 +229,27 @@ class DashboardServer:
             if len(head) > MAX_REQUEST_HEAD:
                 return
             target = head.split(b"\r\n", 1)[0].split(b" ")[1].decode("ascii", "replace")
-            if self.stalled():
-                await reader.read()  # no answer, ever: until the client goes away
-                return
             cluster = self.find()
             if cluster is None:
                 return  # the head went away since the channel was routed: closed, no answer
+            refused = refusal(cluster, target, _authorization(head))
+            if refused is not None:
+                # Answered by the middleware, before any handler waits on the GCS.
+                status, text = refused
+                said = text.encode()
+                reason = {401: "Unauthorized", 403: "Forbidden"}[status]
+                writer.write(
+                    f"HTTP/1.1 {status} {reason}\r\n"
+                    "Content-Type: text/plain; charset=utf-8\r\n"
+                    f"Content-Length: {len(said)}\r\n"
+                    "Server: Python/3.11 aiohttp/3.14.5\r\n\r\n".encode()
+                    + said
+                )
+                await writer.drain()
+                return
+            if self.stalled():
+                await reader.read()  # no answer, ever: until the client goes away
+                return
             status, document = answer(cluster, self.timing, target)
             body = json.dumps(document).encode()
             reason = {200: "OK", 404: "Not Found", 500: "Internal Server Error"}[status]

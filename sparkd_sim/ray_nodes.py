@@ -4,9 +4,11 @@ command, and node registration, hangs and death with the delays real Ray 2.60 sh
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sparkd_sim.engine import HostEngine
@@ -173,6 +175,7 @@ class RayNodes:
             # Ray reads its config flags from `RAY_<name>`, a bool as `1` or `true`.
             autoscaler_v2=container.env.get("RAY_enable_autoscaler_v2", "").lower()
             in ("1", "true"),
+            auth_token=head_token(container),
         )
         self.clusters.append(cluster)
         engine.add_process(
@@ -357,3 +360,24 @@ class RayNodes:
             for c in self.clusters
             for n in c.nodes
         )
+
+
+def head_token(container: Container) -> str | None:
+    """The token a head started in `container` checks, with `RAY_AUTH_MODE=token` in its env:
+    read from the file `RAY_AUTH_TOKEN_PATH` names (through the container's mounts), else a new
+    one, as `ray start --head` makes for a new local cluster when it finds none (ray 2.60
+    python/ray/_private/authentication/authentication_token_setup.py: `generate_and_save_token`).
+    `RAY_AUTH_TOKEN` by value is also read, as Ray does (sparkd's config refuses it)."""
+    if container.env.get("RAY_AUTH_MODE", "").lower() != "token":
+        return None
+    token = container.env.get("RAY_AUTH_TOKEN", "").strip()
+    named = container.env.get("RAY_AUTH_TOKEN_PATH", "")
+    for mount in container.mounts if named and not token else ():
+        if named == mount.destination or named.startswith(mount.destination.rstrip("/") + "/"):
+            source = Path(mount.source) / Path(named).relative_to(mount.destination)
+            try:
+                token = source.read_text().strip()
+            except (OSError, UnicodeDecodeError):
+                token = ""
+            break
+    return token or secrets.token_hex(16)

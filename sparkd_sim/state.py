@@ -279,6 +279,8 @@ class RayCluster:
     """Set when the head goes away; its workers give up (see `Timing.gcs_reconnect_timeout`)."""
     ended_at: float | None = None
     dashboard_port: int = 8265
+    auth_token: str | None = None
+    """With `RAY_AUTH_MODE=token` in the head's env: the token its dashboard accepts."""
     autoscaler_v2: bool = False
     """Started with `RAY_enable_autoscaler_v2=1`: no report in the dashboard's KV-backed
     `/api/cluster_status`, nodes with nothing scheduled under `ray status`'s `Idle:`."""

@@ -30,7 +30,9 @@ from sparkd.shell.ssh import SshPool
 def main(args: argparse.Namespace, settings: Settings, config: Path) -> int:
     command: str = args.command
     secrets.prime(
-        [c.model.api_key_file for c in settings.clusters] + [settings.daemon.control_token_file]
+        [c.model.api_key_file for c in settings.clusters]
+        + [c.ray.auth_token_file for c in settings.clusters]
+        + [settings.daemon.control_token_file]
     )
     if command == "plan":
         return asyncio.run(

@@ -339,6 +339,12 @@ class RayState(Value):
         description="this is the previous cycle's reading, not read again: the cluster was "
         "converged and nothing since (no event, no operator, no probe due) said Ray changed",
     )
+    dashboard_refused: str | None = Field(
+        None,
+        description="set when the head's dashboard refused sparkd's read (Ray's token auth: "
+        "HTTP 401 without `ray.auth_token_file`, 403 with another token), saying which; Ray was "
+        "then read with the `ray` CLI in the head's container",
+    )
 
     @property
     def up(self) -> bool:

@@ -56,6 +56,14 @@ class SshSpec(Value):
 DEFAULT_DASHBOARD_PORT = 8265
 
 
+def _secret_env(name: str, value: str) -> bool:
+    """A name that looks like a secret's, unless it names a file by its absolute path (Ray's
+    `RAY_AUTH_TOKEN_PATH`: the token stays in the file, only the path is on the command line)."""
+    if not SECRET_NAME.search(name):
+        return False
+    return not (name.endswith(("_PATH", "_FILE")) and value.startswith("/"))
+
+
 class RaySpec(Value):
     image: Annotated[str, Field(min_length=1, pattern=r"^[^-\s][^\s]*$")]
     port: int = Field(default=6379, gt=0, lt=65536)
@@ -67,6 +75,9 @@ class RaySpec(Value):
     dashboard: bool = True
     # Where the head's dashboard listens (on its loopback): sparkd reads Ray's state there.
     dashboard_port: int = Field(default=DEFAULT_DASHBOARD_PORT, gt=0, lt=65536)
+    # Ray's token (`RAY_AUTH_MODE=token`), a file on this machine read like model.api_key_file:
+    # sent as `Authorization: Bearer` on the dashboard reads, never logged.
+    auth_token_file: Path | None = None
     join_timeout: Seconds = 120.0
 
     @field_validator("shm_size")
@@ -79,12 +90,13 @@ class RaySpec(Value):
     @field_validator("env")
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        secret = sorted(name for name in value if SECRET_NAME.search(name))
+        secret = sorted(name for name, text in value.items() if _secret_env(name, text))
         if secret:
             raise ValueError(
                 f"{', '.join(secret)} looks like a secret: ray.env values appear on `docker run`'s "
                 "command line (visible in ps); put it in an env file on the host and pass "
-                "`--env-file` in ray.extra_docker_args"
+                "`--env-file` in ray.extra_docker_args (Ray's token: RAY_AUTH_TOKEN_PATH naming a "
+                "mounted file)"
             )
         if "VLLM_HOST_IP" in value:
             raise ValueError("VLLM_HOST_IP is set per host from its data_ip; leave it out")

@@ -25,7 +25,7 @@ from sparkd.core.ray_stage import needs_ray_status
 from sparkd.core.remember import intend, remember
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import MEMORY_VERSION, Memory
-from sparkd.model.observed import ModelEndpoint
+from sparkd.model.observed import ModelEndpoint, Observed
 from sparkd.model.plan import Action, ActionOutcome, Plan
 from sparkd.runtime import logs
 from sparkd.runtime.clock import DaemonClock, elapsed, note_step, ops_boot_id
@@ -116,6 +116,9 @@ class Controller(OperatorRequests):
             state, cluster.name, self.log, wall_clock, self._event, store=self.store
         )
         self._cycle: CycleInProgress | None = None
+        # The dashboard's last refusal said in the log: once when it starts or changes, not
+        # every cycle (each snapshot and /status carry it while it lasts).
+        self._dashboard_refused: str | None = None
         # Something since the last cycle may have changed Ray (an event, an operator's ask).
         self._stirred = True
         self._ray_read_at: float | None = None
@@ -224,6 +227,7 @@ class Controller(OperatorRequests):
             events.append(
                 self._event("phase", phase=plan.phase, was=before.last_phase, reason=plan.reason)
             )
+        self._say_dashboard_refused(observed)
         self.view.snapshot = observed
         self.view.plan = plan
         self.on_plan(self)
@@ -318,6 +322,17 @@ class Controller(OperatorRequests):
 
     def _effective(self, memory: Memory, now: float) -> Memory:
         return overlay(memory, self.cluster.maintenance, now)
+
+    def _say_dashboard_refused(self, observed: Observed) -> None:
+        if observed.ray is None:
+            return  # not read this cycle: unknown, not a change
+        refused = observed.ray.dashboard_refused
+        if refused != self._dashboard_refused:
+            if refused is not None:
+                self.log.warning("ray_dashboard_refused", detail=refused)
+            else:
+                self.log.info("ray_dashboard_answers")
+            self._dashboard_refused = refused
 
     def _hold_actions(self) -> bool:
         """Stop before the next action: shutting down, or paused (by an operator or a window)

@@ -81,7 +81,9 @@ async def read_host(
     ray_status: bool = False,
     known_ray: RayState | None = None,
     prepare: bool = False,
+    ray_token: str | None = None,
 ) -> HostReading:
+    """`ray_token`: `ray.auth_token_file`'s token, for the dashboard's reads."""
     t = tool_timeout(cluster)
     # With the dashboard, the head's Ray is read over HTTP beside the script, not by `ray`.
     over_http = host.role == "head" and cluster.ray.dashboard and known_ray is None
@@ -97,7 +99,7 @@ async def read_host(
     if over_http:
         open_dashboard = channel(conn, ray_http.DASHBOARD_HOST, cluster.ray.dashboard_port)
         dashboard = asyncio.create_task(
-            ray_http.read_ray(open_dashboard, cluster.ray.dashboard_port, ray_status, t)
+            ray_http.read_ray(open_dashboard, cluster.ray.dashboard_port, ray_status, t, ray_token)
         )
     try:
         sections = await _sections(conn, script, cluster.ssh.command_timeout)
@@ -110,9 +112,11 @@ async def read_host(
     error = unreadable(sections)
     if error is not None:
         return HostReading(HostFacts(name=host.name, error=error), None)
+    refused = str(ray) if isinstance(ray, ray_http.DashboardRefused) else None
     if isinstance(ray, ray_http.DashboardSilent):
-        # Off, starting or failing: `ray status` reads the GCS without it. Its share of the
-        # command timeout, so the look stays within one script's time.
+        # Off, starting or failing: `ray status` reads the GCS without it (in the container,
+        # with its env: Ray's token too). Its share of the command timeout, so the look stays
+        # within one script's time. A refusal is a configuration problem: said in the reading.
         fallback = catalogue.ray_cli(cluster, t)
         more = await _sections(conn, fallback, max(t, cluster.ssh.command_timeout - t))
         if not isinstance(more, HostFacts):
@@ -123,6 +127,9 @@ async def read_host(
         if host.role == "head"
         else None
     )
+    if extras is not None and refused is not None:
+        said = extras.ray.model_copy(update={"dashboard_refused": refused})
+        extras = HeadExtras(ray=said, serve=extras.serve)
     return HostReading(host_facts(cluster, host, sections, observed_at), extras)
 
 
@@ -162,13 +169,22 @@ async def observe(
         # Without its key every request would fail as 401 and count against the model:
         # nothing is sent instead (`not_run` never counts), and the reason is in the snapshot.
         api_key, key_problem = None, f"API key unreadable: {exc}"
+    ray_token, token_problem = await _ray_token(cluster)
     # Every secret the process knows (the current and the previous key, the control token).
     secrets = REDACTOR.secrets()
     conns = {h.name: pool.connection(h, cluster.ssh) for h in cluster.hosts}
     readings = await asyncio.gather(
         *(
             read_host(
-                cluster, h, conns[h.name], observed_at, secrets, ray_status, known_ray, prepare
+                cluster,
+                h,
+                conns[h.name],
+                observed_at,
+                secrets,
+                ray_status,
+                known_ray,
+                prepare,
+                ray_token,
             )
             for h in cluster.hosts
         )
@@ -186,7 +202,12 @@ async def observe(
             if extras.serve is not None
             else None
         )
-        extras = HeadExtras(ray=extras.ray, serve=serve)
+        ray = extras.ray
+        if ray.dashboard_refused is not None and token_problem is not None:
+            ray = ray.model_copy(
+                update={"dashboard_refused": f"{ray.dashboard_refused}; {token_problem}"}
+            )
+        extras = HeadExtras(ray=ray, serve=serve)
     if key_problem is not None and head_reading.facts.reachable:
         endpoint = ModelEndpoint(status="not_run", detail=key_problem)
     elif head_reading.facts.reachable and extras is not None:
@@ -214,6 +235,15 @@ async def observe(
         checks=checks,
     )
     return redacted(observed)
+
+
+async def _ray_token(cluster: ClusterSpec) -> tuple[str | None, str | None]:
+    """Ray's token for the dashboard's reads, or why it could not be read (then the reads go
+    without it, and the dashboard's refusal says why)."""
+    try:
+        return await asyncio.to_thread(read_secret, cluster.ray.auth_token_file), None
+    except SecretFileError as exc:
+        return None, f"ray.auth_token_file unreadable: {exc}"
 
 
 def redacted(observed: Observed) -> Observed:

@@ -149,3 +149,45 @@ async def test_under_autoscaler_v2_the_usable_gpus_come_from_the_formatted_statu
     asked.clear()
     ray = await read(text(real("/api/v0/nodes")), text(real("/api/cluster_status")))
     assert isinstance(ray, RayState) and ray.gpus_usable == 1.0
+
+
+AUTH = json.loads((FIXTURES.parent / "ray-token-auth" / "answers.json").read_text())
+
+
+def token_auth(token: str, inner: Handler) -> Handler:
+    """Ray 2.60's `token_auth_middleware` (tests/fixtures/ray-token-auth: its statuses and
+    bodies) in front of `inner`."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        header = request.headers.get("Authorization", "")
+        if not header:
+            return web.Response(status=401, text=AUTH["missing"]["body"])
+        if header != f"Bearer {token}":
+            return web.Response(status=403, text=AUTH["invalid"]["body"])
+        return await inner(request)
+
+    return handle
+
+
+async def read_with(token: str | None, served: str) -> Any:
+    nodes = token_auth(served, text(real("/api/v0/nodes")))
+    status = token_auth(served, text(real("/api/cluster_status")))
+    runner, port = await answering(nodes, status)()
+    try:
+        return await ray_http.read_ray(opener_for(port), port, True, 2.0, token)
+    finally:
+        await runner.cleanup()
+
+
+async def test_token_goes_as_bearer_header() -> None:
+    ray = await read_with("s3cret-token", "s3cret-token")
+    assert isinstance(ray, RayState) and ray.gpus_usable == 1.0
+
+
+@pytest.mark.parametrize(("token", "case"), [(None, "missing"), ("another-token", "invalid")])
+async def test_token_refusal_is_said(token: str | None, case: str) -> None:
+    ray = await read_with(token, "s3cret-token")
+    assert isinstance(ray, ray_http.DashboardRefused)
+    expected = AUTH[case]
+    assert f"HTTP {expected['status']} {expected['body']}" in str(ray)
+    assert "another-token" not in str(ray) and "s3cret" not in str(ray)

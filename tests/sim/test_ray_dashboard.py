@@ -3,6 +3,7 @@ the same envelope, row and report shapes, raw numbers, and refused while no head
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -158,3 +159,56 @@ async def test_under_autoscaler_v2_the_status_is_real_rays(
     idle = text.split("Idle:\n", 1)[1].split("Pending:", 1)[0]
     assert idle.count(" 1 node_") == 2
     assert _headings((await ray_status(head)).stdout) == _headings(text)
+
+
+AUTH = json.loads((REAL.parent / "ray-token-auth" / "answers.json").read_text())
+
+
+async def raw_get(
+    world: World, head: asyncssh.SSHClientConnection, path: str, authorization: str | None
+) -> tuple[int, str, str]:
+    """(status, content type, body) of one GET, with `Authorization` when given."""
+    reader, writer = await head.open_connection(DASHBOARD_HOST, world.dashboard_port)
+    extra = f"Authorization: {authorization}\r\n" if authorization is not None else ""
+    request = f"GET {path} HTTP/1.1\r\nHost: {DASHBOARD_HOST}\r\nConnection: close\r\n"
+    writer.write(f"{request}{extra}\r\n".encode())
+    raw = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    header, _, body = raw.partition(b"\r\n\r\n")
+    lines = header.decode().split("\r\n")
+    kind = next(v for n, _, v in (x.partition(": ") for x in lines[1:]) if n == "Content-Type")
+    return int(lines[0].split(" ")[1]), kind, body.decode()
+
+
+async def test_token_auth_answers_as_real_rays(
+    world: World,
+    head: asyncssh.SSHClientConnection,
+    worker: asyncssh.SSHClientConnection,
+    tmp_path: Path,
+) -> None:
+    """With `RAY_AUTH_MODE=token` and `RAY_AUTH_TOKEN_PATH` naming a mounted file in the head's
+    env, the dashboard answers as Ray 2.60's token middleware does (tests/fixtures/ray-token-auth:
+    401 without the header, 403 with another token, the handler's answer with the file's)."""
+    (tmp_path / "auth_token").write_text("sim-ray-token\n")
+    await clean_up(world, head, worker)
+    command = ray_head_command(world).replace(
+        " -e ",
+        " -e RAY_AUTH_MODE=token -e RAY_AUTH_TOKEN_PATH=/run/ray/auth_token "
+        f"-v {tmp_path}:/run/ray:ro -e ",
+        1,
+    )
+    assert (await run(head, command)).exit_status == 0
+
+    async def answers() -> bool:
+        try:
+            return (await raw_get(world, head, "/api/healthz", None))[0] != 401
+        except (asyncssh.ChannelOpenError, OSError):
+            return False
+
+    await eventually(answers)
+    for authorization, case in ((None, "missing"), ("Bearer another", "invalid")):
+        status, kind, body = await raw_get(world, head, NODES_PATH, authorization)
+        assert (status, body) == (AUTH[case]["status"], AUTH[case]["body"])
+        assert kind.startswith(AUTH["content_type"])
+    status, _, body = await raw_get(world, head, NODES_PATH, "Bearer sim-ray-token")
+    assert status == 200 and ray_json.parse_nodes(body) is not None

@@ -39,6 +39,12 @@ CASES = [
     ("empty_state_dir", ('state_dir = "/var/lib/sparkd"', 'state_dir = ""'), "daemon.state_dir"),
     ("secret_in_ray_env", ('NCCL_SOCKET_IFNAME = "enp1s0f0np0"', 'HF_TOKEN = "hf_abc"'),
      "looks like a secret"),
+    # Ray's token by value would be on `docker run`'s command line; by path it is a file.
+    ("ray_token_in_ray_env", ('NCCL_SOCKET_IFNAME = "enp1s0f0np0"', 'RAY_AUTH_TOKEN = "abc"'),
+     "looks like a secret"),
+    ("ray_token_path_relative",
+     ('NCCL_SOCKET_IFNAME = "enp1s0f0np0"', 'RAY_AUTH_TOKEN_PATH = "auth_token"'),
+     "looks like a secret"),
     ("unused_model_url", ('port = 30000', 'port = 30000\n  url = "http://x"'),
      "clusters.0.model.url"),
 ]  # fmt: skip
@@ -141,3 +147,55 @@ def test_a_fifo_as_control_token_file_is_refused_not_waited_on(tmp_path: Path) -
     assert result.returncode == EX_CONFIG
     assert "daemon.control_token_file:" in result.stderr
     assert "not a regular file" in result.stderr
+
+
+def test_ray_token_path_is_a_path_not_a_secret(tmp_path: Path) -> None:
+    """Ray 2.60 reads its token from the file RAY_AUTH_TOKEN_PATH names
+    (python/ray/_private/authentication/authentication_token_setup.py): only the path is in
+    the container's env, and sparkd's own copy is `ray.auth_token_file`, checked like a key."""
+    token = tmp_path / "ray_token"
+    token.write_text("s3cret-ray-token\n")
+    token.chmod(0o600)
+    path = usable(tmp_path)
+    text = path.read_text()
+    old = 'NCCL_SOCKET_IFNAME = "enp1s0f0np0"'
+    assert old in text
+    text = text.replace(
+        old, old + '\nRAY_AUTH_MODE = "token"\nRAY_AUTH_TOKEN_PATH = "/run/ray/auth_token"', 1
+    )
+    port = "dashboard_port = 8265"
+    assert port in text
+    path.write_text(text.replace(port, f'{port}\n  auth_token_file = "{token}"', 1))
+    result = check(path)
+    assert result.returncode == 0, result.stderr
+    assert "s3cret" not in result.stdout + result.stderr
+    token.write_text("")
+    result = check(path)
+    assert result.returncode == EX_CONFIG
+    assert "clusters.0.ray.auth_token_file:" in result.stderr
+
+
+def test_ray_token_is_known_to_the_redactor_from_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray's token is masked in every line from the first one, like the API key."""
+    import argparse
+
+    from sparkd.cli import live
+    from sparkd.shell import secrets
+
+    token = tmp_path / "ray_token"
+    token.write_text("primed-ray-token\n")
+    path = usable(tmp_path)
+    port = "dashboard_port = 8265"
+    path.write_text(path.read_text().replace(port, f'{port}\n  auth_token_file = "{token}"', 1))
+    primed: list[Path | None] = []
+    monkeypatch.setattr(secrets, "prime", lambda paths: primed.extend(paths))
+
+    async def nothing(*args: object, **kwargs: object) -> int:
+        return 0
+
+    monkeypatch.setattr(live, "probe", nothing)
+    args = argparse.Namespace(command="probe", cluster=None, json=False)
+    assert live.main(args, load_settings(path), path) == 0
+    assert token in primed
