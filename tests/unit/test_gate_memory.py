@@ -13,6 +13,7 @@ silent for one look."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 from sparkd.core import kernel
 from sparkd.core.clock import bounded, restamp
@@ -22,6 +23,9 @@ from sparkd.model.cluster import ClusterSpec, PowerSpec
 from sparkd.model.memory import Memory
 from sparkd.model.observed import Observed
 from sparkd.model.plan import Plan
+from sparkd.runtime.controller import Controller
+from sparkd.runtime.state import StateDir
+from sparkd.shell.ssh import SshPool
 from tests.support.planning import host, served
 from tests.toy import Toy
 
@@ -183,3 +187,23 @@ def test_memory_with_no_boundary_is_judged_as_before() -> None:
     seen = toy.observe().model_copy(update={"probe": None})
     assert memory.observing_since is None
     assert restarts(plan(cluster, seen, memory, toy.now)) == [cluster.head.name]
+
+
+def test_the_controller_marks_memory_it_loads_as_before_its_own_looks(tmp_path: Path) -> None:
+    """The state dir's memory (a restored backup is one) says three probes failed; the process
+    that loads it has looked at nothing: its boundary is its start, on its own daemon time."""
+    toy, cluster, memory = failing_at_threshold()
+    state = tmp_path / "state"
+    StateDir(state).save_memory(cluster.name, memory.evolve(observing_since=None))
+    ctl = Controller(
+        cluster,
+        cast(SshPool, None),
+        StateDir(state),
+        watch_events=False,
+        wall_clock=lambda: toy.now + 30.0,
+        monotonic=lambda: 500.0,
+        boot_id="ops-boot-2",
+    )
+    assert ctl.memory.observing_since == ctl.clock.now()
+    assert ctl.memory.last_probe is not None
+    assert ctl.memory.last_probe.at < ctl.memory.observing_since
