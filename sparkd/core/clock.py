@@ -83,6 +83,7 @@ def restamp(memory: Memory, shift: Shift) -> Memory:
         else memory.last_probe.model_copy(update={"at": shift(memory.last_probe.at)}),
         ray_unsettled_since=maybe(memory.ray_unsettled_since),
         healthy_since=maybe(memory.healthy_since),
+        observing_since=maybe(memory.observing_since),
         fabric_sound_at=maybe(memory.fabric_sound_at),
         fabric_held_since=maybe(memory.fabric_held_since),
         ray_seen={node: shift(seen) for node, seen in memory.ray_seen.items()},

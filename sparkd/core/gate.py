@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sparkd.core import policy
 from sparkd.core.judge import Context, ago
 from sparkd.model.observed import SILENT_ERRORS, HostErrorKind
 from sparkd.model.plan import Action, ActionKind
@@ -76,6 +77,54 @@ def observer_silence(ctx: Context, action: Action) -> Refusal | None:
     )
 
 
+def inherited_memory(ctx: Context, action: Action) -> Refusal | None:
+    """The action's evidence is memory this process did not see: loaded from the state dir,
+    adopted from etcd or restored from a backup (`Memory.observing_since`, the boundary). It
+    was written by a process that may have looked long ago, or on a clock that read earlier
+    (an ops box that rebooted reads its wall clock anew, later than before when the RTC ran
+    ahead and `time-sync.target` did not wait for a sync). Absent looks are unknown, never
+    proof: the model may have answered, the host may have come back, meanwhile.
+
+    - `restart_model` on the probe's failure count: the probe that proposed it was taken
+      before this process began observing. It waits for a probe of its own (one, the next due
+      within `probe_interval`): a failure then counts with the remembered ones, an answer ends
+      the count.
+    - `power_cycle`: a host silent since before this process began observing has been seen
+      silent by it for less than `power.unreachable_for`. It waits for the rest of that on this
+      process's own looks (the cap), then may be cycled.
+    """
+    boundary = ctx.memory.observing_since
+    if boundary is None:
+        return None
+    if action.kind == "power_cycle":
+        silent_from = ctx.memory.unreachable_since.get(action.host)
+        limit = ctx.desired.power.unreachable_for
+        own = ctx.now - boundary
+        if silent_from is None or silent_from >= boundary or own >= limit:
+            return None
+        return Refusal(
+            f"silent for {ago(ctx.now - silent_from)} by memory from before this sparkd began "
+            f"observing ({ago(own)} ago); seen silent by its own looks for {ago(own)} of the "
+            f"{ago(limit)} (power.unreachable_for) a cycle needs: it may have answered meanwhile"
+        )
+    if action.kind == "restart_model":
+        latest = ctx.observed.probe or ctx.memory.last_probe
+        threshold = ctx.desired.policy.failure_threshold
+        if (
+            latest is None
+            or latest.at >= boundary
+            or not policy.counts_as_failure(latest)
+            or policy.failures_after(ctx.memory, ctx.observed.probe) < threshold
+        ):
+            return None  # its own probe, or not the probe's count that proposes it
+        return Refusal(
+            f"the failed probes it counts ({ctx.memory.consecutive_failures}, the last "
+            f"{ago(ctx.now - latest.at)} ago) are memory from before this sparkd began "
+            f"observing ({ago(ctx.now - boundary)} ago); waiting for a probe of its own"
+        )
+    return None
+
+
 # Each action kind and the checks it must pass, in order; the first refusal withholds it.
 TABLE: dict[ActionKind, tuple[Named, ...]] = {
     "stop_unit": (),
@@ -84,9 +133,12 @@ TABLE: dict[ActionKind, tuple[Named, ...]] = {
     "start_ray_worker": (),
     "restart_ray": (),
     "start_model": (),
-    "restart_model": (),
+    "restart_model": (Named("inherited_memory", inherited_memory),),
     "kill_gpu_process": (),
-    "power_cycle": (Named("observer_silence", observer_silence),),
+    "power_cycle": (
+        Named("observer_silence", observer_silence),
+        Named("inherited_memory", inherited_memory),
+    ),
     "prune_cache": (),
 }
 

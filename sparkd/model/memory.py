@@ -245,6 +245,14 @@ class Memory(Value):
     clock: ClockAnchor | None = Field(
         None, description="how daemon time is read: kept across a restart in the same boot"
     )
+    observing_since: float | None = Field(
+        None,
+        description="when this sparkd process began observing: memory it loaded from the state "
+        "dir or adopted from etcd (a backup restored included) was written before, by a "
+        "process that may have looked on another clock or long ago, and no destructive action "
+        "relies on it alone until a look of this process confirms it (core.gate "
+        "`inherited_memory`); null: no such boundary",
+    )
     unreachable: tuple[str, ...] = Field((), description="the hosts unreachable at the last look")
     went_unreachable: dict[str, tuple[float, ...]] = Field(
         default_factory=dict,

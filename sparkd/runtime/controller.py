@@ -127,7 +127,10 @@ class Controller(OperatorRequests):
                 "memory_newer_version", version=read.version, ignored=list(read.ignored)
             )
         # A stamp from before a reboot of the ops box may lie ahead of the new daemon time.
-        self.memory = bounded(read.memory, self.clock.now()).evolve(clock=self.clock.anchor)
+        # Memory from the state dir is another process's: evidence until this one confirms it.
+        self.memory = bounded(read.memory, self.clock.now()).evolve(
+            clock=self.clock.anchor, observing_since=self.clock.now()
+        )
         if not self.clock.carried:
             if read.memory.clock is not None:
                 self.log.warning("clock_anchor_reset", why="ops box rebooted; wall clock taken")
@@ -362,7 +365,10 @@ class Controller(OperatorRequests):
         its outcome never landed, is only known from the look that follows."""
         adopted = await self.store.adopt(self.cluster.name, self.memory, self.clock.now())
         if adopted is not None:
-            memory = bounded(adopted.memory, self.clock.now()).evolve(clock=self.clock.anchor)
+            # The former owner's looks are not this process's (core.gate `inherited_memory`).
+            memory = bounded(adopted.memory, self.clock.now()).evolve(
+                clock=self.clock.anchor, observing_since=self.clock.now()
+            )
             self.memory = self._vetted(memory, adopted.source)
             unknown = (
                 [self._event("intent_unknown", intent=adopted.intent)] if adopted.intent else []

@@ -1,6 +1,8 @@
 """The gate (core.gate, docs/decisions.md) over generated situations: every action of a plan
 passed it; a power cycle only when the table says its cause is established, with the observer's
-own silence generated beside real wedges; and every hold the gate makes ends."""
+own silence generated beside real wedges, and memory from before this process (loaded,
+restored, adopted, across an ops box reboot) generated beside what it looks at; and every hold
+the gate makes ends."""
 
 from __future__ import annotations
 
@@ -11,11 +13,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sparkd.core import kernel
+from sparkd.core.clock import bounded, restamp
+from sparkd.core.handover import from_ages, to_ages
 from sparkd.core.planner import plan
 from sparkd.core.remember import remember
 from sparkd.model.cluster import ClusterSpec, PowerSpec
 from sparkd.model.memory import Memory
 from sparkd.model.observed import HostError, Observed
+from sparkd.model.probe import ProbeResult, ProbeVerdict
 from sparkd.model.spec import HostSpec
 from tests.support.planning import BASES, COMMON, host, served, situations
 from tests.toy import Toy, reference_cluster
@@ -165,3 +170,81 @@ def test_the_observers_silence_ends_blocked_with_what_to_check(scene: Scene) -> 
         return
     assert result.phase == "blocked", result.reason
     assert "check the ops box's own network path" in result.reason
+
+
+# How memory from before this process reaches it (runtime.controller): its own state dir (a
+# restored backup is one), etcd (a new owner adopts it, stamps carried as ages), or the state
+# dir after a reboot of the ops box whose wall clock reads later than before (every stamp then
+# looks older by the difference).
+ORIGINS = ("state dir", "etcd", "clock ahead")
+
+
+def inherit(memory: Memory, now: float, origin: str, ahead: float) -> Memory:
+    """`memory` as the new process holds it: through its origin, bounded, with its boundary."""
+    if origin == "etcd":
+        memory = from_ages(to_ages(memory, now), now)
+    elif origin == "clock ahead":
+        memory = restamp(memory, lambda at: at - ahead)
+    return bounded(memory, now).evolve(observing_since=now)
+
+
+@st.composite
+def inherited(draw: st.DrawFn) -> tuple[ClusterSpec, Observed, Memory, float]:
+    """An example situation whose memory, maybe, holds a failure count at or past the threshold
+    with a failed last probe, reaching a new process; its first look has no probe (none due)."""
+    toy, memory, now = draw(situations())
+    cluster = toy.cluster
+    if draw(st.booleans()):
+        at = now - draw(st.floats(1.0, 3600.0))
+        failed = ProbeResult(
+            at=at,
+            verdict=ProbeVerdict(
+                outcome=draw(st.sampled_from(["timeout", "aborted"])), healthy=False
+            ),
+            latency_seconds=cluster.probe.timeout,
+        )
+        threshold = cluster.policy.failure_threshold
+        memory = memory.evolve(
+            consecutive_failures=draw(st.integers(threshold, threshold + 3)),
+            last_probe=failed,
+            last_probe_at=at,
+        )
+    origin = draw(st.sampled_from(ORIGINS))
+    memory = inherit(memory, now, origin, draw(st.floats(60.0, 86400.0)))
+    seen = toy.observe().model_copy(update={"probe": None})
+    return cluster, seen, memory, now
+
+
+@COMMON
+@given(inherited())
+def test_memory_alone_restarts_no_model(case: tuple[ClusterSpec, Observed, Memory, float]) -> None:
+    """No probe of this process failed: a restart on the probe's count would rest on memory
+    alone (docs/decisions.md, `restart_model`, `inherited_memory`)."""
+    cluster, seen, memory, now = case
+    result = plan(cluster, seen, memory, now)
+    assert {a.key for a in result.actions} <= set(result.gated)
+    counted = [
+        a for a in result.actions if a.kind == "restart_model" and "failed probes" in a.reason
+    ]
+    assert counted == [], result.reason
+    assert not any(a.kind == "power_cycle" for a in result.actions), result.reason
+
+
+@COMMON
+@given(scenes(), st.floats(0.0, 2.0), st.sampled_from(ORIGINS))
+def test_a_remembered_silence_is_cycled_only_on_its_own_looks(
+    scene: Scene, share: float, origin: str
+) -> None:
+    """The process began observing `share` of `power.unreachable_for` ago: a host silent since
+    before that is cycled only once its own looks cover `power.unreachable_for`, and that hold
+    ends there."""
+    begun = scene.now - share * LIMIT
+    memory = inherit(scene.memory, begun, origin, 3600.0)
+    result = plan(scene.cluster, scene.seen, memory, scene.now)
+    for action in result.actions:
+        if action.kind != "power_cycle":
+            continue
+        since = memory.unreachable_since.get(action.host, scene.now)
+        assert since >= begun or scene.now - begun >= LIMIT, result.reason
+    later = plan(scene.cluster, scene.seen, memory, max(scene.now, begun + LIMIT))
+    assert "by memory from before this sparkd began observing" not in later.reason
