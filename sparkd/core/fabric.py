@@ -111,7 +111,18 @@ def _rail(key: tuple[str, int], rows: dict[str, str]) -> Rail:
 def _routable_v2(rows: dict[str, str]) -> tuple[int, ...]:
     """The GID rows of type RoCE v2 holding an address NCCL can route: not the zero GID of an
     unused row, not the link-local one every port has."""
-    found: list[int] = []
+    return tuple(
+        sorted(
+            index
+            for index, gid in _v2_gids(rows)
+            if not gid.is_unspecified and not gid.is_link_local
+        )
+    )
+
+
+def _v2_gids(rows: dict[str, str]) -> list[tuple[int, ipaddress.IPv6Address]]:
+    """Each GID row whose type is RoCE v2, with its address (rows that are not one skipped)."""
+    found = []
     for what, value in rows.items():
         if not what.startswith("gids/"):
             continue
@@ -120,11 +131,9 @@ def _routable_v2(rows: dict[str, str]) -> tuple[int, ...]:
             gid = ipaddress.IPv6Address(value.strip())
         except ValueError:
             continue
-        if gid.is_unspecified or gid.is_link_local:
-            continue
         if rows.get(f"gid_attrs/types/{index}", "").strip() == ROCE_V2:
-            found.append(index)
-    return tuple(sorted(found))
+            found.append((index, gid))
+    return found
 
 
 def _word(text: str | None) -> str | None:
@@ -139,17 +148,7 @@ def _gid_index(rows: dict[str, str], data_ip: str) -> int | None:
     except ValueError:
         return None
     wanted = ipaddress.IPv6Address(f"::ffff:{ip}") if ip.version == 4 else ip
-    for what, value in rows.items():
-        if not what.startswith("gids/"):
-            continue
-        index = int(what.split("/")[1])
-        try:
-            gid = ipaddress.IPv6Address(value.strip())
-        except ValueError:
-            continue
-        if gid == wanted and rows.get(f"gid_attrs/types/{index}", "").strip() == ROCE_V2:
-            return index
-    return None
+    return next((index for index, gid in _v2_gids(rows) if gid == wanted), None)
 
 
 def gid_env(ctx: Context) -> int | None:
