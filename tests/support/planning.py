@@ -12,11 +12,13 @@ from hypothesis import strategies as st
 
 from sparkd.core.planner import plan
 from sparkd.core.remember import remember
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory
 from sparkd.model.observed import Fabric, Observed, RayNode, RayState
 from sparkd.model.plan import MODEL_STARTS, RAY_STARTS, Action, Plan
+from sparkd.model.spec import HostSpec
 from tests.examples import EXAMPLE_SET
-from tests.toy import Toy
+from tests.toy import Toy, reference_cluster
 
 COMMON = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 STARTS = RAY_STARTS | MODEL_STARTS
@@ -121,3 +123,25 @@ def needs_a_human(result: Plan) -> bool:
     """`blocked`, or cleaning first (a cleanup needs neither the disk nor the GPU)."""
     cleaning = result.phase == "cleaning" and bool(kinds(result) & CLEANUPS)
     return result.phase == "blocked" or cleaning
+
+
+def cluster_of(count: int) -> ClusterSpec:
+    """The reference cluster with `count` hosts, one GPU and one tensor-parallel rank each."""
+    base = reference_cluster()
+    hosts = [
+        HostSpec(
+            name=f"spark-{chr(ord('a') + i)}",
+            address=f"10.1.230.{180 + i}",
+            role="head" if i == 0 else "worker",
+            data_ip=f"192.168.200.{12 + i}",
+            interface=base.hosts[0].interface,
+        )
+        for i in range(count)
+    ]
+    return base.model_copy(
+        update={
+            "hosts": tuple(hosts),
+            "ray": base.ray.model_copy(update={"expected_gpus": count}),
+            "model": base.model.model_copy(update={"tensor_parallel_size": count}),
+        }
+    )

@@ -21,9 +21,8 @@ from sparkd.model.cluster import ClusterSpec, PowerSpec
 from sparkd.model.memory import Memory
 from sparkd.model.observed import HostError, Observed
 from sparkd.model.probe import ProbeResult, ProbeVerdict
-from sparkd.model.spec import HostSpec
-from tests.support.planning import BASES, COMMON, host, served, situations
-from tests.toy import Toy, reference_cluster
+from tests.support.planning import BASES, COMMON, cluster_of, host, served, situations
+from tests.toy import Toy
 
 KERNEL = Path(__file__).resolve().parent.parent / "fixtures" / "kernel"
 COMMAND = ("/usr/local/bin/spark-power", "cycle", "{host}")
@@ -31,27 +30,6 @@ LIMIT = 600.0
 OMEN = "nv-no-memory.txt"
 QUIET = "xid-45.txt"
 SILENCES = ("unreachable", "timeout", "conn_lost")
-
-
-def cluster_of(count: int) -> ClusterSpec:
-    base = reference_cluster()
-    hosts = [
-        HostSpec(
-            name=f"spark-{chr(ord('a') + i)}",
-            address=f"10.1.230.{180 + i}",
-            role="head" if i == 0 else "worker",
-            data_ip=f"192.168.200.{12 + i}",
-            interface=base.hosts[0].interface,
-        )
-        for i in range(count)
-    ]
-    return base.model_copy(
-        update={
-            "hosts": tuple(hosts),
-            "ray": base.ray.model_copy(update={"expected_gpus": count}),
-            "model": base.model.model_copy(update={"tensor_parallel_size": count}),
-        }
-    )
 
 
 @dataclass(frozen=True)

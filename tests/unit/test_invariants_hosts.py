@@ -8,35 +8,13 @@ from hypothesis import strategies as st
 
 from sparkd.core.planner import plan
 from sparkd.core.spec import container_name
-from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory
 from sparkd.model.observed import RayNode
 from sparkd.model.plan import Action
-from sparkd.model.spec import HostSpec
-from tests.toy import Toy, reference_cluster
+from tests.support.planning import cluster_of
+from tests.toy import Toy
 
 COMMON = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def cluster_of(count: int) -> ClusterSpec:
-    base = reference_cluster()
-    hosts = [
-        HostSpec(
-            name=f"spark-{chr(ord('a') + i)}",
-            address=f"10.1.230.{180 + i}",
-            role="head" if i == 0 else "worker",
-            data_ip=f"192.168.200.{12 + i}",
-            interface=base.hosts[0].interface,
-        )
-        for i in range(count)
-    ]
-    return base.model_copy(
-        update={
-            "hosts": tuple(hosts),
-            "ray": base.ray.model_copy(update={"expected_gpus": count}),
-            "model": base.model.model_copy(update={"tensor_parallel_size": count}),
-        }
-    )
 
 
 @st.composite
