@@ -34,7 +34,11 @@ def test_routes_by_severity() -> None:
                 f"severity={severity}", "cluster=sparks",
             )  # fmt: skip
             assert result.returncode == 0, result.stderr
-            expected = {"critical": "sparkd-page", "warning": "sparkd-ticket"}[severity]
+            expected = {
+                "critical": "sparkd-page",
+                "warning": "sparkd-ticket",
+                "info": "sparkd-info",
+            }[severity]
             assert result.stdout.strip() == expected, (rule["alert"], result.stdout)
     unknown = amtool("config", "routes", "test", config, "alertname=Other")
     assert unknown.stdout.strip() == "sparkd-ticket"
