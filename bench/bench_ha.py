@@ -109,41 +109,6 @@ async def takeover(url: str, changes: dict[str, Any], graceful: bool, run: int) 
     return took
 
 
-async def shard_takeover(url: str, changes: dict[str, Any], run: int) -> float:
-    """Three instances share six clusters two each; one dies at a random point of its renew
-    interval: seconds until every cluster it held is owned by another."""
-    prefix = f"bench/shard-{run}-{changes.get('lease_ttl', 15)}/"
-    spec = {"etcd_endpoints": (url,), "prefix": prefix, **changes}
-    names = [f"c{i}" for i in range(6)]
-    ttl = float(HaSpec.model_validate(spec).lease_ttl)
-    group = [
-        Ownership(
-            HaSpec.model_validate({**spec, "instance": f"ops-{n}"}),
-            names,
-            fingerprint="bench",
-            settle=ttl,
-        )
-        for n in "abc"
-    ]
-    for one in group:
-        one.start()
-    while sorted(sum(o.may_act(c) for c in names) for o in group) != [2, 2, 2]:  # noqa: ASYNC110
-        await asyncio.sleep(0.005)
-    await asyncio.sleep(random.uniform(0, group[0].spec.renew_interval))
-    dead, rest = group[0], group[1:]
-    theirs = [c for c in names if dead.may_act(c)]
-    for task in dead._tasks:
-        task.cancel()
-    await dead.client.close()
-    started = time.monotonic()
-    while not all(any(o.may_act(c) for o in rest) for c in theirs):  # noqa: ASYNC110
-        await asyncio.sleep(0.005)
-    took = time.monotonic() - started
-    for one in group:
-        await one.stop()
-    return took
-
-
 async def cost(url: str, rounds: int) -> dict[str, float]:
     """CPU and RSS of the renewals: an owner of 4 clusters runs `rounds` rounds back to back
     (a keepalive, a read of the members and one of the owner keys, and one of the control
@@ -179,10 +144,6 @@ async def main(quick: bool = False) -> None:
                 how = "graceful stop" if graceful else "owner dies"
                 data[f"{label}, {how}"] = samples
                 rows.append([label, how, runs, min(samples), median(samples), max(samples)])
-            samples = [await shard_takeover(url, changes, n) for n in range(runs)]
-            how = "3 share 6, one dies"
-            data[f"{label}, {how}"] = samples
-            rows.append([label, how, runs, min(samples), median(samples), max(samples)])
     text = table(
         "takeover, seconds (etcd single member on loopback)",
         ["timings", "event", "runs", "min", "median", "max"],

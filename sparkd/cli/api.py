@@ -307,12 +307,6 @@ def _ha_lines(ha: Any) -> list[str]:
     if not isinstance(ha, dict):
         return []
     lines = [f"ha: instance {ha.get('instance')}, etcd {ha.get('etcd')} ({ha.get('endpoint')})"]
-    odd = ha.get("config_mismatch")
-    if isinstance(odd, dict):
-        lines.append(
-            f"  refusing every cluster: config fingerprint {odd.get('mine')} differs from "
-            f"the other instances' {odd.get('theirs')}"
-        )
     for name, claim in (ha.get("clusters") or {}).items():
         role = claim.get("role", "-")
         if role == "owner":

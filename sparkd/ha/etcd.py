@@ -32,6 +32,12 @@ class EtcdUnavailable(Exception):
 # anyone on the path), and reading on would only grow the daemon toward its memory limit.
 MAX_ANSWER = 4 << 20
 READ_CHUNK = 65536
+# A login may take this long even with a shorter `request_timeout`: etcd checks the password
+# with bcrypt (server/auth/store.go, `bcrypt.CompareHashAndPassword`, etcd 3.5), CPU by design:
+# 0.30-0.39 s on a loaded two-core box, where a 0.5 s timeout left a standby with no round at
+# all. A login mostly follows an answer ("invalid auth token") from the same endpoint, so the
+# endpoint is known to be up; a dead one is still found out by the request before it.
+LOGIN_TIMEOUT = 2.0
 
 
 class AnswerTooLarge(aiohttp.ClientPayloadError):
@@ -146,6 +152,7 @@ class EtcdClient:
         self.current = 0
         self._session: aiohttp.ClientSession | None = None
         self._token: str | None = None
+        self._login_lock = asyncio.Lock()
         # The etcd cluster's ID from the latest answer: a rebuilt etcd has another one (and
         # revisions, so fencing tokens, from 1 again).
         self.cluster_id: int | None = None
@@ -191,29 +198,50 @@ class EtcdClient:
 
     async def _authorized(self, endpoint: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         if self.user is not None and self._token is None:
-            self._token = await self._authenticate(endpoint)
+            await self._login(endpoint, None)
+        used = self._token
         try:
             return await self._post(endpoint, path, body)
         except EtcdError as exc:
             if self.user is None or "auth token" not in exc.message:
                 raise
             # Tokens expire (etcd's simple tokens after 5 minutes idle): get a new one, once.
-            self._token = await self._authenticate(endpoint)
+            await self._login(endpoint, used)
             return await self._post(endpoint, path, body)
+
+    async def _login(self, endpoint: str, expired: str | None) -> None:
+        """A new token in place of `expired`, one login at a time: etcd checks the password
+        with bcrypt, deliberately slow, so the renewal, the watch and the memory writes that
+        all met the same expired token share one login rather than each paying for their own
+        (concurrent logins on a loaded etcd took each past `request_timeout`)."""
+        async with self._login_lock:
+            if self._token is not None and self._token != expired:
+                return  # another request logged in meanwhile
+            self._token = await self._authenticate(endpoint)
 
     async def _authenticate(self, endpoint: str) -> str:
         assert self.password_file is not None
         password = self.password_file.read_text().strip()
         answer = await self._post(
-            endpoint, "auth/authenticate", {"name": self.user, "password": password}, auth=False
+            endpoint,
+            "auth/authenticate",
+            {"name": self.user, "password": password},
+            auth=False,
+            within=max(self.timeout, LOGIN_TIMEOUT),
         )
         return str(answer["token"])
 
     async def _post(
-        self, endpoint: str, path: str, body: dict[str, Any], *, auth: bool = True
+        self,
+        endpoint: str,
+        path: str,
+        body: dict[str, Any],
+        *,
+        auth: bool = True,
+        within: float | None = None,
     ) -> dict[str, Any]:
         headers = {"Authorization": self._token} if auth and self._token else {}
-        async with asyncio.timeout(self.timeout):
+        async with asyncio.timeout(within or self.timeout):
             async with self._http().post(
                 f"{endpoint}/v3/{path}", json=body, headers=headers
             ) as response:

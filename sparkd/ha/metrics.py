@@ -57,22 +57,6 @@ class HaCollector(Collector):
             "Clusters this instance acquired after seeing another instance own them",
             value=ha.takeovers,
         )
-        yield GaugeMetricFamily(
-            "sparkd_ha_config_mismatch",
-            "1 while this instance's cluster config differs from the other instances' and it "
-            "refuses every cluster (the fingerprints are in /status and the log)",
-            value=ha.peers.defer_to is not None,
-        )
-        yield GaugeMetricFamily(
-            "sparkd_ha_assigned_clusters",
-            "Clusters this instance's share holds, from the live members with its config",
-            value=sum(1 for m in ha.peers.assigned.values() if m == ha.spec.instance),
-        )
-        yield CounterMetricFamily(
-            "sparkd_ha_handoffs",
-            "Clusters this instance gave to the member the sharing assigned them to",
-            value=ha.peers.handoffs,
-        )
         yield CounterMetricFamily(
             "sparkd_ha_fenced",
             "Mutating commands a host refused (exit 76): a newer owner's token was recorded there",

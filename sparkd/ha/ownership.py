@@ -16,8 +16,9 @@ The rules (after Patroni and client-go's leader election):
 * A graceful stop revokes the lease: every owner key goes at once and a standby takes over.
 * An operator's pause or resume is a control record in etcd (sparkd.ha.control): the owner
   reads it every renewal, hears it through the watch, and hands each new one to its controller.
-* Several instances share the clusters (sparkd.ha.peers): each contends only for its share,
-  hands one off when the share moves, and refuses them all while its config differs.
+* Every instance contends for every cluster it lists: one lease per cluster's owner key, the
+  first to create it owns it, the others watch. One ops box carries thousands of clusters, so
+  nothing spreads them between instances.
 """
 
 from __future__ import annotations
@@ -29,28 +30,22 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import structlog
 
 from sparkd.ha.claim import Claim, Role, boottime
 from sparkd.ha.config import HaSpec
-from sparkd.ha.control import Control
+from sparkd.ha.control import Control, control_key
 from sparkd.ha.control_delivery import ControlDelivery
 from sparkd.ha.etcd import EtcdClient, EtcdError, EtcdUnavailable, KeyValue
-from sparkd.ha.peers import Peers
-from sparkd.ha.rounds import Rounds
 from sparkd.shell.catalogue import FenceToken
 
 # Why an owner whose deadline passed acts again (`acting_again`): no one else could own it.
 AGAIN = "renewed before the lease expired: the same token, still the owner"
 
 
-async def _nothing(cluster: str) -> None:
-    return None
-
-
-class Ownership(Rounds):
+class Ownership:
     def __init__(
         self,
         spec: HaSpec,
@@ -61,9 +56,6 @@ class Ownership(Rounds):
         wall_clock: Callable[[], float] = time.time,
         on_change: Callable[[str], None] = lambda cluster: None,
         on_control: Callable[[str, int, Control], bool] = lambda cluster, revision, c: False,
-        fingerprint: str | None = None,
-        settle: float = 0.0,
-        quiet: Callable[[str], bool] = lambda cluster: True,
     ) -> None:
         self.spec = spec
         self.client = client or EtcdClient(
@@ -73,12 +65,6 @@ class Ownership(Rounds):
         self.wall_clock = wall_clock
         self.on_change = on_change
         self.on_control = on_control
-        # Whether a cluster may be handed off now: no action in flight, no grace window open.
-        self.quiet = quiet
-        # Awaited before a cluster is given back (the daemon lands its memory in etcd first).
-        self.before_handoff: Callable[[str], Awaitable[None]] = _nothing
-        self.peers = Peers(spec.instance, fingerprint, spec.lease_ttl, settle)
-        self._member_written: str | None = None
         self.claims = {name: Claim(name) for name in clusters}
         self.lease: int | None = None
         self.granted = 0
@@ -128,6 +114,10 @@ class Ownership(Rounds):
         with contextlib.suppress(EtcdUnavailable, EtcdError, OSError):
             await self.client.delete_if(self.key(cluster), token)
 
+    def key(self, cluster: str) -> str:
+        """The cluster's owner key."""
+        return f"{self.spec.prefix}owner/{cluster}"
+
     def deadline(self) -> float | None:
         if self.renewed_at is None:
             return None
@@ -144,9 +134,15 @@ class Ownership(Rounds):
         )
 
     def role(self, cluster: str) -> Role:
+        """`owner` while it may act; `standby` while its last good round is as recent as an
+        owner's would have to be to act (the same deadline: one round lost to a timeout, such
+        as a re-authentication that outlived `request_timeout`, changes neither role; the
+        instance's `etcd` field says `unreachable` at once); `no etcd` after."""
         if self.may_act(cluster):
             return "owner"
-        return "standby" if self.reachable else "no etcd"
+        deadline = self.deadline()
+        in_touch = self.reachable or (deadline is not None and self.clock() < deadline)
+        return "standby" if in_touch else "no etcd"
 
     def holder(self, cluster: str) -> str | None:
         """The instance owning `cluster` as last read (this one while it may act)."""
@@ -199,7 +195,6 @@ class Ownership(Rounds):
             "etcd": "reachable" if self.reachable else "unreachable",
             "endpoint": self.client.endpoint,
             "lease_remaining_seconds": round(self.lease_remaining(), 3),
-            **self.peers.status(),
             "clusters": {
                 name: {
                     "role": self.role(name),
@@ -267,36 +262,10 @@ class Ownership(Rounds):
     async def _grant(self) -> None:
         lease, ttl = await self.client.grant(self.spec.lease_ttl)
         self.lease, self.granted = lease, ttl
-        await self._register()
-        self.peers.registered_at = self.clock()
         self.log.info("lease_granted", ttl=ttl)
-
-    async def _register(self) -> None:
-        assert self.lease is not None
-        member = {
-            "instance": self.spec.instance,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "clusters": sorted(self.claims),
-            **self.peers.member_value(),
-        }
-        await self.client.put(
-            f"{self.spec.prefix}members/{self.spec.instance}",
-            json.dumps(member).encode(),
-            self.lease,
-        )
-        self._member_written = self.peers.fingerprint
-
-    def set_fingerprint(self, fingerprint: str | None) -> None:
-        """The clusters' config changed (a reload): the member key says so from the next round."""
-        self.peers.fingerprint = fingerprint
-        self._poke.set()
 
     async def _check_and_acquire(self, sent: float) -> None:
         assert self.lease is not None
-        if self._member_written != self.peers.fingerprint:
-            await self._register()
-        members, _ = await self.client.get_prefix(f"{self.spec.prefix}members/")
         owned = f"{self.spec.prefix}owner/"
         kvs, self.revision = await self.client.get_prefix(owned)
         owners = {kv.key.removeprefix(owned): kv for kv in kvs}
@@ -309,13 +278,6 @@ class Ownership(Rounds):
                 kv is None or kv.create_revision != claim.token or kv.lease != self.lease
             ):
                 self._drop(claim, "owner key gone or replaced", kv)
-        now = self.clock()
-        held = [name for name, claim in self.claims.items() if claim.token is not None]
-        was_deferring, was_assigned = self.peers.defer_to, self.peers.assigned
-        self.peers.read(self.claims, members, owners, held, now)
-        if self.peers.assigned != was_assigned and self.peers.fingerprint is not None:
-            mine = sorted(c for c, m in self.peers.assigned.items() if m == self.spec.instance)
-            self.log.info("share", clusters=mine, members=sorted(self.peers.seen))
         fresh: list[str] = []
         for name, claim in self.claims.items():
             if claim.token is not None:
@@ -331,12 +293,11 @@ class Ownership(Rounds):
             if kv is not None:
                 self._note_holder(claim, kv)
                 continue
-            if not self.peers.contend(name, now):
-                continue
             value = {
                 "instance": self.spec.instance,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
                 "nonce": self.nonce,
-                "config": self.peers.fingerprint,
                 "since": self.wall_clock(),
             }
             answer = await self.client.create(
@@ -364,8 +325,34 @@ class Ownership(Rounds):
         self._lapsed.clear()
         for name in fresh:
             self.on_change(name)
-        await self._share(was_deferring, now)
         await self._read_controls()
+
+    async def _watch(self) -> None:
+        """A standby hears an owner key's deletion at once instead of at its next renewal, and
+        an owner a control record written for it."""
+        owners = f"{self.spec.prefix}owner/"
+        await self._listed.wait()
+        while not self._stopping:
+            try:
+                if self.revision:
+                    async for kind, key in self.client.watch(self.spec.prefix, self.revision + 1):
+                        if self._heard(kind, key, owners):
+                            self._poke.set()
+            except Exception as exc:  # best effort: the renewals re-list every round anyway
+                self.log.debug("watch_ended", error=f"{type(exc).__name__}: {exc}")
+            # Ended (etcd restarted, compaction) or not yet started: the renewals re-list.
+            await asyncio.sleep(self.spec.renew_interval)
+
+    def _heard(self, kind: str, key: str, owners: str) -> bool:
+        if kind == "DELETE" and key.startswith(owners):
+            claim = self.claims.get(key.removeprefix(owners))
+            return claim is not None and claim.token is None
+        if kind == "PUT":
+            return any(
+                claim.token is not None and key == control_key(self.spec.prefix, name)
+                for name, claim in self.claims.items()
+            )
+        return False
 
     async def offer_controls(self) -> None:
         """Hand the newest control records over now: a new owner, once its memory is in."""

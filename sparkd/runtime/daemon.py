@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from sparkd.model.cluster import ClusterSpec
 from sparkd.model.plan import ActionOutcome
 from sparkd.runtime import logs
+from sparkd.runtime.acting import Acting, Alone, OnEtcd
 from sparkd.runtime.controller import Controller
-from sparkd.runtime.ha_wiring import HaWiring
 from sparkd.runtime.maintenance import MaintenanceScheduler
 from sparkd.runtime.metrics import Metrics
 from sparkd.runtime.notify import Notifier
@@ -30,12 +29,10 @@ from sparkd.settings import (
     load_settings,
 )
 from sparkd.shell.execute import ExecutorTiming
-from sparkd.shell.fencing import HostFence
 from sparkd.shell.ssh import SshPool
 
 if TYPE_CHECKING:
     from sparkd.ha.ownership import Ownership
-    from sparkd.runtime.ha_store import EtcdStore
 
 
 # Daemon settings that take effect only at start: a reload reports a change and keeps the old.
@@ -55,7 +52,7 @@ def restart_only_changes(old: DaemonSettings, new: DaemonSettings) -> list[str]:
 ApiServer = Callable[["Daemon"], Awaitable[web.AppRunner]]
 
 
-class Daemon(HaWiring):
+class Daemon:
     def __init__(
         self,
         settings: Settings,
@@ -93,10 +90,8 @@ class Daemon(HaWiring):
         self._reloads: set[asyncio.Task[None]] = set()
         self._reload_lock = asyncio.Lock()
         self._stopping = False
-        # Set only with an [ha] section: who owns which cluster, through etcd.
-        self.ha: Ownership | None = None
-        # With [ha], memory lives in etcd (the state dir keeps a copy).
-        self.memory_store: EtcdStore | None = None
+        # Who may act on each cluster: this box alone, or with [ha] the etcd lease's owner.
+        self.acting: Acting = Alone(self.state)
         # What start set up, undone by stop in reverse (empty before start).
         self._teardown = contextlib.AsyncExitStack()
 
@@ -105,11 +100,6 @@ class Daemon(HaWiring):
         assert cluster is not None
         self.metrics.track(cluster)
         self.maintenance.schedule(cluster)
-        ha = self.ha
-        fence = None
-        if ha is not None:
-            ha.track(cluster_name)
-            fence = self._fence(cluster)
         controller = Controller(
             cluster,
             self.pool,
@@ -120,30 +110,26 @@ class Daemon(HaWiring):
             on_action=lambda controller, outcome: self.on_action(controller, outcome),
             on_plan=lambda controller: self.on_plan(controller),
             on_record=self.metrics.record,
-            may_act=(lambda: ha.may_act(cluster_name)) if ha is not None else (lambda: True),
-            fence=fence,
-            store=self.memory_store,
+            may_act=lambda: self.acting.may_act(cluster_name),
+            fence=self.acting.track(cluster, self.pool),
+            store=self.acting.store,
         )
-        if fence is not None and ha is not None:
-
-            def fenced(host: str, detail: str) -> None:
-                ha.fenced(cluster_name, host, detail)
-                controller.fenced(host, detail)
-
-            fence.on_fenced = fenced
         return controller
 
-    def _fence(self, cluster: ClusterSpec) -> HostFence:
-        ha = self.ha
-        assert ha is not None and self.settings.ha is not None
-        name = cluster.name
-        return HostFence(
-            cluster,
-            self.pool,
-            token=lambda: ha.fence(name),
-            enforce=self.settings.ha.host_fencing,
-            on_mismatch=lambda host, detail: ha.mismatch(name, host, detail),
-        )
+    @property
+    def ha(self) -> Ownership | None:
+        """Set only with an [ha] section: who owns which cluster, through etcd."""
+        return self.acting.ha
+
+    async def read_events(
+        self, limit: int, cluster: str | None
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The newest `limit` events (of one cluster or all) and the unreadable records met:
+        the state dir's journal, or with [ha] etcd's, the same on every instance."""
+        return await self.acting.read_events(limit, cluster)
+
+    def memory_current(self, cluster_name: str) -> bool:
+        return self.acting.memory_current(cluster_name)
 
     def _wake(self, cluster_name: str) -> None:
         controller = self.controllers.get(cluster_name)
@@ -191,8 +177,9 @@ class Daemon(HaWiring):
             if ok and controller.view.last_error is not None:
                 ok, why = False, f"cycle failed: {controller.view.last_error}"
             clusters[name] = {"ok": ok, "reason": why}
-            if self.ha is not None:
-                clusters[name]["ha"] = self.ha.role(name)
+            role = self.acting.role(name)
+            if role is not None:
+                clusters[name]["ha"] = role
             if not ok:
                 problems.append(f"{name}: {why}")
         state = self.state_dir_health()
@@ -204,8 +191,9 @@ class Daemon(HaWiring):
             "clusters": clusters,
             "state_dir": state,
         }
-        if self.ha is not None:
-            health["ha"] = self.ha.status()
+        ha = self.acting.status()
+        if ha is not None:
+            health["ha"] = ha
         return health
 
     def state_dir_health(self) -> dict[str, Any]:
@@ -233,20 +221,22 @@ class Daemon(HaWiring):
             stack.push_async_callback(self.pool.close)
             self.state.ensure()
             if self.settings.ha is not None:
-                self._make_ha()
+                self.acting = OnEtcd(
+                    self.settings.ha,
+                    [c.name for c in self.settings.clusters],
+                    self.state,
+                    self.metrics,
+                    self.controllers,
+                )
             for cluster in self.settings.clusters:
                 self.controllers[cluster.name] = self._controller(cluster.name)
             await self._serve_api(stack)
             self.maintenance.start()
             stack.push_async_callback(self.maintenance.stop)
-            if self.ha is not None:
-                # After the API is bound: a daemon that cannot serve never contends. Stopped
-                # after the actions in flight (below), so it hands over at once.
-                self.ha.start()
-                stack.push_async_callback(self.ha.stop)
-            if self.memory_store is not None:
-                # After the controllers stop, before the lease goes: the last memory lands.
-                stack.push_async_callback(self.memory_store.close)
+            # After the API is bound: a daemon that cannot serve never contends. Stopped
+            # after the actions in flight (below), so it hands over at once.
+            self.acting.start(stack)
+            self.acting.close_memory(stack)
             stack.push_async_callback(self._stop_controllers)
             for name, controller in self.controllers.items():
                 self.tasks[name] = self._run(controller)
@@ -357,8 +347,6 @@ class Daemon(HaWiring):
             pending.append("ha: changed")
             new = new.model_copy(update={"ha": self.settings.ha})
         self.settings = new
-        if self.ha is not None:
-            self.ha.set_fingerprint(self._fingerprint(new))
         wanted = {c.name: c for c in new.clusters}
         changed = [
             name
@@ -373,8 +361,8 @@ class Daemon(HaWiring):
             self.controllers.pop(name)
             self.tasks.pop(name, None)
             self.maintenance.unschedule(name)
-            if self.ha is not None and name not in wanted:
-                self.ha.untrack(name)
+            if name not in wanted:
+                self.acting.untrack(name)
         for cluster in new.clusters:
             if cluster.name not in self.controllers:
                 controller = self._controller(cluster.name)

@@ -245,16 +245,6 @@ class EtcdStore:
         """The controller applied the record: every memory written from now on says so."""
         self.controls[cluster] = max(revision, self.controls.get(cluster, 0))
 
-    async def flush(self, cluster: str) -> None:
-        """Let the cluster's write in progress land while the token still guards it: before a
-        handoff, so the next owner adopts the memory as this one last saved it."""
-        writer = self._writers.get(cluster)
-        if writer is not None and not writer.done():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    asyncio.shield(writer), timeout=2 * self.ha.spec.request_timeout
-                )
-
     async def close(self) -> None:
         """Let the writes in progress land (a graceful stop, before the lease is revoked)."""
         writers = [task for task in self._writers.values() if not task.done()]

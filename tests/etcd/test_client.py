@@ -154,13 +154,29 @@ async def test_user_and_password_and_an_expired_token(tmp_path: Path) -> None:
         password.write_text("s3cret-root\n")
         client = EtcdClient([server.url], timeout=2, user="root", password_file=password)
         try:
-            lease, _ = await client.grant(3)
+            lease, _ = await client.grant(30)
             assert (await client.create("t/owner/c1", b"a", lease)).created
             token = client._token
             await asyncio.sleep(2.5)  # the simple token's TTL is 1 s
             kv, _ = await client.get("t/owner/c1")  # refreshed on "invalid auth token"
             assert kv is not None and kv.lease == lease
             assert client._token is not None and client._token != token
+            # Requests that meet the same expired token share one login: etcd checks each
+            # password with bcrypt, and concurrent logins on a loaded etcd each outlived the
+            # request timeout, so that no request got through at all.
+            logins = 0
+            authenticate = client._authenticate
+
+            async def counted(endpoint: str) -> str:
+                nonlocal logins
+                logins += 1
+                return await authenticate(endpoint)
+
+            client._authenticate = counted  # type: ignore[method-assign]
+            await asyncio.sleep(2.5)
+            answers = await asyncio.gather(*(client.get("t/owner/c1") for _ in range(6)))
+            assert all(kv is not None and kv.lease == lease for kv, _ in answers)
+            assert logins == 1
         finally:
             await client.close()
     finally:

@@ -8,8 +8,8 @@ rejoins, and the checker reads what the hosts ran.
 
 A follower's loss is run on the test timings (TTL 3 s); the leader's on longer ones (TTL 10 s),
 since the election it starts (a new leader within 2 to 3 s) can outlast a
-3 s lease by design; through it, a standby round may fail and the standby say "no etcd"
-until the next (it acts in neither role). The in-process case is
+3 s lease by design; through it, a standby's rounds may fail past its own deadline, and it
+says "no etcd" until the next good one (it acts in neither role). The in-process case is
 tests/etcd/test_three_members.py. Then losing
 the quorum: nobody acts or acquires until it is back, then exactly one owner repairs."""
 
@@ -87,9 +87,9 @@ class Sampler:
 
     def lapses(self, token: int, election: bool) -> list[tuple[float, object, object, object]]:
         """Samples in which the owner was not the owner with `token`, or the standby not one.
-        Through a leader election (`election`), a standby whose round failed says "no etcd"
-        for that round, which it is: it acts in neither role, so it moves nothing (that it
-        never acquires is checked in the events)."""
+        Through a leader election (`election`), a standby whose rounds failed past its
+        deadline says "no etcd" until its next good round, which it is: it acts in neither role,
+        so it moves nothing (that it never acquires is checked in the events)."""
         standby = ("standby", "no etcd") if election else ("standby",)
         return [
             (s.at, s.owner["role"], s.owner["token"], s.standby["role"])

@@ -32,21 +32,3 @@ def test_roles() -> None:
         "  lab: standby (owner: ops-2)",
         "  racks: no etcd",
     ]
-
-
-def test_a_config_mismatch_is_said() -> None:
-    ha = {
-        "instance": "ops-3",
-        "etcd": "reachable",
-        "endpoint": "http://10.1.230.10:2379",
-        "config_mismatch": {"mine": "5d41402abc4b2a76", "theirs": "7d793037a0760186"},
-        "clusters": {"sparks": {"role": "standby", "token": None, "holder": "ops-1"}},
-    }
-    lines = render_status(body(ha)).splitlines()
-    assert lines[-2:] == [
-        "  refusing every cluster: config fingerprint 5d41402abc4b2a76 differs from the other "
-        "instances' 7d793037a0760186",
-        "  sparks: standby (owner: ops-1)",
-    ]
-    ha["config_mismatch"] = None
-    assert "refusing" not in render_status(body(ha))
