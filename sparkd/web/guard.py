@@ -1,6 +1,11 @@
 """The API's abuse guards: the Host header check (DNS rebinding), the header deadline of each
 connection, and a TCP site that caps connections, in all and per peer.
 
+At a cap, the oldest connection still waiting for a whole request (its headers unsent, or idle
+after an answer) is closed to admit the new one; only when every connection held is being
+answered is the new one refused. Every local client is 127.0.0.1: refusing the newest would let
+a few half-sent requests blind `/healthz` and the CLI.
+
 The site admits a connection before aiohttp's handler sees it, which reaches into aiohttp's
 `TCPSite` (its `_runner`, `_server`, `_host`, `_port`, `_backlog`, `_bound_port`): kept to
 `GuardedSite`, so an aiohttp upgrade that moves them breaks here alone (and the API tests).
@@ -92,6 +97,11 @@ class Deadlines:
         loop = asyncio.get_running_loop()
         self._timers[handler] = loop.call_later(self.timeout, self._expire, handler)
 
+    def waiting(self) -> list[RequestHandler]:
+        """The connections waiting for a whole request, the longest-waiting first (a timer is
+        re-inserted each time it is armed)."""
+        return list(self._timers)
+
     def begin(self, handler: RequestHandler | None) -> None:
         timer = self._timers.pop(handler, None) if handler is not None else None
         if timer is not None:
@@ -134,22 +144,22 @@ class _Capped(asyncio.Protocol):
         self.peer = ""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        total = len(self.site.runner_server().connections)
         self.peer = peer_of(transport.get_extra_info("peername"))
-        held = self.site.peers.get(self.peer, 0)
-        if (
-            total >= MAX_CONNECTIONS
-            or held >= MAX_PER_PEER
-            or (held and total >= MAX_CONNECTIONS - KEPT_FOR_NEW_PEERS)
-        ):
+        if not self.site.make_room(self.peer):
             assert isinstance(transport, asyncio.Transport)
             transport.abort()
             self.site.note_refused()
             return
         self.admitted = True
-        self.site.peers[self.peer] = held + 1
+        self.site.admit(self)
         self.handler.connection_made(transport)
         self.site.deadlines.arm(self.handler)
+
+    def evict(self) -> None:
+        """Closed to make room: no longer counted, though its close completes later."""
+        self.site.release(self)
+        self.site.deadlines.begin(self.handler)
+        self.handler.force_close()
 
     def data_received(self, data: bytes) -> None:
         if self.admitted:
@@ -162,9 +172,7 @@ class _Capped(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.admitted:
             self.admitted = False
-            left = self.site.peers.pop(self.peer, 1) - 1
-            if left > 0:
-                self.site.peers[self.peer] = left
+            self.site.release(self)
             self.handler.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -186,11 +194,49 @@ class GuardedSite(web.TCPSite):
         self.refused = 0
         self._refused_logged_at = 0.0
         self.peers: dict[str, int] = {}
+        # Every admitted connection not yet closed or evicted, by its aiohttp handler.
+        self.held: dict[RequestHandler, _Capped] = {}
+        self.evicted = 0
 
     def runner_server(self) -> web.Server:
         server = self._runner.server
         assert server is not None
         return server
+
+    def admit(self, conn: _Capped) -> None:
+        self.held[conn.handler] = conn
+        self.peers[conn.peer] = self.peers.get(conn.peer, 0) + 1
+
+    def release(self, conn: _Capped) -> None:
+        if self.held.pop(conn.handler, None) is None:
+            return  # evicted already
+        left = self.peers.pop(conn.peer, 1) - 1
+        if left > 0:
+            self.peers[conn.peer] = left
+
+    def make_room(self, peer: str) -> bool:
+        """Whether a new connection from `peer` may be admitted, once the oldest waiting one
+        (of the same peer at a per-peer cap, of any at the total cap) is closed if need be."""
+        while True:
+            total = len(self.held)
+            held = self.peers.get(peer, 0)
+            if held >= MAX_PER_PEER or (held and total >= MAX_CONNECTIONS - KEPT_FOR_NEW_PEERS):
+                victim = self._oldest_waiting(peer)
+            elif total >= MAX_CONNECTIONS:
+                victim = self._oldest_waiting(None)
+            else:
+                return True
+            if victim is None:
+                return False
+            victim.evict()
+            self.evicted += 1
+
+    def _oldest_waiting(self, peer: str | None) -> _Capped | None:
+        for handler in self.deadlines.waiting():
+            conn = self.held.get(handler)
+            if conn is not None and peer in (None, conn.peer):
+                return conn
+        return None
 
     def note_refused(self) -> None:
         self.refused += 1
