@@ -133,75 +133,32 @@ def peer_of(peername: object) -> str:
     return str(address)
 
 
-class _Capped(asyncio.Protocol):
-    """Admits the connection to aiohttp's handler only while under the cap, counted when the
-    connection is made (many are accepted before any of them is)."""
-
-    def __init__(self, site: GuardedSite, handler: RequestHandler) -> None:
-        self.site = site
-        self.handler = handler
-        self.admitted = False
-        self.peer = ""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.peer = peer_of(transport.get_extra_info("peername"))
-        if not self.site.make_room(self.peer):
-            assert isinstance(transport, asyncio.Transport)
-            transport.abort()
-            self.site.note_refused()
-            return
-        self.admitted = True
-        self.site.admit(self)
-        self.handler.connection_made(transport)
-        self.site.deadlines.arm(self.handler)
-
-    def evict(self) -> None:
-        """Closed to make room: no longer counted, though its close completes later."""
-        self.site.release(self)
-        self.site.deadlines.begin(self.handler)
-        self.handler.force_close()
-
-    def data_received(self, data: bytes) -> None:
-        if self.admitted:
-            self.handler.data_received(data)
-
-    def eof_received(self) -> None:
-        if self.admitted:
-            self.handler.eof_received()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.admitted:
-            self.admitted = False
-            self.site.release(self)
-            self.handler.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        if self.admitted:
-            self.handler.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self.admitted:
-            self.handler.resume_writing()
+PeerOf = Callable[[asyncio.BaseTransport], str | None]
 
 
-class GuardedSite(web.TCPSite):
-    """A TCP site with a connection cap and a header deadline per connection."""
+def tcp_peer(transport: asyncio.BaseTransport) -> str | None:
+    return peer_of(transport.get_extra_info("peername"))
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int, app: web.Application) -> None:
-        super().__init__(runner, host, port)
+
+class Admission:
+    """The caps of one site's connections: counted when a connection is made (many are accepted
+    before any of them is), a connection closed to make room stops counting at once."""
+
+    def __init__(self, app: web.Application, runner: web.BaseRunner) -> None:
         self._app = app
+        self._runner = runner
         self.deadlines = app[DEADLINES]
         self.refused = 0
-        self._refused_logged_at = 0.0
+        self._logged_at: dict[str, float] = {}
         self.peers: dict[str, int] = {}
         # Every admitted connection not yet closed or evicted, by its aiohttp handler.
         self.held: dict[RequestHandler, _Capped] = {}
         self.evicted = 0
 
-    def runner_server(self) -> web.Server:
+    def protocol(self, peer: PeerOf) -> asyncio.Protocol:
         server = self._runner.server
         assert server is not None
-        return server
+        return _Capped(self, server(), peer)
 
     def admit(self, conn: _Capped) -> None:
         self.held[conn.handler] = conn
@@ -230,6 +187,7 @@ class GuardedSite(web.TCPSite):
                 return False
             victim.evict()
             self.evicted += 1
+            self._note("api_connections_evicted", evicted_total=self.evicted)
 
     def _oldest_waiting(self, peer: str | None) -> _Capped | None:
         for handler in self.deadlines.waiting():
@@ -238,23 +196,84 @@ class GuardedSite(web.TCPSite):
                 return conn
         return None
 
-    def note_refused(self) -> None:
+    def note_refused(self, why: str) -> None:
         self.refused += 1
-        now = time.monotonic()
-        if now - self._refused_logged_at > 10:
-            self._refused_logged_at = now
-            self._app[DAEMON].log.warning(
-                "api_connections_refused", cap=MAX_CONNECTIONS, refused_total=self.refused
-            )
+        self._note("api_connections_refused", why=why, refused_total=self.refused)
 
-    def _protocol(self) -> asyncio.Protocol:
-        return _Capped(self, self.runner_server()())
+    def _note(self, event: str, **fields: object) -> None:
+        """Logged at most once per 10 s: a flood must not flood the journal too."""
+        now = time.monotonic()
+        if now - self._logged_at.get(event, -10.0) > 10:
+            self._logged_at[event] = now
+            self._app[DAEMON].log.warning(event, cap=MAX_CONNECTIONS, **fields)
+
+
+class _Capped(asyncio.Protocol):
+    """Admits the connection to aiohttp's handler only while under the cap (and, on the Unix
+    socket, only from a permitted peer)."""
+
+    def __init__(self, admission: Admission, handler: RequestHandler, peer: PeerOf) -> None:
+        self.admission = admission
+        self.handler = handler
+        self.peer_of = peer
+        self.admitted = False
+        self.peer = ""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = self.peer_of(transport)
+        why = "peer not permitted" if peer is None else "at the cap"
+        if peer is None or not self.admission.make_room(peer):
+            assert isinstance(transport, asyncio.Transport)
+            transport.abort()
+            self.admission.note_refused(why)
+            return
+        self.peer = peer
+        self.admitted = True
+        self.admission.admit(self)
+        self.handler.connection_made(transport)
+        self.admission.deadlines.arm(self.handler)
+
+    def evict(self) -> None:
+        """Closed to make room: no longer counted, though its close completes later."""
+        self.admission.release(self)
+        self.admission.deadlines.begin(self.handler)
+        self.handler.force_close()
+
+    def data_received(self, data: bytes) -> None:
+        if self.admitted:
+            self.handler.data_received(data)
+
+    def eof_received(self) -> None:
+        if self.admitted:
+            self.handler.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.admitted:
+            self.admitted = False
+            self.admission.release(self)
+            self.handler.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self.admitted:
+            self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.admitted:
+            self.handler.resume_writing()
+
+
+class GuardedSite(web.TCPSite):
+    """A TCP site with a connection cap and a header deadline per connection."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, app: web.Application) -> None:
+        super().__init__(runner, host, port)
+        self.admission = Admission(app, runner)
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            self._protocol, self._host, self._port, backlog=self._backlog
+            lambda: self.admission.protocol(tcp_peer), self._host, self._port, backlog=self._backlog
         )
         if self._server.sockets:
             self._bound_port = self._server.sockets[0].getsockname()[1]
