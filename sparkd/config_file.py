@@ -13,6 +13,12 @@ from pathlib import Path
 
 DEFAULT_CONFIG_PATH = Path("/etc/sparkd/sparkd.toml")
 DEFAULT_LISTEN = "127.0.0.1:9810"
+# Where the daemon's API socket is when `[daemon] socket` is unset: `api.sock` in the unit's
+# RuntimeDirectory (systemd/sparkd.service: /run/sparkd).
+SOCKET_NAME = "api.sock"
+DEFAULT_SOCKET = Path("/run/sparkd") / SOCKET_NAME
+# A Unix socket's path: sun_path holds 108 bytes, the last a NUL (unix(7)).
+MAX_SOCKET_PATH = 107
 
 
 def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -25,12 +31,13 @@ def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
 class DaemonAddress:
     listen: str = DEFAULT_LISTEN
     control_token_file: Path | None = None
+    socket: Path | None = DEFAULT_SOCKET
 
 
 def daemon_address(path: Path) -> DaemonAddress:
-    """`[daemon] listen` and `control_token_file` as the settings read them (the environment's
-    `SPARKD_DAEMON__LISTEN` and `SPARKD_DAEMON__CONTROL_TOKEN_FILE` first, then the file); the
-    defaults when the file cannot be read. The daemon validates the rest."""
+    """`[daemon] listen`, `control_token_file` and `socket` as the settings read them (the
+    environment's `SPARKD_DAEMON__LISTEN`, `..._CONTROL_TOKEN_FILE` and `..._SOCKET` first, then
+    the file); the defaults when the file cannot be read. The daemon validates the rest."""
     table: dict[str, object] = {}
     try:
         with path.open("rb") as handle:
@@ -43,7 +50,9 @@ def daemon_address(path: Path) -> DaemonAddress:
     env = {name.upper(): value for name, value in os.environ.items()}
     listen = env.get("SPARKD_DAEMON__LISTEN", table.get("listen"))
     token = env.get("SPARKD_DAEMON__CONTROL_TOKEN_FILE", table.get("control_token_file"))
+    socket = env.get("SPARKD_DAEMON__SOCKET", table.get("socket"))
     return DaemonAddress(
         listen=listen if isinstance(listen, str) and ":" in listen else DEFAULT_LISTEN,
         control_token_file=Path(token) if isinstance(token, str) and token else None,
+        socket=(Path(socket) if socket else None) if isinstance(socket, str) else DEFAULT_SOCKET,
     )

@@ -27,7 +27,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from sparkd.config_file import DEFAULT_CONFIG_PATH
+from sparkd.config_file import DEFAULT_CONFIG_PATH, MAX_SOCKET_PATH
 from sparkd.ha.config import HaSpec
 from sparkd.model.base import Value
 from sparkd.model.cluster import ClusterSpec, MaintenanceSpec
@@ -40,6 +40,20 @@ class DaemonSettings(Value):
     state_dir: Path = Path("/var/lib/sparkd")
     log_format: Literal["auto", "json", "console"] = "auto"
     control_token_file: Path | None = None
+    # The API on a Unix socket for the CLI on this machine (web.unix): unset, `api.sock` in
+    # systemd's RuntimeDirectory when the unit has one; "" for none.
+    socket: str | None = None
+
+    @field_validator("socket")
+    @classmethod
+    def _socket(cls, value: str | None) -> str | None:
+        if not value:
+            return value
+        if not Path(value).is_absolute():
+            raise ValueError('must be an absolute path (or "" for no socket)')
+        if len(os.fsencode(value)) > MAX_SOCKET_PATH:
+            raise ValueError(f"must be at most {MAX_SOCKET_PATH} bytes (a Unix socket's limit)")
+        return value
 
     @field_validator("listen")
     @classmethod

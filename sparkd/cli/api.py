@@ -1,9 +1,11 @@
 """The subcommands that talk to the running daemon's API: status, pause, resume, reconcile,
 rollout.
 
-They read the daemon's address from the config file and make one HTTP request to loopback:
-standard library only, so a command costs little more than Python's own start (no settings
-model, no SSH library, no HTTP client library). `sparkd.cli` dispatches them here first.
+They read the daemon's address from the config file and make one HTTP request: on the daemon's
+Unix socket (`daemon.socket`, sparkd.web.unix) when it is there and this user may use it, else to
+loopback over TCP. Standard library only, so a command costs little more than Python's own start
+(no settings model, no SSH library, no HTTP client library). `sparkd.cli` dispatches them here
+first.
 """
 
 from __future__ import annotations
@@ -12,9 +14,13 @@ import argparse
 import getpass
 import http.client
 import json
+import os
+import socket
+import stat
 import sys
 import urllib.parse
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from sparkd.config_file import DaemonAddress, config_path, daemon_address
@@ -97,37 +103,87 @@ class _Unreachable(Exception):
     pass
 
 
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP on the daemon's Unix socket (the Host header is `localhost`)."""
+
+    def __init__(self, path: Path, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(str(self.socket_path))
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def _socket_for(args: argparse.Namespace, daemon: DaemonAddress) -> Path | None:
+    """The daemon's socket when this command should use it: no `--url` given, the socket there,
+    and this user one the daemon admits (root, or the socket's owner: the daemon's user)."""
+    if args.url or daemon.socket is None:
+        return None
+    try:
+        found = daemon.socket.stat()
+    except OSError:  # absent, or a directory this user may not enter
+        return None
+    if not stat.S_ISSOCK(found.st_mode) or os.geteuid() not in (0, found.st_uid):
+        return None
+    return daemon.socket
+
+
+def _connection(url: str, unix: Path | None) -> tuple[http.client.HTTPConnection, str]:
+    """A connected connection and the path prefix of the API: the Unix socket when it accepts,
+    else TCP to `url` (a socket that refuses sent nothing, so nothing is sent twice)."""
+    if unix is not None:
+        connection: http.client.HTTPConnection = _UnixConnection(unix, TIMEOUT)
+        try:
+            connection.connect()
+            return connection, ""
+        except OSError:
+            connection.close()
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise _Unreachable(f"not an http(s) URL: {url!r}")
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = kind(parts.hostname, parts.port, timeout=TIMEOUT)
+    return connection, parts.path.rstrip("/")
+
+
 def _request(
     url: str,
     method: str,
     path: str,
     body: bytes | None = None,
     headers: dict[str, str] | None = None,
+    unix: Path | None = None,
 ) -> tuple[int, bytes]:
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise _Unreachable(f"not an http(s) URL: {url!r}")
-    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    connection = kind(parts.hostname, parts.port, timeout=TIMEOUT)
     sent = dict(headers or {})
     if body is not None:
         sent["Content-Type"] = "application/json"
+    connection: http.client.HTTPConnection | None = None
     try:
-        connection.request(method, f"{parts.path.rstrip('/')}{path}", body=body, headers=sent)
+        connection, prefix = _connection(url, unix)
+        connection.request(method, f"{prefix}{path}", body=body, headers=sent)
         response = connection.getresponse()
         return response.status, response.read()
     except (OSError, http.client.HTTPException, ValueError) as exc:
         raise _Unreachable(str(exc) or type(exc).__name__) from None
     finally:
-        connection.close()
+        if connection is not None:
+            connection.close()
 
 
 def main(args: argparse.Namespace) -> int:
     daemon = daemon_address(config_path(args.config))
     url = _url(args, daemon)
+    unix = _socket_for(args, daemon)
     try:
         if args.command == "status":
-            status, raw = _request(url, "GET", "/status")
+            status, raw = _request(url, "GET", "/status", unix=unix)
             try:
                 body = json.loads(raw)
             except ValueError:
@@ -138,19 +194,20 @@ def main(args: argparse.Namespace) -> int:
                 print(render_status(body))
             return 0
         if args.command == "rollout" and args.rollout_command == "status":
-            status, raw = _request(url, "GET", "/status")
+            status, raw = _request(url, "GET", "/status", unix=unix)
             try:
                 body = json.loads(raw)
             except ValueError:
                 raise _Unreachable(f"HTTP {status}: not a JSON answer") from None
             return print_rollouts(body, args.cluster, args.json)
-        return _control(url, args, daemon)
+        return _control(url, args, daemon, unix)
     except _Unreachable as exc:
-        print(f"sparkd {args.command}: cannot reach the daemon at {url}: {exc}", file=sys.stderr)
+        where = url if unix is None else f"unix:{unix} or {url}"
+        print(f"sparkd {args.command}: cannot reach the daemon at {where}: {exc}", file=sys.stderr)
         return EX_UNAVAILABLE
 
 
-def _control(url: str, args: argparse.Namespace, daemon: DaemonAddress) -> int:
+def _control(url: str, args: argparse.Namespace, daemon: DaemonAddress, unix: Path | None) -> int:
     headers = {}
     token_file = daemon.control_token_file
     if token_file is not None:
@@ -178,7 +235,7 @@ def _control(url: str, args: argparse.Namespace, daemon: DaemonAddress) -> int:
     if verb == "rollout":
         verb = f"rollout/{args.rollout_command}"
     status, raw = _request(
-        url, "POST", f"/clusters/{name}/{verb}", json.dumps(body).encode(), headers
+        url, "POST", f"/clusters/{name}/{verb}", json.dumps(body).encode(), headers, unix
     )
     text = raw.decode("utf-8", "replace")
     if status != 200:

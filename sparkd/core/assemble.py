@@ -188,9 +188,7 @@ def host_facts(
         images = ()
     ours = _image_ids(body(FactSection.OURS_IMAGE))
     containers = (
-        parsers.parse_docker_ps(_json_lines(containers_text), started)
-        if containers_text is not None
-        else ()
+        parsers.parse_docker_ps(containers_text, started) if containers_text is not None else ()
     )
     containers = tuple(
         c.model_copy(update={"image_id": ours[c.name]}) if c.name in ours else c for c in containers
@@ -261,7 +259,7 @@ LAST_LINE_CHARS = 200
 
 def _last_line(text: str | None) -> str | None:
     """The last line an exited container printed, readable and bounded, credentials masked."""
-    lines = parsers.log_lines(text or "")
+    lines = parsers.section_log_lines(text or "")
     if not lines:
         return None
     return redact(printable(lines[-1].strip()[:LAST_LINE_CHARS])) or None
@@ -325,7 +323,7 @@ def head_extras(
     head_rows = tops.get(container_name(cluster, cluster.head), ())
     serve_row = parsers.find_serve(head_rows)
     log = sections.get(FactSection.SERVE_LOG)
-    lines = parsers.log_lines(log.body) if log is not None and log.ok else []
+    lines = parsers.section_log_lines(log.body) if log is not None and log.ok else []
     lines = [redact(line, secrets) for line in _since_launch(lines)]
     mtime_section = sections.get(FactSection.SERVE_LOG_MTIME)
     progress_at: float | None = None
@@ -424,7 +422,3 @@ def _stable_gpu_processes(
         return processes
     still = {p.pid for p in parsers.parse_compute_apps(after)}
     return tuple(p for p in processes if p.pid in still)
-
-
-def _json_lines(text: str) -> str:
-    return "\n".join(line for line in text.splitlines() if parsers.container_json(line))

@@ -147,44 +147,80 @@ def exit_code(status: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def parse_docker_ps(text: str, started: Mapping[str, float] | None = None) -> tuple[Container, ...]:
+# More containers than a host holds when sane (`docker ps -a` lists the exited ones too): a
+# listing past it is read as unreadable (the host's facts unknown) rather than parsed line by
+# line, so a host printing its whole output cap of container lines (about 49,000) cannot hold
+# the event loop; one of sparkd's own containers skipped would read as missing.
+MAX_CONTAINERS = 4096
+
+
+@dataclass(frozen=True)
+class DockerPs:
+    """A `docker ps` listing read once: its containers, and the first line meant as a container
+    that is not one (cut short; None when every such line reads)."""
+
+    containers: tuple[Container, ...]
+    unreadable: str | None
+
+
+def read_docker_ps(text: str, started: Mapping[str, float] | None = None) -> DockerPs:
     """`docker ps -a --no-trunc --format '{{json .}}'` (each line's JSON after the state and
-    names, as the fact script asks), one JSON object per line. A line that is not such an
-    object is skipped: it names no container sparkd could act on."""
+    names, as the fact script asks), one JSON object per line, each decoded once. A line that
+    is not meant as a container (neither JSON nor naming `Names`) is skipped; one that is meant
+    as one and does not read is `unreadable`. Past MAX_CONTAINERS such lines nothing more is
+    decoded and the listing is `unreadable`: no host output costs more than MAX_CONTAINERS
+    decodes."""
     containers: list[Container] = []
+    unreadable: str | None = None
+    meant = 0
     for line in text.splitlines():
         found = container_json(line)
-        row = json_or_none(found) if found is not None else None
-        if not isinstance(row, dict):
+        if found is None and '"Names"' not in line:
             continue
-        name = _text(row.get("Names")).split(",")[0]
-        if not name:
-            continue
-        containers.append(
-            Container(
-                name=name,
-                image=_text(row.get("Image")),
-                state=_text(row.get("State")).lower(),
-                labels=parse_docker_labels(_text(row.get("Labels"))),
-                started_at=(started or {}).get(name),
-                status=_text(row.get("Status")),
-                exit_code=exit_code(_text(row.get("Status"))),
-            )
-        )
-    return tuple(containers)
+        meant += 1
+        if meant > MAX_CONTAINERS:
+            return DockerPs(tuple(containers), f"more than {MAX_CONTAINERS} containers listed")
+        container = _container(found, started) if found is not None else None
+        if container is not None:
+            containers.append(container)
+        elif unreadable is None:
+            unreadable = line.strip()[:120]
+    return DockerPs(tuple(containers), unreadable)
+
+
+def _container(found: str, started: Mapping[str, float] | None) -> Container | None:
+    # Plain json.loads: each field used goes through _text, which makes it printable.
+    try:
+        row = json.loads(found)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(row, dict):
+        return None
+    name = _text(row.get("Names")).split(",")[0]
+    if not name:
+        return None
+    status = _text(row.get("Status"))
+    return Container(
+        name=name,
+        image=_text(row.get("Image")),
+        state=_text(row.get("State")).lower(),
+        labels=parse_docker_labels(_text(row.get("Labels"))),
+        started_at=(started or {}).get(name),
+        status=status,
+        exit_code=exit_code(status),
+    )
+
+
+def parse_docker_ps(text: str, started: Mapping[str, float] | None = None) -> tuple[Container, ...]:
+    """The containers of a `docker ps` listing (read_docker_ps)."""
+    return read_docker_ps(text, started).containers
 
 
 def unreadable_container_line(text: str) -> str | None:
     """The first line of `docker ps` output that is meant as a container (JSON, or naming
     `Names`) but is not one, cut short; None when every such line reads. Skipped, that line's
     container would read as missing, and a missing head container reads as "start Ray"."""
-    for line in text.splitlines():
-        stripped = line.strip()
-        if not (container_json(stripped) is not None or '"Names"' in stripped):
-            continue
-        if not parse_docker_ps(stripped):
-            return stripped[:120]
-    return None
+    return read_docker_ps(text).unreadable
 
 
 def _text(value: object, limit: int = 4096) -> str:
@@ -462,9 +498,21 @@ _READY = re.compile(r"Application startup complete|Starting vLLM API server|Uvic
 _FATAL = re.compile(r"EngineCore failed to start|Engine core initialization failed|EngineDeadError")
 
 
+# The serve log's tail the fact script reads (`tail -c`; shell.catalogue.LOG_TAIL_BYTES): a log
+# section holds at most this many characters when the host prints what it was asked for.
+LOG_TAIL_CHARS = 65536
+
+
 def log_lines(text: str) -> list[str]:
     """Lines as a person would see them: tqdm's carriage-return updates become lines."""
     return [part.rstrip() for part in re.split(r"[\r\n]+", text) if part.strip()]
+
+
+def section_log_lines(text: str) -> list[str]:
+    """The lines of a log section of the fact script, of its last LOG_TAIL_CHARS characters
+    only (what the script asked the host for): a host printing up to the SSH output cap costs
+    no more than one that printed the tail."""
+    return log_lines(text[-LOG_TAIL_CHARS:])
 
 
 def parse_load_progress(lines: list[str], progress_at: float | None) -> LoadProgress:

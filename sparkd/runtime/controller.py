@@ -44,7 +44,7 @@ from sparkd.runtime.requests import OperatorRequests
 from sparkd.runtime.spec_history import SpecHistory
 from sparkd.runtime.state import StateDir
 from sparkd.runtime.store import LocalStore, MemoryStore
-from sparkd.shell.events import EventWatch
+from sparkd.shell.events import EventWatch, HostEvents
 from sparkd.shell.execute import Executor, ExecutorTiming
 from sparkd.shell.fencing import HostFence
 from sparkd.shell.observe import observe, observe_timeout
@@ -84,6 +84,8 @@ class Controller(OperatorRequests):
         self.on_action = on_action
         self.on_plan = on_plan
         self.watch_events = watch_events
+        # Per host, what its `docker events` stream did (shell.events): for the metrics.
+        self.event_counts: dict[str, HostEvents] = {}
         self.on_record = on_record
         # False while another instance owns the cluster (HA): observe and export, never act.
         self.may_act = may_act
@@ -449,7 +451,11 @@ class Controller(OperatorRequests):
         self.wake.set()
 
     async def run(self) -> None:
-        watch = EventWatch(self.cluster, self.pool, self._woken) if self.watch_events else None
+        watch = (
+            EventWatch(self.cluster, self.pool, self._woken, counts=self.event_counts)
+            if self.watch_events
+            else None
+        )
         if watch is not None:
             watch.start()
         try:

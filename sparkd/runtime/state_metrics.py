@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -136,6 +136,18 @@ class _Families:
         self.info = InfoMetricFamily(
             "sparkd_model", "The model a cluster serves", labels=["cluster"]
         )
+        self.events_coalesced = CounterMetricFamily(
+            "sparkd_docker_events_coalesced",
+            "docker events lines folded into a wake already due (at most one look per host "
+            "per window) instead of each waking the controller",
+            labels=list(host_labels),
+        )
+        self.event_storms = CounterMetricFamily(
+            "sparkd_docker_event_storms",
+            "docker events streams dropped for printing more lines in a window than a sane "
+            "host does (set up again after a backoff)",
+            labels=list(host_labels),
+        )
 
     def add(self, controller: Controller) -> None:
         cluster = controller.cluster
@@ -144,6 +156,10 @@ class _Families:
         memory = controller.memory
         now = controller.clock.now()
         self.ray_gpus_desired.add_metric([name], cluster.ray.expected_gpus)
+        for spec in cluster.hosts:
+            counts = controller.event_counts.get(spec.name)
+            self.events_coalesced.add_metric([name, spec.name], counts.coalesced if counts else 0)
+            self.event_storms.add_metric([name, spec.name], counts.storms if counts else 0)
         self.info.add_metric([name], {"model": cluster.model.id})
         plan = view.plan
         window = controller.maintenance_at(controller.wall_clock())
@@ -264,4 +280,6 @@ class _Families:
             self.gid_index,
             self.vllm_metrics_missing,
             self.info,
+            self.events_coalesced,
+            self.event_storms,
         )

@@ -4,6 +4,11 @@ A relevant event (one of sparkd's containers or a conflicting one dies or starts
 process ends) or a dropped stream (a host going down) wakes the cluster's controller at once;
 the interval cycle stays the safety net. Streams reconnect with backoff and are set up anew after
 a reboot (the connection drops, the next attempt reconnects).
+
+A storm of events from one host (a container restarting in a loop, a host replaying its log)
+costs a bounded number of looks: per host, a wake at most once per COALESCE_WINDOW (the events
+of the window after the first make one wake at its end, and are not even decoded), and a stream
+past STORM_LINES lines in one window is dropped and set up again after the backoff.
 """
 
 from __future__ import annotations
@@ -24,6 +29,12 @@ from sparkd.shell.ssh import SshFailure, SshPool
 
 Wake = Callable[[str, str], None]
 SERVE = "vllm serve"
+# One host wakes its controller at most once per window; what else comes in it is one more wake
+# at its end. The controller rests after a wake anyway (runtime.next_look.wake_rest).
+COALESCE_WINDOW = 1.0
+# More lines in one window than a sane Docker daemon prints (every container of a host dying and
+# starting at once is a few dozen, each `docker exec` of a look two): the stream is dropped.
+STORM_LINES = 2000
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,57 @@ class ExecFilter:
         return True
 
 
+@dataclass
+class HostEvents:
+    """What one host's stream did to its cluster's controller: counted, for the metrics."""
+
+    coalesced: int = 0
+    storms: int = 0
+
+
+class _Coalescer:
+    """One host's wakes: the first of a window at once, the rest of it as one at its end."""
+
+    def __init__(self, wake: Callable[[str], None], counts: HostEvents, window: float) -> None:
+        self._wake = wake
+        self._counts = counts
+        self._window = window
+        self._last: float | None = None
+        self._trailing: asyncio.TimerHandle | None = None
+        self._why = ""
+
+    @property
+    def pending(self) -> bool:
+        return self._trailing is not None
+
+    def event(self, why: str) -> None:
+        now = asyncio.get_running_loop().time()
+        if self._trailing is not None:
+            self._counts.coalesced += 1
+            return
+        if self._last is None or now - self._last >= self._window:
+            self._fire(why)
+            return
+        self._counts.coalesced += 1
+        self._why = why
+        self._trailing = asyncio.get_running_loop().call_at(
+            self._last + self._window, self._fire_trailing
+        )
+
+    def _fire_trailing(self) -> None:
+        self._trailing = None
+        self._fire(self._why)
+
+    def _fire(self, why: str) -> None:
+        self._last = asyncio.get_running_loop().time()
+        self._wake(why)
+
+    def close(self) -> None:
+        if self._trailing is not None:
+            self._trailing.cancel()
+            self._trailing = None
+
+
 @dataclass(eq=False)
 class EventWatch:
     """Watches every host of a cluster; `wake(host, why)` is called for what matters."""
@@ -101,10 +163,16 @@ class EventWatch:
     _: KW_ONLY
     retry_initial: float = 1.0
     retry_max: float = 30.0
+    window: float = COALESCE_WINDOW
+    storm_lines: int = STORM_LINES
+    # By host: kept by the caller across watches (the metrics' counters).
+    counts: dict[str, HostEvents] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list, init=False, repr=False)
 
     def start(self) -> None:
         if not self._tasks:
+            for host in self.cluster.hosts:
+                self.counts.setdefault(host.name, HostEvents())
             self._tasks = [asyncio.create_task(self._watch(h)) for h in self.cluster.hosts]
 
     async def stop(self) -> None:
@@ -116,22 +184,57 @@ class EventWatch:
                 await task
 
     async def _watch(self, host: HostSpec) -> None:
+        counts = self.counts.setdefault(host.name, HostEvents())
+        wakes = _Coalescer(lambda why: self.wake(host.name, why), counts, self.window)
+        try:
+            await self._stream(host, wakes, counts)
+        finally:
+            wakes.close()
+
+    async def _stream(self, host: HostSpec, wakes: _Coalescer, counts: HostEvents) -> None:
         delay = self.retry_initial
         command = catalogue.docker_events(catalogue.EVENTS_SPAN).command
         while True:
-            streamed = False
-            execs = ExecFilter()
-            try:
-                conn = self.pool.connection(host, self.cluster.ssh)
-                async for line in conn.lines(command):
-                    streamed = True
-                    delay = self.retry_initial
-                    event = parse_event(line)
-                    if event is not None and relevant(self.cluster, event) and execs.wakes(event):
-                        self.wake(host.name, f"{event.name} {event.action}")
-            except SshFailure as failure:
-                if streamed:
-                    # The stream ran and broke: the host may be going down; look now.
-                    self.wake(host.name, f"event stream lost ({failure.kind})")
+            streamed, stormed = await self._read(host, command, wakes, counts)
+            if stormed:
+                # Its events are too many to read: one look now, the stream again after the
+                # backoff (doubling while the storm lasts); the interval cycle covers the rest.
+                counts.storms += 1
+                wakes.event(f"docker events storm (over {self.storm_lines} lines a window)")
+            elif streamed:
+                delay = self.retry_initial
             await asyncio.sleep(delay)
             delay = min(self.retry_max, delay * 2)
+
+    async def _read(
+        self, host: HostSpec, command: str, wakes: _Coalescer, counts: HostEvents
+    ) -> tuple[bool, bool]:
+        """One stream, to its end or to a storm: whether it streamed, whether it stormed."""
+        loop = asyncio.get_running_loop()
+        streamed = False
+        execs = ExecFilter()
+        window_start = loop.time()
+        seen = 0
+        try:
+            conn = self.pool.connection(host, self.cluster.ssh)
+            async with contextlib.aclosing(conn.lines(command)) as lines:
+                async for line in lines:
+                    streamed = True
+                    now = loop.time()
+                    if now - window_start >= self.window:
+                        window_start, seen = now, 0
+                    seen += 1
+                    if seen > self.storm_lines:
+                        return streamed, True
+                    if wakes.pending:
+                        # A wake is due at the window's end whatever this line says.
+                        counts.coalesced += 1
+                        continue
+                    event = parse_event(line)
+                    if event is not None and relevant(self.cluster, event) and execs.wakes(event):
+                        wakes.event(f"{event.name} {event.action}")
+        except SshFailure as failure:
+            if streamed:
+                # The stream ran and broke: the host may be going down; look now.
+                wakes.event(f"event stream lost ({failure.kind})")
+        return streamed, False

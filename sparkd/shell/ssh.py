@@ -11,7 +11,7 @@ import asyncio
 import functools
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,7 +132,7 @@ class HostConnection:
             raise SshFailure(host_error("exit_nonzero", detail), result)
         return result
 
-    async def lines(self, command: str, *, max_line: int = 65536) -> AsyncIterator[str]:
+    async def lines(self, command: str, *, max_line: int = 65536) -> AsyncGenerator[str, None]:
         """Run a long-lived command and yield its output line by line until it ends.
 
         Holds one session for as long as the caller reads (not a slot of the channel cap: it is

@@ -1,6 +1,11 @@
 """The API's abuse guards: the Host header check (DNS rebinding), the header deadline of each
 connection, and a TCP site that caps connections, in all and per peer.
 
+At a cap, the oldest connection still waiting for a whole request (its headers unsent, or idle
+after an answer) is closed to admit the new one; only when every connection held is being
+answered is the new one refused. Every local client is 127.0.0.1: refusing the newest would let
+a few half-sent requests blind `/healthz` and the CLI.
+
 The site admits a connection before aiohttp's handler sees it, which reaches into aiohttp's
 `TCPSite` (its `_runner`, `_server`, `_host`, `_port`, `_backlog`, `_bound_port`): kept to
 `GuardedSite`, so an aiohttp upgrade that moves them breaks here alone (and the API tests).
@@ -92,6 +97,11 @@ class Deadlines:
         loop = asyncio.get_running_loop()
         self._timers[handler] = loop.call_later(self.timeout, self._expire, handler)
 
+    def waiting(self) -> list[RequestHandler]:
+        """The connections waiting for a whole request, the longest-waiting first (a timer is
+        re-inserted each time it is armed)."""
+        return list(self._timers)
+
     def begin(self, handler: RequestHandler | None) -> None:
         timer = self._timers.pop(handler, None) if handler is not None else None
         if timer is not None:
@@ -123,33 +133,111 @@ def peer_of(peername: object) -> str:
     return str(address)
 
 
-class _Capped(asyncio.Protocol):
-    """Admits the connection to aiohttp's handler only while under the cap, counted when the
-    connection is made (many are accepted before any of them is)."""
+PeerOf = Callable[[asyncio.BaseTransport], str | None]
 
-    def __init__(self, site: GuardedSite, handler: RequestHandler) -> None:
-        self.site = site
+
+def tcp_peer(transport: asyncio.BaseTransport) -> str | None:
+    return peer_of(transport.get_extra_info("peername"))
+
+
+class Admission:
+    """The caps of one site's connections: counted when a connection is made (many are accepted
+    before any of them is), a connection closed to make room stops counting at once."""
+
+    def __init__(self, app: web.Application, runner: web.BaseRunner) -> None:
+        self._app = app
+        self._runner = runner
+        self.deadlines = app[DEADLINES]
+        self.refused = 0
+        self._logged_at: dict[str, float] = {}
+        self.peers: dict[str, int] = {}
+        # Every admitted connection not yet closed or evicted, by its aiohttp handler.
+        self.held: dict[RequestHandler, _Capped] = {}
+        self.evicted = 0
+
+    def protocol(self, peer: PeerOf) -> asyncio.Protocol:
+        server = self._runner.server
+        assert server is not None
+        return _Capped(self, server(), peer)
+
+    def admit(self, conn: _Capped) -> None:
+        self.held[conn.handler] = conn
+        self.peers[conn.peer] = self.peers.get(conn.peer, 0) + 1
+
+    def release(self, conn: _Capped) -> None:
+        if self.held.pop(conn.handler, None) is None:
+            return  # evicted already
+        left = self.peers.pop(conn.peer, 1) - 1
+        if left > 0:
+            self.peers[conn.peer] = left
+
+    def make_room(self, peer: str) -> bool:
+        """Whether a new connection from `peer` may be admitted, once the oldest waiting one
+        (of the same peer at a per-peer cap, of any at the total cap) is closed if need be."""
+        while True:
+            total = len(self.held)
+            held = self.peers.get(peer, 0)
+            if held >= MAX_PER_PEER or (held and total >= MAX_CONNECTIONS - KEPT_FOR_NEW_PEERS):
+                victim = self._oldest_waiting(peer)
+            elif total >= MAX_CONNECTIONS:
+                victim = self._oldest_waiting(None)
+            else:
+                return True
+            if victim is None:
+                return False
+            victim.evict()
+            self.evicted += 1
+            self._note("api_connections_evicted", evicted_total=self.evicted)
+
+    def _oldest_waiting(self, peer: str | None) -> _Capped | None:
+        for handler in self.deadlines.waiting():
+            conn = self.held.get(handler)
+            if conn is not None and peer in (None, conn.peer):
+                return conn
+        return None
+
+    def note_refused(self, why: str) -> None:
+        self.refused += 1
+        self._note("api_connections_refused", why=why, refused_total=self.refused)
+
+    def _note(self, event: str, **fields: object) -> None:
+        """Logged at most once per 10 s: a flood must not flood the journal too."""
+        now = time.monotonic()
+        if now - self._logged_at.get(event, -10.0) > 10:
+            self._logged_at[event] = now
+            self._app[DAEMON].log.warning(event, cap=MAX_CONNECTIONS, **fields)
+
+
+class _Capped(asyncio.Protocol):
+    """Admits the connection to aiohttp's handler only while under the cap (and, on the Unix
+    socket, only from a permitted peer)."""
+
+    def __init__(self, admission: Admission, handler: RequestHandler, peer: PeerOf) -> None:
+        self.admission = admission
         self.handler = handler
+        self.peer_of = peer
         self.admitted = False
         self.peer = ""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        total = len(self.site.runner_server().connections)
-        self.peer = peer_of(transport.get_extra_info("peername"))
-        held = self.site.peers.get(self.peer, 0)
-        if (
-            total >= MAX_CONNECTIONS
-            or held >= MAX_PER_PEER
-            or (held and total >= MAX_CONNECTIONS - KEPT_FOR_NEW_PEERS)
-        ):
+        peer = self.peer_of(transport)
+        why = "peer not permitted" if peer is None else "at the cap"
+        if peer is None or not self.admission.make_room(peer):
             assert isinstance(transport, asyncio.Transport)
             transport.abort()
-            self.site.note_refused()
+            self.admission.note_refused(why)
             return
+        self.peer = peer
         self.admitted = True
-        self.site.peers[self.peer] = held + 1
+        self.admission.admit(self)
         self.handler.connection_made(transport)
-        self.site.deadlines.arm(self.handler)
+        self.admission.deadlines.arm(self.handler)
+
+    def evict(self) -> None:
+        """Closed to make room: no longer counted, though its close completes later."""
+        self.admission.release(self)
+        self.admission.deadlines.begin(self.handler)
+        self.handler.force_close()
 
     def data_received(self, data: bytes) -> None:
         if self.admitted:
@@ -162,9 +250,7 @@ class _Capped(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.admitted:
             self.admitted = False
-            left = self.site.peers.pop(self.peer, 1) - 1
-            if left > 0:
-                self.site.peers[self.peer] = left
+            self.admission.release(self)
             self.handler.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -181,34 +267,13 @@ class GuardedSite(web.TCPSite):
 
     def __init__(self, runner: web.AppRunner, host: str, port: int, app: web.Application) -> None:
         super().__init__(runner, host, port)
-        self._app = app
-        self.deadlines = app[DEADLINES]
-        self.refused = 0
-        self._refused_logged_at = 0.0
-        self.peers: dict[str, int] = {}
-
-    def runner_server(self) -> web.Server:
-        server = self._runner.server
-        assert server is not None
-        return server
-
-    def note_refused(self) -> None:
-        self.refused += 1
-        now = time.monotonic()
-        if now - self._refused_logged_at > 10:
-            self._refused_logged_at = now
-            self._app[DAEMON].log.warning(
-                "api_connections_refused", cap=MAX_CONNECTIONS, refused_total=self.refused
-            )
-
-    def _protocol(self) -> asyncio.Protocol:
-        return _Capped(self, self.runner_server()())
+        self.admission = Admission(app, runner)
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            self._protocol, self._host, self._port, backlog=self._backlog
+            lambda: self.admission.protocol(tcp_peer), self._host, self._port, backlog=self._backlog
         )
         if self._server.sockets:
             self._bound_port = self._server.sockets[0].getsockname()[1]

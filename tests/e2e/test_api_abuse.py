@@ -242,6 +242,32 @@ async def test_one_peer_cannot_hold_every_connection(running: Running) -> None:
             writer.close()
 
 
+async def test_half_sent_local_requests_do_not_blind_healthz(running: Running) -> None:
+    """Every local client is 127.0.0.1: a peer's cap full of half-sent requests must not
+    refuse the next local client; the oldest half-sent one is closed for it."""
+    writers: list[asyncio.StreamWriter] = []
+    readers: list[asyncio.StreamReader] = []
+    try:
+        for _ in range(MAX_PER_PEER):
+            reader, writer = await asyncio.open_connection("127.0.0.1", running.port)
+            writer.write(b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: a")
+            await writer.drain()
+            readers.append(reader)
+            writers.append(writer)
+        assert all(await asyncio.gather(*(held(r) for r in readers)))
+        answered = 0
+        for _ in range(4):
+            async with aiohttp.ClientSession() as s, s.get(f"{running.url}/healthz") as r:
+                answered += r.status == 200
+        assert answered == 4
+        # The oldest half-sent requests made room, the newest are kept.
+        kept = await asyncio.gather(*(held(r) for r in readers))
+        assert not kept[0] and kept[-1] and kept == sorted(kept), kept
+    finally:
+        for writer in writers:
+            writer.close()
+
+
 async def test_an_events_file_turned_directory_is_a_503_not_a_traceback(running: Running) -> None:
     events = running.config.parent / "state" / "events.jsonl"
     events.unlink(missing_ok=True)

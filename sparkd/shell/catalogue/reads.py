@@ -7,7 +7,7 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from sparkd.core import kernel, weights
+from sparkd.core import kernel, parsers, weights
 from sparkd.core.spec import (
     LABEL_SPEC,
     container_name,
@@ -24,7 +24,7 @@ from sparkd.shell.catalogue.remote import Remote, cmd, timed, tool_timeout
 EVENTS_SPAN = 3600.0
 UNIT_PROPERTIES = "Id,LoadState,ActiveState,SubState,UnitFileState"
 TOP_FORMAT = "pid,etimes,times,args"
-LOG_TAIL_BYTES = 65536
+LOG_TAIL_BYTES = parsers.LOG_TAIL_CHARS
 # Docker's default data root (`data-root` in daemon.json moves it; then the read is unknown).
 DOCKER_ROOT = "/var/lib/docker"
 # The cache root's entries: modification time and name (core.cache.parse_listing).
