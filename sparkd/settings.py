@@ -97,7 +97,7 @@ class DaemonSettings(Value):
 
 
 _config_path: contextvars.ContextVar[Path] = contextvars.ContextVar(
-    "sparkd_config_path", default=DEFAULT_CONFIG_PATH
+    "sparkd_config_path", default=Path(DEFAULT_CONFIG_PATH)
 )
 
 

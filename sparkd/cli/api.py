@@ -4,23 +4,24 @@ rollout.
 They read the daemon's address from the config file and make one HTTP request: on the daemon's
 Unix socket (`daemon.socket`, sparkd.web.unix) when it is there and this user may use it, else to
 loopback over TCP. Standard library only, so a command costs little more than Python's own start
-(no settings model, no SSH library, no HTTP client library). `sparkd.cli` dispatches them here
-first.
+(no settings model, no SSH library, no HTTP client library): the one request is written and its
+answer read here, because `http.client` alone (with the `email` parser and `ssl` it loads) took
+half of a status command's start; an `https://` `--url` still goes through `http.client`.
+`sparkd.cli` dispatches them here first.
 """
 
 from __future__ import annotations
 
 import argparse
 import getpass
-import http.client
 import json
 import os
 import socket
 import stat
 import sys
+import time
 import urllib.parse
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from sparkd.config_file import DaemonAddress, config_path, daemon_address
@@ -30,6 +31,9 @@ BAR = 20
 COMMANDS = ("status", "pause", "resume", "reconcile", "rollout")
 # As long as the whole request may take (connect, send, answer).
 TIMEOUT = 15.0
+# An answer longer than this is not the daemon's (its /status for thousands of clusters is a
+# few MiB).
+MAX_ANSWER = 64 << 20
 
 
 def config_flag(parser: argparse.ArgumentParser) -> None:
@@ -103,31 +107,13 @@ class _Unreachable(Exception):
     pass
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    """HTTP on the daemon's Unix socket (the Host header is `localhost`)."""
-
-    def __init__(self, path: Path, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.socket_path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(str(self.socket_path))
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
-
-
-def _socket_for(args: argparse.Namespace, daemon: DaemonAddress) -> Path | None:
+def _socket_for(args: argparse.Namespace, daemon: DaemonAddress) -> str | None:
     """The daemon's socket when this command should use it: no `--url` given, the socket there,
     and this user one the daemon admits (root, or the socket's owner: the daemon's user)."""
     if args.url or daemon.socket is None:
         return None
     try:
-        found = daemon.socket.stat()
+        found = os.stat(daemon.socket)
     except OSError:  # absent, or a directory this user may not enter
         return None
     if not stat.S_ISSOCK(found.st_mode) or os.geteuid() not in (0, found.st_uid):
@@ -135,22 +121,87 @@ def _socket_for(args: argparse.Namespace, daemon: DaemonAddress) -> Path | None:
     return daemon.socket
 
 
-def _connection(url: str, unix: Path | None) -> tuple[http.client.HTTPConnection, str]:
-    """A connected connection and the path prefix of the API: the Unix socket when it accepts,
-    else TCP to `url` (a socket that refuses sent nothing, so nothing is sent twice)."""
+def _connect(url: str, unix: str | None) -> tuple[socket.socket, str, str]:
+    """A connected socket, the Host header and the path prefix of the API: the Unix socket
+    when it accepts, else TCP to `url` (a socket that refuses sent nothing, so nothing is sent
+    twice)."""
     if unix is not None:
-        connection: http.client.HTTPConnection = _UnixConnection(unix, TIMEOUT)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(TIMEOUT)
         try:
-            connection.connect()
-            return connection, ""
+            sock.connect(unix)
+            return sock, "localhost", ""
         except OSError:
-            connection.close()
+            sock.close()
     parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if parts.scheme != "http" or not parts.hostname:
         raise _Unreachable(f"not an http(s) URL: {url!r}")
-    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    connection = kind(parts.hostname, parts.port, timeout=TIMEOUT)
-    return connection, parts.path.rstrip("/")
+    port = parts.port or 80
+    sock = socket.create_connection((parts.hostname, port), timeout=TIMEOUT)
+    return sock, parts.netloc, parts.path.rstrip("/")
+
+
+def _exchange(
+    sock: socket.socket,
+    method: str,
+    target: str,
+    host: str,
+    headers: dict[str, str],
+    body: bytes | None,
+) -> tuple[int, bytes]:
+    """One HTTP/1.1 request with `Connection: close`, and the answer's status and body."""
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}", "Connection: close"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    lines.append(f"Content-Length: {len(body or b'')}")
+    sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))
+    deadline = time.monotonic() + TIMEOUT
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > MAX_ANSWER:
+            raise _Unreachable(f"an answer over {MAX_ANSWER} bytes")
+        chunks.append(chunk)
+    head, blank, rest = b"".join(chunks).partition(b"\r\n\r\n")
+    status_line, *fields = head.decode("latin-1").split("\r\n")
+    version, _, code = status_line.partition(" ")
+    code = code[:3]
+    if not blank or not version.startswith("HTTP/1.") or not code.isdigit():
+        raise _Unreachable("not an HTTP answer")
+    named = {k.strip().lower(): v.strip() for k, _, v in (f.partition(":") for f in fields)}
+    if named.get("transfer-encoding", "").lower() == "chunked":
+        rest = _unchunk(rest)
+    elif named.get("content-length", "").isdigit():
+        length = int(named["content-length"])
+        if len(rest) < length:
+            raise _Unreachable("the answer was cut off")
+        rest = rest[:length]
+    return int(code), rest
+
+
+def _unchunk(data: bytes) -> bytes:
+    """A chunked body's content (RFC 9112 section 7.1), trailers dropped."""
+    out: list[bytes] = []
+    at = 0
+    while True:
+        end = data.find(b"\r\n", at)
+        if end < 0:
+            raise _Unreachable("the answer was cut off")
+        try:
+            size = int(data[at:end].split(b";", 1)[0], 16)
+        except ValueError:
+            raise _Unreachable("not an HTTP answer") from None
+        if size == 0:
+            return b"".join(out)
+        start = end + 2
+        if len(data) < start + size:
+            raise _Unreachable("the answer was cut off")
+        out.append(data[start : start + size])
+        at = start + size + 2
 
 
 def _request(
@@ -159,22 +210,43 @@ def _request(
     path: str,
     body: bytes | None = None,
     headers: dict[str, str] | None = None,
-    unix: Path | None = None,
+    unix: str | None = None,
 ) -> tuple[int, bytes]:
     sent = dict(headers or {})
     if body is not None:
         sent["Content-Type"] = "application/json"
-    connection: http.client.HTTPConnection | None = None
+    if unix is None and url.startswith("https://"):
+        return _request_tls(url, method, path, body, sent)
+    sock: socket.socket | None = None
     try:
-        connection, prefix = _connection(url, unix)
-        connection.request(method, f"{prefix}{path}", body=body, headers=sent)
+        sock, host, prefix = _connect(url, unix)
+        return _exchange(sock, method, f"{prefix}{path}", host, sent, body)
+    except (OSError, ValueError) as exc:
+        raise _Unreachable(str(exc) or type(exc).__name__) from None
+    finally:
+        if sock is not None:
+            sock.close()
+
+
+def _request_tls(
+    url: str, method: str, path: str, body: bytes | None, headers: dict[str, str]
+) -> tuple[int, bytes]:
+    """An `https://` `--url` (a daemon behind a TLS proxy): through `http.client`, loaded only
+    here."""
+    import http.client
+
+    parts = urllib.parse.urlsplit(url)
+    if not parts.hostname:
+        raise _Unreachable(f"not an http(s) URL: {url!r}")
+    connection = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=TIMEOUT)
+    try:
+        connection.request(method, f"{parts.path.rstrip('/')}{path}", body=body, headers=headers)
         response = connection.getresponse()
-        return response.status, response.read()
+        return response.status, response.read(MAX_ANSWER)
     except (OSError, http.client.HTTPException, ValueError) as exc:
         raise _Unreachable(str(exc) or type(exc).__name__) from None
     finally:
-        if connection is not None:
-            connection.close()
+        connection.close()
 
 
 def main(args: argparse.Namespace) -> int:
@@ -207,14 +279,16 @@ def main(args: argparse.Namespace) -> int:
         return EX_UNAVAILABLE
 
 
-def _control(url: str, args: argparse.Namespace, daemon: DaemonAddress, unix: Path | None) -> int:
+def _control(url: str, args: argparse.Namespace, daemon: DaemonAddress, unix: str | None) -> int:
     headers = {}
     token_file = daemon.control_token_file
     if token_file is not None:
+        from pathlib import Path
+
         from sparkd.shell.secrets import SecretFileError, read_secret
 
         try:
-            token = read_secret(token_file)
+            token = read_secret(Path(token_file))
         except SecretFileError as exc:
             print(f"sparkd {args.command}: {exc}", file=sys.stderr)
             return EX_NOPERM

@@ -165,7 +165,7 @@ def dispatch(argv: Sequence[str]) -> int:
     settings = _settings(args.config)
     if isinstance(settings, int):
         return settings
-    return live.main(args, settings, config_path(args.config))
+    return live.main(args, settings, Path(config_path(args.config)))
 
 
 # C0 and C1 controls, DEL, and the bidirectional overrides and isolates: a terminal acts on them.
@@ -178,7 +178,7 @@ def printable(text: str) -> str:
 
 
 def _settings(explicit: str | None) -> Settings | int:
-    path = config_path(explicit)
+    path = Path(config_path(explicit))
     try:
         return load_settings(path)
     except ConfigError as exc:

@@ -27,7 +27,7 @@ def test_where_the_daemon_makes_its_socket(tmp_path: Path) -> None:
     unset = load_settings(write(tmp_path, BASE)).daemon
     assert socket_path(unset, {}) is None
     runtime = {"RUNTIME_DIRECTORY": "/run/sparkd:/run/other"}
-    assert socket_path(unset, runtime) == Path("/run/sparkd/api.sock") == DEFAULT_SOCKET
+    assert socket_path(unset, runtime) == Path("/run/sparkd/api.sock") == Path(DEFAULT_SOCKET)
     assert socket_path(load_settings(write(tmp_path, with_socket(""))).daemon, runtime) is None
     chosen = load_settings(write(tmp_path, with_socket("/srv/s.sock"))).daemon
     assert socket_path(chosen, runtime) == Path("/srv/s.sock")
@@ -37,6 +37,6 @@ def test_where_the_cli_looks_for_it(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.delenv("SPARKD_DAEMON__SOCKET", raising=False)
     assert daemon_address(write(tmp_path, BASE)).socket == DEFAULT_SOCKET
     assert daemon_address(write(tmp_path, with_socket(""))).socket is None
-    assert daemon_address(write(tmp_path, with_socket("/srv/s.sock"))).socket == Path("/srv/s.sock")
+    assert daemon_address(write(tmp_path, with_socket("/srv/s.sock"))).socket == "/srv/s.sock"
     monkeypatch.setenv("SPARKD_DAEMON__SOCKET", "/srv/env.sock")
-    assert daemon_address(write(tmp_path, BASE)).socket == Path("/srv/env.sock")
+    assert daemon_address(write(tmp_path, BASE)).socket == "/srv/env.sock"

@@ -129,3 +129,27 @@ def test_plan_and_probe_start_without_the_daemon_or_the_web_stack() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_status_loads_none_of_the_costly_standard_library() -> None:
+    # `sparkd status` must start in well under 0.1 s beyond Python's own start (bench probe):
+    # `http.client` pulls in the `email` parser and `ssl` (about half of that budget), and
+    # `dataclasses` brings `inspect`. Run without site so an editable install's finder (which
+    # loads pathlib itself) is not counted; a built wheel has none.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    costly = ("email", "http", "ssl", "dataclasses", "inspect", "pathlib", "asyncio")
+    code = (
+        "import sys; from sparkd.cli import api; "
+        "api.daemon_address(api.config_path('/nonexistent/sparkd.toml')); "
+        f"print(sorted(m for m in {costly!r} if m in sys.modules))"
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": root}
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert out.stdout.strip() == "[]"
