@@ -5,14 +5,19 @@ a config draft out that the settings accept and that names where each value came
 from __future__ import annotations
 
 import json
+import shlex
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from sparkd.cli.commands import dispatch
+from sparkd.cli.init import host_port
 from sparkd.core import discover
 from sparkd.core.discover import HostReads, Options
+from sparkd.model.exits import EX_USAGE
 from sparkd.settings import load_settings
+from sparkd.shell.catalogue import discover as catalogue
 
 REAL = Path(__file__).resolve().parent.parent / "fixtures" / "docker-real" / "init.jsonl"
 SECRET = "sk-planted-secret"
@@ -160,3 +165,47 @@ def test_what_a_host_says_cannot_break_out_of_a_comment(tmp_path: Path) -> None:
     document_toml = tomllib.loads(text)
     assert document_toml["daemon"]["listen"] == "127.0.0.1:9810"
     assert document_toml["clusters"][0]["ray"]["env"]["NCCL_DEBUG"] == hostile
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("10.1.230.180", ("10.1.230.180", 22)),
+        ("10.1.230.180:2222", ("10.1.230.180", 2222)),
+        ("spark-a.lan", ("spark-a.lan", 22)),
+        ("[fd00::5]:2200", ("fd00::5", 2200)),
+        ("fd00::5", ("fd00::5", 22)),
+        ("10.1.230.180:0", None),
+        ("10.1.230.180:http", None),
+        ("-oProxyCommand=x", None),
+        ("", None),
+    ],
+)
+def test_host_arguments(text: str, parsed: tuple[str, int] | None) -> None:
+    assert host_port(text) == parsed
+
+
+def test_inits_reads_change_nothing_and_quote_what_a_host_named() -> None:
+    names = ["ray-head", "x;rm -rf /"]
+    reads = [
+        catalogue.container_names(5),
+        catalogue.inspect_containers(names, 5),
+        catalogue.image_env("img:1 $(reboot)", 5),
+        catalogue.container_processes("x;rm -rf /", 5),
+        catalogue.gpu_processes(5),
+        catalogue.unit_files(5),
+        catalogue.addresses(5),
+    ]
+    assert not any(r.mutating for r in reads)
+    for remote in reads:
+        words = shlex.split(remote.command)
+        assert words[:4] == ["timeout", "-k", "2", "5"], remote.command
+    assert shlex.split(reads[1].command)[-2:] == names
+    assert shlex.split(reads[2].command)[-1] == "img:1 $(reboot)"
+
+
+def test_init_refuses_a_bad_host_before_reaching_any(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = dispatch(["init", "--ssh-user", "aurora", "--key", "/k", "--known-hosts", "/kh",
+                   "10.1.230.180", "10.1.230.181:99999"])  # fmt: skip
+    assert rc == EX_USAGE
+    assert "is not HOST or HOST:PORT" in capsys.readouterr().err
