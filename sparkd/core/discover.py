@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkd.core.parsers import parse_compute_apps, parse_docker_top
+from sparkd.core.parsers import parse_compute_apps
 from sparkd.model.fields import SECRET_NAME
 from sparkd.model.spec import PROTECTED_UNITS
 
@@ -36,6 +36,7 @@ MODEL_SERVER = re.compile(
 TP_FLAGS = ("--tensor-parallel-size", "-tp")
 PP_FLAGS = ("--pipeline-parallel-size", "-pp")
 API_KEY_FLAG = "--api-key"
+BACKEND_FLAG = "--distributed-executor-backend"
 SUGGESTED_KEY_FILE = "/etc/sparkd/vllm_api_key"
 # Env that sparkd sets per host itself (ray.env refuses it).
 PER_HOST_ENV = ("VLLM_HOST_IP",)
@@ -278,6 +279,10 @@ class VllmServe:
     api_key: bool
     extra_args: tuple[str, ...]
     text: str  # with any API key replaced
+    # Other secret-like options (`--hf-token`), left out of extra_args, by name.
+    secrets: tuple[str, ...] = ()
+    # `--distributed-executor-backend` when not `ray` (sparkd always passes `ray`).
+    backend: str | None = None
 
 
 def vllm_serve(argv: Sequence[str]) -> VllmServe | None:
@@ -289,6 +294,8 @@ def vllm_serve(argv: Sequence[str]) -> VllmServe | None:
     api_key = False
     extra: list[str] = []
     shown: list[str] = []
+    secrets: list[str] = []
+    backend: str | None = None
     for flag, value in _options(rest):
         if flag == "":
             if model is None and value is not None:
@@ -301,6 +308,10 @@ def vllm_serve(argv: Sequence[str]) -> VllmServe | None:
             api_key = True
             shown += [flag, "<secret left out>"]
             continue
+        if SECRET_NAME.search(flag) and value is not None:
+            secrets.append(flag)
+            shown += [flag, "<secret left out>"]
+            continue
         shown += [flag] if value is None else [flag, value]
         number = int(value) if value is not None and value.isdigit() else None
         if flag == "--model" and value is not None:
@@ -311,11 +322,13 @@ def vllm_serve(argv: Sequence[str]) -> VllmServe | None:
             tp = number
         elif flag in PP_FLAGS and number is not None:
             pp = number
+        elif flag == BACKEND_FLAG:
+            # sparkd passes `--distributed-executor-backend ray` itself.
+            backend = value if value != "ray" else None
         else:
             extra += [flag] if value is None else [flag, value]
-    return VllmServe(
-        model, port, tp, pp, api_key, tuple(extra), shlex.join(["vllm", "serve", *shown])
-    )
+    text = shlex.join(["vllm", "serve", *shown])
+    return VllmServe(model, port, tp, pp, api_key, tuple(extra), text, tuple(secrets), backend)
 
 
 @dataclass(frozen=True)
@@ -382,27 +395,56 @@ def _host_name(index: int) -> str:
     return f"spark-{chr(ord('a') + index)}" if index < 26 else f"spark-{index + 1}"
 
 
+def parse_top(text: str) -> tuple[tuple[int, str], ...]:
+    """`docker top NAME -eo pid,args`: a `PID COMMAND` header, then each process's PID and its
+    whole command line (spaces in it kept)."""
+    lines = text.splitlines()
+    if not lines or lines[0].split() != ["PID", "COMMAND"]:
+        return ()
+    rows = []
+    for line in lines[1:]:
+        parts = line.split(None, 1)
+        if len(parts) == 2 and parts[0].isascii() and parts[0].isdigit() and len(parts[0]) < 9:
+            rows.append((int(parts[0]), parts[1]))
+    return tuple(rows)
+
+
+def _serve_in(
+    c: InspectedContainer, rows: Sequence[tuple[int, str]]
+) -> tuple[VllmServe, str] | None:
+    """The `vllm serve` a container runs: an exec'd one (in its processes), else its command.
+    The `sh -c` around a serve that was not `exec`ed has the same words: vLLM's own first."""
+    found: tuple[VllmServe, str] | None = None
+    for pid, args in rows:
+        argv = args.split()
+        serve = vllm_serve(argv)
+        if serve is not None and (found is None or not _is_shell(argv)):
+            found = (serve, f"docker top {c.name}: PID {pid}")
+    if found is None:
+        serve = vllm_serve(c.argv)
+        if serve is not None:
+            found = (serve, f"docker inspect {c.name}: its command")
+    return found
+
+
 def _study(reads: HostReads) -> _Host:
     containers = parse_inspect(reads.inspect or "")
     host = _Host(reads, containers)
     owners: dict[int, str] = {}
+    tops = {c.name: parse_top(reads.top.get(c.name, "")) for c in containers}
     for c in containers:
-        rows = parse_docker_top(reads.top.get(c.name, ""))
-        for row in rows:
-            owners[row.pid] = c.name
+        for pid, _ in tops[c.name]:
+            owners[pid] = c.name
         start = ray_start(c.argv)
-        if start is not None and host.ray is None:
+        # The head's Ray container first, when a host has several.
+        if start is not None and (host.ray is None or (start.head and not host.ray[1].head)):
             host.ray = (c, start)
-        for row in rows:
-            argv = row.args.split()
-            serve = vllm_serve(argv)
-            # The `sh -c` around an un-`exec`ed serve has the same words: take vLLM's own.
-            if serve is not None and (host.serve is None or not _is_shell(argv)):
-                host.serve = (c, serve, f"docker top {c.name}: PID {row.pid}")
-        if host.serve is None or host.serve[0].name != c.name:
-            serve = vllm_serve(c.argv)
-            if serve is not None and host.serve is None:
-                host.serve = (c, serve, f"docker inspect {c.name}: its command")
+    # The deployment's serve runs in its Ray container: a serve in any other container is
+    # another server (a cleanup target when it restarts by itself), never the deployment's.
+    if host.ray is not None:
+        found = _serve_in(host.ray[0], tops[host.ray[0].name])
+        if found is not None:
+            host.serve = (host.ray[0], found[0], found[1])
     apps = parse_compute_apps(reads.gpu_apps or "", owners)
     host.gpu_containers = tuple(sorted({a.container for a in apps if a.container is not None}))
     host.foreign_gpu = tuple(sorted({a.name for a in apps if a.container is None}))
@@ -671,6 +713,15 @@ def _model_lines(
         )
         lines.append(f"  api_key_file = {_quote(SUGGESTED_KEY_FILE)}")
         checks.append(f"create {SUGGESTED_KEY_FILE} holding the vLLM API key (mode 0600)")
+    for flag in serve.secrets:
+        checks.append(
+            f"`vllm serve` was given {flag}: a secret, left out of extra_args; give it to the "
+            "serve another way (an env file in ray.extra_docker_args)"
+        )
+    if serve.backend is not None:
+        checks.append(
+            f"`vllm serve` ran with {BACKEND_FLAG} {serve.backend}; sparkd launches with ray"
+        )
     if len(serving) > 1:
         checks.append(
             f"`vllm serve` runs on {len(serving)} hosts "

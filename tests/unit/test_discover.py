@@ -209,3 +209,17 @@ def test_init_refuses_a_bad_host_before_reaching_any(capsys: pytest.CaptureFixtu
                    "10.1.230.180", "10.1.230.181:99999"])  # fmt: skip
     assert rc == EX_USAGE
     assert "is not HOST or HOST:PORT" in capsys.readouterr().err
+
+
+def test_other_secret_options_and_sparkds_own_backend_stay_out_of_extra_args() -> None:
+    argv = ["vllm", "serve", "/models/m", "--hf-token", "hf_planted", "--max-model-len", "4096",
+            "--distributed-executor-backend", "ray", "--api-key=sk-planted"]  # fmt: skip
+    serve = discover.vllm_serve(argv)
+    assert serve is not None
+    assert serve.extra_args == ("--max-model-len", "4096")
+    assert serve.secrets == ("--hf-token",) and serve.api_key and serve.backend is None
+    assert "planted" not in serve.text
+    top = "PID COMMAND\n8292 " + " ".join(argv) + "\n"
+    text = discover.draft(OPTIONS, [_reads(top={"ray-head": top})])
+    assert "planted" not in text
+    assert "`vllm serve` was given --hf-token: a secret, left out of extra_args" in text
