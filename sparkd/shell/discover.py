@@ -22,6 +22,10 @@ from sparkd.shell.ssh import HostConnection, SshFailure
 READ_TIMEOUT = 20.0
 
 
+class Unreadable(Exception):
+    """A host init could not log in to or lost: its reads would say nothing true."""
+
+
 @dataclass(frozen=True)
 class Refused:
     address: str
@@ -53,15 +57,20 @@ async def check_key(address: str, port: int, known_hosts_file: Path) -> Refused 
     )
 
 
+def _failed(remote: Remote, failure: SshFailure, errors: list[str]) -> str | None:
+    """A read that failed: said (with its last line of stderr), and what it printed anyway."""
+    detail = failure.error.detail
+    if failure.result is not None and failure.result.stderr.strip():
+        detail += ": " + failure.result.stderr.strip().splitlines()[-1]
+    errors.append(f"{remote.name}: {detail}")
+    return failure.result.stdout if failure.result is not None else None
+
+
 async def _run(conn: HostConnection, remote: Remote, errors: list[str]) -> str | None:
     try:
         return (await conn.run(remote.command, timeout=READ_TIMEOUT)).stdout
     except SshFailure as failure:
-        detail = failure.error.detail
-        if failure.result is not None and failure.result.stderr.strip():
-            detail += ": " + failure.result.stderr.strip().splitlines()[-1]
-        errors.append(f"{remote.name}: {detail}")
-        return failure.result.stdout if failure.result is not None else None
+        return _failed(remote, failure, errors)
 
 
 async def read_host(address: str, port: int, ssh: SshSpec) -> HostReads:
@@ -74,7 +83,15 @@ async def read_host(address: str, port: int, ssh: SshSpec) -> HostReads:
     errors: list[str] = []
     seconds = READ_TIMEOUT - 2
     try:
-        listing = await _run(conn, reads.container_names(seconds), errors)
+        try:
+            # The first read also logs in: a host that cannot be reached (or refuses the key)
+            # is not read at all, rather than read as holding nothing.
+            first = reads.container_names(seconds)
+            listing: str | None = (await conn.run(first.command, timeout=READ_TIMEOUT)).stdout
+        except SshFailure as failure:
+            if failure.result is None:
+                raise Unreadable(failure.error.detail) from None
+            listing = _failed(first, failure, errors)
         names = [n for n in (listing or "").split() if CONTAINER_NAME.match(n)]
         inspect = None
         if names:
@@ -110,5 +127,15 @@ async def read_hosts(
     refused = [r for r in checked if r is not None]
     if refused:
         return [], refused
-    found = await asyncio.gather(*(read_host(a, p, ssh) for a, p in targets))
-    return list(found), []
+    results = await asyncio.gather(
+        *(read_host(a, p, ssh) for a, p in targets), return_exceptions=True
+    )
+    found: list[HostReads] = []
+    for (address, port), result in zip(targets, results, strict=True):
+        if isinstance(result, Unreadable):
+            refused.append(Refused(address, port, f"not read: {result}"))
+        elif isinstance(result, BaseException):
+            raise result
+        else:
+            found.append(result)
+    return ([], refused) if refused else (found, [])

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import asyncssh
+
 from sparkd.settings import load_settings
 from sparkd_sim.reference import INTERFACE, MODEL_ID, QWEN_IMAGE, STALE_UNITS
 from sparkd_sim.world import World
@@ -97,3 +99,18 @@ async def test_init_refuses_a_host_whose_key_is_not_known(tmp_path: Path) -> Non
         assert "SHA256:" in err and "not in known_hosts" in err
         # Refused before any login: nothing ran on a host.
         assert [r.command for r in world.commands() if r.at >= began] == []
+
+
+async def test_init_writes_nothing_for_a_host_that_refuses_the_key(tmp_path: Path) -> None:
+    async with live_world(tmp_path / "world", "hand-made") as world:
+        await _launched(world)
+        stranger = tmp_path / "stranger"
+        stranger.write_bytes(asyncssh.generate_private_key("ssh-ed25519").export_private_key())
+        stranger.chmod(0o600)
+        hosts = [f"{h.address}:{h.port}" for h in world.hosts.values()]
+        rc, out, err = await _sparkd(
+            "init", "--ssh-user", world.user, "--key", str(stranger),
+            "--known-hosts", str(world.known_hosts_path), *hosts,
+        )  # fmt: skip
+        assert rc != 0 and out == ""
+        assert err.count("not read:") == 2, err
