@@ -177,8 +177,9 @@ def logs(host: HostState, args: list[str]) -> Done:
     return Done(stdout="".join(line + "\n" for line in lines))
 
 
-# `docker inspect CONTAINER` prints the engine's answer as it is, indented (docker/cli v29
-# cli/command/inspect/inspector.go); its fields are moby's api/types/container/container.go
+# `docker inspect CONTAINER` prints the engine's answer as it is, indented by four spaces
+# (docker/cli cli/command/inspect/inspector.go `NewIndentedInspector`, read at commit 28064c20);
+# its fields are moby's api/types/container/container.go
 # `InspectResponse` (`ContainerJSONBase` embedded, then Mounts, Config, NetworkSettings; read at
 # moby commit 927e07e4) and hostconfig.go `HostConfig`. Those sparkd reads are filled in as the
 # real engine fills them (tests/realdocker compares the shapes); the rest keep their types.

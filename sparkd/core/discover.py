@@ -5,10 +5,12 @@ list-unit-files`, `ip -j addr`), TOML text out. Every value in the draft carries
 naming where it came from; what cannot be told is said in comments, with the choices. No secret
 is ever written: an API key becomes an `api_key_file` path for the operator to create.
 
-`docker inspect` prints the engine's container JSON as it is (docker/cli v29.1.3
-`cli/command/inspect/inspector.go`: `json.MarshalIndent` of the API's answer); its shape is
-moby's `api/types/container` `InspectResponse` (v29: `ContainerJSONBase`, `Config`,
-`HostConfig`, `Mounts`). Only fields every engine since API 1.41 (docker 20.10) prints are read.
+`docker inspect` prints the engine's container JSON as it is (docker/cli
+`cli/command/inspect/inspector.go`, `NewIndentedInspector`: the raw answers joined in an array
+and `json.Indent`ed by four spaces; read at commit 28064c20); its fields are moby's
+`api/types/container/container.go` `InspectResponse` (`ContainerJSONBase` embedded, `Mounts`,
+`Config`, `NetworkSettings`; read at commit 927e07e4). Only fields every engine since API 1.41
+(docker 20.10) prints are read: tests/fixtures/docker-real/init.jsonl is a real engine's.
 """
 
 from __future__ import annotations
