@@ -87,6 +87,8 @@ async def test_init_drafts_the_hand_made_deployment_and_check_config_accepts_it(
         assert "container ray-head: `ray start --head`" in text
         assert "docker top ray-head" in text
         assert "ray-head has --restart unless-stopped" in text
+        # Every read answered: the image's env too (what ray.env leaves out).
+        assert [line for line in text.splitlines() if line.startswith("# CHECK:")] == []
 
 
 async def test_init_refuses_a_host_whose_key_is_not_known(tmp_path: Path) -> None:
