@@ -27,7 +27,7 @@ DEV_PINS ?= -c constraints/dev.txt
 BUILD_PINS ?= --build-constraint constraints/dev.txt
 VLLM_PINS ?= -c constraints/vllm.txt
 
-.PHONY: test demo lint typecheck unit clean bench constraints
+.PHONY: test demo lint typecheck unit clean bench constraints dist dist-check
 
 $(STAMP): pyproject.toml $(SIM_PROJECT)/pyproject.toml constraints/dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -80,6 +80,24 @@ constraints:
 demo: $(STAMP)
 	$(BIN)/sparkd demo $(DEMO_ARGS)
 
+# sparkd's sdist and wheel, and the simulator's wheel (sparkd-sim's sources lie outside its
+# project directory, so it has no sdist), into dist/, built with the venv's setuptools (no build
+# isolation: nothing fetched beyond the venv's pins). The dependency check is skipped for
+# `wheel`, which [build-system] still names: setuptools >= 70.1 builds wheels itself.
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --no-isolation --skip-dependency-check --outdir dist .
+	$(BIN)/python -m build --no-isolation --skip-dependency-check --wheel --outdir dist $(SIM_PROJECT)
+
+# sparkd's wheel in a fresh venv of its own (its dependencies as pyproject.toml ranges them,
+# under the test pins), and `sparkd --help` from it.
+DIST_VENV := .venv-dist
+dist-check: dist
+	rm -rf $(DIST_VENV)
+	$(PYTHON) -m venv $(DIST_VENV)
+	$(DIST_VENV)/bin/python -m pip install --quiet dist/sparkd-*.whl $(DEV_PINS)
+	$(DIST_VENV)/bin/sparkd --help
+
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) $(VLLM_VENV) .venv-pins .venv-pins-vllm .mypy_cache .ruff_cache \
-		.pytest_cache .import_linter_cache
+		.pytest_cache .import_linter_cache $(DIST_VENV) dist

@@ -43,6 +43,9 @@ def find_image(host: HostState, ref: str) -> str | None:
     return matches[0] if len({image_id(host, i) for i in matches}) == 1 else None
 
 
+IMAGE_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
+
+
 def image_value(host: HostState, image: str) -> dict[str, Any]:
     ident = image_id(host, image)
     tags = sorted(i for i in host.images if image_id(host, i) == ident)
@@ -54,6 +57,8 @@ def image_value(host: HostState, image: str) -> dict[str, Any]:
         "Architecture": "arm64",
         "Os": "linux",
         "Size": IMAGE_SIZE,
+        # The image's own environment, which a container's `Config.Env` starts with.
+        "Config": {"Env": list(IMAGE_ENV)},
     }
 
 

@@ -8,7 +8,14 @@ import time
 from typing import Any
 
 from sparkd_sim.docker_args import DAEMON, Parsed, is_restarting, no_such, not_running, parse
-from sparkd_sim.docker_images import IMAGE_SIZE, find_image, human_size, image_id, image_value
+from sparkd_sim.docker_images import (
+    IMAGE_ENV,
+    IMAGE_SIZE,
+    find_image,
+    human_size,
+    image_id,
+    image_value,
+)
 from sparkd_sim.engine import ENTRYPOINT
 from sparkd_sim.formats import (
     ago,
@@ -170,8 +177,25 @@ def logs(host: HostState, args: list[str]) -> Done:
     return Done(stdout="".join(line + "\n" for line in lines))
 
 
+# `docker inspect CONTAINER` prints the engine's answer as it is, indented by four spaces
+# (docker/cli cli/command/inspect/inspector.go `NewIndentedInspector`, read at commit 28064c20);
+# its fields are moby's api/types/container/container.go
+# `InspectResponse` (`ContainerJSONBase` embedded, then Mounts, Config, NetworkSettings; read at
+# moby commit 927e07e4) and hostconfig.go `HostConfig`. Those sparkd reads are filled in as the
+# real engine fills them (tests/realdocker compares the shapes); the rest keep their types.
+_GPU_REQUEST = {
+    "Driver": "",
+    "Count": -1,
+    "DeviceIDs": None,
+    "Capabilities": [["gpu"]],
+    "Options": {},
+}
+
+
 def _inspect_value(host: HostState, c: Container) -> dict[str, Any]:
     main_pid = c.processes[0].pid if c.running and c.processes else 0
+    root = f"/var/lib/docker/containers/{c.id}"
+    binds = [f"{m.source}:{m.destination}" + (":ro" if m.read_only else "") for m in c.mounts]
     return {
         "Id": c.id,
         "Created": rfc3339(c.created_wall),
@@ -191,15 +215,63 @@ def _inspect_value(host: HostState, c: Container) -> dict[str, Any]:
             "FinishedAt": rfc3339(c.finished_wall),
         },
         "Image": c.image_id or image_id(host, c.image),
+        "ResolvConfPath": f"{root}/resolv.conf",
+        "HostnamePath": f"{root}/hostname",
+        "HostsPath": f"{root}/hosts",
+        "LogPath": f"{root}/{c.id}-json.log",
         "Name": "/" + c.name,
         "RestartCount": c.restart_count,
+        "Driver": "overlay2",
+        "Platform": "linux",
+        "MountLabel": "",
+        "ProcessLabel": "",
+        "AppArmorProfile": "",
+        # null with no exec running, as Go marshals a nil slice.
+        "ExecIDs": list(c.exec_ids) or None,
         "HostConfig": {
-            "Binds": [
-                f"{m.source}:{m.destination}" + (":ro" if m.read_only else "") for m in c.mounts
-            ],
+            "Binds": binds or None,
+            "ContainerIDFile": "",
+            "LogConfig": {"Type": "json-file", "Config": {}},
             "NetworkMode": c.network,
+            "PortBindings": {},
             "RestartPolicy": {"Name": c.restart, "MaximumRetryCount": 0},
+            "AutoRemove": False,
+            "VolumeDriver": "",
+            "VolumesFrom": None,
+            "CapAdd": None,
+            "CapDrop": None,
+            "CgroupnsMode": "private",
+            "Dns": [],
+            "DnsOptions": [],
+            "DnsSearch": [],
+            "ExtraHosts": None,
+            "GroupAdd": None,
+            "IpcMode": "private",
+            "Cgroup": "",
+            "Links": None,
+            "OomScoreAdj": 0,
+            "PidMode": "",
+            "Privileged": False,
+            "PublishAllPorts": False,
+            "ReadonlyRootfs": False,
+            "SecurityOpt": None,
+            "UTSMode": "",
+            "UsernsMode": "",
             "ShmSize": _bytes(c.shm_size) if c.shm_size else 67108864,
+            "Runtime": "runc",
+            "Isolation": "",
+            "CpuShares": 0,
+            "Memory": 0,
+            "DeviceRequests": [dict(_GPU_REQUEST)] if c.gpus else None,
+            "Init": None,
+        },
+        "GraphDriver": {
+            "Data": {
+                "MergedDir": f"/var/lib/docker/overlay2/{c.id}/merged",
+                "UpperDir": f"/var/lib/docker/overlay2/{c.id}/diff",
+                "WorkDir": f"/var/lib/docker/overlay2/{c.id}/work",
+            },
+            "Name": "overlay2",
         },
         "Mounts": [
             {
@@ -214,12 +286,46 @@ def _inspect_value(host: HostState, c: Container) -> dict[str, Any]:
         ],
         "Config": {
             "Hostname": host.name,
-            "Env": [f"{k}={v}" for k, v in c.env.items()]
-            + ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "Domainname": "",
+            "User": "",
+            "AttachStdin": False,
+            "AttachStdout": False,
+            "AttachStderr": False,
+            "Tty": False,
+            "OpenStdin": False,
+            "StdinOnce": False,
+            # The image's own first, then `docker run -e`'s (the engine appends or replaces).
+            "Env": [*IMAGE_ENV, *(f"{k}={v}" for k, v in c.env.items())],
             "Cmd": c.command,
             "Image": c.image,
+            "Volumes": None,
+            "WorkingDir": "",
             "Entrypoint": [ENTRYPOINT],
+            "OnBuild": None,
             "Labels": dict(c.labels),
+        },
+        "NetworkSettings": {
+            "SandboxID": "",
+            "SandboxKey": "",
+            "Ports": {},
+            "Networks": {
+                c.network: {
+                    "IPAMConfig": None,
+                    "Links": None,
+                    "Aliases": None,
+                    "MacAddress": "",
+                    "NetworkID": "",
+                    "EndpointID": "",
+                    "Gateway": "",
+                    "IPAddress": "",
+                    "IPPrefixLen": 0,
+                    "IPv6Gateway": "",
+                    "GlobalIPv6Address": "",
+                    "GlobalIPv6PrefixLen": 0,
+                    "DriverOpts": None,
+                    "DNSNames": None,
+                }
+            },
         },
     }
 

@@ -269,10 +269,13 @@ class FakeDocker:
 
         def started(pid: int) -> None:
             c.real_pids.add(pid)
+            c.exec_ids.append(exec_id)
             # As Docker does: the command rides in the action (`exec_start: ray status`).
             self.engine.emit("exec_start: " + " ".join(argv), c, execID=exec_id)
 
         def exited(rc: int) -> None:
+            if exec_id in c.exec_ids:
+                c.exec_ids.remove(exec_id)
             self.engine.emit("exec_die", c, execID=exec_id, exitCode=str(rc))
 
         return Exec(env=env, argv=argv, detach=detach, on_started=started, on_exit=exited)

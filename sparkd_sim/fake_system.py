@@ -42,6 +42,8 @@ def systemctl(host: HostState, args: list[str]) -> Done:
             positional.append(arg)
         elif arg in ("--no-pager", "--no-block", "--system"):
             pass
+        elif arg == "--no-legend" or arg.startswith(("--type=", "--state=")):
+            positional.append(arg)
         elif arg == "--":  # getopt's end of options, as real systemctl accepts
             positional.extend(args[i + 1 :])
             break
@@ -53,12 +55,15 @@ def systemctl(host: HostState, args: list[str]) -> Done:
     quiet = "--quiet" in positional or "-q" in positional
     now = "--now" in positional
     value_only = "--value" in positional
+    options = [p for p in positional if p.startswith("-")]
     positional = [p for p in positional if not p.startswith("-")]
     if not positional:
         return fail("systemctl: listing units is not simulated", 1)
     verb, names = positional[0], [_unit_name(n) for n in positional[1:]]
     if verb == "show":
         return _show(host, names, props or _SHOW_DEFAULT, value_only)
+    if verb == "list-unit-files":
+        return _list_unit_files(host, names, options)
     if not names and verb in ("stop", "start", "restart", "disable", "enable", "is-active"):
         return fail("Too few arguments.", 1)
     if verb == "stop":
@@ -105,6 +110,38 @@ def systemctl(host: HostState, args: list[str]) -> Done:
                 rc = rc or (0 if unit.enabled else 1)
         return Done("" if quiet else out, err, rc)
     return fail(f"Unknown command verb {verb}.", 1)
+
+
+def _list_unit_files(host: HostState, patterns: list[str], options: list[str]) -> Done:
+    """`systemctl list-unit-files [--type=T] [--state=S] [--no-legend] [PATTERN...]` as systemd
+    252 (Debian 12) prints it (src/systemctl/systemctl-list-unit-files.c v252: a table of UNIT
+    FILE, STATE and PRESET, the name column as wide as the longest name; without --no-legend a
+    header and an `N unit files listed.` line). The simulated units are services; their preset
+    is `enabled` (Debian's 90-systemd.preset enables what a package ships)."""
+    import fnmatch
+
+    types = [o.split("=", 1)[1] for o in options if o.startswith("--type=")]
+    states = [s for o in options if o.startswith("--state=") for s in o.split("=", 1)[1].split(",")]
+    rows = []
+    for name in sorted(host.units):
+        state = "enabled" if host.units[name].enabled else "disabled"
+        if types and name.rpartition(".")[2] not in types:
+            continue
+        if states and state not in states:
+            continue
+        if patterns and not any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            continue
+        rows.append((name, state, "enabled"))
+    legend = "--no-legend" not in options
+    width = max([len(r[0]) for r in rows] + ([len("UNIT FILE")] if legend else [0]))
+    out = ""
+    if legend:
+        out += f"{'UNIT FILE':<{width}} {'STATE':<8} PRESET\n"
+    for name, state, preset in rows:
+        out += f"{name:<{width}} {state:<8} {preset}\n"
+    if legend:
+        out += f"\n{len(rows)} unit files listed.\n"
+    return Done(stdout=out)
 
 
 def _show(host: HostState, names: list[str], props: list[str], value_only: bool) -> Done:

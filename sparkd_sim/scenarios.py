@@ -13,8 +13,12 @@ from sparkd_sim.docker_images import image_id
 from sparkd_sim.engine import graphics_processes, normalize_image
 from sparkd_sim.hosts import SimHost
 from sparkd_sim.reference import GLM_IMAGE, INTERFACE, MODEL_ID, QWEN_IMAGE, STALE_UNITS
-from sparkd_sim.state import Container, Mount, Unit, new_container_id
+from sparkd_sim.state import Container, Mount, RestartPolicy, Unit, new_container_id
 from sparkd_sim.world_state import WorldState
+
+# The `hand-made` scenario's containers: the operator's own names, not sparkd's.
+HAND_MADE_HEAD = "ray-head"
+HAND_MADE_WORKER = "ray-worker"
 
 
 class Scenarios(WorldState):
@@ -95,6 +99,79 @@ class Scenarios(WorldState):
             self._background.add(launch)
             launch.add_done_callback(self._background.discard)
 
+    async def _bring_up_hand_made(self) -> None:
+        """The deployment as its operator runs it by hand, before sparkd: Ray head and worker
+        containers of the operator's own naming (no sparkd labels) on the data IPs, `vllm
+        serve` started in the head with `docker exec -d`, the old units still enabled."""
+        for cluster in sorted({h.cluster for h in self.hosts.values()}):
+            members = [h for h in self.hosts.values() if h.cluster == cluster]
+            head = members[0]
+            for unit in STALE_UNITS:
+                head.state.units[unit] = Unit(unit, enabled=True, active=False)
+            env = {
+                "NCCL_SOCKET_IFNAME": INTERFACE,
+                "GLOO_SOCKET_IFNAME": INTERFACE,
+                "NCCL_IB_DISABLE": "0",
+                "RAY_memory_monitor_refresh_ms": "0",
+            }
+            head_ip = head.state.data_ip
+            self._create(
+                head,
+                HAND_MADE_HEAD,
+                {},
+                {**env, "VLLM_HOST_IP": head_ip},
+                [
+                    "ray",
+                    "start",
+                    "--block",
+                    "--head",
+                    f"--node-ip-address={head_ip}",
+                    "--port=6379",
+                ],
+                restart="unless-stopped",
+            )
+            for worker in members[1:]:
+                self._create(
+                    worker,
+                    HAND_MADE_WORKER,
+                    {},
+                    {**env, "VLLM_HOST_IP": worker.state.data_ip},
+                    [
+                        "ray",
+                        "start",
+                        "--block",
+                        f"--address={head_ip}:6379",
+                        f"--node-ip-address={worker.state.data_ip}",
+                    ],
+                    restart="unless-stopped",
+                )
+            launch = asyncio.ensure_future(self._launch_hand_made(head, len(members)))
+            self._launches.append(launch)
+            self._background.add(launch)
+            launch.add_done_callback(self._background.discard)
+
+    async def _launch_hand_made(self, head: SimHost, gpus: int) -> None:
+        """`vllm serve` as the operator starts it: `docker exec -d` in their head container."""
+        await self._ray_ready(head, gpus)
+        argv = [
+            "docker", "exec", "-d", HAND_MADE_HEAD, "vllm", "serve", MODEL_ID,
+            "--port", "30000", "--tensor-parallel-size", str(gpus),
+            "--reasoning-parser", "qwen3", "--tool-call-parser", "qwen3_coder",
+            "--enable-auto-tool-choice",
+        ]  # fmt: skip
+        rc, _, err = await head.ssh.run_local(shlex.join(argv))
+        if rc != 0:
+            raise RuntimeError(f"could not launch the model on {head.name}: {err.strip()}")
+
+    async def _ray_ready(self, head: SimHost, gpus: int) -> None:
+        while True:
+            ray = next(
+                (c for c in self.ray.clusters if c.alive and c.ip == head.state.data_ip), None
+            )
+            if ray is not None and ray.total_gpus(time.monotonic(), self.timing) >= gpus:
+                return
+            await asyncio.sleep(self.timing.join_retry / 8)
+
     async def brought_up(self) -> None:
         """Returns once the `healthy` scenario has launched every cluster's model (it then
         loads): from here on a daemon finds nothing to start."""
@@ -107,13 +184,7 @@ class Scenarios(WorldState):
 
     async def _launch_model(self, head: SimHost, cluster: str, gpus: int) -> None:
         """Start `vllm serve` the way sparkd does, once Ray has every host's GPU."""
-        while True:
-            ray = next(
-                (c for c in self.ray.clusters if c.alive and c.ip == head.state.data_ip), None
-            )
-            if ray is not None and ray.total_gpus(time.monotonic(), self.timing) >= gpus:
-                break
-            await asyncio.sleep(self.timing.join_retry / 8)
+        await self._ray_ready(head, gpus)
         log = f"{head.state.log_dir}/serve.log"
         spec_file = Path(head.state.log_dir) / "serve.spec"
         spec_file.write_text(self._spec(cluster, "model") + "\n")
@@ -135,6 +206,7 @@ class Scenarios(WorldState):
         labels: dict[str, str],
         env: dict[str, str],
         command: list[str],
+        restart: RestartPolicy = "no",
     ) -> Container:
         # The compile cache's directory (`model.cache_dir`'s default), as sparkd's start_ray
         # makes it beside the container it starts.
@@ -152,7 +224,7 @@ class Scenarios(WorldState):
                 Mount(str(self.models_dir), "/models"),
                 Mount(host.state.log_dir, host.state.log_dir),
             ],
-            restart="no",
+            restart=restart,
             shm_size="16g",
             gpus="all",
             image_id=image_id(host.state, QWEN_IMAGE),

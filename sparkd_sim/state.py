@@ -120,6 +120,8 @@ class Container:
     """Its main process exits with an error shortly after every start."""
     image_id: str = ""
     """The image ID its tag pointed at when it was created (a later re-pull does not change it)."""
+    exec_ids: list[str] = field(default_factory=list)
+    """The `docker exec` instances running in it (`docker inspect`'s ExecIDs)."""
     layer_bytes: int = 0
     """What its writable layer holds: what the daemon walks to tell its size (`docker ps -s`)."""
 

@@ -119,7 +119,7 @@ class World(Faults, ToolRouting, Scenarios):
             raise ValueError("need at least one host per cluster")
         if hosts > 250:
             raise ValueError("at most 250 hosts (one loopback address each)")
-        if ray == "real" and scenario == "healthy":
+        if ray == "real" and scenario in ("healthy", "hand-made"):
             # Its model launch waits on `RayWorld`'s cluster, which real Ray never fills.
             raise ValueError("the healthy scenario needs the simulated Ray")
         if docker == "real" and (scenario != "empty" or ray == "real"):
@@ -242,6 +242,8 @@ class World(Faults, ToolRouting, Scenarios):
             self.spec_labels = dict(self.spec_labels_from(self.config_path))
         if self.scenario == "healthy":
             await self._bring_up_healthy()
+        if self.scenario == "hand-made":
+            await self._bring_up_hand_made()
 
     async def stop(self) -> None:
         await self._control.stop()

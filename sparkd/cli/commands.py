@@ -94,6 +94,18 @@ def _parser() -> argparse.ArgumentParser:
         help="write the scanned keys to known_hosts_file (only after checking the fingerprints)",
     )
 
+    init = sub.add_parser(
+        "init",
+        help="read a running deployment over SSH and print a commented config for it",
+        description="Reads the hosts' running deployment with read-only commands and prints a "
+        "commented config draft (docs/init.md). Host keys must already be in --known-hosts.",
+    )
+    init.add_argument("--ssh-user", required=True, metavar="USER")
+    init.add_argument("--key", required=True, metavar="FILE", help="the SSH private key")
+    init.add_argument("--known-hosts", required=True, metavar="FILE")
+    init.add_argument("--name", default="sparks", help="the cluster's name (default: sparks)")
+    init.add_argument("hosts", nargs="+", metavar="HOST[:PORT]", help="SSH addresses")
+
     ha = sub.add_parser("ha", help="controller HA on etcd: operator steps")
     ha_sub = ha.add_subparsers(dest="ha_command", required=True, metavar="ACTION")
     refence = _config_command(
@@ -156,6 +168,10 @@ def dispatch(argv: Sequence[str]) -> int:
         return plan_from_snapshot(args.config, args.from_snapshot, args.json, args.dry_run)
     if args.command == "known-hosts":
         return known_hosts_scan(args.config, args.accept)
+    if args.command == "init":
+        from sparkd.cli.init import init
+
+        return init(args)
     if args.command == "ha":
         return ha_refence(args.config, args.cluster, args.force)
     if args.command in api.COMMANDS:

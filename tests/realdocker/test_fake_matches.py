@@ -10,13 +10,14 @@ import contextlib
 import json
 import os
 import re
+import shlex
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
-from sparkd.core import parsers
+from sparkd.core import discover, parsers
 from sparkd.core.spec import container_name, ray_spec_hash
 from sparkd.shell import catalogue
 from sparkd.shell.ssh import SshPool
@@ -172,3 +173,38 @@ async def stream(tier: Tier, command: str) -> list[dict[str, Any]]:
             async for line in tier.conn.lines(command):
                 lines.append(line)
     return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+async def test_a_hand_made_container_inspects_alike(clean: Tier, fake: Tier) -> None:
+    """`sparkd init`'s read of a container: `docker inspect` without a format, the engine's
+    whole object (moby api/types/container/container.go `InspectResponse`), and what
+    core.discover takes from it."""
+    found = []
+    for tier in (clean, fake):
+        run = [
+            "docker", "run", "-d", "--name", "ray-head", "--network", "host", "--gpus", "all",
+            "--shm-size", "16g", "--restart", "unless-stopped", "-e", "NCCL_SOCKET_IFNAME=eth9",
+            IMAGE, "ray", "start", "--block", "--head", "--node-ip-address=192.0.2.7",
+        ]  # fmt: skip
+        rc, _, err = await tier.run(shlex.join(run))
+        assert rc == 0, err
+        rc, out, err = await tier.run("docker inspect --type container -- ray-head")
+        assert rc == 0, err
+        found.append(out)
+    real, sim = (json.loads(text) for text in found)
+    assert list(sim[0]) == list(real[0])
+    for part in ("State", "Mounts"):
+        assert json_shape(sim[0][part]) == json_shape(real[0][part]), part
+    for part in ("Config", "HostConfig"):
+        missing = set(real[0][part]) - set(sim[0][part])
+        read = {"Image", "Env", "Cmd", "Entrypoint", "RestartPolicy", "NetworkMode", "ShmSize",
+                "DeviceRequests", "Runtime", "Privileged", "IpcMode", "Binds"}  # fmt: skip
+        assert not missing & read, (part, missing)
+        # The entrypoint is the image's: the tier's has none (null), the simulated one NVIDIA's.
+        for key in read & set(real[0][part]) - {"Entrypoint"}:
+            assert json_shape(sim[0][part][key]) == json_shape(real[0][part][key]), key
+    ours = [discover.parse_inspect(text)[0] for text in found]
+    # The image's entrypoint differs (the simulated one has NVIDIA's); the rest reads alike.
+    assert ours[0].argv[-5:] == ours[1].argv[-5:]
+    assert [(o.gpus, o.restart, o.shm_size, o.network, dict(o.env).get("NCCL_SOCKET_IFNAME"))
+            for o in ours] == [(True, "unless-stopped", 16 << 30, "host", "eth9")] * 2  # fmt: skip
