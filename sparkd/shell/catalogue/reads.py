@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sparkd.core import kernel, weights
+from sparkd.core.parsers import FOREIGN_FORMAT
 from sparkd.core.spec import (
     LABEL_SPEC,
     container_name,
@@ -148,6 +149,19 @@ def fact_script(
             '"$r" "$d"; t=; '
             f'if [ "$d" = 0 ]; then for n in $r; do c "{top_name}" {top} "$n" -eo {TOP_FORMAT}; '
             f'if [ "$rc" = 0 ]; then {_TOP_PIDS}; fi; done; fi'
+        )
+    )
+    # First contact (core.adopt): while sparkd's own Ray container does not run, the running
+    # containers' image, env and command, so a deployment made by hand is recognised before
+    # anything is started beside it. No running container: an empty section, read as none.
+    foreign = shlex.join(
+        ["s", FactSection.FOREIGN, *timed(["docker", "inspect", "--format", FOREIGN_FORMAT], t)]
+    )
+    empty = f"printf '@@sparkd {FactSection.FOREIGN}\\n\\n@@sparkd-end {FactSection.FOREIGN} 0\\n'"
+    lines.append(
+        docker(
+            f'if [ "$d" = 0 ] && [ "$e" != running ]; then '
+            f'if [ -n "$r" ]; then set -f; {foreign} -- $r; set +f; else {empty}; fi; fi'
         )
     )
     # sparkd's own container, exited: its last lines say why (an image without `ray` exits 127
