@@ -408,14 +408,15 @@ def _adopted_serve(facts: HostFacts, name: str, adopted: Adopted) -> ServeState 
 
 
 def replacing(desired: ClusterSpec, memory: Memory, actions: list[Action]) -> list[Action]:
-    """Any remedy while the adopted deployment runs replaces it whole: its containers are
-    removed by their own names first (sparkd's own launch follows on the next look)."""
+    """A (re)start of Ray or the model while the adopted deployment runs replaces it whole:
+    its containers are removed by their own names first (sparkd's own launch follows on the
+    next look, under its own names). sparkd never signals a process it did not launch."""
     adopted = memory.adopted
-    if adopted is None or not actions:
+    remedies = [a for a in actions if a.kind in RAY_STARTS | MODEL_STARTS]
+    if adopted is None or not remedies:
+        # Housekeeping beside it (a stale unit, a conflicting container) is not a remedy of it.
         return actions
-    if all(a.kind == "prune_cache" for a in actions):
-        return actions
-    why = "; ".join(dict.fromkeys(a.reason for a in actions))
+    why = "; ".join(dict.fromkeys(a.reason for a in remedies))
     return [
         Action(
             kind="remove_container",

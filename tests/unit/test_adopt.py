@@ -11,7 +11,7 @@ from sparkd.core.planner import plan
 from sparkd.core.remember import remember
 from sparkd.core.spec import container_name
 from sparkd.model.memory import Memory
-from sparkd.model.observed import Observed
+from sparkd.model.observed import Observed, UnitState
 from sparkd.model.plan import Plan
 from tests.support.handmade import HEAD_BOX, SERVE_PID, WORKER_BOX, handmade, serve_words
 from tests.support.planning import COMMON
@@ -263,3 +263,17 @@ def test_the_planner_serve_words_are_the_launch_words() -> None:
 
     cluster = Toy.healthy().cluster
     assert serve_argv(cluster)[2:] == adopt.desired_serve(cluster)
+
+
+def test_after_adoption_housekeeping_leaves_the_adopted_deployment_alone() -> None:
+    toy, memory, observed = _adopted()
+    toy.advance(30)
+    head = toy.cluster.head.name
+    unit = toy.cluster.cleanup.units[0]
+    stale = UnitState(name=unit, active_state="inactive", unit_file_state="enabled")
+    hosts = tuple(
+        h.model_copy(update={"units": (stale,)}) if h.name == head else h for h in observed.hosts
+    )
+    later = observed.model_copy(update={"hosts": hosts, "observed_at": toy.now, "probe": None})
+    result = plan(toy.cluster, later, memory, toy.now)
+    assert [(a.kind, a.target) for a in result.actions] == [("stop_unit", unit)]

@@ -1,0 +1,46 @@
+"""First contact with a deployment made by hand (the simulator's `handmade` scenario: Ray
+containers of the operator's own naming, `vllm serve` started with `docker exec -d`), over real
+SSH: sparkd adopts it with no mutating command, reaches `healthy` and says `adopted`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sparkd.runtime.state import StateDir
+from sparkd.shell.ssh import SshPool
+from sparkd_sim import handmade
+from sparkd_sim.timing import Timing
+from sparkd_sim.world import World
+from tests.support.daemon import (
+    after_its_own_launch,
+    controller,
+    cycle_until,
+    cycles,
+    mutations,
+)
+
+
+async def test_a_hand_made_deployment_is_adopted_without_a_restart(
+    tmp_path: Path, pool: SshPool
+) -> None:
+    async with World(tmp_path / "world", scenario="handmade", timing=Timing.fast()) as world:
+        await world.brought_up()
+        # Only sparkd's commands count: not the operator's own `docker exec -d ... vllm serve`.
+        since = await after_its_own_launch(world)
+        state = tmp_path / "state"
+        ctl = controller(world, pool, state)
+        plans = await cycle_until(ctl, "healthy", limit=300)
+        # Nothing was ever proposed on the way: no restart, no removal, no launch beside it.
+        assert not [a for p in plans for a in p.actions], [p.reason for p in plans]
+        assert "adopted the deployment made by hand" in plans[-1].reason, plans[-1].reason
+        later = await cycles(ctl, 5, pause=0.05)
+        assert all(p.phase == "healthy" and not p.actions for p in later), later[-1].reason
+        assert mutations(world, since=since) == []
+        events = StateDir(state).read_events_counted(100)[0]
+        adopted = [e for e in events if e["kind"] == "adopted"]
+        assert len(adopted) == 1
+        assert adopted[0]["containers"] == {
+            "spark-a": handmade.HEAD_BOX,
+            "spark-b": handmade.WORKER_BOX,
+        }
+        assert adopted[0]["serve_pid"] is not None
