@@ -23,7 +23,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sparkd.core.judge import Context, Hold
+from sparkd.core.judge import Context, Hold, ago
 from sparkd.core.spec import (
     LABEL_CLUSTER,
     LABEL_ROLE,
@@ -87,6 +87,8 @@ class AdoptVerdict:
     adopt: Adopted | None = None
     # The operator decided `replace`: the hand-made containers go first.
     removals: list[Action] = field(default_factory=list)
+    # Waiting to adopt a matching deployment (remember() keeps since when: the wait ends).
+    adopting: bool = False
 
 
 def first_contact(desired: ClusterSpec, observed: Observed, memory: Memory) -> bool:
@@ -315,21 +317,10 @@ def judge(ctx: Context, serving: bool) -> AdoptVerdict:
     named = describe(found)
     if verdict.differences:
         listed = "; ".join(verdict.differences)
-        if desired.adopt == "replace":
-            verdict.note = (
-                f"replacing the deployment made by hand ({named}) as the config decides "
-                f'(adopt = "replace"); it differs: {listed}'
-            )
-            verdict.removals = _removals(desired, found, "replaced by the config's launch")
-            return verdict
-        why = (
-            f"would replace the deployment made by hand ({named}); it differs from the config: "
-            f'{listed}; nothing is stopped until the operator decides (adopt = "replace", '
-            "or a config that describes it)"
-        )
-        verdict.note = why
-        verdict.holds.append(Hold(why, EVERYTHING))
-        return verdict
+        return _not_adoptable(desired, verdict, found, f"it differs from the config: {listed}")
+    stuck = _stuck(ctx)
+    if stuck is not None:
+        return _not_adoptable(desired, verdict, found, f"it matches the config but {stuck}")
     healthy = ctx.observed.probe is not None and ctx.observed.probe.verdict.healthy is True
     if serving and healthy:
         verdict.adopt = Adopted(
@@ -342,7 +333,47 @@ def judge(ctx: Context, serving: bool) -> AdoptVerdict:
     what = "waiting for the probe" if serving else "waiting for the model to answer"
     why = f"adopting the deployment made by hand ({named}): it matches the config; {what}"
     verdict.note = why
+    verdict.adopting = True
     verdict.holds.append(Hold(why, EVERYTHING))
+    return verdict
+
+
+def _stuck(ctx: Context) -> str | None:
+    """Why a matching deployment cannot be adopted, or None while it still may: the probe can
+    never pass (the server refuses sparkd's key), or it has not passed within the load timeout
+    since first contact began (a hold that ends: then the operator is asked)."""
+    endpoint = ctx.observed.endpoint
+    if endpoint is not None and endpoint.status == "http_error":
+        return f"its server refuses sparkd's API key ({endpoint.detail or 'HTTP 401/403'})"
+    since = ctx.memory.adopting_since
+    limit = ctx.desired.model.load_timeout
+    if since is not None and ctx.now - since > limit:
+        said = endpoint.status if endpoint is not None else "not read"
+        return (
+            f"its model has not passed the probe in {ago(ctx.now - since)} (model.load_timeout "
+            f"{ago(limit)}; its endpoint: {said})"
+        )
+    return None
+
+
+def _not_adoptable(
+    desired: ClusterSpec, verdict: AdoptVerdict, found: Found, why: str
+) -> AdoptVerdict:
+    named = describe(found)
+    if desired.adopt == "replace":
+        verdict.note = (
+            f"replacing the deployment made by hand ({named}) as the config decides "
+            f'(adopt = "replace"): {why}'
+        )
+        verdict.removals = _removals(desired, found, "replaced by the config's launch")
+        return verdict
+    note = (
+        f"would replace the deployment made by hand ({named}): {why}; nothing is stopped "
+        'until the operator decides (adopt = "replace", or a config that describes it)'
+    )
+    verdict.note = note
+    verdict.differences.append(why)
+    verdict.holds.append(Hold(note, EVERYTHING))
     return verdict
 
 

@@ -79,6 +79,7 @@ class _Draft:
     withheld: list[Action] = field(default_factory=list)
     adopted: Adopted | None = None
     adoption_over: bool = False
+    adopting: bool = False
 
     def carry(self) -> dict[str, object]:
         """What remember() learns from the judgement, whatever becomes of the actions."""
@@ -95,6 +96,7 @@ class _Draft:
             "token_mark": self.token_mark,
             "adopted": self.adopted,
             "adoption_over": self.adoption_over,
+            "adopting": self.adopting,
         }
 
     def blocked(self, cluster: str, latch: str) -> Plan:
@@ -417,6 +419,7 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
         withheld=preview,
         adopted=contact.adopt,
         adoption_over=adoption_over,
+        adopting=contact.adopting,
         # Health that lasts closes an incident: healthy, or degraded only while the model
         # serves and answers (busy, a dead data link, Ray unread) with no failure counted.
         serving_well=contact.adopt is not None

@@ -193,6 +193,7 @@ def remember(
             )
         elif plan.adoption_over:
             changes["adopted"] = None
+        changes["adopting_since"] = (memory.adopting_since or now) if plan.adopting else None
         changes["last_phase"] = plan.phase
         changes["last_reason"] = plan.reason
         paused = memory.paused

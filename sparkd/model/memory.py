@@ -304,6 +304,11 @@ class Memory(Value):
         description="the hand-made deployment sparkd adopted on first contact, while it runs "
         "(core.adopt); null once replaced by sparkd's own launch, or never adopted",
     )
+    adopting_since: float | None = Field(
+        None,
+        description="since when first contact has waited to adopt a matching deployment made by "
+        "hand (its model to pass the probe); past `model.load_timeout` the operator is asked",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -109,6 +109,8 @@ class Plan(Value):
     # sparkd had launched it; `adoption_over`: every adopted container is gone.
     adopted: Adopted | None = None
     adoption_over: bool = False
+    # First contact waits to adopt a matching deployment (remember() keeps since when).
+    adopting: bool = False
 
     @property
     def converged(self) -> bool:

@@ -11,7 +11,7 @@ from sparkd.core.planner import plan
 from sparkd.core.remember import remember
 from sparkd.core.spec import container_name
 from sparkd.model.memory import Memory
-from sparkd.model.observed import Observed, UnitState
+from sparkd.model.observed import ModelEndpoint, Observed, UnitState
 from sparkd.model.plan import Plan
 from tests.support.handmade import HEAD_BOX, SERVE_PID, WORKER_BOX, handmade, serve_words
 from tests.support.planning import COMMON
@@ -277,3 +277,27 @@ def test_after_adoption_housekeeping_leaves_the_adopted_deployment_alone() -> No
     later = observed.model_copy(update={"hosts": hosts, "observed_at": toy.now, "probe": None})
     result = plan(toy.cluster, later, memory, toy.now)
     assert [(a.kind, a.target) for a in result.actions] == [("stop_unit", unit)]
+
+
+def test_waiting_to_adopt_ends_with_the_operator_asked() -> None:
+    toy, memory, observed = handmade()
+    refused = ModelEndpoint(status="refused", detail="connection refused")
+    waiting = observed.model_copy(update={"probe": None, "endpoint": refused})
+    result = first(waiting, memory, toy)
+    assert result.phase == "probing", result.reason
+    assert result.adopting and "waiting for the model to answer" in result.reason
+    memory = remember(memory, waiting, [], toy.now, result)
+    assert memory.adopting_since == toy.now
+    later = toy.now + toy.cluster.model.load_timeout + 1
+    result = plan(toy.cluster, waiting.model_copy(update={"observed_at": later}), memory, later)
+    assert result.phase == "blocked" and result.actions == ()
+    assert "has not passed the probe in" in result.reason
+    assert "would replace the deployment made by hand" in result.reason
+
+
+def test_a_server_refusing_sparkds_key_is_never_adopted() -> None:
+    toy, memory, observed = handmade()
+    refusing = ModelEndpoint(status="http_error", detail="HTTP 401 from /v1/models")
+    result = first(observed.model_copy(update={"endpoint": refusing}), memory, toy)
+    assert result.phase == "blocked" and result.actions == () and result.adopted is None
+    assert "refuses sparkd's API key (HTTP 401 from /v1/models)" in result.reason
