@@ -44,3 +44,32 @@ async def test_a_hand_made_deployment_is_adopted_without_a_restart(
             "spark-b": handmade.WORKER_BOX,
         }
         assert adopted[0]["serve_pid"] is not None
+
+
+async def test_a_deployment_that_differs_is_shown_until_the_operator_decides(
+    tmp_path: Path, pool: SshPool
+) -> None:
+    async with World(tmp_path / "world", scenario="handmade", timing=Timing.fast()) as world:
+        await world.brought_up()
+        since = await after_its_own_launch(world)
+        state = tmp_path / "state"
+        base = controller(world, pool, state).cluster
+        # The config wants one more variable in the Ray containers than the script set.
+        env = {**base.ray.env, "NCCL_DEBUG": "WARN"}
+        ctl = controller(world, pool, state, cluster={"ray": {"env": env}})
+        plans = await cycles(ctl, 8, pause=0.05)
+        last = plans[-1]
+        assert all(p.phase == "blocked" and not p.actions for p in plans), last.reason
+        assert "would replace the deployment made by hand" in last.reason
+        assert "env NCCL_DEBUG is unset, config 'WARN'" in last.reason
+        shown = {(a.kind, a.host, a.target) for a in last.withheld}
+        assert ("remove_container", "spark-a", handmade.HEAD_BOX) in shown
+        assert mutations(world, since=since) == []
+
+        # The operator decides: the hand-made containers go, sparkd's own launch serves.
+        decided = controller(world, pool, state, cluster={"ray": {"env": env}, "adopt": "replace"})
+        plans = await cycle_until(decided, "healthy", limit=400)
+        removed = [a.target for p in plans for a in p.actions if a.kind == "remove_container"]
+        assert sorted(removed) == sorted([handmade.HEAD_BOX, handmade.WORKER_BOX])
+        started = [a.kind for p in plans for a in p.actions]
+        assert "start_ray_head" in started and "start_model" in started
