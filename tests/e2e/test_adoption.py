@@ -18,6 +18,7 @@ from tests.support.daemon import (
     cycles,
     mutations,
 )
+from tests.support.process import sparkd
 
 
 async def test_a_hand_made_deployment_is_adopted_without_a_restart(
@@ -73,3 +74,25 @@ async def test_a_deployment_that_differs_is_shown_until_the_operator_decides(
         assert sorted(removed) == sorted([handmade.HEAD_BOX, handmade.WORKER_BOX])
         started = [a.kind for p in plans for a in p.actions]
         assert "start_ray_head" in started and "start_model" in started
+
+
+async def test_sparkd_plan_on_first_contact_says_adopting_or_would_replace(
+    tmp_path: Path,
+) -> None:
+    async with World(tmp_path / "world", scenario="handmade", timing=Timing.fast()) as world:
+        await world.brought_up()
+        since = await after_its_own_launch(world)
+        code, out, err = await sparkd("plan", "--config", str(world.config_path))
+        assert code == 0, err
+        assert "adopting the deployment made by hand" in out, out
+        # A config that differs (one more Ray variable) is shown with the rollout it would do.
+        differing = tmp_path / "differing.toml"
+        text = world.config_path.read_text()
+        differing.write_text(
+            text.replace("  [clusters.ray.env]\n", '  [clusters.ray.env]\n  NCCL_DEBUG = "WARN"\n')
+        )
+        code, out, err = await sparkd("plan", "--config", str(differing))
+        assert code == 0, err
+        assert "would replace the deployment made by hand" in out, out
+        assert f"remove_container {handmade.HEAD_BOX} on spark-a (withheld)" in out, out
+        assert mutations(world, since=since) == []
