@@ -42,16 +42,18 @@ from sparkd.model.spec import HostSpec
 # Ray's default GCS port (`ray start --port`): python/ray/scripts/scripts.py, ray 2.x.
 RAY_DEFAULT_PORT = "6379"
 # vLLM's defaults for the options sparkd always passes, when a hand-made command omits them:
-# `--port` (vllm/entrypoints/openai/cli_args.py) and the parallel sizes
-# (vllm/config/parallel.py, ParallelConfig).
+# `--port` (vllm/entrypoints/openai/cli_args.py) and the parallel sizes (vllm/config/parallel.py,
+# ParallelConfig: `Field(default=1)`, vllm-project/vllm at 00193b82).
 SERVE_DEFAULTS = {
     "--port": "8000",
     "--tensor-parallel-size": "1",
     "--pipeline-parallel-size": "1",
 }
-# Without `--distributed-executor-backend`, vLLM picks Ray when the world size exceeds the GPUs
-# of the node it starts on (vllm/config/parallel.py, ParallelConfig.__post_init__): on more than
-# one single-GPU host, Ray.
+# Without `--distributed-executor-backend`, a `vllm serve` whose world spans more GPUs than its
+# node has runs on Ray or not at all: releases before the change picked Ray by themselves when
+# the node's GPUs were fewer than the world size; vllm/config/parallel.py at 00193b82
+# (ParallelConfig.__post_init__) raises "World size (N) is larger than the number of available
+# GPUs" instead. On more than one single-GPU host, an answering server left it out means Ray.
 BACKEND = "--distributed-executor-backend"
 # Names whose value is never shown: the env of a hand-made container may hold a token or a key.
 SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
@@ -272,6 +274,10 @@ def _serve_differences(desired: ClusterSpec, found: Found) -> list[str]:
         have.setdefault(name, [value])
     if BACKEND not in have and len(desired.hosts) > 1:
         have[BACKEND] = ["ray"]
+    if desired.model.api_key_file is not None:
+        # sparkd's launch passes the key in the environment, never on a command line; whether
+        # the hand-made server takes sparkd's key, its answer to the probe says.
+        have.pop("--api-key", None)
     diffs: list[str] = []
     if have_pos[:1] != want_pos[:1]:
         running = have_pos[0] if have_pos else "none"

@@ -3,6 +3,8 @@ shown and left alone when it differs, replaced only on the operator's decision."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -237,7 +239,12 @@ def foreign_deployments(draw: st.DrawFn) -> tuple[Toy, Memory, Observed]:
             st.lists(st.sampled_from([*base, "--max-model-len", "4096", "--port", "8000"])),
         )
     )
-    toy, memory, observed = handmade(image=image, env=env, serve=serve)
+    worker = toy.cluster.host("spark-b").ip
+    address = draw(st.sampled_from(["192.168.200.12:6379", "192.168.200.12:6380", "10.0.0.1:6379"]))
+    ray = ["ray", "start", "--block", f"--address={address}", f"--node-ip-address={worker}"]
+    toy, memory, observed = handmade(image=image, env=env, serve=serve, ray_args={"spark-b": ray})
+    if draw(st.booleans()):
+        toy.cluster = toy.cluster.model_copy(update={"adopt": "replace"})
     if draw(st.booleans()):
         observed = observed.model_copy(update={"probe": None})
     if draw(st.booleans()):
@@ -252,8 +259,16 @@ def test_first_contact_changes_nothing_unless_the_operator_decided(
 ) -> None:
     toy, memory, observed = world
     result = plan(toy.cluster, observed, memory, toy.now)
+    if toy.cluster.adopt == "replace":
+        # The operator decided: only the hand-made containers go, and only if not adoptable.
+        assert {(a.kind, a.target) for a in result.actions} <= {
+            ("remove_container", HEAD_BOX),
+            ("remove_container", WORKER_BOX),
+        }
+        assert result.phase in ("healthy", "probing", "cleaning"), result.reason
+        return
     assert not {a.kind for a in result.actions} & MUTATING, result.reason
-    assert result.phase in ("healthy", "probing", "blocked", "loading"), result.reason
+    assert result.phase in ("healthy", "probing", "blocked"), result.reason
     said = result.reason
     assert "adopt" in said or "would replace" in said, said
 
@@ -301,3 +316,16 @@ def test_a_server_refusing_sparkds_key_is_never_adopted() -> None:
     result = first(observed.model_copy(update={"endpoint": refusing}), memory, toy)
     assert result.phase == "blocked" and result.actions == () and result.adopted is None
     assert "refuses sparkd's API key (HTTP 401 from /v1/models)" in result.reason
+
+
+def test_an_api_key_on_the_command_line_is_the_configured_key_files_to_prove() -> None:
+    toy = Toy.healthy()
+    words = [*serve_words(toy.cluster), "--api-key", "sk-by-hand"]
+    _, memory, observed = handmade(serve=words)
+    assert first(observed, memory, toy).phase == "blocked"
+    keyed = toy.cluster.model_copy(
+        update={"model": toy.cluster.model.model_copy(update={"api_key_file": Path("/k")})}
+    )
+    result = plan(keyed, observed, memory, toy.now)
+    assert result.phase == "healthy" and result.adopted is not None, result.reason
+    assert "sk-by-hand" not in result.reason
