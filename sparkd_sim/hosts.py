@@ -17,7 +17,7 @@ TOOLS = (
     "docker", "systemctl", "nvidia-smi", "ray", "vllm", "ip", "df", "kill", "cat", "sudo",
     "journalctl", "grep",
 )  # fmt: skip
-SCENARIOS = ("seed-morning", "seed-crashloop", "healthy", "empty", "hand-made")
+SCENARIOS = ("seed-morning", "seed-crashloop", "healthy", "empty", "hand-made", "handmade")
 # `wrong-ip` registers a host this far above its address (127.0.0.2 -> 127.0.100.2).
 WRONG_IP_OFFSET = 100 * 256
 # With `data_network=True` a host's data IP is this far above its (management) address.
@@ -26,7 +26,7 @@ DATA_IP_OFFSET = 50 * 256
 Reachability = Literal["ok", "unreachable", "blackhole", "down"]
 # Which SSH server each host runs: asyncssh's, in this process, or a real OpenSSH sshd each.
 SshServer = Literal["asyncssh", "openssh"]
-Scenario = Literal["seed-morning", "seed-crashloop", "healthy", "empty", "hand-made"]
+Scenario = Literal["seed-morning", "seed-crashloop", "healthy", "empty", "hand-made", "handmade"]
 # "sim": `RayWorld`'s model of Ray; "real": Ray 2.60 itself in each Ray container (real_ray.py).
 RayMode = Literal["sim", "real"]
 # "sim": `FakeDocker`; "real": a real dockerd per host, reached by the real CLI (real_docker.py).

@@ -26,7 +26,7 @@ from typing import Any
 
 import asyncssh
 
-from sparkd_sim import fake_kernel
+from sparkd_sim import fake_kernel, handmade
 from sparkd_sim.config import render_config
 from sparkd_sim.control import ControlServer
 from sparkd_sim.engine import HostEngine
@@ -242,8 +242,10 @@ class World(Faults, ToolRouting, Scenarios):
             self.spec_labels = dict(self.spec_labels_from(self.config_path))
         if self.scenario == "healthy":
             await self._bring_up_healthy()
-        if self.scenario == "hand-made":
+        elif self.scenario == "hand-made":
             await self._bring_up_hand_made()
+        elif self.scenario == "handmade":
+            await handmade.bring_up(self)
 
     async def stop(self) -> None:
         await self._control.stop()

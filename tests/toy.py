@@ -21,6 +21,7 @@ from sparkd.core.spec import (
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import (
     Container,
+    ForeignContainer,
     GpuProcess,
     HostError,
     HostErrorKind,
@@ -254,6 +255,7 @@ class Toy:
                         for n, u in sorted(self.units[hs.name].items())
                     ),
                     containers=tuple(self.containers[hs.name].values()),
+                    foreign=self._foreign(hs.name, container_name(spec, hs)),
                     gpu_processes=tuple(self.gpu[hs.name]),
                     images=tuple(self.images[hs.name]),
                     disk_free_bytes=500 * 2**30,
@@ -283,6 +285,16 @@ class Toy:
             serve=serve,
             endpoint=endpoint,
             probe=probe,
+        )
+
+    def _foreign(self, host: str, own: str) -> tuple[ForeignContainer, ...] | None:
+        """What the fact script reads of the running containers while sparkd's own does not
+        run (the toy's other containers run no `ray start`)."""
+        boxes = self.containers[host]
+        if own in boxes and boxes[own].running:
+            return None
+        return tuple(
+            ForeignContainer(name=c.name, image=c.image) for c in boxes.values() if c.running
         )
 
     def _serve_state(self) -> ServeState:

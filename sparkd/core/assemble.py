@@ -212,6 +212,7 @@ def host_facts(
     available, total = kernel.parse_meminfo(body(FactSection.MEMINFO) or "")
     # grep exits 2 for the unused GID rows (EINVAL) on every real host: the lines are the facts.
     links = sections.get(FactSection.FABRIC)
+    foreign_text = body(FactSection.FOREIGN)
     return HostFacts(
         name=host.name,
         boot_id=boot.strip() or None if boot is not None else None,
@@ -237,6 +238,8 @@ def host_facts(
         cache_entries=cache.parse_listing(listing) if listing is not None else None,
         cache_free_bytes=free[disk_paths[1]],
         model_files=_model_files(cluster, sections),
+        foreign=parsers.parse_foreign(foreign_text, tops) if foreign_text is not None else None,
+        foreign_error=error(FactSection.FOREIGN),
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from sparkd.core.text import printable, printable_json
 from sparkd.model.observed import (
     Container,
+    ForeignContainer,
     GpuProcess,
     Interface,
     LoadProgress,
@@ -553,3 +554,72 @@ def json_or_none(text: str) -> Any:
         return printable_json(json.loads(text))
     except (ValueError, RecursionError):
         return None
+
+
+# What first contact reads of each running container (core.adopt): one JSON object a line.
+FOREIGN_FORMAT = (
+    '{"name":{{json .Name}},"image":{{json .Config.Image}},"env":{{json .Config.Env}},'
+    '"entrypoint":{{json .Config.Entrypoint}},"cmd":{{json .Config.Cmd}}}'
+)
+# Option words whose next word (or `=value`) is never kept: a key on a command line.
+_SECRET_OPTION = re.compile(r"^(--[\w-]*(?:key|token|secret|password)[\w-]*)(=.*)?$", re.I)
+_SECRET_NAME = re.compile(r"key|token|secret|password|passwd|credential", re.I)
+REDACTED = "<redacted>"
+
+
+def redact_words(words: Sequence[str]) -> tuple[str, ...]:
+    """Command words with the value of a secret-looking option (`--api-key X`,
+    `--hf-token=X`) replaced."""
+    out: list[str] = []
+    hide = False
+    for word in words:
+        if " " in word:
+            # `sh -c "vllm serve ... --api-key X"`: one word of Docker's `Cmd`.
+            out.append(" ".join(redact_words(word.split(" "))))
+            continue
+        if hide:
+            out.append(REDACTED)
+            hide = False
+            continue
+        found = _SECRET_OPTION.match(word)
+        if found is not None and found.group(2):
+            out.append(f"{found.group(1)}={REDACTED}")
+        else:
+            out.append(word)
+            hide = found is not None
+    return tuple(out)
+
+
+def parse_foreign(text: str, tops: Mapping[str, Sequence[TopRow]]) -> tuple[ForeignContainer, ...]:
+    """`docker inspect --format FOREIGN_FORMAT -- NAMES...`: one container a line, each with
+    its processes from its `docker top` (`PID ARGS`). The value of a secret-looking env name or
+    option is never kept. A line that is not such an object is skipped."""
+    found: list[ForeignContainer] = []
+    for line in text.splitlines():
+        row = json_or_none(line.strip())
+        if not isinstance(row, dict):
+            continue
+        name = _text(row.get("name")).lstrip("/")
+        if not name:
+            continue
+        env: dict[str, str] = {}
+        for item in row.get("env") or ():
+            if isinstance(item, str) and "=" in item:
+                key, _, value = item.partition("=")
+                env[key] = REDACTED if _SECRET_NAME.search(key) else value
+        command = [
+            w for part in ("entrypoint", "cmd") for w in (row.get(part) or ()) if isinstance(w, str)
+        ]
+        processes = tuple(
+            f"{r.pid} {' '.join(redact_words(r.args.split()))}" for r in tops.get(name, ())
+        )
+        found.append(
+            ForeignContainer(
+                name=name,
+                image=_text(row.get("image")),
+                env=env,
+                command=redact_words(command),
+                processes=processes,
+            )
+        )
+    return tuple(found)

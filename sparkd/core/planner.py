@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sparkd.core import acceptance, gate, policy, rollout, weights
+from sparkd.core import acceptance, adopt, gate, policy, rollout, weights
 from sparkd.core.cache import judge_cache
 from sparkd.core.cleanup import judge_cleanup, judge_reachability
 from sparkd.core.clock import bounded
@@ -32,7 +32,7 @@ from sparkd.core.probe_stage import judge_probe
 from sparkd.core.ray_stage import judge_ray
 from sparkd.core.triage import judge_memory
 from sparkd.model.cluster import ClusterSpec
-from sparkd.model.memory import LoadMark, Memory, TokenMark
+from sparkd.model.memory import Adopted, LoadMark, Memory, TokenMark
 from sparkd.model.observed import Observed
 from sparkd.model.plan import MODEL_STARTS, Action, Phase, Plan, TriageClass
 
@@ -74,6 +74,12 @@ class _Draft:
     not_the_spec: bool = False
     token_mark: TokenMark | None = None
     hang_at: float | None = None
+    # First contact (core.adopt): what a rollout to the config would do, shown and never run
+    # until the operator decides; the adoption to remember; the adoption ended.
+    withheld: list[Action] = field(default_factory=list)
+    adopted: Adopted | None = None
+    adoption_over: bool = False
+    adopting: bool = False
 
     def carry(self) -> dict[str, object]:
         """What remember() learns from the judgement, whatever becomes of the actions."""
@@ -88,6 +94,9 @@ class _Draft:
             "triage": self.triage,
             "fabric_held": self.fabric_held,
             "token_mark": self.token_mark,
+            "adopted": self.adopted,
+            "adoption_over": self.adoption_over,
+            "adopting": self.adopting,
         }
 
     def blocked(self, cluster: str, latch: str) -> Plan:
@@ -227,7 +236,7 @@ def plan(
             "phase": draft.phase,
             "reason": reason,
             "actions": tuple(allowed),
-            "withheld": tuple(withheld),
+            "withheld": tuple(withheld + draft.withheld),
             "reset_backoff": reset,
             "recheck_at": draft.horizon(desired, memory, now, backoffs, wall),
             "rollback": rollback,
@@ -313,6 +322,9 @@ def _hold_back(draft: _Draft, steer: rollout.Steer) -> None:
 def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float) -> _Draft:
     # What memory knows of an older serve process says nothing about the one running now.
     memory = of_this_launch(memory, observed)
+    # An adopted deployment is judged as sparkd's own (core.adopt).
+    adoption_over = adopt.gone(observed, memory)
+    observed = adopt.as_ours(desired, observed, memory)
     ctx = Context.of(desired, observed, memory, now)
     endpoint = observed.endpoint
     serving = ctx.head_reachable and endpoint is not None and endpoint.serves(ctx.model_name)
@@ -347,7 +359,8 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
         if observed.probe is not None and policy.is_new_probe(memory, observed.probe):
             probe_failures = policy.failures_after(memory, observed.probe)
             busy = policy.busy_streak_after(memory, observed.probe)
-    holds = [hold for stage in stages for hold in stage.holds]
+    contact = adopt.judge(ctx, serving)
+    holds = [hold for stage in stages for hold in stage.holds] + contact.holds
     # A failure counts against the spec only through a restart that survives the vetoes, and
     # never while a host is out of reach, wedged or its fabric is down: that is not the spec.
     failing = [*restarts, *(a for a in model.actions if a.reason == model.failed)]
@@ -371,6 +384,12 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
                 held.append(veto.reason)
     notes.extend(f"holding back: {why}" for why in held if not any(why in n for n in notes))
     phase = _phase(stages)
+    preview: list[Action] = []
+    if contact.note is not None:
+        phase, preview, actions = _first_contact(contact, stages, phase, actions)
+        notes = [contact.note] if contact.found is not None else [contact.note, *notes]
+    elif memory.adopted is not None and not adoption_over:
+        actions = adopt.replacing(desired, memory, actions)
     if phase == "healthy" and not actions:
         # Housekeeping only while all is well: the serve process is then the desired one.
         pruning, note = judge_cache(desired, ctx.facts)
@@ -384,7 +403,7 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
         phase=phase,
         reason="; ".join(_unique(notes)) or "nothing to do",
         actions=actions,
-        model_ready=model.to_probe and (serving or load.was_ready),
+        model_ready=contact.adopt is not None or (model.to_probe and (serving or load.was_ready)),
         ray_unsettled=ray.unsettled or model.waiting,
         ray_ready=ray.ready,
         load_mark=load.mark if not load.was_ready else None,
@@ -397,9 +416,14 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
         token_mark=token_mark,
         hang_at=deadline(ctx, token_mark),
         ctx=ctx,
+        withheld=preview,
+        adopted=contact.adopt,
+        adoption_over=adoption_over,
+        adopting=contact.adopting,
         # Health that lasts closes an incident: healthy, or degraded only while the model
         # serves and answers (busy, a dead data link, Ray unread) with no failure counted.
-        serving_well=phase == "healthy"
+        serving_well=contact.adopt is not None
+        or phase == "healthy"
         or (
             phase == "degraded"
             and serving
@@ -409,6 +433,37 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
             and answered
         ),
     )
+
+
+def _first_contact(
+    contact: adopt.AdoptVerdict, stages: list[Verdict], phase: Phase, actions: list[Action]
+) -> tuple[Phase, list[Action], list[Action]]:
+    """The phase, the rollout shown (withheld) and the actions of a first contact with a
+    deployment made by hand (core.adopt): adopted, adopting, shown, or replaced."""
+    if contact.adopt is not None:
+        return "healthy", [], []
+    if contact.removals:
+        # The operator decided: the hand-made containers go first, the launch on a later look.
+        return "cleaning", [], list(contact.removals)
+    if contact.found is None:
+        return phase, [], actions
+    if contact.differences:
+        # What a rollout to the config would do: the hand-made containers removed, then what
+        # the stages would launch in their place.
+        found = contact.found
+        rollout = [
+            Action(
+                kind="remove_container",
+                host=host,
+                target=box.name,
+                reason=f"{box.name}: would be replaced by the config's launch",
+            )
+            for host, box in found.ray.items()
+            if box is not None
+        ]
+        launched = [a for stage in stages for a in stage.actions if a.kind != "kill_gpu_process"]
+        return "blocked", rollout + launched, []
+    return "probing", [], []
 
 
 def _latch(action: Action, memory: Memory, now: float, used: int) -> str:

@@ -184,6 +184,16 @@ def remember(
             if plan.fabric_held or held_since is None
             else (observed.observed_at if ended is None else ended)
         )
+        if plan.adopted is not None and memory.adopted is None:
+            # As if sparkd had launched it: the launch is the adoption, the model answered.
+            changes.update(
+                adopted=plan.adopted,
+                launched_at=plan.adopted.at,
+                launch_nodes=observed.ray.alive_node_ids if observed.ray is not None else (),
+            )
+        elif plan.adoption_over:
+            changes["adopted"] = None
+        changes["adopting_since"] = (memory.adopting_since or now) if plan.adopting else None
         changes["last_phase"] = plan.phase
         changes["last_reason"] = plan.reason
         paused = memory.paused

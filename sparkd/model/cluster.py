@@ -3,7 +3,7 @@ fabric, power, maintenance and rollout sections it carries."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -162,6 +162,10 @@ class ClusterSpec(Value):
     power: PowerSpec = PowerSpec()
     maintenance: tuple[MaintenanceSpec, ...] = ()
     rollout: RolloutSpec = RolloutSpec()
+    # First contact with a deployment made by hand (core.adopt, docs/adoption.md): `matching`
+    # adopts one the config describes and shows, without touching it, one that differs;
+    # `replace` is the operator's decision to replace a differing one by the config's launch.
+    adopt: Literal["matching", "replace"] = "matching"
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ClusterSpec:

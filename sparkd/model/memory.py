@@ -153,6 +153,19 @@ class Rollout(Value):
 RETIRED_FIELDS: frozenset[str] = frozenset({"launch_spec"})
 
 
+class Adopted(Value):
+    """A hand-made deployment sparkd took over without a restart (core.adopt): its containers
+    keep their own names, which every later remedy removes before sparkd's own launch."""
+
+    containers: dict[str, str] = Field(
+        description="per configured host, the name of the Ray container adopted there"
+    )
+    serve_pid: int | None = Field(
+        None, description="the `vllm serve` process adopted in the head's container (its PID)"
+    )
+    at: float = Field(description="when it was adopted")
+
+
 class Memory(Value):
     version: int = Field(MEMORY_VERSION, description="the memory schema's version (1)")
     boot_ids: dict[str, str] = Field(
@@ -285,6 +298,16 @@ class Memory(Value):
         None,
         description="the model's progress figures while it serves: a hang under load is their "
         "standing still with requests running (past `policy.hang_window`)",
+    )
+    adopted: Adopted | None = Field(
+        None,
+        description="the hand-made deployment sparkd adopted on first contact, while it runs "
+        "(core.adopt); null once replaced by sparkd's own launch, or never adopted",
+    )
+    adopting_since: float | None = Field(
+        None,
+        description="since when first contact has waited to adopt a matching deployment made by "
+        "hand (its model to pass the probe); past `model.load_timeout` the operator is asked",
     )
 
     @model_validator(mode="before")

@@ -201,6 +201,28 @@ class CacheEntry(Value):
     )
 
 
+class ForeignContainer(Value):
+    """A running container not of sparkd's naming, as `docker inspect` reads its config: what
+    sparkd compares with its config on first contact (core.adopt). Read only while sparkd's own
+    Ray container does not run on the host."""
+
+    name: str = Field(description="the container's name")
+    image: str = Field(description="the image it was created from (`Config.Image`), as named")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="its environment (`Config.Env`); the value of a name that looks like a "
+        "secret (`KEY`, `TOKEN`, `SECRET`, `PASSWORD`) is replaced by `<redacted>`",
+    )
+    command: tuple[str, ...] = Field(
+        (), description="what it runs: `Config.Entrypoint` then `Config.Cmd`, one word each"
+    )
+    processes: tuple[str, ...] = Field(
+        (),
+        description="its processes as `PID ARGS` (`docker top`), secret-looking option values "
+        "redacted: where a `vllm serve` started with `docker exec -d` shows",
+    )
+
+
 class HostFacts(Value):
     """A host's reading: what one look at it found."""
 
@@ -276,6 +298,17 @@ class HostFacts(Value):
     )
     model_files: ModelFiles | None = Field(
         None, description="the head's model directory, read only while a rollout prepares"
+    )
+    foreign: tuple[ForeignContainer, ...] | None = Field(
+        None,
+        description="the running containers' config, read while sparkd's own Ray container "
+        "does not run on the host (first contact: core.adopt); null when not read or the read "
+        "failed",
+    )
+    foreign_error: str | None = Field(
+        None,
+        description="why the running containers' config could not be read on first contact: "
+        "no Ray is started beside what may be a deployment made by hand until it is",
     )
 
     @property

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal, get_args
 
 from sparkd.model.base import BoundedText, Value
-from sparkd.model.memory import LoadMark, TokenMark
+from sparkd.model.memory import Adopted, LoadMark, TokenMark
 
 Phase = Literal[
     "paused",
@@ -105,6 +105,12 @@ class Plan(Value):
     # The keys of the actions that passed the gate (core.gate) in this plan: every action a plan
     # holds went through it.
     gated: tuple[str, ...] = ()
+    # First contact adopted a deployment made by hand (core.adopt): remember() keeps it, as if
+    # sparkd had launched it; `adoption_over`: every adopted container is gone.
+    adopted: Adopted | None = None
+    adoption_over: bool = False
+    # First contact waits to adopt a matching deployment (remember() keeps since when).
+    adopting: bool = False
 
     @property
     def converged(self) -> bool:

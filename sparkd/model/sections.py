@@ -33,6 +33,8 @@ class FactSection(StrEnum):
     SERVE_LOG_MTIME = "serve_log_mtime"
     MODEL_FILES = "model_files"
     MODEL_INDEX = "model_index"
+    # The running containers' config (`docker inspect`), while sparkd's own does not run.
+    FOREIGN = "foreign"
     # Not a section of its own: the prefix of one container's `docker top` (`top NAME`).
     TOP = "top"
 

@@ -304,6 +304,16 @@ class Controller(OperatorRequests):
         # A pause or resume that landed while the cycle ran applies on top of what it learnt.
         for edit in self._operator_edits:
             self.memory = edit(self.memory)
+        adopted = self.memory.adopted
+        if adopted is not None and cycle.before.adopted is None:
+            # First contact took over a deployment made by hand (core.adopt): what, by name.
+            fields = {
+                "containers": dict(adopted.containers),
+                "serve_pid": adopted.serve_pid,
+                "reason": cycle.plan.reason if cycle.plan is not None else "",
+            }
+            cycle.events.append(self._event("adopted", **fields))
+            self.log.warning("adopted", **fields)
         blocked = self.memory.blocked
         if blocked is not None and cycle.before.blocked is None and not cycle.blocked_noted:
             cycle.blocked_noted = True

@@ -150,6 +150,23 @@ def fact_script(
             f'if [ "$rc" = 0 ]; then {_TOP_PIDS}; fi; done; fi'
         )
     )
+    # First contact (core.adopt): while sparkd's own Ray container does not run, the running
+    # containers' image, env and command, so a deployment made by hand is recognised before
+    # anything is started beside it. No running container: an empty section, read as none.
+    foreign = shlex.join(
+        [
+            "s",
+            FactSection.FOREIGN,
+            *timed(["docker", "inspect", "--format", parsers.FOREIGN_FORMAT], t),
+        ]
+    )
+    empty = f"printf '@@sparkd {FactSection.FOREIGN}\\n\\n@@sparkd-end {FactSection.FOREIGN} 0\\n'"
+    lines.append(
+        docker(
+            f'if [ "$d" = 0 ] && [ "$e" != running ]; then '
+            f'if [ -n "$r" ]; then set -f; {foreign} -- $r; set +f; else {empty}; fi; fi'
+        )
+    )
     # sparkd's own container, exited: its last lines say why (an image without `ray` exits 127
     # at once, `ray: not found`), so the restart that follows is not blind (core.ray_stage).
     exit_log = ["docker", "logs", "--tail", str(EXIT_LOG_LINES), "--", own]
