@@ -64,6 +64,15 @@ class HostFaults(Consequences):
                 self._freeze(container)
         return f"{host} blackholed: SSH accepts TCP and never answers"
 
+    async def path_down(self, host: str) -> str:
+        """The ops box's own path to `host` fails (its NIC, a switch, a VLAN, a firewall):
+        SSH from it accepts TCP and never answers, as with `blackhole`, while the host, its
+        containers, Ray and the model run on and serve every client on their own network."""
+        h = self.host(host)
+        h.reachability = "blackhole"
+        await h.ssh.blackhole()
+        return f"the ops box's path to {host} is down: SSH silent, the host runs on"
+
     async def heal(self, host: str) -> str:
         """Undo the reversible faults on `host` (a reboot in progress finishes on its own)."""
         h = self.host(host)
