@@ -64,10 +64,19 @@ class HostFaults(Consequences):
                 self._freeze(container)
         return f"{host} blackholed: SSH accepts TCP and never answers"
 
+    async def path_lost(self, host: str) -> str:
+        """The ops box loses its path to `host` (a switch port, its management NIC, a firewall):
+        its SSH goes silent to sparkd, while the host, its Ray and its model keep working and
+        the other hosts still reach it over the data link."""
+        h = self.host(host)
+        h.reachability = "path_lost"
+        await h.ssh.blackhole()
+        return f"{host}: the ops box's path lost (SSH silent); the host runs on"
+
     async def heal(self, host: str) -> str:
         """Undo the reversible faults on `host` (a reboot in progress finishes on its own)."""
         h = self.host(host)
-        if h.reachability in ("unreachable", "blackhole"):
+        if h.reachability in ("unreachable", "blackhole", "path_lost"):
             h.reachability = "ok"
             await h.ssh.listen()
         for container in list(h.state.containers.values()):
