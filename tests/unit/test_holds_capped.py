@@ -26,7 +26,6 @@ from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory
 from sparkd.model.observed import HostError, Observed
 from sparkd.model.plan import Plan
-from tests.examples import Example
 from tests.support.planning import BASES, COMMON, healthy, host
 from tests.toy import Toy
 
@@ -103,20 +102,15 @@ WAITS = frozenset(
 )
 
 
-@COMMON
-@given(
-    st.sampled_from(BASES),
-    st.sampled_from([*sorted(ANSWERS), "nvml"]),
-    st.integers(0, 3),
-    st.floats(0.0, 3 * CAP),
-)
-def test_every_hold_on_an_answer_ends(example: Example, kind: str, index: int, wait: float) -> None:
-    """Property: over the example set, a host (any) answers with a refusal or an NVML
-    mismatch from some look on; a plan that then waits ends, with nothing observed changing,
-    within `policy.hold_cap` more, in an action or `blocked` with a reason."""
-    toy, memory = example.build()
+@st.composite
+def answered(draw: st.DrawFn, kinds: list[str]) -> tuple[ClusterSpec, Observed, Memory, float]:
+    """An example situation in which a host (any) answers with one of `kinds` (an SSH refusal)
+    or an NVML mismatch from some look on, learnt over one look; then a look up to three caps
+    later."""
+    toy, memory = draw(st.sampled_from(BASES)).build()
     cluster = toy.cluster
-    name = cluster.hosts[index % len(cluster.hosts)].name
+    name = draw(st.sampled_from([h.name for h in cluster.hosts]))
+    kind = draw(st.sampled_from([*kinds, "nvml"]))
 
     def look(t: Toy) -> Observed:
         if kind == "nvml":
@@ -125,12 +119,20 @@ def test_every_hold_on_an_answer_ends(example: Example, kind: str, index: int, w
         return answering(t, cluster, name, error)
 
     _, memory = looks(toy, memory, look, cluster.interval, 1)
-    toy.advance(wait)
-    seen = look(toy)
-    first = plan(cluster, seen, memory, toy.now)
+    toy.advance(draw(st.floats(0.0, 3 * CAP)))
+    return cluster, look(toy), memory, toy.now
+
+
+@COMMON
+@given(answered(sorted(ANSWERS)))
+def test_every_hold_on_an_answer_ends(case: tuple[ClusterSpec, Observed, Memory, float]) -> None:
+    """Property: a plan that waits on such a host ends, with nothing observed changing, within
+    `policy.hold_cap` more, in an action or `blocked` with a reason."""
+    cluster, seen, memory, now = case
+    first = plan(cluster, seen, memory, now)
     if first.actions or first.phase not in WAITS:
         return
-    later = plan(cluster, seen, memory, toy.now + CAP + cluster.interval)
+    later = plan(cluster, seen, memory, now + CAP + cluster.interval)
     assert later.actions or later.phase not in WAITS, (first.reason, later.reason)
     if later.phase == "blocked":
         assert later.reason

@@ -2,13 +2,14 @@
 `restart_model`):
 
 - A timeout with nothing to tell a busy engine from a hung one (vLLM started with
-  `--disable-log-stats` exports no `vllm:` family: vllm 0.32.0 `vllm/v1/metrics/loggers.py`
-  builds the Prometheus logger only with log stats on) is unknown, never a counted failure; it
-  waits `policy.failure_threshold` such probes (the cap), then `blocked` with what to check.
+  `--disable-log-stats` exports no `vllm:` family: tests/fixtures/vllm-log-stats/SOURCES.md) is
+  unknown, never a counted failure; it waits `policy.failure_threshold` such probes (the cap),
+  then `blocked` with what to check.
 - A deterministic 4xx answer (400, 404 a model name the server does not serve, 422) is a config
-  fault: the same request gets the same answer after a restart (vllm 0.32.0
-  `vllm/entrypoints/openai/serving_engine.py` `_check_model` answers 404 "The model ... does
-  not exist" before any engine work). `degraded` with the cause, never counted.
+  fault: the same request gets the same answer after a restart (vLLM's OpenAI server checks the
+  request's model name before any engine work, `OpenAIServing._check_model` in
+  `vllm/entrypoints/openai/serving_engine.py`: NotFoundError, 404, "The model `X` does not
+  exist."). `degraded` with the cause, never counted.
 """
 
 from __future__ import annotations
