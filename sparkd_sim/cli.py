@@ -28,7 +28,7 @@ from sparkd_sim.timing import Timing
 from sparkd_sim.world import SCENARIOS, World
 
 FAULTS = (
-    "reboot", "unreachable", "blackhole", "path-down", "heal", "crash-model", "hang-engine",
+    "reboot", "unreachable", "blackhole", "path-lost", "heal", "crash-model", "hang-engine",
     "oom-capture",
     "wrong-ip", "stray-gpu", "kill-container", "slow-load", "stall-load", "answer-style",
     "hang-tool", "crash-loop", "chatty-stall", "noisy-load", "repull-image", "hang-container",

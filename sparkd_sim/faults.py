@@ -21,7 +21,7 @@ class Faults(HostFaults, ModelFaults):
             "reboot": self.reboot,
             "unreachable": self.unreachable,
             "blackhole": self.blackhole,
-            "path-down": self.path_down,
+            "path-lost": self.path_lost,
             "heal": self.heal,
             "crash-model": self.crash_model,
             "hang-engine": self.hang_engine,

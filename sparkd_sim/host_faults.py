@@ -64,19 +64,19 @@ class HostFaults(Consequences):
                 self._freeze(container)
         return f"{host} blackholed: SSH accepts TCP and never answers"
 
-    async def path_down(self, host: str) -> str:
-        """The ops box's own path to `host` fails (its NIC, a switch, a VLAN, a firewall):
-        SSH from it accepts TCP and never answers, as with `blackhole`, while the host, its
-        containers, Ray and the model run on and serve every client on their own network."""
+    async def path_lost(self, host: str) -> str:
+        """The ops box loses its path to `host` (a switch port, its management NIC, a firewall):
+        its SSH goes silent to sparkd, while the host, its Ray and its model keep working and
+        the other hosts still reach it over the data link."""
         h = self.host(host)
-        h.reachability = "blackhole"
+        h.reachability = "path_lost"
         await h.ssh.blackhole()
-        return f"the ops box's path to {host} is down: SSH silent, the host runs on"
+        return f"{host}: the ops box's path lost (SSH silent); the host runs on"
 
     async def heal(self, host: str) -> str:
         """Undo the reversible faults on `host` (a reboot in progress finishes on its own)."""
         h = self.host(host)
-        if h.reachability in ("unreachable", "blackhole"):
+        if h.reachability in ("unreachable", "blackhole", "path_lost"):
             h.reachability = "ok"
             await h.ssh.listen()
         for container in list(h.state.containers.values()):

@@ -15,7 +15,7 @@ from sparkd_sim.vllm_behaviour import ModelBehaviour
 
 TOOLS = (
     "docker", "systemctl", "nvidia-smi", "ray", "vllm", "ip", "df", "kill", "cat", "sudo",
-    "journalctl", "grep",
+    "journalctl", "grep", "ping",
 )  # fmt: skip
 SCENARIOS = ("seed-morning", "seed-crashloop", "healthy", "empty", "hand-made", "handmade")
 # `wrong-ip` registers a host this far above its address (127.0.0.2 -> 127.0.100.2).
@@ -23,7 +23,9 @@ WRONG_IP_OFFSET = 100 * 256
 # With `data_network=True` a host's data IP is this far above its (management) address.
 DATA_IP_OFFSET = 50 * 256
 
-Reachability = Literal["ok", "unreachable", "blackhole", "down"]
+# `path_lost`: the ops box's path to the host is gone (its SSH silent to sparkd), the host and
+# its data link fine: the other hosts still reach it.
+Reachability = Literal["ok", "unreachable", "blackhole", "down", "path_lost"]
 # Which SSH server each host runs: asyncssh's, in this process, or a real OpenSSH sshd each.
 SshServer = Literal["asyncssh", "openssh"]
 Scenario = Literal["seed-morning", "seed-crashloop", "healthy", "empty", "hand-made", "handmade"]

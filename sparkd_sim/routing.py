@@ -105,7 +105,33 @@ class ToolRouting(Consequences):
             return fake_kernel.journalctl(state, call.args)
         if tool == "grep":
             return fake_fabric.grep(state.interface, state.data_ip, state.link, call.args)
+        if tool == "ping":
+            return self._ping(host, call.args)
         return fail(f"bash: {tool}: command not found", 127)
+
+    def _ping(self, host: SimHost, args: list[str]) -> Reply:
+        """iputils `ping -c 1 ... IP` over the data link: a reply when both ends' data links
+        are up and the target's kernel answers (not wedged, not rebooting; a host only the ops
+        box lost, or whose sshd refuses, still answers). iputils ping(8): exit 0 on a reply, 1
+        when none came. The wait for a missing reply (`-W`) is not spent: only the exit counts."""
+        target = args[-1] if args else ""
+        peer = next((h for h in self.hosts.values() if h.state.data_ip == target), None)
+        answers = (
+            peer is not None
+            and host.state.link.up
+            and peer.state.link.up
+            and peer.reachability in ("ok", "unreachable", "path_lost")
+        )
+        got = 1 if answers else 0
+        lines = [
+            f"PING {target} ({target}) 56(84) bytes of data.",
+            "",
+            f"--- {target} ping statistics ---",
+            f"1 packets transmitted, {got} received, {100 - 100 * got}% packet loss, time 0ms",
+        ]
+        if answers:
+            lines.append("rtt min/avg/max/mdev = 0.210/0.210/0.210/0.000 ms")
+        return Done(stdout="\n".join(lines) + "\n", rc=0 if answers else 1)
 
     def _hang(self, host: SimHost, call: ToolCall) -> Stream:
         """Answer nothing, ever: the call ends only when its caller goes away."""

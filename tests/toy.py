@@ -20,6 +20,7 @@ from sparkd.core.spec import (
 )
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import (
+    SILENT_ERRORS,
     Container,
     ForeignContainer,
     GpuProcess,
@@ -76,7 +77,13 @@ class Toy:
     ready: bool = False
     probe_style: ProbeOutcome = "reasoning_only"
     probe_at: float | None = None
-    probe_busy: bool = False
+    # On a timeout, whether the probe met a busy engine; None: busy or hung unknown (vLLM's
+    # metrics unread, `--disable-log-stats`).
+    probe_busy: bool | None = False
+    # The HTTP status of an `http_error` probe.
+    probe_status: int | None = None
+    # Hosts only the ops box cannot reach (its path to them lost): the other hosts still do.
+    path_lost: set[str] = field(default_factory=set)
     probe_interval: float = 60.0
     log_tail: tuple[str, ...] = ()
     # vLLM's generation-token counter: it moves while the engine is busy, unless hung (requests
@@ -234,6 +241,13 @@ class Toy:
 
     # -- observation --------------------------------------------------------------------
 
+    def _reached(self, name: str) -> bool:
+        """Whether another host's ping over the data link reaches `name`: not when it is silent
+        (a wedge: its kernel answers nothing), unless only the ops box's path to it is lost."""
+        error = self.errors.get(name)
+        silent = error is not None and error.kind in SILENT_ERRORS
+        return not silent or name in self.path_lost
+
     def observe(self) -> Observed:
         spec = self.cluster
         hosts = []
@@ -259,6 +273,11 @@ class Toy:
                     gpu_processes=tuple(self.gpu[hs.name]),
                     images=tuple(self.images[hs.name]),
                     disk_free_bytes=500 * 2**30,
+                    reaches={
+                        peer.data_ip: self._reached(peer.name)
+                        for peer in spec.hosts
+                        if peer.name != hs.name
+                    },
                 )
             )
         head = spec.head
@@ -354,4 +373,5 @@ class Toy:
             ),
             latency_seconds=self.cluster.probe.timeout if outcome == "timeout" else 1.25,
             tokens_advanced=self.probe_busy,
+            http_status=self.probe_status if outcome == "http_error" else None,
         )

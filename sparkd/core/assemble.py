@@ -15,7 +15,7 @@ from sparkd.core.spec import container_name, model_spec_hashes, normalize_image
 from sparkd.core.text import printable, redact
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import GpuProcess, HostError, HostFacts, RayState, ServeState
-from sparkd.model.sections import FactSection, top_container, top_section
+from sparkd.model.sections import FactSection, peer_section, top_container, top_section
 from sparkd.model.spec import HostSpec
 from sparkd.model.weights import ModelFiles
 
@@ -213,7 +213,19 @@ def host_facts(
     # grep exits 2 for the unused GID rows (EINVAL) on every real host: the lines are the facts.
     links = sections.get(FactSection.FABRIC)
     foreign_text = body(FactSection.FOREIGN)
+    # ping exits 0 on a reply, 1 on none within its deadline; anything else says nothing.
+    pings = {
+        peer.data_ip: sections.get(peer_section(peer.data_ip))
+        for peer in cluster.hosts
+        if peer.name != host.name
+    }
+    reaches = {
+        ip: section.rc == 0
+        for ip, section in pings.items()
+        if section is not None and section.rc in (0, 1)
+    }
     return HostFacts(
+        reaches=reaches,
         name=host.name,
         boot_id=boot.strip() or None if boot is not None else None,
         units=parsers.parse_systemctl_show(units_text) if units_text is not None else (),

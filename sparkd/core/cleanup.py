@@ -11,7 +11,7 @@ import posixpath
 import re
 
 from sparkd.core import triage
-from sparkd.core.judge import Context, Hold, Verdict, act
+from sparkd.core.judge import Context, Hold, Verdict, act, ago
 from sparkd.core.spec import LABEL_CLUSTER, container_prefix
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import Container, GpuProcess, HostFacts
@@ -25,6 +25,13 @@ _GPU_LOST = re.compile(
     r"\bXid\b\D{0,20}\b79\b",
     re.I,
 )
+
+
+# What nvidia-smi prints when the loaded kernel module and the NVML library differ (a driver
+# upgraded without a reboot): "Failed to initialize NVML: Driver/library version mismatch"
+# (NVML's NVML_ERROR_LIB_RM_VERSION_MISMATCH, nvml.h "RM detects a driver/library version
+# mismatch"). It lasts until the new module is loaded.
+_NVML_MISMATCH = re.compile(r"Driver/library version mismatch", re.I)
 
 
 def gpu_lost(error: str | None) -> bool:
@@ -57,6 +64,11 @@ def judge_reachability(ctx: Context) -> Verdict:
             verdict.holds.append(Hold(f"{host.name} unreachable", START_MODEL))
     if verdict.notes:
         verdict.phase = "unreachable"
+    for host in ctx.unreachable:
+        capped = _refused_past_cap(ctx, host)
+        if capped is not None:
+            verdict.notes.append(capped)
+            verdict.phase = "blocked"
     for host in ctx.reachable:
         docker = ctx.facts[host.name].docker_error
         if docker is None:
@@ -73,6 +85,59 @@ def judge_reachability(ctx: Context) -> Verdict:
         )
         verdict.phase = verdict.phase or "degraded"
     return verdict
+
+
+# What a human checks when a host's SSH keeps refusing sparkd, by the answer.
+REFUSAL_CHECKS = {
+    "auth": "its key was refused: check that sparkd's public key (of ssh.key_file) is in "
+    "~{user}/.ssh/authorized_keys on {host} and that ssh.user is right",
+    "host_key": "its host key does not match the known one: check whether {host} was "
+    "reinstalled or its address now leads elsewhere, then update sparkd's known_hosts",
+    "refused": "its port {port} refuses connections while the host is up: check that sshd "
+    "runs on {host} and listens on port {port}, and any firewall before it",
+    "exit_nonzero": "its commands fail over SSH: check the login shell and any forced command "
+    "of {user} on {host}",
+}
+
+
+def _refused_past_cap(ctx: Context, host: HostSpec) -> str | None:
+    """A host whose SSH has answered sparkd with a refusal past `policy.hold_cap`: nothing sparkd
+    does changes that (a power cycle of a host that answers is no remedy), so the wait ends in
+    `blocked` with what a human should check. Not latched: it lifts once the host answers."""
+    error = ctx.facts[host.name].error
+    since = ctx.memory.refusing_since.get(host.name)
+    if error is None or error.kind not in REFUSAL_CHECKS or since is None:
+        return None
+    cap = ctx.desired.policy.hold_cap
+    if ctx.now - since < cap:
+        return None
+    check = REFUSAL_CHECKS[error.kind].format(
+        user=ctx.desired.ssh.user, host=host.name, port=host.port
+    )
+    return (
+        f"{host.name}'s SSH has refused sparkd ({error.kind}) for {ago(ctx.now - since)}, past "
+        f"policy.hold_cap ({ago(cap)}): {check}"
+    )
+
+
+def gpu_unknown_past_cap(ctx: Context, host: HostSpec, error: str) -> str | None:
+    """A host that answers but whose nvidia-smi has failed past `policy.hold_cap`: the driver
+    loading after a boot is done well within, so what remains needs a human."""
+    since = ctx.memory.gpu_unknown_since.get(host.name)
+    cap = ctx.desired.policy.hold_cap
+    if since is None or ctx.now - since < cap:
+        return None
+    if _NVML_MISMATCH.search(error):
+        check = (
+            "the NVIDIA kernel module and its user-space library differ (a driver upgrade "
+            f"without a reboot): reboot {host.name}, or reload the nvidia modules"
+        )
+    else:
+        check = f"check nvidia-smi and the NVIDIA driver on {host.name}"
+    return (
+        f"GPU processes on {host.name} unknown for {ago(ctx.now - since)}, past "
+        f"policy.hold_cap ({ago(cap)}): nvidia-smi fails ({error}): {check}"
+    )
 
 
 def judge_cleanup(ctx: Context) -> Verdict:
@@ -149,8 +214,10 @@ def _gpu_processes(ctx: Context, verdict: Verdict, doomed: set[tuple[str, str]])
             continue
         if seen.gpu_error is not None:
             why = f"GPU processes on {host.name} unknown ({seen.gpu_error})"
-            verdict.notes.append(f"{why}; waiting")
+            capped = gpu_unknown_past_cap(ctx, host, seen.gpu_error)
+            verdict.notes.append(f"{why}; waiting" if capped is None else capped)
             verdict.holds.append(Hold(why, START_MODEL))
+            blocked = blocked or capped is not None
             continue
         unknown: list[GpuProcess] = []
         kept: list[GpuProcess] = []
@@ -245,6 +312,11 @@ def _foreign(
                 continue  # goes away with its container
         found.append(proc)
     return found
+
+
+def others_on_gpu(ctx: Context, host: HostSpec) -> list[GpuProcess]:
+    """The processes on `host`'s GPU that are not sparkd's (nor harmless)."""
+    return _foreign(ctx.desired, ctx.facts[host.name], set())
 
 
 def describe(proc: GpuProcess) -> str:

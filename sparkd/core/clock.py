@@ -91,6 +91,9 @@ def restamp(memory: Memory, shift: Shift) -> Memory:
         # The readings' times: how long a host has been silent (the power cycle's evidence),
         # when its carrier last flapped, when its GID row moved.
         unreachable_since={host: shift(t) for host, t in memory.unreachable_since.items()},
+        refusing_since={host: shift(t) for host, t in memory.refusing_since.items()},
+        gpu_unknown_since={host: shift(t) for host, t in memory.gpu_unknown_since.items()},
+        omen_at={host: shift(t) for host, t in memory.omen_at.items()},
         flapped_at={host: shift(t) for host, t in memory.flapped_at.items()},
         gid_moved={
             host: (before, after, shift(at))

@@ -31,7 +31,7 @@ def of_this_launch(memory: Memory, observed: Observed) -> Memory:
     if memory.model_ready_at is not None and memory.model_ready_at < before:
         changes["model_ready_at"] = None
     if memory.last_probe_at is not None and memory.last_probe_at < before:
-        changes.update(consecutive_failures=0, busy_streak=0, last_probe=None)
+        changes.update(consecutive_failures=0, busy_streak=0, unknown_streak=0, last_probe=None)
     if memory.launched_at is not None and memory.launched_at < before and memory.launch_nodes:
         # Started after sparkd's launch: the nodes it runs on were never recorded.
         changes["launch_nodes"] = ()

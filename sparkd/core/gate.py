@@ -54,7 +54,8 @@ def observer_silence(ctx: Context, action: Action) -> Refusal | None:
     once. A power cycle cannot bring that path back, and may cut a model serving its clients
     all along. sparkd has already waited `power.unreachable_for` (the power stage proposes no
     cycle before that): a human checks the ops box's network. A host silent while another
-    answers, or one whose last log held an omen, stays eligible."""
+    answers, or one whose last log held an omen seen shortly before its silence
+    (`fresh_omen`), stays eligible."""
     hosts = ctx.desired.hosts
     stamps: list[float] = []
     for host in hosts:
@@ -62,7 +63,7 @@ def observer_silence(ctx: Context, action: Action) -> Refusal | None:
         since = ctx.memory.unreachable_since.get(host.name)
         if error is None or error.kind not in SILENT or since is None:
             return None  # this host answers (or its silence has no start): not every host
-        if host.name in ctx.memory.kernel_omens:
+        if fresh_omen(ctx, host.name, since):
             return None  # a wedge omen: the silence has a cause on that host
         stamps.append(since)
     if max(stamps) - min(stamps) > ctx.desired.interval:
@@ -70,11 +71,63 @@ def observer_silence(ctx: Context, action: Action) -> Refusal | None:
     every = "the only host" if len(hosts) == 1 else f"every host ({len(hosts)})"
     return Refusal(
         f"{every} of {ctx.desired.name} went silent at once ({ago(ctx.now - min(stamps))} ago) "
-        "with no wedge omen in any last kernel log seen: check the ops box's own network path "
-        "to the hosts (its NIC, switch, VLAN, firewall); power-cycle by hand only once the ops "
-        "box is known to reach that network",
+        "with no recent wedge omen in any last kernel log seen: check the ops box's own network "
+        "path to the hosts (its NIC, switch, VLAN, firewall); power-cycle by hand only once the "
+        "ops box is known to reach that network",
         needs_a_human=True,
     )
+
+
+def peer_view(ctx: Context, action: Action) -> Refusal | None:
+    """One host is silent to the ops box while another answers: the ops box may have lost only
+    its path to that host (a switch port, its management NIC, a firewall on port 22) while the
+    host serves, and the probe and Ray, read through the head, say nothing when the head is
+    the silent one. A cycle needs positive evidence that the host is down for the cluster too:
+    no answering host reaches its data IP (one ping over the data link, each look), or, for a
+    worker, the head's Ray read and not listing it ALIVE. A host that another still reaches has
+    a kernel that answers: `blocked`, check the ops box's path. Neither read: unknown, never
+    proof: `blocked`, with what to check. Every host silent is `observer_silence`'s."""
+    silent = next((h for h in ctx.desired.hosts if h.name == action.host), None)
+    if silent is None:
+        return None
+    others = [h for h in ctx.desired.hosts if h.name != silent.name and ctx.facts[h.name].reachable]
+    if not others:
+        return None
+    views = {h.name: ctx.facts[h.name].reaches.get(silent.data_ip) for h in others}
+    reaching = sorted(name for name, view in views.items() if view is True)
+    path = (
+        f"check the ops box's path to {silent.name} (its management NIC and switch port, a "
+        f"firewall on port {silent.port}); power-cycle by hand only once it is known not to serve"
+    )
+    if reaching:
+        return Refusal(
+            f"{silent.name} is silent to the ops box, but {', '.join(reaching)} still "
+            f"reach{'es' if len(reaching) == 1 else ''} its data IP ({silent.data_ip}): its "
+            f"kernel answers; {path}",
+            needs_a_human=True,
+        )
+    if any(view is False for view in views.values()):
+        return None  # no answering host reaches it either: down for the cluster
+    ray = ctx.observed.ray
+    if silent.role == "worker" and ray is not None and ray.up and silent.ip not in ray.alive_ips:
+        return None  # the head's Ray lost it too
+    return Refusal(
+        f"{silent.name} is silent to the ops box while {', '.join(sorted(views))} answer"
+        f"{'s' if len(views) == 1 else ''}, and nothing says it is down for them (no ping of "
+        f"its data IP read from them, Ray not showing it gone): {path}",
+        needs_a_human=True,
+    )
+
+
+def fresh_omen(ctx: Context, host: str, since: float) -> bool:
+    """Whether `host`'s last kernel log held a wedge omen first seen within
+    `policy.omen_window` before its silence began (daemon time). An omen seen long before (a
+    kernel warning from yesterday, still in the ring buffer) or of unknown age says nothing of
+    a silence that every host shares: that is the ops box's path again."""
+    if host not in ctx.memory.kernel_omens:
+        return False
+    seen = ctx.memory.omen_at.get(host)
+    return seen is not None and since - seen <= ctx.desired.policy.omen_window
 
 
 def inherited_memory(ctx: Context, action: Action) -> Refusal | None:
@@ -137,6 +190,7 @@ TABLE: dict[ActionKind, tuple[Named, ...]] = {
     "kill_gpu_process": (),
     "power_cycle": (
         Named("observer_silence", observer_silence),
+        Named("peer_view", peer_view),
         Named("inherited_memory", inherited_memory),
     ),
     "prune_cache": (),

@@ -8,14 +8,16 @@ A live load that advances is left alone up to `load_timeout`; one that stopped a
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from sparkd.core.cleanup import describe, others_on_gpu
 from sparkd.core.images import ImageVerdict
 from sparkd.core.judge import Context, Hold, Verdict, act, ago
 from sparkd.core.load import Load
 from sparkd.core.ray_stage import RayVerdict, rejoin_workers
 from sparkd.core.spec import container_name, model_spec_hash, model_spec_hashes
-from sparkd.model.plan import START_MODEL, ActionKind
+from sparkd.model.plan import MODEL_STARTS, START_MODEL, ActionKind
 
 
 @dataclass
@@ -28,6 +30,8 @@ class ModelVerdict(Verdict):
     # (an argument error, an engine that failed to start, a load that stalled or timed out): a
     # rollout goes back to the last-good spec rather than try again (core.rollout).
     failed: str | None = None
+    # The launch failed for GPU memory another process held (`memory_held`, for remember()).
+    memory_held: bool = False
 
 
 # A serve stopped by SIGTERM takes its engine with it within ~2.5 s; one that stays longer was
@@ -76,6 +80,11 @@ def judge_model(
         # The log's tail is its latest launch's: one that exited at once (an argument error)
         # never counted as launched, yet says why it will fail again.
         cause = exit_cause(serve.log_tail)
+        held = held_by_others(ctx, serve.log_tail) if cause is not None else None
+        if cause is not None and held is not None:
+            return _host_memory(ctx, verdict, start, "start_model", cause, held)
+        if cause is not None and _retry_after_memory(ctx, serve.log_tail):
+            return start("start_model", f"{_RETRY}: {cause}")
         if cause is not None:
             return start("start_model", f"vllm serve exited: {cause}", failed=True)
         if ctx.memory.launched_at is not None:
@@ -100,19 +109,23 @@ def judge_model(
         )
     elif drifted:
         return start("restart_model", f"spec drift: serving {serve.spec_hash}, desired {want}")
-    nodes = ctx.observed.ray.alive_node_ids if ctx.observed.ray is not None else ()
-    launch_nodes = ctx.memory.launch_nodes
-    if ray.ready and launch_nodes and nodes and nodes != launch_nodes:
+    rejoined = _rejoined(ctx)
+    if ray.ready and rejoined:
         return start(
             "restart_model",
-            "Ray nodes changed since launch (a node rejoined with a new id): the model's "
-            "Ray actors are gone",
+            f"Ray nodes changed since launch (a node rejoined with a new id): {rejoined}'s "
+            "node is not one the model was launched on; the model's Ray actors are gone",
         )
     if load.was_ready:
         verdict.to_probe = True
         return verdict
     model = desired.model
     if load.failed is not None:
+        held = held_by_others(ctx, serve.log_tail)
+        if held is not None:
+            return _host_memory(ctx, verdict, start, "restart_model", load.failed, held)
+        if _retry_after_memory(ctx, serve.log_tail):
+            return start("restart_model", f"{_RETRY}: {load.failed}")
         return start("restart_model", f"load failed: {load.failed}", failed=True)
     if load.overdue is not None:
         return start("restart_model", f"load stuck in a silent stage: {load.overdue}", failed=True)
@@ -144,6 +157,61 @@ _ARG_ERROR = re.compile(r"^(?:usage: .*\n)?(vllm(?: serve)?: error: .+)$")
 # An exception line of a traceback (`FileNotFoundError: ...`, `torch.OutOfMemoryError: ...`).
 _EXCEPTION = re.compile(r"(?:^|\s)((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception): .+)$")
 _WRAPPER = "Engine core initialization failed"
+# vLLM's check at engine start that the GPU has the free memory `gpu_memory_utilization` asks
+# for (vllm-project/vllm `vllm/v1/worker/utils.py` `request_memory`, main at 0027b02, from the
+# worker's device init in `vllm/v1/worker/gpu_worker.py`): "Free memory on device cuda:0
+# (F/T GiB) on startup is less than desired GPU memory utilization (U, R GiB). Decrease GPU
+# memory utilization or reduce GPU memory used by other processes." It compares against what is
+# free now: what another process holds (on GB10 out of the same unified memory) fails it.
+_FREE_MEMORY = re.compile(
+    r"Free memory on device\b.{0,80}on startup is less than desired GPU memory utilization"
+)
+
+
+def held_by_others(ctx: Context, log_tail: tuple[str, ...]) -> str | None:
+    """Who else holds GPU memory, when the launch failed vLLM's free-memory check: processes
+    on a host's GPU outside sparkd's containers, and engine processes a stopped serve left
+    behind. None when the log shows no such failure, or nobody else is listed (then the
+    spec's `gpu_memory_utilization` is what asked too much)."""
+    if not any(_FREE_MEMORY.search(line) for line in log_tail):
+        return None
+    serve = ctx.observed.serve
+    held = [f"{what} on {ctx.desired.head.name}" for what in (serve.orphans if serve else ())]
+    for host in ctx.reachable:
+        held.extend(f"{describe(p)} on {host.name}" for p in others_on_gpu(ctx, host))
+    return ", ".join(held) or None
+
+
+def _host_memory(
+    ctx: Context,
+    verdict: ModelVerdict,
+    start: Callable[[ActionKind, str, bool], ModelVerdict],
+    kind: ActionKind,
+    failure: str,
+    held: str,
+) -> ModelVerdict:
+    """A launch that failed for GPU memory another process holds: the host's state, not the
+    spec. No rollback and no budget: the start waits (a hold) until those processes are gone
+    (the hosts stage kills a foreign one where the policy allows, or says `blocked`)."""
+    why = (
+        f"the launch failed for GPU memory held by others ({held}): the host's state, not the "
+        f"spec ({failure}); waiting for them to go"
+    )
+    verdict.holds.append(Hold(why, MODEL_STARTS))
+    verdict.memory_held = True
+    return start(kind, why, False)
+
+
+_RETRY = (
+    "starting again: the last launch failed for GPU memory another process held then, which "
+    "says nothing of the spec"
+)
+
+
+def _retry_after_memory(ctx: Context, log_tail: tuple[str, ...]) -> bool:
+    """The free-memory failure in the log is the launch that met another process's memory
+    (`Memory.memory_held`), now gone: the next start is a retry, not the spec's failure."""
+    return ctx.memory.memory_held and any(_FREE_MEMORY.search(line) for line in log_tail)
 
 
 def exit_cause(log_tail: tuple[str, ...]) -> str | None:
@@ -190,3 +258,22 @@ def _orphans(
     verdict.actions.append(act("restart_ray", head, container_name(desired, desired.head), reason))
     verdict.actions.extend(rejoin_workers(ctx))
     return verdict
+
+
+def _rejoined(ctx: Context) -> str | None:
+    """The configured host whose Ray node is not one the model was launched on: it rejoined
+    with a new id, and the model's actors there are gone. Only the configured hosts' addresses
+    count: a node Ray lists on any other address (a machine someone joined to the cluster by
+    hand) coming or going says nothing of the model's actors on the configured hosts, and a
+    restart of a serving model for it drops every request in flight. A launch node that is
+    gone with no new node on a configured host leaves Ray short (core.ray_stage's to judge)."""
+    ray = ctx.observed.ray
+    launch = set(ctx.memory.launch_nodes)
+    if ray is None or not launch:
+        return None
+    for host in ctx.desired.hosts:
+        ours = {host.data_ip, host.address}
+        for node in ray.nodes:
+            if node.alive and node.ip in ours and node.node_id not in launch:
+                return host.name
+    return None

@@ -65,11 +65,13 @@ class _Draft:
     load_mark: LoadMark | None = None
     probe_failures: int | None = None
     busy_streak: int | None = None
+    unknown_streak: int | None = None
     serving_well: bool = False
     triage: tuple[TriageClass, ...] = ()
     # Evidence that the launch judged failed as it would again (core.rollout rolls back on it).
     failure: str | None = None
     fabric_held: bool = False
+    memory_held: bool = False
     # A host out of reach, wedged or its fabric held: what fails now is not the spec's doing.
     not_the_spec: bool = False
     token_mark: TokenMark | None = None
@@ -90,9 +92,11 @@ class _Draft:
             "load_mark": self.load_mark,
             "probe_failures": self.probe_failures,
             "busy_streak": self.busy_streak,
+            "unknown_streak": self.unknown_streak,
             "serving_well": self.serving_well,
             "triage": self.triage,
             "fabric_held": self.fabric_held,
+            "memory_held": self.memory_held,
             "token_mark": self.token_mark,
             "adopted": self.adopted,
             "adoption_over": self.adoption_over,
@@ -344,6 +348,7 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
     notes = [f"{host} rebooted (boot id changed)" for host in policy.rebooted(observed, memory)]
     probe_failures: int | None = None
     busy: int | None = None
+    unknown: int | None = None
     restarts: list[Action] = []
     # The token counter is followed only while the model is past its load.
     token_mark = track(ctx) if model.to_probe else None
@@ -359,6 +364,7 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
         if observed.probe is not None and policy.is_new_probe(memory, observed.probe):
             probe_failures = policy.failures_after(memory, observed.probe)
             busy = policy.busy_streak_after(memory, observed.probe)
+            unknown = policy.unknown_streak_after(memory, observed.probe)
     contact = adopt.judge(ctx, serving)
     holds = [hold for stage in stages for hold in stage.holds] + contact.holds
     # A failure counts against the spec only through a restart that survives the vetoes, and
@@ -409,9 +415,11 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
         load_mark=load.mark if not load.was_ready else None,
         probe_failures=probe_failures,
         busy_streak=busy,
+        unknown_streak=unknown,
         triage=found,
         failure=failure,
         fabric_held=bool(fabric.holds),
+        memory_held=model.memory_held,
         not_the_spec=not_the_spec,
         token_mark=token_mark,
         hang_at=deadline(ctx, token_mark),

@@ -53,16 +53,26 @@ def busy_streak_after(memory: Memory, probe: ProbeResult | None) -> int:
     return memory.busy_streak + 1 if probe.busy else 0
 
 
+def unknown_streak_after(memory: Memory, probe: ProbeResult | None) -> int:
+    """Consecutive timeouts whose busy-or-hung could not be told, once `probe` is taken into
+    account (the cap on waiting for evidence: `policy.failure_threshold` of them)."""
+    if probe is None or not is_new_probe(memory, probe):
+        return memory.unknown_streak
+    return memory.unknown_streak + 1 if probe.unknown_load else 0
+
+
 def counts_as_failure(probe: ProbeResult) -> bool:
     """A failed probe that says the engine is broken. Not `not_run` (nothing learnt); not a busy
     timeout, however long the load lasts (the engine generates for others: a restart would drop
     their requests and meet the same load again); not an output fault (`no_answer`: the engine
     generated a whole turn and the template or reasoning parser left no content, which a
-    restart reproduces)."""
+    restart reproduces); not a config fault (a deterministic 4xx answer, which a restart
+    reproduces); not a timeout with nothing to tell busy from hung (vLLM's metrics unread:
+    absent evidence is unknown, not a hang)."""
     verdict = probe.verdict
     if verdict.healthy is not False or verdict.outcome in UNCOUNTED:
         return False
-    return not probe.busy and not probe.output_fault
+    return not (probe.busy or probe.output_fault or probe.config_fault or probe.unknown_load)
 
 
 def failures_after(memory: Memory, probe: ProbeResult | None) -> int:

@@ -19,6 +19,14 @@ with its cause named (and exported: `sparkd_model_degraded{cause}`, alerted on):
   is decoded greedily, so a restart returns the same turn. Above 0 one such turn is weaker
   evidence (the sampled model may have stopped inside its thought once): it is reported the
   same way, never counted (a restart cures neither cause), and the alert waits for it to last.
+- `config_fault`: the server answered 4xx other than 408 or 429 (400 a bad request, 404 a
+  model name it does not serve, 422 a body it refuses): the same request gets the same answer
+  after a restart.
+- `busy_or_hung_unknown`: the probe timed out and nothing tells a busy engine from a hung one
+  (vLLM's /metrics unread, no token counter, or other requests with no token and no KV-cache
+  gauge: `--disable-log-stats`). Absent evidence is unknown: never counted; after
+  `failure_threshold` of them in a row the plan is `blocked` with what to check (not latched:
+  an answer, or a timeout that can be told, ends it).
 """
 
 from __future__ import annotations
@@ -89,6 +97,32 @@ def judge_probe(ctx: Context, load: Load, serving: bool, link_down: list[str]) -
         return verdict
     if probe.output_fault:
         verdict.notes.append(_output_fault(ctx, outcome.detail))
+        return verdict
+    if probe.config_fault:
+        verdict.notes.append(
+            f"degraded: config fault: the server answered the probe HTTP {probe.http_status} "
+            f"({outcome.detail}); not counted: a restart answers the same request the same way: "
+            "check the probe's model name (model.served_name), its API key and the request "
+            "against what the server serves"
+        )
+        return verdict
+    if probe.unknown_load:
+        streak = policy.unknown_streak_after(memory, probe)
+        said = f"probe timed out{latency}; {outcome.detail}"
+        if streak >= threshold:
+            # The cap: waiting on would never end while the metrics stay unread.
+            verdict.phase = "blocked"
+            verdict.notes.append(
+                f"{said}; {streak} such timeouts in a row and busy or hung cannot be told: not "
+                "restarting on a timeout alone: check vLLM's /metrics on the head (started "
+                "with --disable-log-stats?) and whether it generates for its clients; restart "
+                "it by hand if it is hung"
+            )
+            return verdict
+        verdict.notes.append(
+            f"degraded: busy or hung unknown: {said}; not counted ({streak} of {threshold} "
+            "before sparkd asks a human)"
+        )
         return verdict
     failures = policy.failures_after(memory, probe)
     what = f"probe {outcome.outcome}" + (f": {outcome.detail}" if outcome.detail else "")

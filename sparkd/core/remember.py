@@ -14,7 +14,7 @@ from sparkd.core import fabric, policy, triage
 from sparkd.core.clock import bounded
 from sparkd.core.evidence import of_this_launch
 from sparkd.model.memory import Attempt, Blocked, Memory, Pause
-from sparkd.model.observed import SILENT_ERRORS, Fabric, HostFacts, Observed
+from sparkd.model.observed import REFUSALS, SILENT_ERRORS, Fabric, HostFacts, Observed
 from sparkd.model.plan import MODEL_STARTS, RAY_STARTS, ActionOutcome, Plan
 
 # Attempts older than any sane budget window are of no use; keep memory bounded.
@@ -60,6 +60,27 @@ def remember(
         else:
             kernel_omens[host.name] = omen
     changes["kernel_omens"] = kernel_omens
+    # When each omen was first seen (this look's, if it is in this look's log and memory has no
+    # stamp): one seen long before a silence does not explain it; one of unknown age neither.
+    seen_now = {h.name for h in observed.hosts if h.reachable and h.kernel is not None}
+    changes["omen_at"] = {
+        host: stamp
+        for host in kernel_omens
+        if (stamp := memory.omen_at.get(host, observed.observed_at if host in seen_now else None))
+        is not None
+    }
+    # Answers that refuse sparkd (a key, a host key, a connection) and a failing nvidia-smi on a
+    # host that answers: held, and past `policy.hold_cap` `blocked` for a human.
+    changes["refusing_since"] = {
+        host.name: memory.refusing_since.get(host.name, observed.observed_at)
+        for host in observed.hosts
+        if host.error is not None and host.error.kind in REFUSALS
+    }
+    changes["gpu_unknown_since"] = {
+        host.name: memory.gpu_unknown_since.get(host.name, observed.observed_at)
+        for host in observed.hosts
+        if host.reachable and host.gpu_error is not None
+    }
     # Silence only: a host that refused the key or the connection for an hour and then went
     # quiet has been silent for one look, not an hour (a power cycle waits on silence alone).
     changes["unreachable_since"] = {
@@ -128,6 +149,11 @@ def remember(
             if counted and plan is not None and plan.busy_streak is not None
             else policy.busy_streak_after(memory, probe)
         )
+        changes["unknown_streak"] = (
+            plan.unknown_streak
+            if counted and plan is not None and plan.unknown_streak is not None
+            else policy.unknown_streak_after(memory, probe)
+        )
         changes["last_probe_at"] = probe.at
         changes["last_probe"] = probe
 
@@ -140,6 +166,7 @@ def remember(
             model_ready_at=None,
             consecutive_failures=0,
             busy_streak=0,
+            unknown_streak=0,
             last_probe_at=launched[-1].finished_at,
             last_probe=None,
             load_mark=None,
@@ -196,6 +223,7 @@ def remember(
         changes["adopting_since"] = (memory.adopting_since or now) if plan.adopting else None
         changes["last_phase"] = plan.phase
         changes["last_reason"] = plan.reason
+        changes["memory_held"] = not launched and (plan.memory_held or memory.memory_held)
         paused = memory.paused
         if plan.phase != "paused" and paused is not None and not paused.active(wall_now):
             changes["paused"] = None

@@ -98,6 +98,10 @@ def output_fault(desired: ClusterSpec, observed: Observed, memory: Memory) -> st
     A restart of the same spec reproduces it; the last-good spec, which served, may not. At
     `probe.temperature` 0 one such probe; above it, two in a row (one may be chance)."""
     probe = observed.probe
+    if probe is not None and probe.config_fault and policy.is_new_probe(memory, probe):
+        # The new spec's server answers the probe 4xx (a served name, a key, a request it
+        # refuses): the same for every restart, and the last-good spec answered.
+        return f"its server refuses the probe (a config fault: {probe.verdict.detail})"
     if probe is None or not probe.output_fault or not policy.is_new_probe(memory, probe):
         return None
     before = memory.last_probe

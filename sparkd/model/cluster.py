@@ -45,6 +45,15 @@ class PolicySpec(Value):
     # requests running and no token are a hang only after the longest prompt the engine takes
     # (`max_model_len`) could have been prefilled at this rate. Two Sparks prefill about 2000.
     prefill_rate: float = Field(default=1000.0, gt=0.0, allow_inf_nan=False)
+    # A hold on an answer only a human changes ends `blocked` with what to check after this
+    # long: a host whose SSH refuses sparkd (its key, a changed host key, a refused connection:
+    # sshd restarting after a boot is back well within), or whose nvidia-smi fails without the
+    # GPU being lost (an NVML driver/library mismatch after an upgrade without a reboot).
+    hold_cap: Seconds = 600.0
+    # A wedge omen (core.kernel) explains a later silence of its host only when it was first
+    # seen at most this long before the silence began: one from long before says nothing of
+    # what cut the ops box off from every host at once.
+    omen_window: Seconds = 1800.0
 
     @model_validator(mode="after")
     def _backoff(self) -> PolicySpec:

@@ -226,6 +226,18 @@ class Memory(Value):
         description="busy probe timeouts in a row (overloaded): reported, never counted as "
         "failures",
     )
+    memory_held: bool = Field(
+        False,
+        description="the latest launch failed vLLM's free-memory check while another process "
+        "held GPU memory: the host's state, so that failure is no evidence against the spec "
+        "(cleared by the next launch)",
+    )
+    unknown_streak: int = Field(
+        0,
+        description="probe timeouts in a row whose busy-or-hung could not be told (vLLM's "
+        "metrics unread): never counted as failures; at `policy.failure_threshold` the plan "
+        "is `blocked` with what to check",
+    )
     kernel_omens: dict[str, str] = Field(
         default_factory=dict,
         description="per host, what the last kernel log read from it held that may precede a "
@@ -239,6 +251,22 @@ class Memory(Value):
         default_factory=dict,
         description="per host, since when (the reading's time) every look at it has met silence "
         "(no route, a timeout, a dropped connection); an answer such as a refused key ends it",
+    )
+    refusing_since: dict[str, float] = Field(
+        default_factory=dict,
+        description="per host, since when (the reading's time) every look at it has met an SSH "
+        "answer refusing sparkd (a refused key or connection, a changed host key): past "
+        "`policy.hold_cap` the plan is `blocked` with what to check",
+    )
+    gpu_unknown_since: dict[str, float] = Field(
+        default_factory=dict,
+        description="per host, since when (the reading's time) its `nvidia-smi` has failed at "
+        "every look while the host answered: past `policy.hold_cap` the plan is `blocked`",
+    )
+    omen_at: dict[str, float] = Field(
+        default_factory=dict,
+        description="per host, when the wedge omen in `kernel_omens` was first seen (the "
+        "reading's time): it explains a later silence only within `policy.omen_window`",
     )
     flapped_at: dict[str, float] = Field(
         default_factory=dict,

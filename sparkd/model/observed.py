@@ -23,6 +23,8 @@ HOST_ERROR_KINDS: tuple[HostErrorKind, ...] = get_args(HostErrorKind)
 # SSH failures that are silence: the host may be wedged. Any other (auth, host_key, a refused
 # connection, a command that exited non-zero) is the host answering.
 SILENT_ERRORS: frozenset[HostErrorKind] = frozenset({"unreachable", "timeout", "conn_lost"})
+# SSH answers that refuse sparkd: the host is up, and what fails is sparkd's access to it.
+REFUSALS: frozenset[HostErrorKind] = frozenset({"auth", "host_key", "refused", "exit_nonzero"})
 
 
 class HostError(Value):
@@ -257,6 +259,11 @@ class HostFacts(Value):
         None, description="why the units are unknown (a read that failed is unknown, never empty)"
     )
     gpu_error: str | None = Field(None, description="why the GPU processes are unknown")
+    reaches: dict[str, bool] = Field(
+        default_factory=dict,
+        description="per other host's data IP, whether it answered one ping over the data link "
+        "from this host at this look (absent: not read, or the ping failed otherwise)",
+    )
     interface_error: str | None = Field(
         None,
         description="why the data-plane interface could not be read (renamed or gone: `Device "

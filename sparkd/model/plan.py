@@ -89,6 +89,7 @@ class Plan(Value):
     # How the planner counted this cycle's new probe (consecutive failures, busy streak).
     probe_failures: int | None = None
     busy_streak: int | None = None
+    unknown_streak: int | None = None
     # The model serves as it should (healthy, or degraded by no fault of its own: busy, a dead
     # data link, Ray unread): lasting, it ends an incident and forgives its attempts.
     serving_well: bool = False
@@ -100,6 +101,9 @@ class Plan(Value):
     rollback: str | None = None
     # A fabric fault held Ray and model (re)starts in this judgement, for remember().
     fabric_held: bool = False
+    # The latest launch failed vLLM's free-memory check while another process held GPU memory:
+    # for remember(), so the next start of the same spec is a retry, not the spec's failure.
+    memory_held: bool = False
     # The token counter's reading, for remember() to keep while the model serves.
     token_mark: TokenMark | None = None
     # The keys of the actions that passed the gate (core.gate) in this plan: every action a plan

@@ -30,8 +30,13 @@ HEALTHY_OUTCOMES: frozenset[ProbeOutcome] = frozenset({"answer", "reasoning_only
 OUTPUT_FAULTS: frozenset[ProbeOutcome] = frozenset({"no_answer"})
 # Why a probe leaves the model `degraded` without counting toward a restart (a restart would not
 # change it): the `cause` label of `sparkd_model_degraded`.
-DegradedCause = Literal["overloaded", "output_fault"]
+DegradedCause = Literal["overloaded", "output_fault", "config_fault", "busy_or_hung_unknown"]
 DEGRADED_CAUSES: tuple[DegradedCause, ...] = get_args(DegradedCause)
+# HTTP answers that are transient, not the request's fault: a server's request timeout and its
+# rate limit. Every other 4xx (400 a bad request, 401/403 a refused key, 404 a model name the
+# server does not serve, 422 a body it cannot take) is the same answer for the same request:
+# the probe's configuration or the served spec, which a restart of the model reproduces.
+TRANSIENT_4XX = frozenset({408, 429})
 
 
 class ProbeVerdict(Value):
@@ -89,9 +94,32 @@ class ProbeResult(Value):
         return self.verdict.outcome in OUTPUT_FAULTS
 
     @property
+    def config_fault(self) -> bool:
+        """The server answered the probe with a deterministic 4xx: the request (its model name,
+        key, body) or the served spec is wrong, and a restart answers the same."""
+        status = self.http_status
+        return (
+            self.verdict.outcome == "http_error"
+            and status is not None
+            and 400 <= status < 500
+            and status not in TRANSIENT_4XX
+        )
+
+    @property
+    def unknown_load(self) -> bool:
+        """Timed out with nothing to tell a busy engine from a hung one (vLLM's /metrics
+        unreadable, no token counter, or requests in the engine with no token and no KV-cache
+        gauge): unknown, never counted as a failure."""
+        return self.verdict.outcome == "timeout" and self.tokens_advanced is None
+
+    @property
     def degraded_cause(self) -> DegradedCause | None:
         if self.busy:
             return "overloaded"
         if self.output_fault:
             return "output_fault"
+        if self.config_fault:
+            return "config_fault"
+        if self.unknown_load:
+            return "busy_or_hung_unknown"
         return None

@@ -37,6 +37,8 @@ class FactSection(StrEnum):
     FOREIGN = "foreign"
     # Not a section of its own: the prefix of one container's `docker top` (`top NAME`).
     TOP = "top"
+    # Not a section of its own: the prefix of one ping of another host's data IP (`peer IP`).
+    PEER = "peer"
 
 
 def top_section(container: str) -> str:
@@ -48,3 +50,8 @@ def top_container(section: str) -> str | None:
     """The container a `top NAME` section is of, or None for any other section."""
     prefix = f"{FactSection.TOP} "
     return section[len(prefix) :] if section.startswith(prefix) else None
+
+
+def peer_section(ip: str) -> str:
+    """The section holding one ping of another host's data IP."""
+    return f"{FactSection.PEER} {ip}"

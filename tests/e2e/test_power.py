@@ -109,3 +109,25 @@ async def test_every_host_silent_at_once_is_not_power_cycled_but_blocked(
     final = await converge(ctl, cycles=400)
     assert final[-1].phase == "healthy"
     assert healthy_world.power_log == []
+
+
+async def test_only_the_heads_path_lost_is_not_power_cycled_but_blocked(
+    healthy_world: World, pool: SshPool, tmp_path: Path
+) -> None:
+    """Only the ops box's path to the head goes (`path-lost`: its SSH silent to sparkd, so no
+    probe and no Ray reading either, while the head, its Ray and the model run on): the worker
+    still pings the head's data IP, so after power.unreachable_for the cluster is `blocked`
+    naming the ops box's path, never a power cycle; healed, it is healthy again."""
+    ctl = controller(healthy_world, pool, tmp_path / "state", cluster=power(healthy_world))
+    await converge(ctl, cycles=100)
+    await healthy_world.fault("path-lost", "spark-a")
+    plans = await cycle_until(ctl, "still reaches its data IP", limit=600)
+    assert plans[-1].phase == "blocked" and not plans[-1].actions
+    assert "check the ops box's path to spark-a" in plans[-1].reason
+    plans += await cycles(ctl, 3)
+    assert not [a for p in plans for a in p.actions if a.kind == "power_cycle"]
+    assert healthy_world.power_log == []
+    await healthy_world.fault("heal", "spark-a")
+    final = await converge(ctl, cycles=400)
+    assert final[-1].phase == "healthy"
+    assert healthy_world.power_log == []

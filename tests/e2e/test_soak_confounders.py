@@ -100,9 +100,9 @@ async def _long_prompt(world: World) -> None:
     await world.fault("long-prompt", "spark-a", str(LONG_PROMPT))
 
 
-async def _path_down(world: World) -> None:
+async def _path_lost(world: World) -> None:
     for host in world.hosts:
-        await world.fault("path-down", host)
+        await world.fault("path-lost", host)
 
 
 async def _crash(world: World) -> None:
@@ -125,7 +125,7 @@ CONFOUNDERS = (
     # vLLM's qwen3 parser leaving the answer in `reasoning` after a stray `</think>`.
     Incident("stray </think>", True, lambda w: _style(w, "stray_think"), 6 * 1.2, _heal),
     # The ops box's own path to every host is down: every host silent at once, no omen.
-    Incident("ops box cut off", True, _path_down, 1.5 * 600.0 * SCALE, _heal),
+    Incident("ops box cut off", True, _path_lost, 1.5 * 600.0 * SCALE, _heal),
 )
 FAULTS = (
     Incident("serve process crashed", False, _crash, 0.0),

@@ -123,6 +123,28 @@ async def test_blackhole_accepts_and_never_answers(world: World) -> None:
         assert (await run(worker, "true")).exit_status == 0
 
 
+async def test_path_lost_silences_ssh_while_the_other_host_still_pings_it(world: World) -> None:
+    """`path-lost`: the ops box's SSH to the head goes silent, the head runs on, and the worker's
+    ping of its data IP is answered (iputils ping(8): exit 0 on a reply); a `blackhole` (a
+    wedge) answers no ping (exit 1)."""
+    head_ip = world.hosts["spark-a"].state.data_ip
+    await world.fault("path-lost", "spark-a")
+    with pytest.raises((asyncio.TimeoutError, asyncssh.Error)):
+        await connect(world, "spark-a", connect_timeout=0.3)
+    async with await connect(world, "spark-b") as worker:
+        answered = await run(worker, f"ping -c 1 -W 2 -n -q {head_ip}")
+        assert answered.exit_status == 0, answered.stdout
+        assert "1 received" in str(answered.stdout)
+    await world.fault("heal", "spark-a")
+    await world.fault("blackhole", "spark-a")
+    async with await connect(world, "spark-b") as worker:
+        lost = await run(worker, f"ping -c 1 -W 2 -n -q {head_ip}")
+        assert lost.exit_status == 1 and "0 received" in str(lost.stdout)
+    await world.fault("heal", "spark-a")
+    async with await connect(world, "spark-a") as head:
+        assert (await run(head, "true")).exit_status == 0
+
+
 async def test_crash_model(healthy: World) -> None:
     await healthy.fault("crash-model", "spark-a")
     assert not await serving(healthy)

@@ -14,6 +14,16 @@ from sparkd.model.plan import ActionOutcome, ActionResult, Plan
 from sparkd.model.probe import CheckResult
 from tests.toy import Toy
 
+# What `vllm serve` prints when its engine finds less free GPU memory than
+# `gpu_memory_utilization` asks for (vllm-project/vllm `vllm/v1/worker/utils.py`
+# `request_memory`, main at 0027b02; the wrapper from `vllm/v1/engine/core_client.py`).
+GPU_MEMORY = (
+    "(EngineCore_DP0 pid=312) ValueError: Free memory on device cuda:0 (61.05/119.70 GiB) on "
+    "startup is less than desired GPU memory utilization (0.85, 101.75 GiB). Decrease GPU "
+    "memory utilization or reduce GPU memory used by other processes.",
+    "(APIServer pid=1) RuntimeError: Engine core initialization failed. See root cause above. "
+    "Failed core proc(s): {}",
+)
 ARG_ERROR = (
     "usage: vllm [-h] [-v]",
     "vllm: error: unrecognized arguments: --enable-resoning",
@@ -77,6 +87,15 @@ class Run:
             if kind == "arg_error":
                 toy.serve_running = False
                 toy.log_tail = ARG_ERROR
+            elif kind == "gpu_memory" and any(
+                p.container is None for procs in toy.gpu.values() for p in procs
+            ):
+                # vLLM's check fails only while another process holds memory.
+                toy.serve_running = False
+                toy.log_tail = GPU_MEMORY
+            elif kind == "gpu_memory_always":
+                toy.serve_running = False
+                toy.log_tail = GPU_MEMORY
             elif kind == "exit":
                 toy.serve_running = False
             elif kind == "stall":

@@ -34,8 +34,14 @@ def variants() -> Iterator[ClusterSpec]:
 
 
 def _name(token: str) -> str:
-    name = token.strip("'\"")
-    return FactSection.TOP if top_container(name) is not None else name
+    return _kind(token.strip("'\""))
+
+
+def _kind(name: str) -> str:
+    """A section's name, or the prefix of the sections named per container or per peer."""
+    if top_container(name) is not None:
+        return FactSection.TOP
+    return FactSection.PEER if name.startswith(f"{FactSection.PEER} ") else name
 
 
 def written(cluster: ClusterSpec) -> set[str]:
@@ -67,7 +73,7 @@ class Reading(dict[str, parsers.Section]):
 
     def _note(self, name: object) -> None:
         text = str(name)
-        self.asked.add(FactSection.TOP if top_container(text) is not None else text)
+        self.asked.add(_kind(text))
 
     def get(self, name: str, default: object = None) -> parsers.Section | None:  # type: ignore[override]
         self._note(name)

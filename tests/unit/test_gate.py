@@ -45,9 +45,11 @@ def silent(
     samples: dict[str, str] | None = None,
     apart: float = 0.0,
     after: float = LIMIT + 5,
+    logged_ago: float = 0.0,
 ) -> tuple[ClusterSpec, Observed, Memory, float]:
-    """Every host logged its `samples` (a quiet log by default), then went silent: spark-b
-    `apart` seconds before the others. `after` seconds later, the look that judges."""
+    """Every host logged its `samples` (a quiet log by default), and kept answering with them
+    in its log for `logged_ago` seconds; then went silent: spark-b `apart` seconds before the
+    others. `after` seconds later, the look that judges."""
     toy, memory = next(e for e in EXAMPLE_SET if e.name == example).build()
     cluster = toy.cluster.model_copy(update={"power": PowerSpec(command=COMMAND)})
     names = [h.name for h in cluster.hosts]
@@ -56,6 +58,13 @@ def silent(
     for name in names:
         seen = host(seen, name, kernel=log(logs.get(name, "xid-45.txt")))
     memory = remember(memory, seen, (), toy.now, plan(cluster, seen, memory, toy.now))
+    if logged_ago:
+        # The omen stays in the kernel's ring buffer: every later look reads it again.
+        toy.advance(logged_ago)
+        again = toy.observe()
+        for name in names:
+            again = host(again, name, kernel=log(logs.get(name, "xid-45.txt")))
+        memory = remember(memory, again, (), toy.now, plan(cluster, again, memory, toy.now))
     # The ops box reaches nothing: no host's SSH, no Ray dashboard, no model endpoint.
     toy.probe_style = "timeout"
 
@@ -120,9 +129,32 @@ def test_a_wedge_omen_in_a_last_log_keeps_the_cycle_eligible() -> None:
     assert "spark-b" in cycles(plan(cluster, seen, memory, now))
 
 
+def test_a_stale_omen_does_not_turn_the_observers_silence_into_power_cycles() -> None:
+    """spark-b logged NV_ERR_NO_MEMORY hours ago and kept answering (the line stays in its
+    ring buffer); then the ops box lost its path and every host went silent at once. The omen
+    is no cause of that silence: `blocked`, never a cycle (docs/decisions.md, `power_cycle`,
+    `policy.omen_window`)."""
+    window = 1800.0
+    cluster, seen, memory, now = silent(
+        samples={"spark-b": "nv-no-memory.txt"}, logged_ago=2 * window
+    )
+    assert cluster.policy.omen_window == window
+    result = plan(cluster, seen, memory, now)
+    assert cycles(result) == [], result.reason
+    assert result.phase == "blocked"
+    assert "check the ops box's own network path" in result.reason
+
+
+def test_an_omen_seen_within_its_window_before_the_silence_keeps_the_cycle() -> None:
+    cluster, seen, memory, now = silent(samples={"spark-b": "nv-no-memory.txt"}, logged_ago=600)
+    assert "spark-b" in cycles(plan(cluster, seen, memory, now))
+
+
 def test_one_host_silent_while_the_other_answers_stays_eligible() -> None:
     cluster, seen, memory, now = silent()
-    answering = host(seen, "spark-a", error=None, kernel=log("xid-45.txt"))
+    # spark-a answers, and its ping of spark-b's data IP goes unanswered: down for it too.
+    lost = {cluster.host("spark-b").data_ip: False}
+    answering = host(seen, "spark-a", error=None, kernel=log("xid-45.txt"), reaches=lost)
     assert cycles(plan(cluster, answering, memory, now)) == ["spark-b"]
 
 

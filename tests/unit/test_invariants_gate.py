@@ -43,6 +43,11 @@ class Scene:
     omens: frozenset[str]
     # Per silent host, when it went silent (daemon time).
     since: dict[str, float]
+    # When the omens were logged (daemon time): an omen long before the silence is stale.
+    logged: float = 0.0
+    # Whether the answering hosts' pings over the data link still reach the silent ones (only
+    # the ops box lost its path to them), or get no reply (down for the cluster too).
+    peers_see: bool = False
 
     @property
     def observer_silence(self) -> bool:
@@ -51,7 +56,9 @@ class Scene:
         every = self.silent == {h.name for h in self.cluster.hosts}
         stamps = list(self.since.values())
         together = every and max(stamps) - min(stamps) <= self.cluster.interval
-        return together and not self.omens
+        window = self.cluster.policy.omen_window
+        fresh = {h for h in self.omens if h in self.since and self.since[h] - self.logged <= window}
+        return together and not fresh
 
 
 @st.composite
@@ -76,11 +83,22 @@ def scenes(draw: st.DrawFn) -> Scene:
     spread = [0.0, 0.0, 0.0, cluster.interval / 2, cluster.interval * 2, 300.0]
     offsets = {name: draw(st.sampled_from(spread)) for name in sorted(silent)}
     kind = draw(st.sampled_from(SILENCES))
+    peers_see = draw(st.booleans())
     seen = toy.observe()
     for name in names:
         text = (KERNEL / (OMEN if name in omens else QUIET)).read_text()
         seen = host(seen, name, kernel=kernel.parse_kernel_log(text))
     memory = remember(memory, seen, (), toy.now, plan(cluster, seen, memory, toy.now))
+    logged = toy.now
+    # The hosts keep answering, the omens still in their logs, for a while: a stale omen.
+    stale = draw(st.sampled_from([0.0, 0.0, 0.0, 2 * cluster.policy.omen_window]))
+    if stale:
+        toy.advance(stale)
+        again = toy.observe()
+        for name in names:
+            text = (KERNEL / (OMEN if name in omens else QUIET)).read_text()
+            again = host(again, name, kernel=kernel.parse_kernel_log(text))
+        memory = remember(memory, again, (), toy.now, plan(cluster, again, memory, toy.now))
     start = toy.now + cluster.interval
     error = HostError(kind=kind, detail="no answer")
 
@@ -95,6 +113,9 @@ def scenes(draw: st.DrawFn) -> Scene:
             out = out.model_copy(update=nothing)
         for name in gone:
             out = host(out, name, error=error, kernel=None)
+        views = {cluster.host(name).data_ip: peers_see for name in gone}
+        for name in set(names) - gone:
+            out = host(out, name, reaches=views)
         return out
 
     since: dict[str, float] = {}
@@ -107,7 +128,17 @@ def scenes(draw: st.DrawFn) -> Scene:
         step = look(gone)
         memory = remember(memory, step, (), toy.now, plan(cluster, step, memory, toy.now))
     toy.advance(draw(st.floats(0, 3 * LIMIT)))
-    return Scene(cluster, look(gone), memory, toy.now, frozenset(silent), frozenset(omens), since)
+    return Scene(
+        cluster,
+        look(gone),
+        memory,
+        toy.now,
+        frozenset(silent),
+        frozenset(omens),
+        since,
+        logged,
+        peers_see,
+    )
 
 
 @COMMON
@@ -129,6 +160,9 @@ def test_a_power_cycle_only_when_its_cause_is_established(scene: Scene) -> None:
         # silent looks apart.
         assert not scene.observer_silence, (cycled, result.reason)
         assert set(cycled) <= scene.silent
+        # Another host answers: it must not still reach the cycled one (`peer_view`).
+        if scene.silent != {h.name for h in scene.cluster.hosts}:
+            assert not scene.peers_see, (cycled, result.reason)
 
 
 @COMMON

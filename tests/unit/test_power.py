@@ -71,7 +71,9 @@ def wedged(
     seen = host(toy.observe(), victim, kernel=log(sample))
     memory = remember(memory, seen, (), toy.now, plan(cluster, seen, memory, toy.now))
     error = HostError(kind=kind, detail="no answer")
-    gone = host(toy.observe(), victim, error=error, kernel=None)
+    # Silent to the ops box and, wedged, to the other hosts' pings over the data link too.
+    toy.errors[victim] = error
+    gone = toy.observe()
     memory = remember(memory, gone, (), toy.now, plan(cluster, gone, memory, toy.now))
     if not serving:
         toy.probe_style = "timeout"
@@ -80,7 +82,7 @@ def wedged(
             for n in toy.ray_nodes
         ]
     toy.advance(silent)
-    return cluster, host(toy.observe(), victim, error=error, kernel=None), memory, toy.now
+    return cluster, toy.observe(), memory, toy.now
 
 
 def cycles(result: Plan) -> list[str]:
@@ -139,7 +141,9 @@ def test_not_when_the_triage_does_not_say_wedged() -> None:
         cluster, gone, memory, now = wedged(kind=kind, silent=3 * LIMIT)
         result = plan(cluster, gone, memory, now)
         assert cycles(result) == [] and "wedged" not in result.reason, kind
-        assert result.phase == "unreachable" and result.triage == ()
+        # Past `policy.hold_cap` the hold ends: `blocked` with what to check.
+        assert result.phase == "blocked" and result.triage == ()
+        assert "policy.hold_cap" in result.reason, result.reason
 
 
 def test_not_while_a_load_progresses_on_a_sound_fabric() -> None:
@@ -403,3 +407,31 @@ def test_a_silent_host_whose_node_still_works_ends_blocked_naming_its_ssh() -> N
     cluster, gone, memory, now = wedged(silent=LIMIT - 5)
     alive = _ray_lists(gone, cluster.host("spark-b").ip, alive=True)
     assert plan(cluster, alive, memory, now).phase == "unreachable"
+
+
+def test_only_the_head_silent_while_the_worker_still_reaches_it_is_not_cycled() -> None:
+    """The ops box lost only its path to the head (its SSH silent, so no probe and no Ray
+    reading either), while the worker still pings the head's data IP: the head's kernel
+    answers. `blocked` with the ops box's path to check, never a power cycle (core.gate
+    `peer_view`, docs/decisions.md `power_cycle`)."""
+    cluster, gone, memory, now = wedged(victim="spark-a", sample="xid-45.txt", silent=3 * LIMIT)
+    # The last probe answered a look before the head went silent (read through the head).
+    since = memory.unreachable_since["spark-a"]
+    last = memory.last_probe
+    assert last is not None
+    memory = memory.evolve(last_probe=last.model_copy(update={"at": since - cluster.interval}))
+    head_ip = cluster.host("spark-a").data_ip
+    reached = host(gone, "spark-b", reaches={head_ip: True})
+    result = plan(cluster, reached, memory, now)
+    assert cycles(result) == [], result.reason
+    assert result.phase == "blocked" and result.latch is None
+    assert "spark-b still reaches its data IP" in result.reason
+    assert "check the ops box's path to spark-a" in result.reason
+    # No view at all (the worker's ping unread): unknown, not proof of a wedge.
+    unread = host(gone, "spark-b", reaches={})
+    result = plan(cluster, unread, memory, now)
+    assert cycles(result) == [] and result.phase == "blocked", result.reason
+    assert "nothing says it is down for them" in result.reason
+    # The worker's ping gets no reply either: down for the cluster, cycled.
+    lost = host(gone, "spark-b", reaches={head_ip: False})
+    assert cycles(plan(cluster, lost, memory, now)) == ["spark-a"]

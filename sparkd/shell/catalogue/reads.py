@@ -16,7 +16,7 @@ from sparkd.core.spec import (
 )
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.hca import parse_hca
-from sparkd.model.sections import FactSection, top_section
+from sparkd.model.sections import FactSection, peer_section, top_section
 from sparkd.model.spec import HostSpec
 from sparkd.shell.catalogue.remote import Remote, cmd, timed, tool_timeout
 
@@ -210,6 +210,12 @@ def fact_script(
     lines.append(section(FactSection.KERNEL, KERNEL_LOG))
     lines.append(section(FactSection.MEMINFO, ["cat", MEMINFO_PATH]))
     lines.append(fabric_section(host, t, rails=rail_globs(cluster)))
+    # Every other host's data IP, one echo over the data link: a host silent to the ops box
+    # that another host still reaches has a kernel that answers (core.gate `peer_view`).
+    for peer in cluster.hosts:
+        if peer.name != host.name:
+            argv = timed([*PING, peer.data_ip], t)
+            lines.append(shlex.join(["s", peer_section(peer.data_ip), *argv]))
     head = container_name(cluster, host)
     if host.role == "head" and read_ray:
         ray_lines: list[str] = []
@@ -320,6 +326,9 @@ KERNEL_LOG = (
     "-n", str(kernel.TAIL_LINES),
 )  # fmt: skip
 MEMINFO_PATH = "/proc/meminfo"
+# One echo request, its reply awaited 2 s, numeric, quiet. iputils ping(8): it exits 0 on a
+# reply, 1 when no reply came within the deadline, 2 on any other error (unknown, not down).
+PING = ("ping", "-c", "1", "-W", "2", "-n", "-q")
 
 FABRIC_FILES = (
     "mtu",

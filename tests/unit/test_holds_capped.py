@@ -1,0 +1,138 @@
+"""Holds on an answer only a human changes end (docs/decisions.md, "Every hold ends"): a host
+whose SSH refuses sparkd (its key, a changed host key, a refused connection), or whose
+`nvidia-smi` fails with the GPU not lost (an NVML driver/library mismatch after a driver
+upgrade without a reboot), is held for `policy.hold_cap`, then `blocked` with what to check.
+Before, each held for ever ("unreachable", or a model start waiting on unknown GPU processes).
+
+The messages are the real tools': OpenSSH 9.6 `sshconnect.c` ("Host key verification failed."),
+`sshconnect2.c` ("Permission denied (publickey)."), `sshconnect.c` `ssh_connect_direct`
+("connect to host ... port 22: Connection refused"), and a session whose every command
+fails (a broken login shell); NVML's `NVML_ERROR_LIB_RM_VERSION_MISMATCH` as nvidia-smi prints it
+("Failed to initialize NVML: Driver/library version mismatch"; nvml.h: "RM detects a
+driver/library version mismatch").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sparkd.core.planner import plan
+from sparkd.core.remember import remember
+from sparkd.model.cluster import ClusterSpec
+from sparkd.model.memory import Memory
+from sparkd.model.observed import HostError, Observed
+from sparkd.model.plan import Plan
+from tests.support.planning import BASES, COMMON, healthy, host
+from tests.toy import Toy
+
+CAP = 600.0
+ANSWERS = {
+    "auth": ("Permission denied (publickey).", "authorized_keys"),
+    "host_key": ("Host key verification failed.", "known_hosts"),
+    "refused": ("connect to host 127.0.0.2 port 22: Connection refused", "sshd runs"),
+    "exit_nonzero": ("exit status 126", "login shell"),
+}
+NVML = "Failed to initialize NVML: Driver/library version mismatch"
+
+
+def answering(toy: Toy, cluster: ClusterSpec, name: str, error: HostError | None) -> Observed:
+    seen = toy.observe()
+    if error is not None and name == cluster.head.name:
+        # Nothing is read through a head that refuses sparkd: no Ray, serve, endpoint or probe.
+        nothing = {"ray": None, "serve": None, "endpoint": None, "probe": None}
+        seen = seen.model_copy(update=nothing)
+    return host(seen, name, error=error) if error is not None else seen
+
+
+def looks(
+    toy: Toy, memory: Memory, make: Callable[[Toy], Observed], seconds: float, count: int
+) -> tuple[list[Plan], Memory]:
+    plans = []
+    for _ in range(count):
+        toy.advance(seconds)
+        seen = make(toy)
+        made = plan(toy.cluster, seen, memory, toy.now)
+        plans.append(made)
+        memory = remember(memory, seen, [], toy.now, made)
+    return plans, memory
+
+
+@pytest.mark.parametrize("kind", sorted(ANSWERS))
+@pytest.mark.parametrize("name", ["spark-a", "spark-b"])
+def test_an_ssh_refusal_ends_blocked_with_what_to_check(kind: str, name: str) -> None:
+    toy, memory = healthy()
+    assert toy.cluster.policy.hold_cap == CAP
+    detail, check = ANSWERS[kind]
+    error = HostError(kind=kind, detail=detail)  # type: ignore[arg-type]
+    plans, memory = looks(toy, memory, lambda t: answering(t, toy.cluster, name, error), 60.0, 12)
+    assert plans[0].phase == "unreachable", plans[0].reason
+    assert all(p.phase != "blocked" for p in plans[:9]), [p.reason for p in plans[:9]]
+    last = plans[-1]
+    assert last.phase == "blocked", last.reason
+    assert check in last.reason and "policy.hold_cap" in last.reason
+    assert not any(a.kind == "power_cycle" for p in plans for a in p.actions)
+    assert memory.blocked is None  # not latched: an answer lifts it
+    after, _ = looks(toy, memory, lambda t: t.observe(), 60.0, 1)
+    assert after[0].phase != "blocked", after[0].reason
+
+
+def test_an_nvml_driver_library_mismatch_ends_blocked_naming_a_reboot() -> None:
+    toy, memory = healthy()
+    # The serve process is gone (a reboot, an exit): a model start waits on the GPUs' owners.
+    toy.serve_running = False
+    toy.ready = False
+    plans, memory = looks(
+        toy, memory, lambda t: host(t.observe(), "spark-b", gpu_error=NVML), 60.0, 12
+    )
+    assert all(p.phase != "blocked" for p in plans[:9]), [p.reason for p in plans[:9]]
+    last = plans[-1]
+    assert last.phase == "blocked", last.reason
+    assert "driver upgrade without a reboot" in last.reason and "reboot spark-b" in last.reason
+    assert not any(a.kind == "start_model" for p in plans for a in p.actions)
+
+
+# -- the liveness property covers them ----------------------------------------------------------
+
+WAITS = frozenset(
+    {"unreachable", "cleaning", "starting_ray", "starting_model", "loading", "probing"}
+)
+
+
+@st.composite
+def answered(draw: st.DrawFn, kinds: list[str]) -> tuple[ClusterSpec, Observed, Memory, float]:
+    """An example situation in which a host (any) answers with one of `kinds` (an SSH refusal)
+    or an NVML mismatch from some look on, learnt over one look; then a look up to three caps
+    later."""
+    toy, memory = draw(st.sampled_from(BASES)).build()
+    cluster = toy.cluster
+    name = draw(st.sampled_from([h.name for h in cluster.hosts]))
+    kind = draw(st.sampled_from([*kinds, "nvml"]))
+
+    def look(t: Toy) -> Observed:
+        if kind == "nvml":
+            return host(t.observe(), name, gpu_error=NVML)
+        error = HostError(kind=kind, detail=ANSWERS[kind][0])  # type: ignore[arg-type]
+        return answering(t, cluster, name, error)
+
+    _, memory = looks(toy, memory, look, cluster.interval, 1)
+    toy.advance(draw(st.floats(0.0, 3 * CAP)))
+    return cluster, look(toy), memory, toy.now
+
+
+@COMMON
+@given(answered(sorted(ANSWERS)))
+def test_every_hold_on_an_answer_ends(case: tuple[ClusterSpec, Observed, Memory, float]) -> None:
+    """Property: a plan that waits on such a host ends, with nothing observed changing, within
+    `policy.hold_cap` more, in an action or `blocked` with a reason."""
+    cluster, seen, memory, now = case
+    first = plan(cluster, seen, memory, now)
+    if first.actions or first.phase not in WAITS:
+        return
+    later = plan(cluster, seen, memory, now + CAP + cluster.interval)
+    assert later.actions or later.phase not in WAITS, (first.reason, later.reason)
+    if later.phase == "blocked":
+        assert later.reason
