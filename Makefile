@@ -27,7 +27,7 @@ DEV_PINS ?= -c constraints/dev.txt
 BUILD_PINS ?= --build-constraint constraints/dev.txt
 VLLM_PINS ?= -c constraints/vllm.txt
 
-.PHONY: test demo lint typecheck unit clean bench constraints dist dist-check
+.PHONY: check test demo lint typecheck clean bench constraints dist dist-check
 
 $(STAMP): pyproject.toml $(SIM_PROJECT)/pyproject.toml constraints/dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -64,6 +64,18 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict $(PACKAGES) bench
+
+# The inner loop, meant to take at most 8 minutes on two idle cores: lint, types, import contracts, and the tests
+# marked `core` (the unit and integration tiers, and a core of end-to-end stories: one per action
+# kind, per triage class, events, durability, the API, metrics), chosen in tests/core.py alone
+# (which also names the files to collect).
+# Without Ray, vLLM, etcd, Docker or sshd; `make test` runs everything. On the same workers as
+# `test` (PYTEST_WORKERS=0: one process).
+CHECK_MARKS := core and not (sshd or etcd or realray or realvllm or realdocker or slow or soak)
+
+check: lint typecheck
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder \
+		-m '$(CHECK_MARKS)' $$($(BIN)/python -m tests.core) $(PYTEST_ARGS)
 
 test: lint typecheck $(RAY_STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder \

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from tests.core import is_core
 from tests.support.worlds import healthy as healthy
 from tests.support.worlds import healthy_world as healthy_world
 from tests.support.worlds import pool as pool
@@ -43,6 +44,10 @@ def _rank(group: str) -> int:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     del config
+    # `make check`'s selection (tests/core.py).
+    for item in items:
+        if is_core(item.nodeid):
+            item.add_marker(pytest.mark.core)
     # Workers take groups in the order they first appear (`--no-loadscope-reorder`); one process
     # keeps the suite's own order.
     if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -141,30 +141,37 @@ class Client:
     asked: int = 0
     answered: int = 0
 
-    def address(self) -> str | None:
+    def target(self) -> tuple[str, str, dict[str, str]] | None:
+        """The model's URL, its served name and the headers its API key needs (as a client
+        configured for it has them); None while no model serves."""
         try:
             serve = self.world._serve_on("spark-a")
         except ValueError:
             return None
         server = getattr(serve.server, "server", None)
-        if server is None:
+        if server is None or not server.port:
             return None
-        return f"http://{server._host}:{server.port}"
+        key = server._api_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return f"http://{server._host}:{server.port}", server._model_id, headers
 
     async def run(self) -> None:
-        body: dict[str, Any] = {
-            "model": "m",
-            "messages": [{"role": "user", "content": "Say hello."}],
-            "max_tokens": 50,
-        }
         timeout = aiohttp.ClientTimeout(total=2.0)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while True:
                 self.asked += 1
-                url = self.address()
-                if url is not None:
+                target = self.target()
+                if target is not None:
+                    url, model, headers = target
+                    body = {
+                        "model": model,
+                        "messages": [{"role": "user", "content": "Say hello."}],
+                        "max_tokens": 50,
+                    }
                     with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                        async with session.post(f"{url}/v1/chat/completions", json=body) as r:
+                        async with session.post(
+                            f"{url}/v1/chat/completions", json=body, headers=headers
+                        ) as r:
                             if r.status == 200 and (await r.json()).get("choices"):
                                 self.answered += 1
                 await asyncio.sleep(0.25)
