@@ -1,6 +1,7 @@
-"""Ray's dashboard read over real loopback HTTP: real Ray 2.60's answers (tests/fixtures/ray-http)
-read as Ray, and a dashboard that is off, failing, slow or garbled read as silent (the caller
-then asks `ray status`), never as an exception."""
+"""Ray's dashboard read over real loopback HTTP by the command the head runs
+(catalogue.dashboard_get, run here): real Ray 2.60's answers (tests/fixtures/ray-http) read as
+Ray, and a dashboard that is off, failing, slow, garbled or too large read as silent (the
+caller then asks `ray status`), never as an exception."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from aiohttp import web
 
 from sparkd.model.observed import RayState
 from sparkd.shell import ray_http
-from tests.support.model_client import opener_for
+from tests.support.ray_reads import run_here
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ray-http"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -60,7 +61,7 @@ def text(body: str, status: int = 200) -> Handler:
 async def read(nodes: Handler, status: Handler, settling: bool = True) -> Any:
     runner, port = await answering(nodes, status)()
     try:
-        return await ray_http.read_ray(opener_for(port), port, settling, 2.0)
+        return await ray_http.read_ray(run_here, port, settling, 2.0)
     finally:
         await runner.cleanup()
 
@@ -101,8 +102,9 @@ async def slow(request: web.Request) -> web.Response:
         text("<html>Bad Gateway</html>"),
         text('{"result": true, "data": {"result": {"result": [{"node_ip": "1"}]}}}'),
         slow,
+        text("[" + "0," * ray_http.MAX_ANSWER + "0]"),
     ],
-    ids=["500", "429", "html", "shape", "slow"],
+    ids=["500", "429", "html", "shape", "slow", "too_large"],
 )
 async def test_a_dashboard_that_does_not_answer_readably_is_silent(nodes: Handler) -> None:
     ray = await read(nodes, text(real("/api/cluster_status")))
@@ -112,7 +114,7 @@ async def test_a_dashboard_that_does_not_answer_readably_is_silent(nodes: Handle
 async def test_nothing_listening_is_silent() -> None:
     runner, port = await answering(text(""), text(""))()
     await runner.cleanup()
-    ray = await ray_http.read_ray(opener_for(port), port, True, 2.0)
+    ray = await ray_http.read_ray(run_here, port, True, 2.0)
     assert isinstance(ray, ray_http.DashboardSilent) and "refused" in str(ray)
 
 
@@ -174,7 +176,7 @@ async def read_with(token: str | None, served: str) -> Any:
     status = token_auth(served, text(real("/api/cluster_status")))
     runner, port = await answering(nodes, status)()
     try:
-        return await ray_http.read_ray(opener_for(port), port, True, 2.0, token)
+        return await ray_http.read_ray(run_here, port, True, 2.0, token)
     finally:
         await runner.cleanup()
 
