@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from sparkd.model.observed import RayState
-from sparkd.shell import ray_http
+from sparkd.shell import catalogue, ray_http
 from tests.support.ray_reads import run_here
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ray-http"
@@ -193,3 +193,29 @@ async def test_token_refusal_is_said(token: str | None, case: str) -> None:
     expected = AUTH[case]
     assert f"HTTP {expected['status']} {expected['body']}" in str(ray)
     assert "another-token" not in str(ray) and "s3cret" not in str(ray)
+
+
+@pytest.mark.parametrize(
+    ("ran", "said"),
+    [
+        (ray_http.Ran(126, ""), "forced command refused"),
+        (ray_http.Ran(124, ""), "did not answer"),
+        (ray_http.Ran(127, ""), "exit 127"),
+        (ray_http.Ran(None, "timeout: `timeout` did not finish within 2s"), "not run"),
+        (ray_http.Ran(5, "!TimeoutError\n"), "TimeoutError"),
+        (ray_http.Ran(0, "HTTP 200"), "failed"),
+        (ray_http.Ran(0, "HTTP x\n{}"), "unreadable"),
+    ],
+    ids=["wrapper", "timeout", "no_python", "ssh", "socket", "no_body", "status"],
+)
+async def test_a_read_that_did_not_run_through_is_silent_saying_why(
+    ran: ray_http.Ran, said: str
+) -> None:
+    """An old wrapper that does not admit the reads, a host without python3, a timed-out or
+    garbled read: silent (the CLI is read instead), never a refusal of Ray's."""
+
+    async def run(remote: catalogue.Remote, seconds: float) -> ray_http.Ran:
+        return ran
+
+    ray = await ray_http.read_ray(run, 8265, True, 2.0)
+    assert type(ray) is ray_http.DashboardSilent and said in str(ray), ray
