@@ -23,7 +23,7 @@ from sparkd.runtime.controller import Controller
 from sparkd.runtime.state import StateDir
 from sparkd.settings import load_settings
 from sparkd.shell import catalogue, ray_http
-from sparkd.shell.observe import channel, tool_timeout
+from sparkd.shell.observe import runner, tool_timeout
 from sparkd.shell.ssh import SshPool
 from sparkd_sim import real_ray
 from sparkd_sim.openssh import descendants
@@ -89,7 +89,7 @@ async def measure(runs: int) -> dict[str, Any] | None:
                 t = tool_timeout(cluster)
                 bare = catalogue.fact_script(cluster, head, t, read_ray=False)
                 port = cluster.ray.dashboard_port
-                dashboard = channel(conn, ray_http.DASHBOARD_HOST, port)
+                dashboard = runner(conn)
 
                 async def over_http(settling: bool) -> None:
                     ray = await ray_http.read_ray(dashboard, port, settling, t)

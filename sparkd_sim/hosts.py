@@ -15,7 +15,7 @@ from sparkd_sim.vllm_behaviour import ModelBehaviour
 
 TOOLS = (
     "docker", "systemctl", "nvidia-smi", "ray", "vllm", "ip", "df", "kill", "cat", "sudo",
-    "journalctl", "grep", "ping",
+    "journalctl", "grep", "ping", "python3",
 )  # fmt: skip
 SCENARIOS = ("seed-morning", "seed-crashloop", "healthy", "empty", "hand-made", "handmade")
 # `wrong-ip` registers a host this far above its address (127.0.0.2 -> 127.0.100.2).

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
+import socket
 import time
 from collections import deque
 
@@ -14,7 +16,7 @@ from sparkd_sim.consequences import Consequences
 from sparkd_sim.fake_docker import FakeDocker
 from sparkd_sim.hosts import HungCall, SimHost
 from sparkd_sim.openssh import OpenSshHost
-from sparkd_sim.protocol import Done, Reply, Stream, ToolCall, fail
+from sparkd_sim.protocol import Done, Exec, Reply, Stream, ToolCall, fail
 from sparkd_sim.serve import ServeProcess
 from sparkd_sim.serve_args import parse_serve
 from sparkd_sim.serve_hooks import ModelServer
@@ -27,6 +29,21 @@ DOCKER_DOWN = (
     "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
     "Is the docker daemon running?"
 )
+# The names a program on a host dials its own loopback by.
+LOOPBACK = ("127.0.0.1", "localhost")
+# A socket bound and never listening: a connection to its port is refused at once, as to a
+# host's port where nothing listens. Kept open for the life of the process, so no one else
+# binds the port.
+_refusing: socket.socket | None = None
+
+
+def refusing_port() -> int:
+    global _refusing  # one for the process, made on first use
+    if _refusing is None:
+        _refusing = socket.socket()
+        _refusing.bind(("127.0.0.1", 0))
+    port: int = _refusing.getsockname()[1]
+    return port
 
 
 class ToolRouting(Consequences):
@@ -87,6 +104,8 @@ class ToolRouting(Consequences):
             return self.ray.cli(container, call.args)
         if tool == "vllm":
             return self._vllm(host, container, call)
+        if tool == "python3":
+            return self._loopback_program(host, call)
         if tool == "systemctl":
             return fake_system.systemctl(state, call.args)
         if tool == "nvidia-smi":
@@ -132,6 +151,31 @@ class ToolRouting(Consequences):
         if answers:
             lines.append("rtt min/avg/max/mdev = 0.210/0.210/0.210/0.000 ms")
         return Done(stdout="\n".join(lines) + "\n", rc=0 if answers else 1)
+
+    def _loopback_program(self, host: SimHost, call: ToolCall) -> Reply:
+        """A Python program that dials the host's own loopback, given the address and port as
+        its first arguments (`python3 -I -S -c PROGRAM 127.0.0.1 PORT ...`: bin/sim-tool sends
+        no other python3 call here). The real program runs on this machine, the address and
+        port put where the simulated host's port really listens (as its SSH channels are
+        routed: a Ray head's dashboard while it answers), else at a port that refuses; stdin,
+        output and exit status are its own."""
+        args = call.args
+        at = args.index("-c") if "-c" in args else len(args)
+        options, rest = args[:at], args[at + 2 :]
+        if at + 1 >= len(args) or not all(o.startswith("-") for o in options):
+            return fail("python3: not a program given with -c", 2)
+        if len(rest) < 2 or rest[0] not in LOOPBACK or not rest[1].isdigit():
+            return fail("python3: not a loopback address and port after the program", 2)
+        python = shutil.which("python3", path="/usr/bin:/bin")
+        if python is None:
+            return fail("bash: python3: command not found", 127)
+        real = self._real_port(host.ssh.address, int(rest[1]))
+        address, port = host.ssh.address, real
+        if real is None:
+            address, port = "127.0.0.1", refusing_port()
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+        argv = [python, *args[: at + 2], address, str(port), *rest[2:]]
+        return Exec(env=env, argv=argv, detach=False)
 
     def _hang(self, host: SimHost, call: ToolCall) -> Stream:
         """Answer nothing, ever: the call ends only when its caller goes away."""

@@ -146,18 +146,17 @@ def authorized_keys_line(
     cluster: ClusterSpec, host: HostSpec, key: str, path: str = WRAPPER_PATH
 ) -> str:
     """`restrict` forbids forwarding, a PTY, agent and X11 forwarding and ~/.ssh/rc; the head
-    gets port forwarding back for its destinations only: the model endpoint the probe opens a
-    channel to, and Ray's dashboard on its loopback. (Remote forwarding is forbidden in
-    sshd_config: no key option can.)"""
+    gets port forwarding back for one destination only: the model endpoint the probe opens a
+    channel to. Never Ray's dashboard: a channel there would also reach Ray's job API (code run
+    as root in the head's container); sparkd reads it by fixed commands the wrapper admits
+    (catalogue.dashboard_get). (Remote forwarding is forbidden in sshd_config: no key option
+    can.)"""
     options = [f'command="{path}"', "restrict"]
     if host.name == cluster.head.name:
         target = cluster.model_host
         if ":" in target:
             target = f"[{target}]"
         options += ["port-forwarding", f'permitopen="{target}:{cluster.model.port}"']
-        if cluster.ray.dashboard:
-            # Ray's state, read from the dashboard on the head's loopback (shell.ray_http).
-            options.append(f'permitopen="127.0.0.1:{cluster.ray.dashboard_port}"')
     return f"{','.join(options)} {key}"
 
 

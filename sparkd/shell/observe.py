@@ -72,6 +72,21 @@ def channel(conn: HostConnection, host: str, port: int) -> model_http.Opener:
     return open_channel
 
 
+def runner(conn: HostConnection) -> ray_http.Runner:
+    """The dashboard's reads, run on `conn`'s host as commands of their own."""
+
+    async def run(remote: catalogue.Remote, seconds: float) -> ray_http.Ran:
+        try:
+            result = await conn.run(remote.command, timeout=seconds, input=remote.stdin)
+        except SshFailure as failure:
+            if failure.kind != "exit_nonzero" or failure.result is None:
+                return ray_http.Ran(None, f"{failure.kind}: {failure.error.detail}")
+            result = failure.result
+        return ray_http.Ran(result.exit_status, result.stdout)
+
+    return run
+
+
 async def read_host(
     cluster: ClusterSpec,
     host: HostSpec,
@@ -97,9 +112,8 @@ async def read_host(
     )
     dashboard: asyncio.Task[RayState | ray_http.DashboardSilent] | None = None
     if over_http:
-        open_dashboard = channel(conn, ray_http.DASHBOARD_HOST, cluster.ray.dashboard_port)
         dashboard = asyncio.create_task(
-            ray_http.read_ray(open_dashboard, cluster.ray.dashboard_port, ray_status, t, ray_token)
+            ray_http.read_ray(runner(conn), cluster.ray.dashboard_port, ray_status, t, ray_token)
         )
     try:
         sections = await _sections(conn, script, cluster.ssh.command_timeout)

@@ -1,84 +1,112 @@
-"""Ray's node list and cluster status from the head's dashboard, over a channel per request.
+"""Ray's node list and cluster status from the head's dashboard, by a fixed command on the head.
 
 The `ray` CLI costs the head 0.6-3 s of a core a call (a Python start and Ray's imports); the
-dashboard serves the same facts for a few milliseconds. Reached through the head's SSH
-connection (a direct-tcpip channel to `127.0.0.1:ray.dashboard_port`, where `ray start
---dashboard-host=127.0.0.1` binds it), like the model. When the dashboard does not answer
-readably, the caller reads the CLI instead.
+dashboard serves the same facts for a few milliseconds. Each read is one of the catalogue's
+fixed GETs (`catalogue.dashboard_get`: Python's standard library on the head host's loopback,
+where `ray start --dashboard-host=127.0.0.1` binds it, a few tens of ms of a core), run over the
+head's SSH connection like any other command. The key gets no channel to the dashboard's port:
+one would also reach Ray's job API (`POST /api/jobs/` runs code as root in the head's
+container). When the dashboard does not answer readably, the caller reads the CLI instead.
 
 With Ray's token auth on (`RAY_AUTH_MODE=token`), every read carries `Authorization: Bearer
-<token>` from `ray.auth_token_file`. Ray refuses a read without the header (401) or with
-another token (403); such a refusal is `DashboardRefused`, which the caller says in Ray's
-reading rather than falling back to the CLI in silence.
+<token>` from `ray.auth_token_file` (sent on the command's stdin, never on a command line).
+Ray refuses a read without the header (401) or with another token (403); such a refusal is
+`DashboardRefused`, which the caller says in Ray's reading rather than falling back to the CLI
+in silence.
 """
 
 from __future__ import annotations
 
 import asyncio
-from urllib.parse import urlencode
-
-import h11
+from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 
 from sparkd.core import ray_json
 from sparkd.core.text import printable
+from sparkd.model.exits import REFUSED_EXIT
 from sparkd.model.observed import RayState
-from sparkd.shell.model_http import (
-    BodyTooLarge,
-    ChannelRefused,
-    ChannelUnavailable,
-    Opener,
-    request,
+from sparkd.shell import catalogue
+from sparkd.shell.catalogue.reads import (
+    DASHBOARD_HOST,
+    FORMATTED_STATUS_PATH,
+    NODES_PATH,
+    STATUS_PATH,
 )
 
-DASHBOARD_HOST = "127.0.0.1"
-# The filter applies before the limit, as with `ray list nodes --filter state=ALIVE`: DEAD
-# records (one per restart, for the life of the head) never push an ALIVE node out.
-NODES_PATH = "/api/v0/nodes?" + urlencode(
-    [
-        ("limit", str(ray_json.NODES_LIMIT)),
-        ("filter_keys", "state"),
-        ("filter_predicates", "="),
-        ("filter_values", "ALIVE"),
-    ]
-)
-STATUS_PATH = "/api/cluster_status"
-# The same status as text, as `ray status` prints it: under autoscaler v2 the only one there is.
-FORMATTED_STATUS_PATH = "/api/cluster_status?format=1"
-# A node list is a few kB; the cluster status grows with the nodes and resources.
-MAX_ANSWER = 1 << 20
+__all__ = [
+    "DASHBOARD_HOST",
+    "FORMATTED_STATUS_PATH",
+    "MAX_ANSWER",
+    "NODES_PATH",
+    "STATUS_PATH",
+    "DashboardRefused",
+    "DashboardSilent",
+    "Ran",
+    "Runner",
+    "read_ray",
+]
+
+MAX_ANSWER = catalogue.DASHBOARD_MAX_ANSWER
 # Ray's token middleware answers these two statuses, with a one-line text body (ray 2.60
 # python/ray/_private/authentication/http_token_authentication.py `token_auth_middleware`).
 REFUSALS = frozenset({401, 403})
 # Enough of the refusal's body to say which one it was, never a whole answer.
 MAX_REFUSAL_TEXT = 120
+# `timeout` ends a command that outlives it with this status.
+TIMED_OUT_EXIT = 124
 
 
-async def _get(opener: Opener, port: int, path: str, token: str | None = None) -> str:
+class Ran(NamedTuple):
+    """A finished command: its exit status (None when it could not be run at all, `stdout`
+    then saying why) and its output."""
+
+    exit_status: int | None
+    stdout: str
+
+
+# Runs one catalogue command on the head (its stdin included) within the given seconds.
+Runner = Callable[[catalogue.Remote, float], Awaitable[Ran]]
+
+
+def _answer(path: str, ran: Ran, token: str | None) -> str:
     """The body of a 200 answer; anything else raises `DashboardSilent` saying what happened."""
-    authority = f"{DASHBOARD_HOST}:{port}"
-    # Ray compares the whole header value with `Bearer <token>` (ray 2.60
-    # dashboard/authentication_utils.py `validate_request_token`).
-    headers = [("Authorization", f"Bearer {token}")] if token else []
-    try:
-        response = await request(
-            opener, "GET", authority, path, max_bytes=MAX_ANSWER, headers=headers
+    status, out = ran
+    where = path.split("?")[0]
+    if status is None:
+        raise DashboardSilent(f"dashboard read not run: {printable(out)[:MAX_REFUSAL_TEXT]}")
+    if status == catalogue.DASHBOARD_REFUSED_EXIT:
+        raise DashboardSilent("dashboard refused the connection")
+    if status == catalogue.DASHBOARD_TOO_LARGE_EXIT:
+        raise DashboardSilent("dashboard answer unreadable: larger than the cap")
+    if status == catalogue.DASHBOARD_FAILED_EXIT:
+        said = printable(out.strip().removeprefix("!"))[:64] or "failed"
+        raise DashboardSilent(f"dashboard answer unreadable: {said}")
+    if status == TIMED_OUT_EXIT:
+        raise DashboardSilent(f"dashboard did not answer {where}")
+    if status == REFUSED_EXIT:
+        raise DashboardSilent(
+            "the forced command refused the dashboard read (exit 126): reinstall it "
+            "(sparkd commands --forced-command)"
         )
-    except ChannelRefused:
-        raise DashboardSilent("dashboard refused the connection") from None
-    except ChannelUnavailable as exc:
-        raise DashboardSilent(f"no channel to the dashboard: {exc}") from None
-    except (BodyTooLarge, h11.ProtocolError, OSError, EOFError) as exc:
-        raise DashboardSilent(f"dashboard answer unreadable: {type(exc).__name__}") from None
-    if response.status in REFUSALS:
-        said = response.body[:MAX_REFUSAL_TEXT].decode("utf-8", errors="replace")
-        said = printable(said).strip() or f"HTTP {response.status}"
+    head, newline, body = out.partition("\n")
+    words = head.split(" ")
+    if status != 0 or not newline or len(words) != 2 or words[0] != "HTTP":
+        raise DashboardSilent(f"dashboard read failed (exit {status}) for {where}")
+    if not words[1].isdigit():
+        raise DashboardSilent(f"dashboard answer unreadable for {where}")
+    code = int(words[1])
+    if code in REFUSALS:
+        said = printable(body[:MAX_REFUSAL_TEXT]).strip() or f"HTTP {code}"
         hint = "no ray.auth_token_file" if token is None else "ray.auth_token_file's token"
-        raise DashboardRefused(
-            f"the dashboard refused sparkd's read ({hint}): HTTP {response.status} {said}"
-        )
-    if response.status != 200:
-        raise DashboardSilent(f"dashboard answered HTTP {response.status} to {path.split('?')[0]}")
-    return response.body.decode("utf-8", errors="replace")
+        raise DashboardRefused(f"the dashboard refused sparkd's read ({hint}): HTTP {code} {said}")
+    if code != 200:
+        raise DashboardSilent(f"dashboard answered HTTP {code} to {where}")
+    return body
+
+
+async def _get(run: Runner, port: int, path: str, seconds: float, token: str | None) -> str:
+    ran = await run(catalogue.dashboard_get(port, path, seconds, token), seconds)
+    return _answer(path, ran, token)
 
 
 class DashboardSilent(Exception):
@@ -90,7 +118,7 @@ class DashboardRefused(DashboardSilent):
 
 
 async def read_ray(
-    opener: Opener, port: int, ray_status: bool, seconds: float, token: str | None = None
+    run: Runner, port: int, ray_status: bool, seconds: float, token: str | None = None
 ) -> RayState | DashboardSilent:
     """The node list, and with `ray_status` the GPUs Ray can place on beside it (a node is
     listed ALIVE a few seconds before its GPU counts). A node list that cannot be had is
@@ -101,13 +129,13 @@ async def read_ray(
     try:
         async with asyncio.timeout(seconds):
             answers = await asyncio.gather(
-                *(_get(opener, port, path, token) for path in paths), return_exceptions=True
+                *(_get(run, port, path, seconds, token) for path in paths), return_exceptions=True
             )
             nodes = answers[0]
             status = answers[1] if ray_status else None
             if isinstance(status, str) and ray_json.report_absent(status):
                 try:
-                    status = await _get(opener, port, FORMATTED_STATUS_PATH, token)
+                    status = await _get(run, port, FORMATTED_STATUS_PATH, seconds, token)
                 except DashboardSilent as silent:
                     status = silent
     except TimeoutError:

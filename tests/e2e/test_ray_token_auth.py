@@ -67,3 +67,9 @@ async def test_a_cluster_with_token_auth(tmp_path: Path, pool: SshPool, with_tok
             assert len(said) == 1, said
         dumped = json.dumps(seen.model_dump(mode="json"))
         assert TOKEN not in dumped
+        # Read by the head's own GETs (no channel to the dashboard), the token on their stdin.
+        head = cluster_of(world).head.name
+        commands = world.commands(head)
+        gets = [c for c in commands if c.source == "tool" and c.command.startswith("python3 -I -S")]
+        assert gets and all(f"127.0.0.1 {ray.dashboard_port} /api/" in c.command for c in gets)
+        assert not any(TOKEN in c.command for c in world.commands())

@@ -1,6 +1,7 @@
-"""Ray's dashboard read over real loopback HTTP: real Ray 2.60's answers (tests/fixtures/ray-http)
-read as Ray, and a dashboard that is off, failing, slow or garbled read as silent (the caller
-then asks `ray status`), never as an exception."""
+"""Ray's dashboard read over real loopback HTTP by the command the head runs
+(catalogue.dashboard_get, run here): real Ray 2.60's answers (tests/fixtures/ray-http) read as
+Ray, and a dashboard that is off, failing, slow, garbled or too large read as silent (the
+caller then asks `ray status`), never as an exception."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import pytest
 from aiohttp import web
 
 from sparkd.model.observed import RayState
-from sparkd.shell import ray_http
-from tests.support.model_client import opener_for
+from sparkd.shell import catalogue, ray_http
+from tests.support.ray_reads import run_here
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ray-http"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -60,7 +61,7 @@ def text(body: str, status: int = 200) -> Handler:
 async def read(nodes: Handler, status: Handler, settling: bool = True) -> Any:
     runner, port = await answering(nodes, status)()
     try:
-        return await ray_http.read_ray(opener_for(port), port, settling, 2.0)
+        return await ray_http.read_ray(run_here, port, settling, 2.0)
     finally:
         await runner.cleanup()
 
@@ -101,8 +102,9 @@ async def slow(request: web.Request) -> web.Response:
         text("<html>Bad Gateway</html>"),
         text('{"result": true, "data": {"result": {"result": [{"node_ip": "1"}]}}}'),
         slow,
+        text("[" + "0," * ray_http.MAX_ANSWER + "0]"),
     ],
-    ids=["500", "429", "html", "shape", "slow"],
+    ids=["500", "429", "html", "shape", "slow", "too_large"],
 )
 async def test_a_dashboard_that_does_not_answer_readably_is_silent(nodes: Handler) -> None:
     ray = await read(nodes, text(real("/api/cluster_status")))
@@ -112,7 +114,7 @@ async def test_a_dashboard_that_does_not_answer_readably_is_silent(nodes: Handle
 async def test_nothing_listening_is_silent() -> None:
     runner, port = await answering(text(""), text(""))()
     await runner.cleanup()
-    ray = await ray_http.read_ray(opener_for(port), port, True, 2.0)
+    ray = await ray_http.read_ray(run_here, port, True, 2.0)
     assert isinstance(ray, ray_http.DashboardSilent) and "refused" in str(ray)
 
 
@@ -174,7 +176,7 @@ async def read_with(token: str | None, served: str) -> Any:
     status = token_auth(served, text(real("/api/cluster_status")))
     runner, port = await answering(nodes, status)()
     try:
-        return await ray_http.read_ray(opener_for(port), port, True, 2.0, token)
+        return await ray_http.read_ray(run_here, port, True, 2.0, token)
     finally:
         await runner.cleanup()
 
@@ -191,3 +193,29 @@ async def test_token_refusal_is_said(token: str | None, case: str) -> None:
     expected = AUTH[case]
     assert f"HTTP {expected['status']} {expected['body']}" in str(ray)
     assert "another-token" not in str(ray) and "s3cret" not in str(ray)
+
+
+@pytest.mark.parametrize(
+    ("ran", "said"),
+    [
+        (ray_http.Ran(126, ""), "forced command refused"),
+        (ray_http.Ran(124, ""), "did not answer"),
+        (ray_http.Ran(127, ""), "exit 127"),
+        (ray_http.Ran(None, "timeout: `timeout` did not finish within 2s"), "not run"),
+        (ray_http.Ran(5, "!TimeoutError\n"), "TimeoutError"),
+        (ray_http.Ran(0, "HTTP 200"), "failed"),
+        (ray_http.Ran(0, "HTTP x\n{}"), "unreadable"),
+    ],
+    ids=["wrapper", "timeout", "no_python", "ssh", "socket", "no_body", "status"],
+)
+async def test_a_read_that_did_not_run_through_is_silent_saying_why(
+    ran: ray_http.Ran, said: str
+) -> None:
+    """An old wrapper that does not admit the reads, a host without python3, a timed-out or
+    garbled read: silent (the CLI is read instead), never a refusal of Ray's."""
+
+    async def run(remote: catalogue.Remote, seconds: float) -> ray_http.Ran:
+        return ran
+
+    ray = await ray_http.read_ray(run, 8265, True, 2.0)
+    assert type(ray) is ray_http.DashboardSilent and said in str(ray), ray

@@ -130,10 +130,14 @@ async def test_cold_start_from_seed_morning(real_cluster: RealCluster) -> None:
     nodes = alive_nodes(ctl)
     assert all(NODE_ID.match(n) for n in nodes)
     assert sorted(nodes.values()) == sorted(h.ip for h in ctl.cluster.hosts)
-    # Read from the real dashboard's HTTP API: never `ray list nodes`, and `ray status` only
-    # while the dashboard did not answer yet (it starts a second or so after the GCS).
+    # Read from the real dashboard's HTTP API, by the head's own GETs (no channel to the
+    # dashboard's port): never `ray list nodes`, and `ray status` only while the dashboard did
+    # not answer yet (it starts a second or so after the GCS).
     calls = [r.command for r in world.commands(ctl.cluster.head.name)]
     assert not [c for c in calls if c.startswith("ray list")], calls
+    port = ctl.cluster.ray.dashboard_port
+    gets = [c for c in calls if c.startswith("python3 -I -S -c")]
+    assert any(f" 127.0.0.1 {port} /api/v0/nodes?" in c for c in gets), calls
     assert sum(c.startswith("ray status") for c in calls) < len(plans) // 2, calls
     assert len(launches(world, 0.0)) == 1
     # The model holds one GPU on each node, through a real placement group.

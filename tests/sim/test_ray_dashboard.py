@@ -12,6 +12,7 @@ import asyncssh
 import pytest
 
 from sparkd.core import ray_json
+from sparkd.shell import catalogue
 from sparkd.shell.ray_http import DASHBOARD_HOST, FORMATTED_STATUS_PATH, NODES_PATH, STATUS_PATH
 from sparkd_sim.world import World
 from tests.sim.steps import (
@@ -113,6 +114,25 @@ async def test_refused_without_a_head_or_with_the_dashboard_off(
         assert (await run(head, ray_head_command(world, dashboard))).exit_status == 0
     with pytest.raises(asyncssh.ChannelOpenError, match="refused"):
         await head.open_connection(DASHBOARD_HOST, world.dashboard_port)
+
+
+async def test_the_heads_own_get_answers_as_the_dashboard_does(
+    world: World, head: asyncssh.SSHClientConnection, worker: asyncssh.SSHClientConnection
+) -> None:
+    """sparkd's read (catalogue.dashboard_get, run by the head's shell) gets what a client on
+    the head's loopback gets: the dashboard's own answer, refused while no head runs."""
+    await clean_up(world, head, worker)
+    read = catalogue.dashboard_get(world.dashboard_port, NODES_PATH, 10.0)
+    refused = await run(head, read.command, read.stdin)
+    assert refused.exit_status == catalogue.DASHBOARD_REFUSED_EXIT, refused
+    await start_ray(world, head, worker)
+    done = await run(head, read.command, read.stdin)
+    assert done.exit_status == 0, done
+    first, _, body = done.stdout.partition("\n")
+    assert first == "HTTP 200"
+    assert json_shape(json.loads(body)) == json_shape(await get(world, head, NODES_PATH))
+    state = ray_json.parse_nodes(body)
+    assert state is not None and state.gpus_total == 2.0
 
 
 def real_v2(formatted: bool) -> dict[str, Any]:

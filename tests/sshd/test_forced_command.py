@@ -1,6 +1,7 @@
 """The authorized_keys forced-command wrapper, installed with the line `sparkd commands
 --forced-command` prints, in front of a real OpenSSH sshd: sparkd's commands for the host go
-through, anything else exits 126, and the model channel opens to the permitted port only.
+through, anything else exits 126, the model channel opens to the permitted port only, and
+Ray's dashboard is read by the fixed GETs the wrapper admits, never through a channel.
 
 docker, systemctl and kill are stand-ins on the PATH sshd gives the session (they record their
 arguments), so nothing on this machine is touched.
@@ -9,6 +10,7 @@ arguments), so nothing on this machine is touched.
 from __future__ import annotations
 
 import getpass
+import shlex
 import socket
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -23,7 +25,7 @@ from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import RayState
 from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue, model_http, ray_http
-from sparkd.shell.observe import channel, opener
+from sparkd.shell.observe import opener, runner
 from sparkd.shell.ssh import HostConnection, SshFailure
 from sparkd_sim.ray_dashboard import DashboardServer
 from sparkd_sim.state import RayCluster, RayNode
@@ -208,23 +210,48 @@ async def test_anything_else_is_refused_naming_only_its_first_word(world: Forced
     assert not world.calls.exists()  # no stand-in ever ran
 
 
+async def test_ray_is_read_by_the_fixed_gets_and_the_job_api_is_out_of_reach(
+    world: Forced,
+) -> None:
+    """The dashboard's reads run on the head (real python3 behind the wrapper) and read Ray;
+    a job submission to the same port, by any command, exits 126 before it runs."""
+    cluster, host = world.cluster, world.host
+    port = cluster.ray.dashboard_port
+    conn = HostConnection(host, cluster.ssh)
+    try:
+        t = catalogue.tool_timeout(cluster)
+        ray = await ray_http.read_ray(runner(conn), port, True, t)
+        assert isinstance(ray, RayState) and ray.gpus_total == 1.0 and ray.gpus_usable == 1.0
+        nodes = catalogue.dashboard_get(port, catalogue.DASHBOARD_PATHS[0], t)
+        jobs = f"http://127.0.0.1:{port}/api/jobs/"
+        for command in (
+            f'curl -X POST {jobs} -d \'{{"entrypoint": "id"}}\'',
+            nodes.command.replace(shlex.quote(catalogue.DASHBOARD_PATHS[0]), "/api/jobs/"),
+            nodes.command.replace("GET", "POST"),
+            nodes.command + f"; curl -X POST {jobs}",
+        ):
+            status, output = await run(conn, command, nodes.stdin)
+            assert status == exits.REFUSED_EXIT, (command, output)
+    finally:
+        await conn.close()
+
+
 async def test_the_model_channel_reaches_only_the_permitted_port(world: Forced) -> None:
     cluster, host = world.cluster, world.host
     conn = HostConnection(host, cluster.ssh)
     try:
         result = await model_http.probe(opener(conn, cluster), cluster, API_KEY)
         assert result.verdict.outcome == "reasoning_only"
-        # Ray's dashboard on the head's loopback is the key's other permitted destination.
-        port = cluster.ray.dashboard_port
-        ray = await ray_http.read_ray(channel(conn, "127.0.0.1", port), port, True, 5.0)
-        assert isinstance(ray, RayState) and ray.gpus_total == 1.0 and ray.gpus_usable == 1.0
-        with pytest.raises(SshFailure) as info:
-            await conn.open_connection("127.0.0.1", world.other_port)
-        # Administratively prohibited: not taken for the model refusing (ssh_errors).
-        assert info.value.kind == "conn_lost"
-        assert f"code {asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED}" in info.value.error.detail
-        with socket.create_connection(("127.0.0.1", world.other_port), timeout=5):
-            pass  # the port itself is open: only the key's permitopen refused it
+        # Neither another open port nor Ray's dashboard (whose port also serves the job API)
+        # is a permitted destination.
+        for port in (world.other_port, cluster.ray.dashboard_port):
+            with pytest.raises(SshFailure) as info:
+                await conn.open_connection("127.0.0.1", port)
+            # Administratively prohibited: not taken for the model refusing (ssh_errors).
+            assert info.value.kind == "conn_lost"
+            assert f"code {asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED}" in info.value.error.detail
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                pass  # the port itself is open: only the key's permitopen refused it
     finally:
         await conn.close()
     async with asyncssh.connect(

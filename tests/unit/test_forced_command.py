@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable
@@ -180,6 +182,52 @@ def test_the_program_runs_an_allowed_command_in_sh(tmp_path: Path) -> None:
     assert (done.returncode, done.stdout) == (0, "kill -KILL 4100\nfrom stdin\n")
 
 
+def test_the_key_reaches_neither_rays_dashboard_port_nor_its_job_api() -> None:
+    """Ray's job API listens on the dashboard's port: `POST /api/jobs/` runs its entrypoint as
+    root in the head's container (real Ray 2.60 behind real OpenSSH ran `id > FILE` so). The
+    head's line opens no channel there, and the wrapper admits only sparkd's fixed GETs."""
+    cluster = reference_cluster()
+    assert cluster.ray.dashboard  # the default
+    head = cluster.head
+    port = cluster.ray.dashboard_port
+    opened = re.findall(r'permitopen="([^"]*)"', forced.authorized_keys_line(cluster, head, KEY))
+    assert opened == [f"{cluster.model_host}:{cluster.model.port}"]
+    allowed = decide(cluster, head)
+    reads = catalogue.dashboard_reads(cluster)
+    assert [r.name for r in reads] == ["dashboard_get"] * len(catalogue.DASHBOARD_PATHS)
+    assert all(allowed(r.command) for r in reads)
+    nodes = reads[0].command
+    jobs = f"http://127.0.0.1:{port}/api/jobs/"
+    job = '{"entrypoint": "id > /tmp/owned"}'
+    attacks = [
+        f"curl -X POST {jobs} -H 'Content-Type: application/json' -d {shlex.quote(job)}",
+        f"curl -sS --data-binary @- {jobs}",
+        f"curl {jobs}",
+        f"curl -X DELETE {jobs}raysubmit_1",
+        f"curl http://127.0.0.1:{port}/api/v0/nodes",
+        f'python3 -c \'import urllib.request as u; u.urlopen("{jobs}", b"{{}}")\'',
+        # sparkd's own command, bent: another path, method, port, host, cap, or more after it.
+        nodes.replace(shlex.quote(catalogue.DASHBOARD_PATHS[0]), "/api/jobs/"),
+        nodes.replace(shlex.quote(catalogue.DASHBOARD_PATHS[0]), "/api/v0/nodes"),
+        nodes.replace("'GET'", "'POST'").replace("GET", "POST"),
+        nodes.replace(f" {port} ", f" {port + 1} "),
+        nodes.replace(" 127.0.0.1 ", " 10.0.0.1 "),
+        nodes.replace(f" {catalogue.DASHBOARD_MAX_ANSWER} ", " 999999999 "),
+        nodes + " extra",
+        nodes + f"; curl -X POST {jobs}",
+        nodes + f" && curl -X POST {jobs}",
+        nodes + "\n",
+    ]
+    for command in attacks:
+        assert not allowed(command), command
+    with pytest.raises(ValueError, match="not a dashboard read"):
+        catalogue.dashboard_get(port, "/api/jobs/", catalogue.tool_timeout(cluster))
+    # Without the dashboard, no read of it passes either.
+    off = cluster.model_copy(update={"ray": cluster.ray.model_copy(update={"dashboard": False})})
+    assert catalogue.dashboard_reads(off) == []
+    assert not decide(off, off.head)(nodes)
+
+
 def test_the_authorized_keys_lines() -> None:
     cluster = reference_cluster()
     head, worker = cluster.head, cluster.workers[0]
@@ -188,8 +236,7 @@ def test_the_authorized_keys_lines() -> None:
     )
     assert forced.authorized_keys_line(cluster, head, KEY) == (
         f'command="{forced.WRAPPER_PATH}",restrict,port-forwarding,'
-        f'permitopen="{cluster.model_host}:{cluster.model.port}",'
-        f'permitopen="127.0.0.1:{cluster.ray.dashboard_port}" {KEY}'
+        f'permitopen="{cluster.model_host}:{cluster.model.port}" {KEY}'
     )
     off = cluster.ray.model_copy(update={"dashboard": False})
     line = forced.authorized_keys_line(cluster.model_copy(update={"ray": off}), head, KEY)

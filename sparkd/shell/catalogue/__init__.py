@@ -47,6 +47,13 @@ from sparkd.shell.catalogue.fence import (
 )
 from sparkd.shell.catalogue.reads import (
     CACHE_LISTING,
+    DASHBOARD_FAILED_EXIT,
+    DASHBOARD_GET,
+    DASHBOARD_HOST,
+    DASHBOARD_MAX_ANSWER,
+    DASHBOARD_PATHS,
+    DASHBOARD_REFUSED_EXIT,
+    DASHBOARD_TOO_LARGE_EXIT,
     DOCKER_ROOT,
     EVENT_ACTIONS,
     EVENTS_SPAN,
@@ -59,6 +66,8 @@ from sparkd.shell.catalogue.reads import (
     REDUCE_INDEX,
     TOP_FORMAT,
     UNIT_PROPERTIES,
+    dashboard_get,
+    dashboard_reads,
     docker_events,
     fabric_section,
     fact_script,
@@ -80,6 +89,13 @@ __all__ = [
     "CACHE_ENTRY_EXAMPLE",
     "CACHE_LISTING",
     "CACHE_STAND_IN",
+    "DASHBOARD_FAILED_EXIT",
+    "DASHBOARD_GET",
+    "DASHBOARD_HOST",
+    "DASHBOARD_MAX_ANSWER",
+    "DASHBOARD_PATHS",
+    "DASHBOARD_REFUSED_EXIT",
+    "DASHBOARD_TOO_LARGE_EXIT",
     "DOCKER_ROOT",
     "EVENTS_SPAN",
     "EVENT_ACTIONS",
@@ -105,6 +121,8 @@ __all__ = [
     "audited",
     "catalogue",
     "cmd",
+    "dashboard_get",
+    "dashboard_reads",
     "docker_events",
     "docker_run_argv",
     "fabric_section",
@@ -158,6 +176,7 @@ def catalogue(cluster: ClusterSpec, seconds: float) -> list[tuple[HostSpec, Remo
     entries.append((head, serve_processes(cluster, seconds)))
     entries.append((head, signal_serve(cluster, "TERM", seconds)))
     entries.append((head, read_serve_spec(cluster, seconds)))
+    entries += [(head, read) for read in dashboard_reads(cluster)]
     for host in cluster.hosts:
         entries.append((host, prune_cache(cluster, host, CACHE_ENTRY_EXAMPLE, seconds)))
     for host in cluster.hosts:

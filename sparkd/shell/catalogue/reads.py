@@ -6,8 +6,9 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlencode
 
-from sparkd.core import kernel, parsers, weights
+from sparkd.core import kernel, parsers, ray_json, weights
 from sparkd.core.spec import (
     LABEL_SPEC,
     container_name,
@@ -319,6 +320,98 @@ if isinstance(data, dict):
 out = json.dumps(data)
 print(out if len(out) <= most else '!is more than %d bytes once reduced' % most)
 """
+
+
+# Ray's dashboard, read on the head host's own loopback by an exec'd command rather than through
+# a channel the key opens: a channel to the dashboard's port would also reach Ray's job API
+# (`POST /api/jobs/` runs code as root in the head's container), the command reaches only the
+# GETs below. `ray start --dashboard-host=127.0.0.1` binds it there (the containers share the
+# host's network).
+DASHBOARD_HOST = "127.0.0.1"
+# The filter applies before the limit, as with `ray list nodes --filter state=ALIVE`: DEAD
+# records (one per restart, for the life of the head) never push an ALIVE node out.
+NODES_PATH = "/api/v0/nodes?" + urlencode(
+    [
+        ("limit", str(ray_json.NODES_LIMIT)),
+        ("filter_keys", "state"),
+        ("filter_predicates", "="),
+        ("filter_values", "ALIVE"),
+    ]
+)
+STATUS_PATH = "/api/cluster_status"
+# The same status as text, as `ray status` prints it: under autoscaler v2 the only one there is.
+FORMATTED_STATUS_PATH = "/api/cluster_status?format=1"
+DASHBOARD_PATHS = (NODES_PATH, STATUS_PATH, FORMATTED_STATUS_PATH)
+# A node list is a few kB; the cluster status grows with the nodes and resources.
+DASHBOARD_MAX_ANSWER = 1 << 20
+# The GET's exit statuses beyond 0 (answered: `HTTP <status>`, a newline, the body): nothing
+# listens; the body is larger than the cap (nothing of it printed); any other failure (its
+# exception's name printed after `!`). `timeout` itself exits 124 when the read outlives it.
+DASHBOARD_REFUSED_EXIT = 3
+DASHBOARD_TOO_LARGE_EXIT = 4
+DASHBOARD_FAILED_EXIT = 5
+# Python 3's standard library, not curl: Python 3 is on every host already (the forced command
+# is a Python 3 program, and the fact script's index reduction runs one), curl is not part of
+# every Ubuntu install. `-I -S` and a bare socket (an HTTP/1.0 request, read to the server's
+# close) keep its start to a few tens of ms: `http.client` alone doubles it. The method, the
+# host and the answer's cap are the program's own; the path is one of DASHBOARD_PATHS (the
+# forced command admits no other). Ray's token comes on stdin, never on a command line (an
+# empty line: no token), and goes only into the `Authorization` header (Ray compares the whole
+# value with `Bearer <token>`: ray 2.60 python/ray/dashboard/authentication_utils.py
+# `validate_request_token`).
+DASHBOARD_GET = f"""# sparkd: one GET from Ray's dashboard on this host's loopback
+import socket, sys
+host, port, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+limit, t = int(sys.argv[4]), float(sys.argv[5])
+token = sys.stdin.readline(4096).strip()
+if not token.isprintable():
+    print('!token')
+    sys.exit({DASHBOARD_FAILED_EXIT})
+ask = 'GET %s HTTP/1.0\\r\\nHost: %s:%d\\r\\n' % (path, host, port)
+if token:
+    ask += 'Authorization: Bearer %s\\r\\n' % token
+got = bytearray()
+try:
+    with socket.create_connection((host, port), timeout=t) as s:
+        s.sendall((ask + '\\r\\n').encode())
+        while len(got) <= limit + 65536:
+            part = s.recv(65536)
+            if not part:
+                break
+            got += part
+except ConnectionRefusedError:
+    sys.exit({DASHBOARD_REFUSED_EXIT})
+except OSError as e:
+    print('!' + type(e).__name__)
+    sys.exit({DASHBOARD_FAILED_EXIT})
+top, sep, body = bytes(got).partition(b'\\r\\n\\r\\n')
+words = top.split(b'\\r\\n', 1)[0].split(b' ')
+if not sep or len(words) < 2 or not words[1].isdigit():
+    print('!not HTTP')
+    sys.exit({DASHBOARD_FAILED_EXIT})
+if len(body) > limit:
+    sys.exit({DASHBOARD_TOO_LARGE_EXIT})
+sys.stdout.buffer.write(b'HTTP ' + words[1] + b'\\n' + body)
+"""
+
+
+def dashboard_get(port: int, path: str, seconds: float, token: str | None = None) -> Remote:
+    """One of the fixed GETs from the head's dashboard, on the head host's loopback, bounded by
+    `seconds` (each socket operation and, under `timeout`, the whole). `token`, Ray's, goes on
+    stdin: a line is always sent, since the program reads one."""
+    if path not in DASHBOARD_PATHS:
+        raise ValueError(f"not a dashboard read sparkd makes: {path!r}")
+    argv = ["python3", "-I", "-S", "-c", DASHBOARD_GET, DASHBOARD_HOST, str(port), path]
+    argv += [str(DASHBOARD_MAX_ANSWER), f"{max(1.0, seconds):g}"]
+    return Remote("dashboard_get", cmd(argv, seconds), mutating=False, stdin=f"{token or ''}\n")
+
+
+def dashboard_reads(cluster: ClusterSpec) -> list[Remote]:
+    """Every dashboard read observing may send the head, as it sends them (`tool_timeout`)."""
+    if not cluster.ray.dashboard:
+        return []
+    t = tool_timeout(cluster)
+    return [dashboard_get(cluster.ray.dashboard_port, path, t) for path in DASHBOARD_PATHS]
 
 
 KERNEL_LOG = (
