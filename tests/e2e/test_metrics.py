@@ -21,6 +21,7 @@ from sparkd.model.plan import PHASES
 from sparkd.model.probe import PROBE_OUTCOMES
 from sparkd.runtime.daemon import Daemon
 from sparkd.web.serve import serve_api
+from sparkd_sim.timing import FAST_FACTOR
 from sparkd_sim.world import World
 from tests.ops.tools import tool
 from tests.support.daemon import FAST_EXECUTOR, daemon_on, eventually, world_settings
@@ -45,7 +46,11 @@ async def consistent(url: str) -> tuple[dict[str, Any], Samples]:
 
 @pytest.fixture
 async def seed_daemon(seed_world: World, tmp_path: Path) -> AsyncIterator[Daemon]:
-    async with daemon_on(seed_world, tmp_path / "state") as daemon:
+    # `healthy_reset` at its shipped ratio (600 s of a 30 s interval): the remediation budget
+    # the test reads is that of the incident just repaired, not one that sustained health has
+    # already reset (the tests' 5 s reset passed before the read on a loaded machine).
+    reset = {"policy": {"healthy_reset": 600.0 * FAST_FACTOR}}
+    async with daemon_on(seed_world, tmp_path / "state", **reset) as daemon:
         yield daemon
 
 

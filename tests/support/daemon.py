@@ -140,11 +140,11 @@ async def converge(controller: Controller, cycles: int = 60, pause: float = 0.1)
 
 
 @contextlib.asynccontextmanager
-async def daemon_on(world: World, state: Path) -> AsyncIterator[Daemon]:
-    """The whole daemon (controllers, executor, API) on the world's config with scaled times,
-    stopped on the way out."""
+async def daemon_on(world: World, state: Path, **changes: Any) -> AsyncIterator[Daemon]:
+    """The whole daemon (controllers, executor, API) on the world's config with scaled times
+    (and the cluster `changes`, as `fast_cluster` takes them), stopped on the way out."""
     daemon = Daemon(
-        world_settings(world, state),
+        world_settings(world, state, **changes),
         world.config_path,
         executor_timing=FAST_EXECUTOR,
         api=serve_api,
