@@ -18,7 +18,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from apscheduler.triggers.cron import CronTrigger
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
@@ -30,9 +29,10 @@ from pydantic_settings import (
 from sparkd.config_file import DEFAULT_CONFIG_PATH, MAX_SOCKET_PATH
 from sparkd.ha.config import HaSpec
 from sparkd.model.base import Value
-from sparkd.model.cluster import ClusterSpec, MaintenanceSpec
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.fields import own_directory, unique
 from sparkd.model.spec import HostSpec
+from sparkd.shell.cron import cron_trigger
 
 
 class DaemonSettings(Value):
@@ -164,16 +164,6 @@ def load_settings(path: Path) -> Settings:
     if problems:
         raise ConfigError(problems)
     return settings
-
-
-def cron_trigger(spec: MaintenanceSpec) -> CronTrigger:
-    """APScheduler's trigger for the window's starts; raises ValueError when invalid."""
-    try:
-        return CronTrigger.from_crontab(spec.cron, timezone=spec.timezone)
-    except ValueError as exc:
-        raise ValueError(f"cron {spec.cron!r}: {exc}") from None
-    except LookupError as exc:  # an unknown timezone name
-        raise ValueError(f"unknown timezone {spec.timezone!r}: {exc}") from None
 
 
 def window_problems(settings: Settings) -> list[str]:

@@ -18,7 +18,8 @@ from sparkd.cli import api
 from sparkd.cli.output import render_plan
 from sparkd.config_file import config_path
 from sparkd.model.exits import EX_CONFIG, EX_DATAERR, EX_USAGE
-from sparkd.settings import ConfigError, Settings, cron_trigger, load_settings
+from sparkd.settings import ConfigError, Settings, load_settings
+from sparkd.shell.cron import cron_trigger
 
 
 def _parser() -> argparse.ArgumentParser:

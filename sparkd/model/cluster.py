@@ -105,7 +105,7 @@ class PowerSpec(Value):
 
 class MaintenanceSpec(Value):
     """A recurring window in which the cluster is observed and nothing is acted on. Its cron is
-    read where the config is loaded (`sparkd.settings.cron_trigger`): APScheduler parses it, and
+    read where the config is loaded (`sparkd.shell.cron.cron_trigger`): APScheduler parses it, and
     whether it still fires depends on the clock, neither of which a value type may reach."""
 
     cron: Annotated[str, Field(min_length=1)]

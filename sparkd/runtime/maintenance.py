@@ -17,7 +17,7 @@ from apscheduler.triggers.date import DateTrigger
 
 from sparkd.model.cluster import ClusterSpec, MaintenanceSpec
 from sparkd.model.memory import Memory, Pause
-from sparkd.settings import cron_trigger
+from sparkd.shell.cron import cron_trigger
 
 
 @dataclass(frozen=True)
