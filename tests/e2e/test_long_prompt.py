@@ -13,22 +13,9 @@ from pathlib import Path
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
 from tests.support.daemon import controller, converge, eventually, mutations, running
+from tests.support.ratios import PREFILL_RATE, SCALE, shipped_ratios
 
-# The defaults' ratios (interval 30 s, probe_interval 60 s, probe.timeout 30 s, hang_window
-# 60 s, hang_ready_grace 70 s, prefill_rate 1000 tokens/s) on the tests' probe_interval of 1.2 s.
-SCALE = 1.2 / 60.0
-REAL_RATIOS = {
-    "interval": 30.0 * SCALE,
-    "probe": {"timeout": 30.0 * SCALE},
-    "policy": {
-        "hang_window": 60.0 * SCALE,
-        "hang_ready_grace": 70.0 * SCALE,
-        "prefill_rate": 1000.0 / SCALE,
-    },
-}
-# Two Sparks prefill about 2000 tokens/s (vllm#41834): a 250k-token prompt takes two minutes
-# there, two hang windows.
-PREFILL_RATE = 2000.0 / SCALE
+REAL_RATIOS = shipped_ratios()
 PROMPT_TOKENS = 250_000
 
 

@@ -37,32 +37,22 @@ from sparkd.shell.ssh import SshPool
 from sparkd_demo.cli import sparkd_spec_labels
 from sparkd_sim.timing import FAST_FACTOR, Timing
 from sparkd_sim.world import World
+from tests.support import ratios
 from tests.support.daemon import controller, converge, eventually, running
+from tests.support.ratios import PREFILL_RATE, SCALE
 
 pytestmark = pytest.mark.soak
 
 COUNT = int(os.environ.get("SPARKD_SOAK_COUNT", "2"))
 INCIDENTS = int(os.environ.get("SPARKD_SOAK_FAULTS", "4"))
-# The shipped defaults' ratios (interval 30 s, probe_interval 60 s, probe.timeout 30 s,
-# hang_window 60 s, hang_ready_grace 70 s, prefill_rate 1000 tokens/s, power.unreachable_for
-# 600 s) on the tests' probe interval of 1.2 s.
-SCALE = 1.2 / 60.0
-# Two Sparks prefill about 2000 tokens/s: a 250k-token prompt outlasts two hang windows.
-PREFILL_RATE = 2000.0 / SCALE
 LONG_PROMPT = 250_000
 
 
-def shipped_ratios(world: World) -> dict[str, Any]:
+def with_power(world: World) -> dict[str, Any]:
     # The world's own PDU, so that a power cycle is possible and would show.
     pdu = [sys.executable, "-m", "sparkd_sim.power", "cycle", "{host}", "--dir"]
     return {
-        "interval": 30.0 * SCALE,
-        "probe": {"timeout": 30.0 * SCALE},
-        "policy": {
-            "hang_window": 60.0 * SCALE,
-            "hang_ready_grace": 70.0 * SCALE,
-            "prefill_rate": 1000.0 / SCALE,
-        },
+        **ratios.shipped_ratios(),
         "power": {
             "command": [*pdu, str(world.directory)],
             "timeout": 60.0 * FAST_FACTOR,
@@ -246,7 +236,7 @@ async def test_no_action_while_the_world_would_have_served(
     pool = SshPool(reconnect_initial=0.05, reconnect_max=0.2)
     try:
         async with world_for(tmp_path, "with") as world:
-            ctl = controller(world, pool, tmp_path / "state", cluster=shipped_ratios(world))
+            ctl = controller(world, pool, tmp_path / "state", cluster=with_power(world))
             await converge(ctl)
             async with running(ctl):
                 # Past the just-ready engine's grace, as a cluster that has served a while.

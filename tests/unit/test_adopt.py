@@ -14,24 +14,14 @@ from sparkd.core.remember import remember
 from sparkd.core.spec import container_name
 from sparkd.model.memory import Memory
 from sparkd.model.observed import ModelEndpoint, Observed, UnitState
-from sparkd.model.plan import Plan
+from sparkd.model.plan import ACTION_KINDS, Plan
 from tests.support.handmade import HEAD_BOX, SERVE_PID, WORKER_BOX, handmade, serve_words
 from tests.support.planning import COMMON
 from tests.toy import Toy
 
 # What changes a host: everything but the cache's pruning, which only runs while sparkd's own
 # launch is healthy.
-MUTATING = {
-    "stop_unit",
-    "remove_container",
-    "start_ray_head",
-    "start_ray_worker",
-    "restart_ray",
-    "start_model",
-    "restart_model",
-    "kill_gpu_process",
-    "power_cycle",
-}
+MUTATING = set(ACTION_KINDS) - {"prune_cache"}
 
 
 def first(observed: Observed, memory: Memory, toy: Toy) -> Plan:
