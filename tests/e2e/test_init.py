@@ -12,10 +12,13 @@ from pathlib import Path
 
 import asyncssh
 
+from sparkd.runtime.controller import Controller
+from sparkd.runtime.state import StateDir
 from sparkd.settings import load_settings
+from sparkd.shell.ssh import SshPool
 from sparkd_sim.reference import INTERFACE, MODEL_ID, QWEN_IMAGE, STALE_UNITS
 from sparkd_sim.world import World
-from tests.support.daemon import mutations
+from tests.support.daemon import FAST_EXECUTOR, fast_cluster, mutations
 from tests.support.live import live_world
 
 
@@ -116,3 +119,34 @@ async def test_init_writes_nothing_for_a_host_that_refuses_the_key(tmp_path: Pat
         )  # fmt: skip
         assert rc != 0 and out == ""
         assert err.count("not read:") == 2, err
+
+
+async def test_sparkd_on_the_drafted_config_adopts_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    # First contact end to end: the config `sparkd init` drafted, then sparkd itself on the
+    # deployment it describes: no restart, no removal, `healthy`, one `adopted` event.
+    async with live_world(tmp_path / "world", "hand-made") as world:
+        began = await _launched(world)
+        rc, text, err = await _init(world, world.known_hosts_path)
+        assert rc == 0, err
+        state = tmp_path / "state"
+        config = tmp_path / "sparkd.toml"
+        config.write_text(text.replace('"/var/lib/sparkd"', f'"{state}"'))
+        pool = SshPool()
+        try:
+            cluster = fast_cluster(load_settings(config).clusters[0])
+            ctl = Controller(cluster, pool, StateDir(state), executor_timing=FAST_EXECUTOR)
+            plans = [await ctl.cycle()]
+            for _ in range(300):
+                if plans[-1].phase == "healthy":
+                    break
+                await asyncio.sleep(0.1)
+                plans.append(await ctl.cycle())
+        finally:
+            await pool.close()
+        assert plans[-1].phase == "healthy", [p.reason for p in plans]
+        assert not [a for p in plans for a in p.actions], [p.reason for p in plans]
+        assert mutations(world, since=began) == []
+        adopted = [e for e in StateDir(state).read_events_counted(100)[0] if e["kind"] == "adopted"]
+        assert len(adopted) == 1, adopted
