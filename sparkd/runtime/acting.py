@@ -164,7 +164,7 @@ class OnEtcd:
             own.fenced(name, host, detail)
             controller = self.controllers.get(name)
             if controller is not None:
-                controller.fenced(host, detail)
+                controller.requests.fenced(host, detail)
 
         fence.on_fenced = fenced
         return fence
@@ -206,7 +206,7 @@ class OnEtcd:
         self.own.fenced(cluster_name, "etcd", detail)
         controller = self.controllers.get(cluster_name)
         if controller is not None:
-            controller.fenced("etcd", detail)
+            controller.requests.fenced("etcd", detail)
 
     def _changed(self, cluster_name: str) -> None:
         # Acquired or lost: look now, so an owner acts at once and a former one stops.
@@ -228,8 +228,8 @@ class OnEtcd:
         by = printable(redact(control.by))
         controller.log.info("control", revision=revision, paused=control.paused, by=by)
         if control.paused:
-            controller.pause(printable(redact(control.reason)), by, control.until)
+            controller.requests.pause(printable(redact(control.reason)), by, control.until)
         else:
-            controller.resume(by)
+            controller.requests.resume(by)
         store.applied(cluster_name, revision)
         return True

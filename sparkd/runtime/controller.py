@@ -40,7 +40,7 @@ from sparkd.runtime.maintenance import Window, overlay, window_at
 from sparkd.runtime.next_look import NextLook, next_look, wake_rest
 from sparkd.runtime.persist import Persistence
 from sparkd.runtime.reads import probe_due, reusable_ray
-from sparkd.runtime.requests import OperatorRequests
+from sparkd.runtime.requests import MemoryNow, OperatorRequests
 from sparkd.runtime.spec_history import SpecHistory
 from sparkd.runtime.state import StateDir
 from sparkd.runtime.store import LocalStore, MemoryStore
@@ -53,7 +53,7 @@ from sparkd.shell.ssh import SshPool
 # ClusterView and CycleRecord live in runtime.cluster_view; named here too, beside the controller.
 
 
-class Controller(OperatorRequests):
+class Controller:
     def __init__(
         self,
         cluster: ClusterSpec,
@@ -130,8 +130,19 @@ class Controller(OperatorRequests):
             )
         # A stamp from before a reboot of the ops box may lie ahead of the new daemon time.
         # Memory from the state dir is another process's: evidence until this one confirms it.
-        self.memory = bounded(read.memory, self.clock.now()).evolve(
-            clock=self.clock.anchor, observing_since=self.clock.now()
+        self.now = MemoryNow(
+            bounded(read.memory, self.clock.now()).evolve(
+                clock=self.clock.anchor, observing_since=self.clock.now()
+            )
+        )
+        self.requests = OperatorRequests(
+            self.now,
+            lambda: self.cluster,
+            self.clock,
+            wall_clock,
+            self.log,
+            self._note,
+            self._stir,
         )
         if not self.clock.carried:
             if read.memory.clock is not None:
@@ -157,7 +168,28 @@ class Controller(OperatorRequests):
         self.action_deadline: float | None = None
         # While a look runs: when it must have ended, by its own timeouts.
         self.observe_deadline: float | None = None
-        self._operator_edits = []
+
+    @property
+    def memory(self) -> Memory:
+        """Memory now (`MemoryNow` owns it)."""
+        return self.now.value
+
+    @memory.setter
+    def memory(self, memory: Memory) -> None:
+        self.now.value = memory
+
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        return {"at": self.wall_clock(), "cluster": self.cluster.name, "kind": kind, **fields}
+
+    def _note(self, kind: str, fields: dict[str, Any]) -> bool:
+        """Persist memory with one event and wake the loop; True when it is on disk."""
+        saved = self.persistence.save(self.memory, [self._event(kind, **fields)])
+        self.wake.set()
+        return saved
+
+    def _stir(self) -> None:
+        self._stirred = True
+        self.wake.set()
 
     # -- one cycle ----------------------------------------------------------------------
 
@@ -209,7 +241,7 @@ class Controller(OperatorRequests):
         if known_ray is None:
             self._ray_read_at = observed.observed_at
         self.progress_at = self.monotonic()  # a slow but bounded observation is progress
-        self._operator_edits.clear()
+        self.now.look_began()
         self.view.clock_step = note_step(self.clock.noticed(), self.view.clock_step, self.log)
         before = self.memory
         wall = self.clock.wall_of(observed.observed_at)
@@ -250,7 +282,7 @@ class Controller(OperatorRequests):
             self._cycle = None
         outcomes = cycle.outcomes
         self._learn(cycle)
-        self._operator_edits.clear()
+        self.now.cycle_ended()
         self.view.cycle_done(observed, plan, self.wall_clock())
         self.action_deadline = None
         self.progress_at = self.monotonic()
@@ -278,7 +310,7 @@ class Controller(OperatorRequests):
     def _learn(self, cycle: CycleInProgress) -> None:
         """Memory as if the cycle ended now, persisted with the events so far."""
         now = self.clock.now()
-        self.memory = remember(
+        learnt = remember(
             cycle.before,
             cycle.observed,
             cycle.outcomes,
@@ -286,9 +318,9 @@ class Controller(OperatorRequests):
             cycle.plan,
             wall=self.clock.wall_of(now),
         )
-        self.memory = rollout.track(
+        learnt = rollout.track(
             cycle.before,
-            self.memory,
+            learnt,
             self.cluster,
             cycle.observed,
             cycle.outcomes,
@@ -296,14 +328,13 @@ class Controller(OperatorRequests):
             now,
             self.clock.wall_of(now),
         )
-        for kind, fields in rollout.events(cycle.before.rollout, self.memory.rollout):
+        for kind, fields in rollout.events(cycle.before.rollout, learnt.rollout):
             if kind not in cycle.rollout_noted:
                 cycle.rollout_noted.add(kind)
                 cycle.events.append(self._event(kind, **fields))
                 self.log.warning(kind, **fields)
         # A pause or resume that landed while the cycle ran applies on top of what it learnt.
-        for edit in self._operator_edits:
-            self.memory = edit(self.memory)
+        self.now.learnt(learnt)
         adopted = self.memory.adopted
         if adopted is not None and cycle.before.adopted is None:
             # First contact took over a deployment made by hand (core.adopt): what, by name.

@@ -55,7 +55,7 @@ async def pause(request: web.Request) -> web.Response:
     reason, by = redact(reason.strip()), redact(str(by))
     if request.app[DAEMON].ha is not None:
         return await _through_etcd(request, controller, True, reason, by, until)
-    saved = controller.pause(reason, by, until)
+    saved = controller.requests.pause(reason, by, until)
     return web.json_response(_applied(controller, saved))
 
 
@@ -66,7 +66,7 @@ async def resume(request: web.Request) -> web.Response:
     by = text_field(body, "by", "api")
     if request.app[DAEMON].ha is not None:
         return await _through_etcd(request, controller, False, "", by, None)
-    saved = controller.resume(by)
+    saved = controller.requests.resume(by)
     return web.json_response(_applied(controller, saved))
 
 
@@ -135,14 +135,16 @@ def _owned(request: web.Request, controller: Controller) -> None:
 async def rollout_retry(request: web.Request) -> web.Response:
     """Roll the desired spec out again after a rollback (409 when none holds)."""
     return await _rollout_edit(
-        request, lambda c, by: c.rollout_retry(by), "no rollback of the desired spec holds"
+        request, lambda c, by: c.requests.rollout_retry(by), "no rollback of the desired spec holds"
     )
 
 
 async def rollout_back(request: web.Request) -> web.Response:
     """Go to the last-good spec now (409 without one other than the desired spec)."""
     return await _rollout_edit(
-        request, lambda c, by: c.rollout_back(by), "no last-good spec other than the desired one"
+        request,
+        lambda c, by: c.requests.rollout_back(by),
+        "no last-good spec other than the desired one",
     )
 
 
@@ -164,5 +166,5 @@ async def reconcile(request: web.Request) -> web.Response:
     await authorize(request)
     controller = _controller(request)
     body = await json_body(request)
-    controller.reconcile(text_field(body, "by", "api"))
+    controller.requests.reconcile(text_field(body, "by", "api"))
     return web.json_response({"cluster": controller.cluster.name, "reconcile": "requested"})

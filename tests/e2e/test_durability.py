@@ -110,7 +110,7 @@ async def test_corrupt_memory_leaves_the_cluster_hands_off_until_resume(
     assert again.memory.blocked == ctl.memory.blocked
     assert (await again.cycle()).phase == "blocked"
     assert mutations(seed_world) == []
-    again.resume("ops")
+    again.requests.resume("ops")
     plan = await again.cycle()
     assert plan.phase == "cleaning"
     assert mutations(seed_world)

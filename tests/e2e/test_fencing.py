@@ -72,7 +72,7 @@ def fenced_controller(world: World, pool: SshPool, state: Path, owner: Owner) ->
 
     def lost(host: str, detail: str) -> None:
         owner.lost(host, detail)
-        ctl.fenced(host, detail)
+        ctl.requests.fenced(host, detail)
 
     fence.on_fenced = lost
     ctl.fence = fence

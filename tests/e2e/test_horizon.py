@@ -30,7 +30,7 @@ async def test_a_pause_ending_is_acted_on_at_its_end(
     ctl = unprompted(seed_world, pool, tmp_path / "state")
     pause_for = 1.0
     ends = time.time() + pause_for
-    ctl.pause("swapping a cable", "ops", until=ends)
+    ctl.requests.pause("swapping a cable", "ops", until=ends)
     outcomes: list[ActionOutcome] = []
     ctl.on_action = lambda _, outcome: outcomes.append(outcome)
     async with running(ctl):

@@ -127,7 +127,7 @@ async def test_probe_failures_restart_once_then_block(
         plan = await ctl.cycle()
         assert plan.phase == "blocked" and plan.actions == ()
     assert len(mutations(seed_world)) == before
-    ctl.resume("test")
+    ctl.requests.resume("test")
     await seed_world.fault("heal", "spark-a")
     plans = await converge(ctl)
     assert plans[-1].phase == "healthy"
@@ -141,7 +141,7 @@ async def test_dry_run_and_pause_change_nothing(
     assert plan.actions == () and len(plan.withheld) == 8
     assert plan.reason.startswith("dry-run: ")
     paused = controller(seed_world, pool, tmp_path / "paused")
-    paused.pause("maintenance window", "alice", None)
+    paused.requests.pause("maintenance window", "alice", None)
     plan = await paused.cycle()
     assert plan.phase == "paused" and plan.actions == ()
     assert mutations(seed_world) == []
@@ -180,7 +180,7 @@ async def test_pause_during_a_cycle_holds_the_remaining_actions_and_sticks(
     ctl = controller(seed_world, pool, tmp_path / "s")
     cycle = asyncio.create_task(ctl.cycle())
     await eventually(lambda: ctl.view.in_flight is not None, within=10, poll=0.001)
-    ctl.pause("stop right there", "oncall", None)
+    ctl.requests.pause("stop right there", "oncall", None)
     plan = await cycle
     assert len(plan.actions) == 8
     assert 1 <= len(ctl.view.recent) < 8
