@@ -120,6 +120,19 @@ def _refused_past_cap(ctx: Context, host: HostSpec) -> str | None:
     )
 
 
+def owner_unknown_past_cap(ctx: Context, host: HostSpec) -> str | None:
+    """A GPU process whose owner has stayed unknown past `policy.hold_cap`: one container's
+    `docker top` failing for a look is a race with its exit, for that long it is Docker."""
+    since = ctx.memory.owner_unknown_since.get(host.name)
+    cap = ctx.desired.policy.hold_cap
+    if since is None or ctx.now - since < cap:
+        return None
+    return (
+        f"unknown for {ago(ctx.now - since)}, past policy.hold_cap ({ago(cap)}): check "
+        f"`docker top` of each running container on {host.name} and the Docker daemon there"
+    )
+
+
 def gpu_unknown_past_cap(ctx: Context, host: HostSpec, error: str) -> str | None:
     """A host that answers but whose nvidia-smi has failed past `policy.hold_cap`: the driver
     loading after a boot is done well within, so what remains needs a human."""
@@ -244,8 +257,10 @@ def _gpu_processes(ctx: Context, verdict: Verdict, doomed: set[tuple[str, str]])
                 f"{'has an unknown owner' if len(unknown) == 1 else 'have unknown owners'} "
                 "(a container's process list could not be read); never killed"
             )
-            verdict.notes.append(why)
+            capped = owner_unknown_past_cap(ctx, host)
+            verdict.notes.append(why if capped is None else f"{why}: {capped}")
             verdict.holds.append(Hold(why, START_MODEL))
+            blocked = blocked or capped is not None
         if kept:
             it = "it" if len(kept) == 1 else "them"
             why = (

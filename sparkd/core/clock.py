@@ -93,6 +93,7 @@ def restamp(memory: Memory, shift: Shift) -> Memory:
         unreachable_since={host: shift(t) for host, t in memory.unreachable_since.items()},
         refusing_since={host: shift(t) for host, t in memory.refusing_since.items()},
         gpu_unknown_since={host: shift(t) for host, t in memory.gpu_unknown_since.items()},
+        owner_unknown_since={host: shift(t) for host, t in memory.owner_unknown_since.items()},
         omen_at={host: shift(t) for host, t in memory.omen_at.items()},
         flapped_at={host: shift(t) for host, t in memory.flapped_at.items()},
         gid_moved={

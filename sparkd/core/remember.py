@@ -81,6 +81,11 @@ def remember(
         for host in observed.hosts
         if host.reachable and host.gpu_error is not None
     }
+    changes["owner_unknown_since"] = {
+        host.name: memory.owner_unknown_since.get(host.name, observed.observed_at)
+        for host in observed.hosts
+        if host.reachable and any(p.owner_unknown for p in host.gpu_processes)
+    }
     # Silence only: a host that refused the key or the connection for an hour and then went
     # quiet has been silent for one look, not an hour (a power cycle waits on silence alone).
     changes["unreachable_since"] = {

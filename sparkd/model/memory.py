@@ -263,6 +263,12 @@ class Memory(Value):
         description="per host, since when (the reading's time) its `nvidia-smi` has failed at "
         "every look while the host answered: past `policy.hold_cap` the plan is `blocked`",
     )
+    owner_unknown_since: dict[str, float] = Field(
+        default_factory=dict,
+        description="per host, since when (the reading's time) a GPU process there has had an "
+        "unknown owner at every look (a container's process list unreadable): past "
+        "`policy.hold_cap` the plan is `blocked`",
+    )
     omen_at: dict[str, float] = Field(
         default_factory=dict,
         description="per host, when the wedge omen in `kernel_omens` was first seen (the "

@@ -24,7 +24,7 @@ from sparkd.core.planner import plan
 from sparkd.core.remember import remember
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory
-from sparkd.model.observed import HostError, Observed
+from sparkd.model.observed import GpuProcess, HostError, Observed
 from sparkd.model.plan import Plan
 from tests.support.planning import BASES, COMMON, healthy, host
 from tests.toy import Toy
@@ -93,6 +93,27 @@ def test_an_nvml_driver_library_mismatch_ends_blocked_naming_a_reboot() -> None:
     assert last.phase == "blocked", last.reason
     assert "driver upgrade without a reboot" in last.reason and "reboot spark-b" in last.reason
     assert not any(a.kind == "start_model" for p in plans for a in p.actions)
+
+
+def test_a_gpu_process_of_unknown_owner_ends_blocked_naming_docker() -> None:
+    # A container's `docker top` failing for one look is a race with its exit; a GPU process
+    # whose owner stays unknown past the cap (Docker answering `ps` but not `top`) held a
+    # model start for ever before.
+    toy, memory = healthy()
+    toy.serve_running = False
+    toy.ready = False
+    stray = GpuProcess(pid=4242, name="python3", owner_unknown=True)
+
+    def look(t: Toy) -> Observed:
+        return host(t.observe(), "spark-b", gpu_processes=(stray,))
+
+    plans, memory = looks(toy, memory, look, 60.0, 12)
+    assert all(p.phase != "blocked" for p in plans[:9]), [p.reason for p in plans[:9]]
+    last = plans[-1]
+    assert last.phase == "blocked", last.reason
+    assert "docker top" in last.reason and "policy.hold_cap" in last.reason
+    assert not any(a.kind in ("start_model", "kill_gpu_process") for p in plans for a in p.actions)
+    assert memory.blocked is None  # not latched: a readable process list lifts it
 
 
 # -- the liveness property covers them ----------------------------------------------------------

@@ -114,6 +114,12 @@ def wedge(toy: Toy, memory: Memory, sample: str, name: str = "spark-b") -> tuple
     seen = host(toy.observe(), name, kernel=log(sample))
     memory = remember(memory, seen, (), toy.now, plan(toy.cluster, seen, memory, toy.now))
     gone = host(toy.observe(), name, error=HostError(kind="timeout", detail="no answer"))
+    # Down for the cluster too, not only to the ops box: no other host reaches its data IP.
+    silent = toy.cluster.host(name)
+    assert silent is not None
+    for other in toy.cluster.hosts:
+        if other.name != name:
+            gone = host(gone, other.name, reaches={silent.data_ip: False})
     return memory, plan(toy.cluster, gone, memory, toy.now + 30)
 
 
@@ -193,6 +199,10 @@ def test_memory_pressure_with_no_model_running_holds_the_start() -> None:
 def test_unreachable_past_power_unreachable_for_is_wedged_without_omens() -> None:
     toy, memory = example("healthy-reasoning-only")
     gone = host(toy.observe(), "spark-b", error=HostError(kind="timeout", detail="no answer"))
+    # Down for the cluster too: the head's ping of its data IP goes unanswered.
+    worker = toy.cluster.host("spark-b")
+    assert worker is not None
+    gone = host(gone, "spark-a", reaches={worker.data_ip: False})
     memory = remember(memory, gone, (), toy.now)
     assert memory.unreachable_since == {"spark-b": gone.observed_at}
     # Later looks keep the first failure's time.
