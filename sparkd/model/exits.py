@@ -26,3 +26,13 @@ FENCED_EXIT = 76
 FENCE_MISMATCH_EXIT = 77
 # The forced-command wrapper refused a command it does not know (as a shell's "cannot execute").
 REFUSED_EXIT = 126
+
+# coreutils `timeout` ends a command that outlives it with this status (timeout(1)).
+TIMED_OUT_EXIT = 124
+
+# The dashboard GET's exit statuses on a host beyond 0 (answered: `HTTP <status>`, a newline,
+# the body; shell.catalogue.reads `dashboard_get`): nothing listens; the body is larger than the
+# cap (nothing of it printed); any other failure (its exception's name printed after `!`).
+DASHBOARD_REFUSED_EXIT = 3
+DASHBOARD_TOO_LARGE_EXIT = 4
+DASHBOARD_FAILED_EXIT = 5

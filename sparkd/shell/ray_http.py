@@ -23,7 +23,13 @@ from typing import NamedTuple
 
 from sparkd.core import ray_json
 from sparkd.core.text import printable
-from sparkd.model.exits import REFUSED_EXIT
+from sparkd.model.exits import (
+    DASHBOARD_FAILED_EXIT,
+    DASHBOARD_REFUSED_EXIT,
+    DASHBOARD_TOO_LARGE_EXIT,
+    REFUSED_EXIT,
+    TIMED_OUT_EXIT,
+)
 from sparkd.model.observed import RayState
 from sparkd.shell import catalogue
 from sparkd.shell.catalogue.reads import (
@@ -52,8 +58,6 @@ MAX_ANSWER = catalogue.DASHBOARD_MAX_ANSWER
 REFUSALS = frozenset({401, 403})
 # Enough of the refusal's body to say which one it was, never a whole answer.
 MAX_REFUSAL_TEXT = 120
-# `timeout` ends a command that outlives it with this status.
-TIMED_OUT_EXIT = 124
 
 
 class Ran(NamedTuple):
@@ -74,11 +78,11 @@ def _answer(path: str, ran: Ran, token: str | None) -> str:
     where = path.split("?")[0]
     if status is None:
         raise DashboardSilent(f"dashboard read not run: {printable(out)[:MAX_REFUSAL_TEXT]}")
-    if status == catalogue.DASHBOARD_REFUSED_EXIT:
+    if status == DASHBOARD_REFUSED_EXIT:
         raise DashboardSilent("dashboard refused the connection")
-    if status == catalogue.DASHBOARD_TOO_LARGE_EXIT:
+    if status == DASHBOARD_TOO_LARGE_EXIT:
         raise DashboardSilent("dashboard answer unreadable: larger than the cap")
-    if status == catalogue.DASHBOARD_FAILED_EXIT:
+    if status == DASHBOARD_FAILED_EXIT:
         said = printable(out.strip().removeprefix("!"))[:64] or "failed"
         raise DashboardSilent(f"dashboard answer unreadable: {said}")
     if status == TIMED_OUT_EXIT:

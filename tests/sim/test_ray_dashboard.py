@@ -12,6 +12,7 @@ import asyncssh
 import pytest
 
 from sparkd.core import ray_json
+from sparkd.model.exits import DASHBOARD_REFUSED_EXIT
 from sparkd.shell import catalogue
 from sparkd.shell.ray_http import DASHBOARD_HOST, FORMATTED_STATUS_PATH, NODES_PATH, STATUS_PATH
 from sparkd_sim.world import World
@@ -124,7 +125,7 @@ async def test_the_heads_own_get_answers_as_the_dashboard_does(
     await clean_up(world, head, worker)
     read = catalogue.dashboard_get(world.dashboard_port, NODES_PATH, 10.0)
     refused = await run(head, read.command, read.stdin)
-    assert refused.exit_status == catalogue.DASHBOARD_REFUSED_EXIT, refused
+    assert refused.exit_status == DASHBOARD_REFUSED_EXIT, refused
     await start_ray(world, head, worker)
     done = await run(head, read.command, read.stdin)
     assert done.exit_status == 0, done

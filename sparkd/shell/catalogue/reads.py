@@ -16,6 +16,11 @@ from sparkd.core.spec import (
     serve_spec_path,
 )
 from sparkd.model.cluster import ClusterSpec
+from sparkd.model.exits import (
+    DASHBOARD_FAILED_EXIT,
+    DASHBOARD_REFUSED_EXIT,
+    DASHBOARD_TOO_LARGE_EXIT,
+)
 from sparkd.model.hca import parse_hca
 from sparkd.model.sections import FactSection, peer_section, top_section
 from sparkd.model.spec import HostSpec
@@ -344,12 +349,6 @@ FORMATTED_STATUS_PATH = "/api/cluster_status?format=1"
 DASHBOARD_PATHS = (NODES_PATH, STATUS_PATH, FORMATTED_STATUS_PATH)
 # A node list is a few kB; the cluster status grows with the nodes and resources.
 DASHBOARD_MAX_ANSWER = 1 << 20
-# The GET's exit statuses beyond 0 (answered: `HTTP <status>`, a newline, the body): nothing
-# listens; the body is larger than the cap (nothing of it printed); any other failure (its
-# exception's name printed after `!`). `timeout` itself exits 124 when the read outlives it.
-DASHBOARD_REFUSED_EXIT = 3
-DASHBOARD_TOO_LARGE_EXIT = 4
-DASHBOARD_FAILED_EXIT = 5
 # Python 3's standard library, not curl: Python 3 is on every host already (the forced command
 # is a Python 3 program, and the fact script's index reduction runs one), curl is not part of
 # every Ubuntu install. `-I -S` and a bare socket (an HTTP/1.0 request, read to the server's
