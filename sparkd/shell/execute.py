@@ -15,7 +15,7 @@ from sparkd.core import parsers
 from sparkd.core.assemble import ENGINE_MARKERS
 from sparkd.core.spec import container_name, key_fingerprint, model_spec_hashes, ray_spec_hashes
 from sparkd.model.cluster import ClusterSpec
-from sparkd.model.plan import MODEL_STARTS, RAY_STARTS, Action, ActionOutcome, ActionResult, Plan
+from sparkd.model.plan import Action, ActionOutcome, ActionResult, Plan
 from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue
 from sparkd.shell.deadline import bounded
@@ -61,12 +61,13 @@ class Executor:
 
     def action_timeout(self, action: Action) -> float:
         base = self.cluster.ssh.command_timeout
-        if action.kind == "power_cycle":
+        rule = catalogue.ACTIONS[action.kind].timeout
+        if rule == "power":
             # The command's own timeout, and the moment it takes to kill what it left.
             return self.cluster.power.timeout + 5.0
-        if action.kind in RAY_STARTS:
+        if rule == "ray_start":
             return base * 3
-        if action.kind in MODEL_STARTS:
+        if rule == "model_start":
             return base * 3 + self.timing.serve_appear + self.timing.stop_grace
         return base * 2 + self.timing.stop_grace
 
@@ -142,28 +143,23 @@ class Executor:
 
     def _dispatch(self, action: Action) -> Awaitable[str]:
         host = self.cluster.host(action.host)
-        handlers: dict[str, Callable[[HostSpec, Action], Awaitable[str]]] = {
-            "stop_unit": self._stop_unit,
-            "remove_container": self._remove_container,
-            "start_ray_head": self._start_ray,
-            "start_ray_worker": self._start_ray,
-            "restart_ray": self._start_ray,
-            "start_model": self._start_model,
-            "restart_model": self._start_model,
-            "kill_gpu_process": self._kill_gpu_process,
-            "power_cycle": self._power_cycle,
-            "prune_cache": self._prune_cache,
-        }
-        return handlers[action.kind](host, action)
+        handler: Callable[[HostSpec, Action], Awaitable[str]]
+        handler = getattr(self, catalogue.ACTIONS[action.kind].handler)
+        return handler(host, action)
+
+    def _built(self, host: HostSpec, action: Action, value: str) -> catalogue.Remote:
+        """The kind's one command (its row's builder) for `value`, the part that varies."""
+        build = catalogue.ACTIONS[action.kind].build
+        assert build is not None, action.kind
+        (remote,) = build(self.cluster, host, value, self.cluster.ssh.command_timeout)
+        return remote
 
     async def _stop_unit(self, host: HostSpec, action: Action) -> str:
-        seconds = self.cluster.ssh.command_timeout
-        await self._sh(host, catalogue.stop_unit(self.cluster, action.target, seconds))
+        await self._sh(host, self._built(host, action, action.target))
         return f"{action.target} stopped and disabled"
 
     async def _remove_container(self, host: HostSpec, action: Action) -> str:
-        seconds = self.cluster.ssh.command_timeout
-        await self._sh(host, catalogue.remove_container(action.target, seconds))
+        await self._sh(host, self._built(host, action, action.target))
         return f"{action.target} removed"
 
     async def _read(self, host: HostSpec, remote: catalogue.Remote) -> str | None:
@@ -185,12 +181,11 @@ class Executor:
         return running == "true", spec or None
 
     async def _start_ray(self, host: HostSpec, action: Action) -> str:
-        seconds = self.cluster.ssh.command_timeout
         if action.kind != "restart_ray":
             running, spec = await self._container_spec(host)
             if running and spec in ray_spec_hashes(self.cluster, host):
                 return f"{action.target} already running with the desired spec"
-        await self._sh(host, catalogue.start_ray(self.cluster, host, seconds))
+        await self._sh(host, self._built(host, action, ""))
         # The postcondition is the container running; whether its node joined Ray is the
         # planner's to judge, by node id, on the next looks (no `ray` polling on the head, each
         # call of which costs it seconds of a core).
@@ -295,8 +290,7 @@ class Executor:
             pause = min(pause * 2, self.timing.poll)
 
     async def _prune_cache(self, host: HostSpec, action: Action) -> str:
-        seconds = self.cluster.ssh.command_timeout
-        await self._sh(host, catalogue.prune_cache(self.cluster, host, action.target, seconds))
+        await self._sh(host, self._built(host, action, action.target))
         return f"compile cache entry {action.target} removed"
 
     async def _kill_gpu_process(self, host: HostSpec, action: Action) -> str:

@@ -32,7 +32,6 @@ from sparkd.shell.catalogue.actions import (
     start_model,
     start_ray,
     stop_unit,
-    sudoers_rules,
 )
 from sparkd.shell.catalogue.fence import (
     FENCE_DIR,
@@ -44,6 +43,14 @@ from sparkd.shell.catalogue.fence import (
     fence_prefix,
     fence_sweep,
     fenced,
+)
+from sparkd.shell.catalogue.kinds import (
+    ACTIONS,
+    CACHE_ENTRY_EXAMPLE,
+    SIGNALS,
+    ActionSpec,
+    action_commands,
+    sudoers_rules,
 )
 from sparkd.shell.catalogue.reads import (
     CACHE_LISTING,
@@ -82,9 +89,8 @@ from sparkd.shell.catalogue.reads import (
 )
 from sparkd.shell.catalogue.remote import KILL_GRACE, Remote, cmd, sudo, timed, tool_timeout
 
-CACHE_ENTRY_EXAMPLE = "0123456789ab-model"
-
 __all__ = [
+    "ACTIONS",
     "API_KEY_FILE",
     "CACHE_ENTRY_EXAMPLE",
     "CACHE_LISTING",
@@ -111,13 +117,16 @@ __all__ = [
     "PID_DIGITS",
     "RAIL_FILES",
     "REDUCE_INDEX",
+    "SIGNALS",
     "SUDOERS_KILL",
     "SUDO_PATHS",
     "TOKEN_DIGITS",
     "TOP_FORMAT",
     "UNIT_PROPERTIES",
+    "ActionSpec",
     "FenceToken",
     "Remote",
+    "action_commands",
     "audited",
     "catalogue",
     "cmd",
@@ -132,6 +141,7 @@ __all__ = [
     "fence_sweep",
     "fenced",
     "gpu_apps",
+    "helper_commands",
     "inspect_container",
     "kill_process",
     "model_files_sections",
@@ -157,28 +167,33 @@ __all__ = [
 
 
 def catalogue(cluster: ClusterSpec, seconds: float) -> list[tuple[HostSpec, Remote]]:
-    """Every command sparkd may run against this cluster, for `sparkd commands`: the actions'
-    commands with `seconds`, the fact script as observing runs it (`tool_timeout`)."""
+    """Every command sparkd may run against this cluster, for `sparkd commands`: the action
+    kinds' commands (`ACTIONS`) with `seconds`, and the reads and helpers the executor runs
+    beside them, the fact script as observing runs it (`tool_timeout`)."""
+    return _entries(cluster, seconds, with_actions=True)
+
+
+def helper_commands(cluster: ClusterSpec, seconds: float) -> list[tuple[HostSpec, Remote]]:
+    """The commands no action kind is named by: observing's reads, and what the executor reads
+    and signals around an action (a precondition, a postcondition, stopping the old serve)."""
+    return _entries(cluster, seconds, with_actions=False)
+
+
+def _entries(
+    cluster: ClusterSpec, seconds: float, with_actions: bool
+) -> list[tuple[HostSpec, Remote]]:
     entries: list[tuple[HostSpec, Remote]] = []
     head = cluster.head
     for host in cluster.hosts:
         entries += [(host, script) for script in fact_scripts(cluster, host)]
-        for unit in cluster.cleanup.units:
-            entries.append((host, stop_unit(cluster, unit, seconds)))
-        for pattern in cluster.cleanup.container_patterns:
-            entries.append((host, remove_container(pattern, seconds)))
-        entries.append((host, start_ray(cluster, host, seconds)))
+        if with_actions:
+            entries += [(host, remote) for remote in action_commands(cluster, host, seconds)]
         entries.append((host, gpu_apps(seconds)))
         entries.append((host, docker_events(EVENTS_SPAN)))
-        entries.append((host, kill_process(cluster, 12345, "TERM", seconds)))
-    api_key = "<from api_key_file>" if cluster.model.api_key_file is not None else None
-    entries.append((head, start_model(cluster, seconds, api_key)))
     entries.append((head, serve_processes(cluster, seconds)))
-    entries.append((head, signal_serve(cluster, "TERM", seconds)))
+    entries += [(head, signal_serve(cluster, signal, seconds)) for signal in SIGNALS]
     entries.append((head, read_serve_spec(cluster, seconds)))
     entries += [(head, read) for read in dashboard_reads(cluster)]
-    for host in cluster.hosts:
-        entries.append((host, prune_cache(cluster, host, CACHE_ENTRY_EXAMPLE, seconds)))
     for host in cluster.hosts:
         entries.append((host, inspect_container(container_name(cluster, host), seconds)))
     return entries
