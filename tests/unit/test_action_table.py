@@ -144,3 +144,9 @@ def test_a_kind_that_varies_by_a_pattern_is_refused_outside_it() -> None:
     bad = catalogue.prune_cache(cluster, host, catalogue.CACHE_ENTRY_EXAMPLE, seconds).command
     assert not allowed(bad.replace(catalogue.CACHE_ENTRY_EXAMPLE, "../etc"))
 
+
+def test_the_docs_list_every_action_kind_in_the_tables_order() -> None:
+    text = (Path(__file__).parents[2] / "docs" / "how-it-decides.md").read_text()
+    paragraph = text[text.index("Action kinds: ") :].split("\n\n", 1)[0]
+    named = [n for n in re.findall(r"`([a-z_]+)`", paragraph) if n in catalogue.ACTIONS]
+    assert named == list(catalogue.ACTIONS)
