@@ -61,7 +61,7 @@ class Executor:
 
     def action_timeout(self, action: Action) -> float:
         base = self.cluster.ssh.command_timeout
-        rule = catalogue.ACTIONS[action.kind].timeout
+        rule = catalogue.kinds.ACTIONS[action.kind].timeout
         if rule == "power":
             # The command's own timeout, and the moment it takes to kill what it left.
             return self.cluster.power.timeout + 5.0
@@ -128,7 +128,7 @@ class Executor:
     def _conn(self, host: HostSpec) -> HostConnection:
         return self.pool.connection(host, self.cluster.ssh)
 
-    async def _sh(self, host: HostSpec, remote: catalogue.Remote) -> str:
+    async def _sh(self, host: HostSpec, remote: catalogue.remote.Remote) -> str:
         seconds = self.cluster.ssh.command_timeout
         sent = None
         if remote.mutating and self.fence is not None:
@@ -144,12 +144,12 @@ class Executor:
     def _dispatch(self, action: Action) -> Awaitable[str]:
         host = self.cluster.host(action.host)
         handler: Callable[[HostSpec, Action], Awaitable[str]]
-        handler = getattr(self, catalogue.ACTIONS[action.kind].handler)
+        handler = getattr(self, catalogue.kinds.ACTIONS[action.kind].handler)
         return handler(host, action)
 
-    def _built(self, host: HostSpec, action: Action, value: str) -> catalogue.Remote:
+    def _built(self, host: HostSpec, action: Action, value: str) -> catalogue.remote.Remote:
         """The kind's one command (its row's builder) for `value`, the part that varies."""
-        build = catalogue.ACTIONS[action.kind].build
+        build = catalogue.kinds.ACTIONS[action.kind].build
         assert build is not None, action.kind
         (remote,) = build(self.cluster, host, value, self.cluster.ssh.command_timeout)
         return remote
@@ -162,7 +162,7 @@ class Executor:
         await self._sh(host, self._built(host, action, action.target))
         return f"{action.target} removed"
 
-    async def _read(self, host: HostSpec, remote: catalogue.Remote) -> str | None:
+    async def _read(self, host: HostSpec, remote: catalogue.remote.Remote) -> str | None:
         """A read whose non-zero exit means "there is none" (no container, no file)."""
         try:
             return await self._sh(host, remote)
@@ -175,7 +175,7 @@ class Executor:
         """Whether sparkd's container on `host` runs, and the spec label it carries."""
         name = container_name(self.cluster, host)
         out = await self._read(
-            host, catalogue.inspect_container(name, self.cluster.ssh.command_timeout)
+            host, catalogue.reads.inspect_container(name, self.cluster.ssh.command_timeout)
         )
         running, _, spec = (out or "").strip().partition(" ")
         return running == "true", spec or None
@@ -196,12 +196,16 @@ class Executor:
 
     async def _serve_rows(self) -> Sequence[parsers.TopRow]:
         seconds = self.cluster.ssh.command_timeout
-        out = await self._read(self.cluster.head, catalogue.serve_processes(self.cluster, seconds))
+        out = await self._read(
+            self.cluster.head, catalogue.reads.serve_processes(self.cluster, seconds)
+        )
         return parsers.parse_docker_top(out) if out is not None else ()
 
     async def _spec_on_host(self) -> str | None:
         seconds = self.cluster.ssh.command_timeout
-        out = await self._read(self.cluster.head, catalogue.read_serve_spec(self.cluster, seconds))
+        out = await self._read(
+            self.cluster.head, catalogue.reads.read_serve_spec(self.cluster, seconds)
+        )
         return (out or "").strip() or None
 
     async def _stop_serve(self, pid: int) -> None:
@@ -210,7 +214,7 @@ class Executor:
         head = self.cluster.head
         seconds = self.cluster.ssh.command_timeout
         for signal in ("TERM", "KILL"):
-            await self._read(head, catalogue.signal_serve(self.cluster, signal, seconds))
+            await self._read(head, catalogue.actions.signal_serve(self.cluster, signal, seconds))
             if await self._gone(pid, self.timing.stop_grace):
                 return
         await self._signal(head, pid, "KILL", seconds)
@@ -219,7 +223,7 @@ class Executor:
 
     async def _signal(self, host: HostSpec, pid: int, signal: str, seconds: float) -> None:
         try:
-            await self._sh(host, catalogue.kill_process(self.cluster, pid, signal, seconds))
+            await self._sh(host, catalogue.actions.kill_process(self.cluster, pid, signal, seconds))
         except SshFailure as failure:
             stderr = failure.result.stderr.lower() if failure.result is not None else ""
             if failure.kind == "exit_nonzero" and "no such process" in stderr:
@@ -263,7 +267,7 @@ class Executor:
             await self._stop_serve(serve.pid)
         await self._engine_gone()
         seconds = self.cluster.ssh.command_timeout
-        await self._sh(host, catalogue.start_model(self.cluster, seconds, api_key))
+        await self._sh(host, catalogue.actions.start_model(self.cluster, seconds, api_key))
         _, serve = await self._serve_until(lambda s: s is not None, self.timing.serve_appear)
         if serve is not None:
             return f"vllm serve launched (pid {serve.pid})"
@@ -310,7 +314,7 @@ class Executor:
         return f"pid {pid} signalled"
 
     async def _gpu_process_listed(self, host: HostSpec, pid: int, name: str) -> bool:
-        out = await self._sh(host, catalogue.gpu_apps(self.cluster.ssh.command_timeout))
+        out = await self._sh(host, catalogue.reads.gpu_apps(self.cluster.ssh.command_timeout))
         return any(
             p.pid == pid and (not name or p.name == name) for p in parsers.parse_compute_apps(out)
         )

@@ -1,6 +1,6 @@
-"""The table of action kinds (catalogue.ACTIONS) is complete, and what its rows build is what the
-executor sends, what `sparkd commands` lists, what the forced-command wrapper admits and what the
-sudoers rules allow."""
+"""The table of action kinds (catalogue.kinds.ACTIONS) is complete, and what its rows build is
+what the executor sends, what `sparkd commands` lists, what the forced-command wrapper admits and
+what the sudoers rules allow."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ PID_MAX = int(Path("/proc/sys/kernel/pid_max").read_text())
 VALUES = {
     "container": ("vllm-old", "glm-4"),
     "pid": ("2", "4242", str(PID_MAX - 1)),
-    "cache_entry": ("fedcba987654-model", catalogue.CACHE_ENTRY_EXAMPLE),
+    "cache_entry": ("fedcba987654-model", catalogue.kinds.CACHE_ENTRY_EXAMPLE),
     "api_key": ("sk-one", "sk-two"),
     "nothing": ("",),
 }
@@ -39,17 +39,17 @@ def clusters() -> list[ClusterSpec]:
     return [base, base.model_copy(update={"model": model})]
 
 
-def values(cluster: ClusterSpec, row: catalogue.ActionSpec) -> tuple[str, ...]:
+def values(cluster: ClusterSpec, row: catalogue.kinds.ActionSpec) -> tuple[str, ...]:
     if row.varies == "unit":
         return tuple(cluster.cleanup.units)
     return VALUES[row.varies]
 
 
-def sent(cluster: ClusterSpec, host: HostSpec) -> list[tuple[catalogue.ActionSpec, str]]:
+def sent(cluster: ClusterSpec, host: HostSpec) -> list[tuple[catalogue.kinds.ActionSpec, str]]:
     """Every command the table's rows build for `host`, from run-time values."""
     seconds = cluster.ssh.command_timeout
     commands = []
-    for row in catalogue.ACTIONS.values():
+    for row in catalogue.kinds.ACTIONS.values():
         if row.build is None or not row.on(cluster, host):
             continue
         for value in values(cluster, row):
@@ -72,7 +72,7 @@ def sudoers_allows(rules: list[str], argv: list[str]) -> bool:
     backslash escapes, or a regular expression between ^ and $ (sudo 1.9.10 and later)."""
     for rule in rules:
         path, _, args = rule.partition(" ")
-        if Path(path).name != argv[0] or path != catalogue.SUDO_PATHS[argv[0]]:
+        if Path(path).name != argv[0] or path != catalogue.actions.SUDO_PATHS[argv[0]]:
             continue
         given = " ".join(argv[1:])
         if args.startswith("^") and re.fullmatch(args[1:-1], given):
@@ -83,8 +83,8 @@ def sudoers_allows(rules: list[str], argv: list[str]) -> bool:
 
 
 def test_every_action_kind_has_one_row_naming_an_executor_method() -> None:
-    assert tuple(catalogue.ACTIONS) == ACTION_KINDS
-    for kind, row in catalogue.ACTIONS.items():
+    assert tuple(catalogue.kinds.ACTIONS) == ACTION_KINDS
+    for kind, row in catalogue.kinds.ACTIONS.items():
         assert row.kind == kind
         assert inspect.iscoroutinefunction(getattr(Executor, row.handler)), row
         # Only what runs on the ops box sends nothing to a host.
@@ -94,13 +94,13 @@ def test_every_action_kind_has_one_row_naming_an_executor_method() -> None:
 @pytest.mark.parametrize("keyed", [False, True])
 def test_what_each_row_builds_passes_the_wrapper_and_sudoers(keyed: bool) -> None:
     cluster = clusters()[keyed]
-    rules, refused = catalogue.sudoers_rules(cluster)
+    rules, refused = catalogue.kinds.sudoers_rules(cluster)
     assert refused == []
     for host in cluster.hosts:
         allowed = decide(cluster, host)
         commands = sent(cluster, host)
         assert {row.kind for row, _ in commands} >= {
-            kind for kind, row in catalogue.ACTIONS.items() if row.on(cluster, host)
+            kind for kind, row in catalogue.kinds.ACTIONS.items() if row.on(cluster, host)
         }
         for row, command in commands:
             assert allowed(command), (row.kind, command)
@@ -113,7 +113,7 @@ def test_the_listing_shows_each_rows_commands_on_its_hosts() -> None:
         seconds = cluster.ssh.command_timeout
         listed = {(h.name, r.command) for h, r in catalogue.catalogue(cluster, seconds)}
         for host in cluster.hosts:
-            for row in catalogue.ACTIONS.values():
+            for row in catalogue.kinds.ACTIONS.values():
                 for remote in row.listed(cluster, host, seconds):
                     assert (host.name, remote.command) in listed, (row.kind, host.name)
                     assert remote.mutating, row.kind
@@ -124,7 +124,7 @@ def test_the_executor_sends_what_the_row_builds() -> None:
     executor = Executor(cluster, pool=None)  # type: ignore[arg-type]  # builds, never connects
     seconds = cluster.ssh.command_timeout
     for kind in ("stop_unit", "remove_container", "start_ray_worker", "restart_ray", "prune_cache"):
-        row = catalogue.ACTIONS[kind]
+        row = catalogue.kinds.ACTIONS[kind]
         assert row.build is not None
         for host in (h for h in cluster.hosts if row.on(cluster, h)):
             for value in values(cluster, row):
@@ -139,14 +139,16 @@ def test_a_kind_that_varies_by_a_pattern_is_refused_outside_it() -> None:
     host = cluster.head
     allowed = decide(cluster, host)
     # Outside cleanup.container_patterns, PID 1, and a path outside the cache.
-    assert not allowed(catalogue.remove_container("postgres", seconds).command)
-    assert not allowed(catalogue.kill_process(cluster, 4242, "HUP", seconds).command)
-    bad = catalogue.prune_cache(cluster, host, catalogue.CACHE_ENTRY_EXAMPLE, seconds).command
-    assert not allowed(bad.replace(catalogue.CACHE_ENTRY_EXAMPLE, "../etc"))
+    assert not allowed(catalogue.actions.remove_container("postgres", seconds).command)
+    assert not allowed(catalogue.actions.kill_process(cluster, 4242, "HUP", seconds).command)
+    bad = catalogue.actions.prune_cache(
+        cluster, host, catalogue.kinds.CACHE_ENTRY_EXAMPLE, seconds
+    ).command
+    assert not allowed(bad.replace(catalogue.kinds.CACHE_ENTRY_EXAMPLE, "../etc"))
 
 
 def test_the_docs_list_every_action_kind_in_the_tables_order() -> None:
     text = (Path(__file__).parents[2] / "docs" / "how-it-decides.md").read_text()
     paragraph = text[text.index("Action kinds: ") :].split("\n\n", 1)[0]
-    named = [n for n in re.findall(r"`([a-z_]+)`", paragraph) if n in catalogue.ACTIONS]
-    assert named == list(catalogue.ACTIONS)
+    named = [n for n in re.findall(r"`([a-z_]+)`", paragraph) if n in catalogue.kinds.ACTIONS]
+    assert named == list(catalogue.kinds.ACTIONS)
