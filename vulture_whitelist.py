@@ -79,3 +79,10 @@ _.expired
 # The controller's answer to "when is the next look" without running a cycle: what the horizon
 # tests and the time-invariant machine ask (the loop takes the same `next_look` with its reason).
 _.next_delay
+# The executor's action handlers: called by the name their kind's row gives
+# (sparkd.shell.catalogue.kinds.ACTIONS); a test checks every row names one.
+_._stop_unit
+_._remove_container
+_._prune_cache
+_._kill_gpu_process
+_._power_cycle

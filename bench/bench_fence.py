@@ -16,7 +16,8 @@ from typing import Any
 from bench.common import median, p95, table, write_result
 from sparkd.settings import load_settings
 from sparkd.shell import catalogue, forced
-from sparkd.shell.catalogue import FenceToken, Remote
+from sparkd.shell.catalogue.fence import FenceToken
+from sparkd.shell.catalogue.remote import Remote
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "etc" / "sparkd" / "sparkd.toml"
 
@@ -37,7 +38,7 @@ def rising(home: str, runs: int) -> list[float]:
     env = {"HOME": home, "PATH": os.environ["PATH"]}
     spans = []
     for n in range(runs):
-        text = catalogue.fenced(NOOP, FenceToken("bench", 1000 + n, 1, "ops-a"), 5).command
+        text = catalogue.fence.fenced(NOOP, FenceToken("bench", 1000 + n, 1, "ops-a"), 5).command
         started = time.perf_counter()
         subprocess.run(["sh", "-c", text], env=env, check=True, capture_output=True)
         spans.append(time.perf_counter() - started)
@@ -49,10 +50,10 @@ def behind(home: str, hold: float, name: str) -> float:
     began, minus `hold`: the fence's own share of the wait."""
     env = {"HOME": home, "PATH": os.environ["PATH"]}
     slow = Remote("bench", f"sleep {hold}", mutating=True)
-    old = catalogue.fenced(slow, FenceToken(name, 5, 1, "ops-a"), 10).command
-    sweep = catalogue.fence_sweep(FenceToken(name, 7, 1, "ops-b"), 10).command
+    old = catalogue.fence.fenced(slow, FenceToken(name, 5, 1, "ops-a"), 10).command
+    sweep = catalogue.fence.fence_sweep(FenceToken(name, 7, 1, "ops-b"), 10).command
     first = subprocess.Popen(["sh", "-c", old], env=env)
-    lock = Path(home) / catalogue.FENCE_DIR / f"{name}.lock"
+    lock = Path(home) / catalogue.fence.FENCE_DIR / f"{name}.lock"
     while not lock.exists() or subprocess.run(["flock", "-n", str(lock), "true"]).returncode == 0:
         time.sleep(0.001)
     started = time.perf_counter()
@@ -68,12 +69,12 @@ async def main(quick: bool = False) -> None:
         env = {"HOME": home, "PATH": os.environ["PATH"]}
         fence = FenceToken("bench", 9, 1, "ops-a")
         bare = timed(["sh", "-c", "true"], env, runs)
-        same = timed(["sh", "-c", catalogue.fenced(NOOP, fence, 5).command], env, runs)
+        same = timed(["sh", "-c", catalogue.fence.fenced(NOOP, fence, 5).command], env, runs)
         new = rising(home, runs)
         cluster = load_settings(EXAMPLE).clusters[0].model_copy(update={"name": "wrapped"})
         program = Path(home) / "wrapper"
         program.write_text(forced.wrapper(cluster, cluster.head, "key", fenced=True))
-        sweep = catalogue.fence_sweep(FenceToken("wrapped", 9, 1, "ops-a"), 5).command
+        sweep = catalogue.fence.fence_sweep(FenceToken("wrapped", 9, 1, "ops-a"), 5).command
         wrapped = timed(
             [sys.executable, str(program)], {**env, "SSH_ORIGINAL_COMMAND": sweep}, runs
         )

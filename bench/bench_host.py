@@ -42,7 +42,7 @@ async def main(quick: bool = False) -> None:
         cluster = world.settings.clusters[0]
         head, worker = cluster.head, cluster.workers[0]
         facts = functools.partial(
-            catalogue.fact_script, cluster, tool_timeout=tool_timeout(cluster)
+            catalogue.reads.fact_script, cluster, tool_timeout=tool_timeout(cluster)
         )
         # (script, `ray` calls it makes on a healthy head): `ray status` only runs when the node
         # list fails, or while Ray settles.

@@ -46,7 +46,7 @@ def fabric_cpu(runs: int) -> tuple[str, float, str]:
     host = HostSpec(
         name="bench", address="127.0.0.1", role="head", data_ip="127.0.0.1", interface=iface
     )
-    section = catalogue.fabric_section(host, 5)
+    section = catalogue.reads.fabric_section(host, 5)
     grep = section.split(" ", 2)[2]  # without the `s fabric` wrapper
     cpu, output = tool_cpu(["sh", "-c", grep], runs)
     return iface, cpu, output
@@ -68,9 +68,9 @@ def parse_seconds(runs: int) -> float:
 
 async def main(quick: bool = False) -> None:
     runs = 10 if quick else 50
-    journal, output = tool_cpu(list(catalogue.KERNEL_LOG), runs)
+    journal, output = tool_cpu(list(catalogue.reads.KERNEL_LOG), runs)
     lines = sum(1 for line in output.splitlines() if line.startswith("["))
-    meminfo, _ = tool_cpu(["cat", catalogue.MEMINFO_PATH], runs)
+    meminfo, _ = tool_cpu(["cat", catalogue.reads.MEMINFO_PATH], runs)
     iface, sysfs, read = fabric_cpu(runs)
     parse = parse_seconds(runs)
     rows: list[list[Any]] = [

@@ -36,7 +36,7 @@ def ansible_setup(world: SimWorld, cluster: ClusterSpec, work: Path) -> list[str
     scripts.mkdir()
     hosts = []
     for host in cluster.hosts:
-        script = catalogue.fact_script(cluster, host, tool_timeout(cluster))
+        script = catalogue.reads.fact_script(cluster, host, tool_timeout(cluster))
         (scripts / f"{host.name}.sh").write_text(script.command)
         hosts.append(
             f"{host.name} ansible_host={host.address} ansible_port={host.port} "

@@ -87,7 +87,7 @@ async def measure(runs: int) -> dict[str, Any] | None:
                 head = cluster.head
                 conn = pool.connection(head, cluster.ssh)
                 t = tool_timeout(cluster)
-                bare = catalogue.fact_script(cluster, head, t, read_ray=False)
+                bare = catalogue.reads.fact_script(cluster, head, t, read_ray=False)
                 port = cluster.ray.dashboard_port
                 dashboard = runner(conn)
 
@@ -100,7 +100,7 @@ async def measure(runs: int) -> dict[str, Any] | None:
                 # node list and the cluster status)
                 variants: dict[str, tuple[str | None, bool | None]] = {
                     "head, Ray by `ray list nodes` (1 `ray` call)": (
-                        catalogue.fact_script(cluster, head, t).command,
+                        catalogue.reads.fact_script(cluster, head, t).command,
                         None,
                     ),
                     "head, Ray over HTTP (as observing runs it)": (bare.command, False),

@@ -254,7 +254,7 @@ def print_commands(settings: Settings, sudoers: str | None, admit: bool = False)
                 print(f"## power_cycle of {host.name} on the ops box (changes)")
                 print(shlex.join(power.power_argv(cluster.power, host.name)))
                 print()
-        rules, refused = catalogue.sudoers_rules(cluster)
+        rules, refused = catalogue.kinds.sudoers_rules(cluster)
         privileged.update(rules)
         for unit in refused:
             note = f"# {unit}: sudoers cannot match this name exactly; not allowed, stop it by hand"

@@ -39,7 +39,7 @@ from sparkd.ha.config import HaSpec
 from sparkd.ha.control import Control, control_key
 from sparkd.ha.control_delivery import ControlDelivery
 from sparkd.ha.etcd import EtcdClient, EtcdError, EtcdUnavailable, KeyValue
-from sparkd.shell.catalogue import FenceToken
+from sparkd.shell.catalogue.fence import FenceToken
 
 # Why an owner whose deadline passed acts again (`acting_again`): no one else could own it.
 AGAIN = "renewed before the lease expired: the same token, still the owner"

@@ -19,7 +19,7 @@ from sparkd.model.cluster import ClusterSpec
 from sparkd.model.exits import EX_UNAVAILABLE, EX_USAGE
 from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue
-from sparkd.shell.catalogue import FenceToken
+from sparkd.shell.catalogue.fence import FenceToken
 from sparkd.shell.ssh import SshFailure, SshPool
 
 
@@ -46,10 +46,10 @@ async def _one(
     pool: SshPool, cluster: ClusterSpec, host: HostSpec, fence: FenceToken, force: bool
 ) -> str:
     seconds = cluster.ssh.command_timeout
-    remote = catalogue.fence_sweep(fence, seconds, refence=True, force=force)
+    remote = catalogue.fence.fence_sweep(fence, seconds, refence=True, force=force)
     try:
         await pool.connection(host, cluster.ssh).run(
-            remote.command, timeout=2 * seconds + catalogue.KILL_GRACE
+            remote.command, timeout=2 * seconds + catalogue.remote.KILL_GRACE
         )
     except SshFailure as failure:
         said = failure.result.stderr.strip().splitlines()[-1:] if failure.result else []

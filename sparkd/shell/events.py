@@ -72,7 +72,7 @@ def parse_event(line: str) -> ContainerEvent | None:
 
 
 def relevant(cluster: ClusterSpec, event: ContainerEvent) -> bool:
-    if event.action not in catalogue.EVENT_ACTIONS:
+    if event.action not in catalogue.reads.EVENT_ACTIONS:
         return False
     if event.name.startswith(container_prefix(cluster)):
         return True
@@ -193,7 +193,7 @@ class EventWatch:
 
     async def _stream(self, host: HostSpec, wakes: _Coalescer, counts: HostEvents) -> None:
         delay = self.retry_initial
-        command = catalogue.docker_events(catalogue.EVENTS_SPAN).command
+        command = catalogue.reads.docker_events(catalogue.reads.EVENTS_SPAN).command
         while True:
             streamed, stormed = await self._read(host, command, wakes, counts)
             if stormed:

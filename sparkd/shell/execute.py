@@ -15,7 +15,7 @@ from sparkd.core import parsers
 from sparkd.core.assemble import ENGINE_MARKERS
 from sparkd.core.spec import container_name, key_fingerprint, model_spec_hashes, ray_spec_hashes
 from sparkd.model.cluster import ClusterSpec
-from sparkd.model.plan import MODEL_STARTS, RAY_STARTS, Action, ActionOutcome, ActionResult, Plan
+from sparkd.model.plan import Action, ActionOutcome, ActionResult, Plan
 from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue
 from sparkd.shell.deadline import bounded
@@ -61,12 +61,13 @@ class Executor:
 
     def action_timeout(self, action: Action) -> float:
         base = self.cluster.ssh.command_timeout
-        if action.kind == "power_cycle":
+        rule = catalogue.kinds.ACTIONS[action.kind].timeout
+        if rule == "power":
             # The command's own timeout, and the moment it takes to kill what it left.
             return self.cluster.power.timeout + 5.0
-        if action.kind in RAY_STARTS:
+        if rule == "ray_start":
             return base * 3
-        if action.kind in MODEL_STARTS:
+        if rule == "model_start":
             return base * 3 + self.timing.serve_appear + self.timing.stop_grace
         return base * 2 + self.timing.stop_grace
 
@@ -127,7 +128,7 @@ class Executor:
     def _conn(self, host: HostSpec) -> HostConnection:
         return self.pool.connection(host, self.cluster.ssh)
 
-    async def _sh(self, host: HostSpec, remote: catalogue.Remote) -> str:
+    async def _sh(self, host: HostSpec, remote: catalogue.remote.Remote) -> str:
         seconds = self.cluster.ssh.command_timeout
         sent = None
         if remote.mutating and self.fence is not None:
@@ -142,31 +143,26 @@ class Executor:
 
     def _dispatch(self, action: Action) -> Awaitable[str]:
         host = self.cluster.host(action.host)
-        handlers: dict[str, Callable[[HostSpec, Action], Awaitable[str]]] = {
-            "stop_unit": self._stop_unit,
-            "remove_container": self._remove_container,
-            "start_ray_head": self._start_ray,
-            "start_ray_worker": self._start_ray,
-            "restart_ray": self._start_ray,
-            "start_model": self._start_model,
-            "restart_model": self._start_model,
-            "kill_gpu_process": self._kill_gpu_process,
-            "power_cycle": self._power_cycle,
-            "prune_cache": self._prune_cache,
-        }
-        return handlers[action.kind](host, action)
+        handler: Callable[[HostSpec, Action], Awaitable[str]]
+        handler = getattr(self, catalogue.kinds.ACTIONS[action.kind].handler)
+        return handler(host, action)
+
+    def _built(self, host: HostSpec, action: Action, value: str) -> catalogue.remote.Remote:
+        """The kind's one command (its row's builder) for `value`, the part that varies."""
+        build = catalogue.kinds.ACTIONS[action.kind].build
+        assert build is not None, action.kind
+        (remote,) = build(self.cluster, host, value, self.cluster.ssh.command_timeout)
+        return remote
 
     async def _stop_unit(self, host: HostSpec, action: Action) -> str:
-        seconds = self.cluster.ssh.command_timeout
-        await self._sh(host, catalogue.stop_unit(self.cluster, action.target, seconds))
+        await self._sh(host, self._built(host, action, action.target))
         return f"{action.target} stopped and disabled"
 
     async def _remove_container(self, host: HostSpec, action: Action) -> str:
-        seconds = self.cluster.ssh.command_timeout
-        await self._sh(host, catalogue.remove_container(action.target, seconds))
+        await self._sh(host, self._built(host, action, action.target))
         return f"{action.target} removed"
 
-    async def _read(self, host: HostSpec, remote: catalogue.Remote) -> str | None:
+    async def _read(self, host: HostSpec, remote: catalogue.remote.Remote) -> str | None:
         """A read whose non-zero exit means "there is none" (no container, no file)."""
         try:
             return await self._sh(host, remote)
@@ -179,18 +175,17 @@ class Executor:
         """Whether sparkd's container on `host` runs, and the spec label it carries."""
         name = container_name(self.cluster, host)
         out = await self._read(
-            host, catalogue.inspect_container(name, self.cluster.ssh.command_timeout)
+            host, catalogue.reads.inspect_container(name, self.cluster.ssh.command_timeout)
         )
         running, _, spec = (out or "").strip().partition(" ")
         return running == "true", spec or None
 
     async def _start_ray(self, host: HostSpec, action: Action) -> str:
-        seconds = self.cluster.ssh.command_timeout
         if action.kind != "restart_ray":
             running, spec = await self._container_spec(host)
             if running and spec in ray_spec_hashes(self.cluster, host):
                 return f"{action.target} already running with the desired spec"
-        await self._sh(host, catalogue.start_ray(self.cluster, host, seconds))
+        await self._sh(host, self._built(host, action, ""))
         # The postcondition is the container running; whether its node joined Ray is the
         # planner's to judge, by node id, on the next looks (no `ray` polling on the head, each
         # call of which costs it seconds of a core).
@@ -201,12 +196,16 @@ class Executor:
 
     async def _serve_rows(self) -> Sequence[parsers.TopRow]:
         seconds = self.cluster.ssh.command_timeout
-        out = await self._read(self.cluster.head, catalogue.serve_processes(self.cluster, seconds))
+        out = await self._read(
+            self.cluster.head, catalogue.reads.serve_processes(self.cluster, seconds)
+        )
         return parsers.parse_docker_top(out) if out is not None else ()
 
     async def _spec_on_host(self) -> str | None:
         seconds = self.cluster.ssh.command_timeout
-        out = await self._read(self.cluster.head, catalogue.read_serve_spec(self.cluster, seconds))
+        out = await self._read(
+            self.cluster.head, catalogue.reads.read_serve_spec(self.cluster, seconds)
+        )
         return (out or "").strip() or None
 
     async def _stop_serve(self, pid: int) -> None:
@@ -215,7 +214,7 @@ class Executor:
         head = self.cluster.head
         seconds = self.cluster.ssh.command_timeout
         for signal in ("TERM", "KILL"):
-            await self._read(head, catalogue.signal_serve(self.cluster, signal, seconds))
+            await self._read(head, catalogue.actions.signal_serve(self.cluster, signal, seconds))
             if await self._gone(pid, self.timing.stop_grace):
                 return
         await self._signal(head, pid, "KILL", seconds)
@@ -224,7 +223,7 @@ class Executor:
 
     async def _signal(self, host: HostSpec, pid: int, signal: str, seconds: float) -> None:
         try:
-            await self._sh(host, catalogue.kill_process(self.cluster, pid, signal, seconds))
+            await self._sh(host, catalogue.actions.kill_process(self.cluster, pid, signal, seconds))
         except SshFailure as failure:
             stderr = failure.result.stderr.lower() if failure.result is not None else ""
             if failure.kind == "exit_nonzero" and "no such process" in stderr:
@@ -268,7 +267,7 @@ class Executor:
             await self._stop_serve(serve.pid)
         await self._engine_gone()
         seconds = self.cluster.ssh.command_timeout
-        await self._sh(host, catalogue.start_model(self.cluster, seconds, api_key))
+        await self._sh(host, catalogue.actions.start_model(self.cluster, seconds, api_key))
         _, serve = await self._serve_until(lambda s: s is not None, self.timing.serve_appear)
         if serve is not None:
             return f"vllm serve launched (pid {serve.pid})"
@@ -295,8 +294,7 @@ class Executor:
             pause = min(pause * 2, self.timing.poll)
 
     async def _prune_cache(self, host: HostSpec, action: Action) -> str:
-        seconds = self.cluster.ssh.command_timeout
-        await self._sh(host, catalogue.prune_cache(self.cluster, host, action.target, seconds))
+        await self._sh(host, self._built(host, action, action.target))
         return f"compile cache entry {action.target} removed"
 
     async def _kill_gpu_process(self, host: HostSpec, action: Action) -> str:
@@ -316,7 +314,7 @@ class Executor:
         return f"pid {pid} signalled"
 
     async def _gpu_process_listed(self, host: HostSpec, pid: int, name: str) -> bool:
-        out = await self._sh(host, catalogue.gpu_apps(self.cluster.ssh.command_timeout))
+        out = await self._sh(host, catalogue.reads.gpu_apps(self.cluster.ssh.command_timeout))
         return any(
             p.pid == pid and (not name or p.name == name) for p in parsers.parse_compute_apps(out)
         )

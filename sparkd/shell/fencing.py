@@ -1,7 +1,7 @@
 """An HA owner's side of host fencing: its mutating commands carry its token, and no host gets
 one before the owner's fence sweep reached it.
 
-The host keeps, per cluster, the highest token it has seen (catalogue.FENCE_FUNCTION). A new
+The host keeps, per cluster, the highest token it has seen (catalogue.fence.FENCE_FUNCTION). A new
 owner first runs a fenced no-op on every host of the cluster (the sweep): it waits behind a
 former owner's command still running there, then records the new token, so any later command
 of the former owner is refused. A host the sweep could not reach stays unfenced, and no
@@ -24,7 +24,8 @@ from sparkd.model.cluster import ClusterSpec
 from sparkd.model.exits import FENCE_MISMATCH_EXIT, FENCED_EXIT
 from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue
-from sparkd.shell.catalogue import FenceToken, Remote
+from sparkd.shell.catalogue.fence import FenceToken
+from sparkd.shell.catalogue.remote import Remote
 from sparkd.shell.ssh import SshFailure, SshPool
 
 RefusalKind = Literal["fenced", "mismatch", "unswept", "not owner"]
@@ -44,7 +45,7 @@ def _refusal(failure: SshFailure) -> tuple[RefusalKind, str] | None:
     result = failure.result
     if failure.kind != "exit_nonzero" or result is None:
         return None
-    lines = [ln for ln in result.stderr.splitlines() if ln.startswith(catalogue.FENCE_MARKER)]
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith(catalogue.fence.FENCE_MARKER)]
     if not lines:
         return None  # the command's own status, not the fence's
     if result.exit_status == FENCED_EXIT:
@@ -83,11 +84,11 @@ class HostFence:
         if fence is None:
             raise HostRefused("not owner", host.name, "this instance no longer owns the cluster")
         if not self.enforce:
-            return catalogue.audited(remote, fence), fence
+            return catalogue.fence.audited(remote, fence), fence
         if self.swept.get(host.name) != fence:
             why = self.mismatched.get(host.name) or self.unreached.get(host.name)
             raise HostRefused("unswept", host.name, why or "the fence sweep has not reached it")
-        return catalogue.fenced(remote, fence, seconds), fence
+        return catalogue.fence.fenced(remote, fence, seconds), fence
 
     def check(self, host: HostSpec, failure: SshFailure, sent: FenceToken) -> None:
         """Raise HostRefused when `failure` is the fence refusing the command sent with `sent`."""
@@ -123,12 +124,12 @@ class HostFence:
 
     async def _sweep_one(self, host: HostSpec, fence: FenceToken) -> None:
         seconds = self.cluster.ssh.command_timeout
-        remote = catalogue.fence_sweep(fence, seconds)
+        remote = catalogue.fence.fence_sweep(fence, seconds)
         try:
             # The lock may be held by a former owner's command: wait for it (it is bounded by
             # its own timeout), plus the sweep's own time.
             await self.pool.connection(host, self.cluster.ssh).run(
-                remote.command, timeout=2 * seconds + catalogue.KILL_GRACE
+                remote.command, timeout=2 * seconds + catalogue.remote.KILL_GRACE
             )
         except SshFailure as failure:
             try:

@@ -27,10 +27,10 @@ from sparkd.model.spec import HostSpec, SshSpec
 from sparkd.shell import catalogue
 
 WRAPPER_PATH = "/usr/local/sbin/sparkd-forced-command"
-SIGNALS = ("TERM", "KILL")
-# A PID sparkd may signal (catalogue.PID_DIGITS); the wrapper also refuses one not below the
+SIGNALS = catalogue.kinds.SIGNALS
+# A PID sparkd may signal (catalogue.actions.PID_DIGITS); the wrapper also refuses one not below the
 # host's own pid_max.
-PID_PATTERN = f"(?P<pid>{catalogue.PID_DIGITS})"
+PID_PATTERN = f"(?P<pid>{catalogue.actions.PID_DIGITS})"
 # Docker's own rule for container names; the wrapper also checks cleanup.container_patterns.
 CONTAINER_PATTERN = r"(?P<container>[A-Za-z0-9][A-Za-z0-9_.-]{0,254})"
 SPEC_PATTERN = rf"(?P<spec>[0-9a-f]{{{SPEC_DIGITS}}})"
@@ -68,6 +68,26 @@ def _substitute(text: str, stand_in: str, first: str, again: str | None = None) 
     return result
 
 
+def _variable(
+    cluster: ClusterSpec, row: catalogue.kinds.ActionSpec
+) -> tuple[str, str, str, str | None] | None:
+    """For a row whose command varies at run time: the stand-in value to build it with, the
+    text that value puts in the command, the pattern matching what may stand there, and the
+    pattern for later occurrences; None when the config names every value (listed exactly)."""
+    if row.varies == "pid":
+        return str(_PID), str(_PID), PID_PATTERN, None
+    if row.varies == "container":
+        return _CONTAINER, _CONTAINER, CONTAINER_PATTERN, None
+    if row.varies == "cache_entry":
+        entry = catalogue.kinds.CACHE_ENTRY_EXAMPLE
+        return entry, entry, CACHE_PATTERN, None
+    if row.varies == "api_key" and cluster.model.api_key_file is not None:
+        # The spec hash holds the key's fingerprint: a rotated key must still launch.
+        spec = model_spec_hash(cluster, key_fingerprint(_API_KEY))
+        return _API_KEY, spec, SPEC_PATTERN, "(?P=spec)"
+    return None
+
+
 def allowed_commands(
     cluster: ClusterSpec, host: HostSpec, fenced: bool = False, also: ClusterSpec | None = None
 ) -> Allowed:
@@ -90,32 +110,21 @@ def allowed_commands(
     read_patterns: list[str] = []
     writes: list[str] = ["true"] if fenced else []  # the fence sweep's no-op
     write_patterns: list[str] = []
-    for where, remote in catalogue.catalogue(cluster, seconds):
-        if where.name != host.name:
+    for where, remote in catalogue.helper_commands(cluster, seconds):
+        if where.name == host.name:
+            (writes if remote.mutating else reads).append(remote.command)
+    for row in catalogue.kinds.ACTIONS.values():
+        if not row.on(cluster, host):
             continue
-        exact, patterns = (writes, write_patterns) if remote.mutating else (reads, read_patterns)
-        if remote.name == "kill_process":
-            for signal in SIGNALS:
-                text = catalogue.kill_process(cluster, _PID, signal, seconds).command
-                patterns.append(_substitute(text, str(_PID), PID_PATTERN))
-        elif remote.name == "remove_container":
-            text = catalogue.remove_container(_CONTAINER, seconds).command
-            patterns.append(_substitute(text, _CONTAINER, CONTAINER_PATTERN))
-        elif remote.name == "prune_cache":
-            example = catalogue.CACHE_ENTRY_EXAMPLE
-            text = catalogue.prune_cache(cluster, host, example, seconds).command
-            patterns.append(_substitute(text, catalogue.CACHE_ENTRY_EXAMPLE, CACHE_PATTERN))
-        elif remote.name == "signal_serve":
-            exact += [catalogue.signal_serve(cluster, s, seconds).command for s in SIGNALS]
-        elif remote.name == "start_model" and cluster.model.api_key_file is not None:
-            # The spec hash holds the key's fingerprint: a rotated key must still launch.
-            text = catalogue.start_model(cluster, seconds, _API_KEY).command
-            spec = model_spec_hash(cluster, key_fingerprint(_API_KEY))
-            patterns.append(_substitute(text, spec, SPEC_PATTERN, "(?P=spec)"))
-        elif remote.name == "start_model":
-            exact.append(catalogue.start_model(cluster, seconds, None).command)
-        else:
-            exact.append(remote.command)
+        variable = _variable(cluster, row)
+        if variable is None or row.build is None:
+            for remote in row.listed(cluster, host, seconds):
+                (writes if remote.mutating else reads).append(remote.command)
+            continue
+        value, replaced, pattern, again = variable
+        for remote in row.build(cluster, host, value, seconds):
+            text = _substitute(remote.command, replaced, pattern, again)
+            (write_patterns if remote.mutating else read_patterns).append(text)
     if not fenced:
         reads, read_patterns = reads + writes, read_patterns + write_patterns
         writes, write_patterns = [], []
@@ -149,7 +158,7 @@ def authorized_keys_line(
     gets port forwarding back for one destination only: the model endpoint the probe opens a
     channel to. Never Ray's dashboard: a channel there would also reach Ray's job API (code run
     as root in the head's container); sparkd reads it by fixed commands the wrapper admits
-    (catalogue.dashboard_get). (Remote forwarding is forbidden in sshd_config: no key option
+    (catalogue.reads.dashboard_get). (Remote forwarding is forbidden in sshd_config: no key option
     can.)"""
     options = [f'command="{path}"', "restrict"]
     if host.name == cluster.head.name:
@@ -173,7 +182,7 @@ def wrapper(
     """The wrapper program for `host`, its header saying how to install it; with `also`, the
     last-good spec's commands pass too, and `notes` (one comment line each) say what it differs
     by from the config. With `unfenced` (`[ha] host_fencing = false`), a mutating command also
-    passes behind the tag naming its owner (catalogue.audited), unchecked."""
+    passes behind the tag naming its owner (catalogue.fence.audited), unchecked."""
     allowed = allowed_commands(cluster, host, fenced, also)
     line = authorized_keys_line(cluster, host, key, path)
     header = [
@@ -213,16 +222,16 @@ def wrapper(
         fence_cluster=repr(allowed.fence_cluster),
         fenced=_tuple(allowed.fenced),
         fenced_patterns=_tuple(allowed.fenced_patterns),
-        fence_function=repr(catalogue.FENCE_FUNCTION),
-        fence_dir=repr(catalogue.FENCE_DIR),
-        fence_marker=repr(catalogue.FENCE_MARKER),
+        fence_function=repr(catalogue.fence.FENCE_FUNCTION),
+        fence_dir=repr(catalogue.fence.FENCE_DIR),
+        fence_marker=repr(catalogue.fence.FENCE_MARKER),
         fenced_exit=FENCED_EXIT,
         mismatch_exit=FENCE_MISMATCH_EXIT,
         busy_exit=FENCE_BUSY_EXIT,
         instance=repr(NAME_PATTERN),
         unfenced=fenced and unfenced,
-        token_more=catalogue.TOKEN_DIGITS - 1,
-        token_digits=catalogue.TOKEN_DIGITS,
+        token_more=catalogue.fence.TOKEN_DIGITS - 1,
+        token_digits=catalogue.fence.TOKEN_DIGITS,
     )
     return "\n".join(header) + "\n" + body
 

@@ -53,7 +53,7 @@ def observe_timeout(cluster: ClusterSpec) -> float:
 
 
 def tool_timeout(cluster: ClusterSpec) -> float:
-    return catalogue.tool_timeout(cluster)
+    return catalogue.remote.tool_timeout(cluster)
 
 
 def opener(conn: HostConnection, cluster: ClusterSpec) -> model_http.Opener:
@@ -75,7 +75,7 @@ def channel(conn: HostConnection, host: str, port: int) -> model_http.Opener:
 def runner(conn: HostConnection) -> ray_http.Runner:
     """The dashboard's reads, run on `conn`'s host as commands of their own."""
 
-    async def run(remote: catalogue.Remote, seconds: float) -> ray_http.Ran:
+    async def run(remote: catalogue.remote.Remote, seconds: float) -> ray_http.Ran:
         try:
             result = await conn.run(remote.command, timeout=seconds, input=remote.stdin)
         except SshFailure as failure:
@@ -102,7 +102,7 @@ async def read_host(
     t = tool_timeout(cluster)
     # With the dashboard, the head's Ray is read over HTTP beside the script, not by `ray`.
     over_http = host.role == "head" and cluster.ray.dashboard and known_ray is None
-    script = catalogue.fact_script(
+    script = catalogue.reads.fact_script(
         cluster,
         host,
         t,
@@ -131,7 +131,7 @@ async def read_host(
         # Off, starting or failing: `ray status` reads the GCS without it (in the container,
         # with its env: Ray's token too). Its share of the command timeout, so the look stays
         # within one script's time. A refusal is a configuration problem: said in the reading.
-        fallback = catalogue.ray_cli(cluster, t)
+        fallback = catalogue.reads.ray_cli(cluster, t)
         more = await _sections(conn, fallback, max(t, cluster.ssh.command_timeout - t))
         if not isinstance(more, HostFacts):
             sections = {**sections, **more}
@@ -148,7 +148,7 @@ async def read_host(
 
 
 async def _sections(
-    conn: HostConnection, script: catalogue.Remote, seconds: float
+    conn: HostConnection, script: catalogue.remote.Remote, seconds: float
 ) -> dict[str, parsers.Section] | HostFacts:
     """The script's sections, or the host's failure (a HostFacts with its error)."""
     try:

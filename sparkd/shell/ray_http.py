@@ -2,7 +2,7 @@
 
 The `ray` CLI costs the head 0.6-3 s of a core a call (a Python start and Ray's imports); the
 dashboard serves the same facts for a few milliseconds. Each read is one of the catalogue's
-fixed GETs (`catalogue.dashboard_get`: Python's standard library on the head host's loopback,
+fixed GETs (`catalogue.reads.dashboard_get`: Python's standard library on the head host's loopback,
 where `ray start --dashboard-host=127.0.0.1` binds it, a few tens of ms of a core), run over the
 head's SSH connection like any other command. The key gets no channel to the dashboard's port:
 one would also reach Ray's job API (`POST /api/jobs/` runs code as root in the head's
@@ -52,7 +52,7 @@ __all__ = [
     "read_ray",
 ]
 
-MAX_ANSWER = catalogue.DASHBOARD_MAX_ANSWER
+MAX_ANSWER = catalogue.reads.DASHBOARD_MAX_ANSWER
 # Ray's token middleware answers these two statuses, with a one-line text body (ray 2.60
 # python/ray/_private/authentication/http_token_authentication.py `token_auth_middleware`).
 REFUSALS = frozenset({401, 403})
@@ -69,7 +69,7 @@ class Ran(NamedTuple):
 
 
 # Runs one catalogue command on the head (its stdin included) within the given seconds.
-Runner = Callable[[catalogue.Remote, float], Awaitable[Ran]]
+Runner = Callable[[catalogue.remote.Remote, float], Awaitable[Ran]]
 
 
 def _answer(path: str, ran: Ran, token: str | None) -> str:
@@ -109,7 +109,7 @@ def _answer(path: str, ran: Ran, token: str | None) -> str:
 
 
 async def _get(run: Runner, port: int, path: str, seconds: float, token: str | None) -> str:
-    ran = await run(catalogue.dashboard_get(port, path, seconds, token), seconds)
+    ran = await run(catalogue.reads.dashboard_get(port, path, seconds, token), seconds)
     return _answer(path, ran, token)
 
 

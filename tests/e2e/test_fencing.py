@@ -10,7 +10,7 @@ from pathlib import Path
 from sparkd.model.cluster import ClusterSpec
 from sparkd.runtime.controller import Controller
 from sparkd.shell import catalogue, forced
-from sparkd.shell.catalogue import FenceToken
+from sparkd.shell.catalogue.fence import FenceToken
 from sparkd.shell.fencing import HostFence
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
@@ -18,7 +18,7 @@ from tests.support.daemon import controller, converge, eventually, mutations
 
 ETCD = 987654321
 PREFIX = re.compile(
-    re.escape(catalogue.FENCE_FUNCTION)
+    re.escape(catalogue.fence.FENCE_FUNCTION)
     + r"; sparkd_fence (\S+) (\d+) (\d+) (\S+) \d+ && \{ (.*)\n\} 9>&-",
     re.S,
 )
@@ -81,7 +81,7 @@ def fenced_controller(world: World, pool: SshPool, state: Path, owner: Owner) ->
 
 
 def record_path(world: World, host: str, cluster: str) -> Path:
-    return Path(world.host(host).state.home) / catalogue.FENCE_DIR / cluster
+    return Path(world.host(host).state.home) / catalogue.fence.FENCE_DIR / cluster
 
 
 async def test_with_ha_the_hosts_are_swept_first_and_every_mutation_carries_the_token(

@@ -208,11 +208,11 @@ async def test_a_rebuilt_etcd_fails_closed_until_refenced(
     """The hosts' records come from another etcd (this one is
     fresh under running hosts). The owner acts on none of them and says so in its metrics;
     `sparkd ha refence` gives them the owner's token, and the owner then acts."""
-    from sparkd.shell.catalogue import FenceToken
+    from sparkd.shell.catalogue.fence import FenceToken
 
     cluster = cluster_name(seed_world)
     for host in ("spark-a", "spark-b"):
-        old = catalogue.fence_sweep(FenceToken(cluster, 90210, 1, "ops-old"), 5).command
+        old = catalogue.fence.fence_sweep(FenceToken(cluster, 90210, 1, "ops-old"), 5).command
         status, _, err = await seed_world.host(host).ssh.run_local(old)
         assert status == 0, err
     a = Instance("ops-a", seed_world, etcd, tmp_path)
@@ -244,7 +244,7 @@ async def test_a_rebuilt_etcd_fails_closed_until_refenced(
         assert metrics[f'sparkd_ha_fence_mismatch{{cluster="{cluster}"}}'] == 0
         token = int(metrics[f'sparkd_ha_token{{cluster="{cluster}"}}'])
         home = Path(seed_world.host("spark-b").state.home)
-        record = (home / catalogue.FENCE_DIR / cluster).read_text().split()
+        record = (home / catalogue.fence.FENCE_DIR / cluster).read_text().split()
         assert record[0] == str(token) and record[2] == "ops-a" and record[1] != "1"
         # The sweeps the hosts refused (exit 77) changed nothing there.
         checked = await check_invariants(seed_world, [a], etcd)
@@ -262,7 +262,7 @@ async def test_a_token_planted_above_every_revision_is_undone_by_refence_force(
     cluster = cluster_name(seed_world)
     a = Instance("ops-a", seed_world, etcd, tmp_path)
     homes = [Path(seed_world.host(h).state.home) for h in ("spark-a", "spark-b")]
-    records = [home / catalogue.FENCE_DIR / cluster for home in homes]
+    records = [home / catalogue.fence.FENCE_DIR / cluster for home in homes]
     try:
         await a.start()
         await eventually(lambda: all(r.exists() for r in records), within=30)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.shell.catalogue import FENCE_DIR
+from sparkd.shell.catalogue.fence import FENCE_DIR
 from sparkd_sim.owned import OwnedCommand
 from sparkd_sim.world import World
 from tests.etcd.conftest import EtcdServer

@@ -1,5 +1,5 @@
 """Ray's dashboard read over real loopback HTTP by the command the head runs
-(catalogue.dashboard_get, run here): real Ray 2.60's answers (tests/fixtures/ray-http) read as
+(catalogue.reads.dashboard_get, run here): real Ray 2.60's answers (tests/fixtures/ray-http) read as
 Ray, and a dashboard that is off, failing, slow, garbled or too large read as silent (the
 caller then asks `ray status`), never as an exception."""
 
@@ -214,7 +214,7 @@ async def test_a_read_that_did_not_run_through_is_silent_saying_why(
     """An old wrapper that does not admit the reads, a host without python3, a timed-out or
     garbled read: silent (the CLI is read instead), never a refusal of Ray's."""
 
-    async def run(remote: catalogue.Remote, seconds: float) -> ray_http.Ran:
+    async def run(remote: catalogue.remote.Remote, seconds: float) -> ray_http.Ran:
         return ran
 
     ray = await ray_http.read_ray(run, 8265, True, 2.0)

@@ -135,7 +135,7 @@ async def hostile(tmp_path: Path, healthy: Live) -> AsyncIterator[tuple[HostileH
 
 async def real_output(live: Live, pool: SshPool) -> str:
     cluster = live.cluster
-    script = catalogue.fact_script(cluster, cluster.head, tool_timeout(cluster))
+    script = catalogue.reads.fact_script(cluster, cluster.head, tool_timeout(cluster))
     result = await pool.connection(cluster.head, cluster.ssh).run(script.command, timeout=10)
     assert "@@sparkd containers" in result.stdout and "@@sparkd ray_nodes" in result.stdout
     return result.stdout

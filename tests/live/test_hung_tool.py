@@ -30,7 +30,7 @@ async def test_a_hung_tool_is_killed_and_the_other_sections_arrive(
     await world.fault("hang-tool", "spark-a", "nvidia-smi")
 
     head = cluster.head
-    script = catalogue.fact_script(cluster, head, tool_timeout(cluster))
+    script = catalogue.reads.fact_script(cluster, head, tool_timeout(cluster))
     started = time.monotonic()
     result = await pool.connection(head, cluster.ssh).run(script.command, timeout=COMMAND_TIMEOUT)
     took = time.monotonic() - started
@@ -134,12 +134,12 @@ async def test_a_big_writable_layer_does_not_slow_the_container_listing(
     connection = pool.connection(head, cluster.ssh)
 
     # The listing as sparkd asked for it before: the walk outlasts the tool's timeout.
-    old = catalogue.cmd(["docker", "ps", "-a", "--no-trunc", "--format", "{{json .}}"], 1.0)
+    old = catalogue.remote.cmd(["docker", "ps", "-a", "--no-trunc", "--format", "{{json .}}"], 1.0)
     with pytest.raises(SshFailure) as failed:
         await connection.run(old, timeout=COMMAND_TIMEOUT)
     assert failed.value.result is not None and failed.value.result.exit_status == TIMEOUT_RC
 
-    script = catalogue.fact_script(cluster, head, tool_timeout(cluster))
+    script = catalogue.reads.fact_script(cluster, head, tool_timeout(cluster))
     result = await connection.run(script.command, timeout=COMMAND_TIMEOUT)
     sections = parsers.parse_sections(result.stdout)
     assert sections["containers"].rc == 0

@@ -43,10 +43,10 @@ def ray_ready(observed: Observed) -> bool:
 async def launch(cluster: ClusterSpec, pool: SshPool) -> None:
     """Ray on both hosts, then `vllm serve`, with the commands sparkd's actions run."""
     for host in cluster.hosts:
-        start = catalogue.start_ray(cluster, host, LIMIT)
+        start = catalogue.actions.start_ray(cluster, host, LIMIT)
         await pool.connection(host, cluster.ssh).run(start.command, timeout=LIMIT)
     await observe_until(cluster, pool, ray_ready, probe_due=lambda _: False)
-    serve = catalogue.start_model(cluster, LIMIT, API_KEY)
+    serve = catalogue.actions.start_model(cluster, LIMIT, API_KEY)
     head = pool.connection(cluster.head, cluster.ssh)
     await head.run(serve.command, timeout=LIMIT, input=serve.stdin)
 

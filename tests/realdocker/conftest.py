@@ -127,4 +127,4 @@ async def _remove_all(tier: Tier) -> None:
 
 
 def start_ray(tier: Tier) -> str:
-    return catalogue.start_ray(tier.cluster, tier.host, 20).command
+    return catalogue.actions.start_ray(tier.cluster, tier.host, 20).command

@@ -63,7 +63,7 @@ async def test_a_missing_image_fails_the_run_and_reads_as_absent(clean: Tier) ->
     missing = clean.cluster.model_copy(
         update={"ray": clean.cluster.ray.model_copy(update={"image": "local/not-here:3"})}
     )
-    rc, _, err = await clean.run(catalogue.start_ray(missing, clean.host, 20).command)
+    rc, _, err = await clean.run(catalogue.actions.start_ray(missing, clean.host, 20).command)
     # `--pull=never`: no registry is asked; the engine refuses at once and creates nothing.
     assert rc == 125
     assert "No such image: local/not-here:3" in err
@@ -80,14 +80,14 @@ async def test_remove_container_kills_at_once_and_a_missing_one_is_no_error(clea
     assert rc == 0, err
     name = container_name(clean.cluster, clean.host)
     since = time.time()
-    rc, out, err = await clean.run(catalogue.remove_container(name, 20).command)
+    rc, out, err = await clean.run(catalogue.actions.remove_container(name, 20).command)
     assert (rc, out) == (0, f"{name}\n"), err
     events = await clean.events(since, "--filter", f"container={name}")
     actions = [(e["action"], e.get("signal") or e.get("exitCode")) for e in events]
     # SIGKILL at once: no SIGTERM and 10 s wait for a PID 1 without a handler; exit 137.
     assert actions == [("kill", "9"), ("die", "137"), ("destroy", None)], events
     # Forced, a container already gone is no failure (the message only goes to stderr).
-    rc, out, err = await clean.run(catalogue.remove_container(name, 20).command)
+    rc, out, err = await clean.run(catalogue.actions.remove_container(name, 20).command)
     assert (rc, out, err) == (0, "", f"Error response from daemon: No such container: {name}\n")
 
 
@@ -125,7 +125,7 @@ async def test_a_restarting_container_has_no_processes_and_never_a_restart_event
     deadline = time.monotonic() + 20
     while True:
         assert time.monotonic() < deadline, "never caught between two runs"
-        script = catalogue.fact_script(clean.cluster, clean.host, 5, read_ray=False)
+        script = catalogue.reads.fact_script(clean.cluster, clean.host, 5, read_ray=False)
         _, out, _ = await clean.run(script.command)
         sections = parsers.parse_sections(out)
         top = sections.get("top glm-flash")

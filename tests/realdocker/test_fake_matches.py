@@ -78,11 +78,17 @@ async def both(real: Tier, fake: Tier, command: str) -> tuple[Result, Result]:
 
 async def test_the_fact_script_reads_alike(clean: Tier, fake: Tier) -> None:
     for tier in (clean, fake):
-        rc, out, err = await tier.run(catalogue.start_ray(tier.cluster, tier.host, 20).command)
+        rc, out, err = await tier.run(
+            catalogue.actions.start_ray(tier.cluster, tier.host, 20).command
+        )
         assert rc == 0 and re.fullmatch(r"[0-9a-f]{64}\n", out), err
     real, sim = [
         parsers.parse_sections(
-            (await t.run(catalogue.fact_script(t.cluster, t.host, 5, read_ray=False).command))[1]
+            (
+                await t.run(
+                    catalogue.reads.fact_script(t.cluster, t.host, 5, read_ray=False).command
+                )
+            )[1]
         )
         for t in (clean, fake)
     ]
@@ -105,11 +111,13 @@ async def test_the_fact_script_reads_alike(clean: Tier, fake: Tier) -> None:
 async def test_the_spec_label_is_read_alike(clean: Tier, fake: Tier) -> None:
     """What the executor reads before and after `docker run`: running, and the spec label."""
     for tier in (clean, fake):
-        rc, _, err = await tier.run(catalogue.start_ray(tier.cluster, tier.host, 20).command)
+        rc, _, err = await tier.run(
+            catalogue.actions.start_ray(tier.cluster, tier.host, 20).command
+        )
         assert rc == 0, err
     head = container_name(clean.cluster, clean.host)
     for tier in (clean, fake):
-        rc, out, err = await tier.run(catalogue.inspect_container(head, 20).command)
+        rc, out, err = await tier.run(catalogue.reads.inspect_container(head, 20).command)
         assert (rc, out, err) == (0, f"true {ray_spec_hash(tier.cluster, tier.host)}\n", "")
 
 
@@ -119,7 +127,7 @@ FAILURES = {
     "inspect_missing": "docker inspect --format '{{.Name}} {{.Image}}' -- nope",
     "exec_missing": "docker exec nope true",
     "top_missing": "docker top nope -eo pid,etimes,times,args",
-    "rm_missing": catalogue.remove_container("nope", 20).command,
+    "rm_missing": catalogue.actions.remove_container("nope", 20).command,
     "rm_unforced_missing": "docker rm nope",
 }
 
@@ -133,18 +141,22 @@ async def test_failures_print_alike(clean: Tier, fake: Tier, name: str) -> None:
 async def test_a_run_of_a_missing_image_fails_alike(clean: Tier, fake: Tier) -> None:
     ray = clean.cluster.ray.model_copy(update={"image": "local/not-here:3"})
     missing = clean.cluster.model_copy(update={"ray": ray})
-    real = await clean.run(catalogue.start_ray(missing, clean.host, 20).command)
-    sim = await fake.run(catalogue.start_ray(missing, fake.host, 20).command)
+    real = await clean.run(catalogue.actions.start_ray(missing, clean.host, 20).command)
+    sim = await fake.run(catalogue.actions.start_ray(missing, fake.host, 20).command)
     assert plain(sim) == plain(real)
 
 
 async def test_a_killed_container_answers_alike(clean: Tier, fake: Tier) -> None:
     head = container_name(clean.cluster, clean.host)
     for tier in (clean, fake):
-        rc, _, err = await tier.run(catalogue.start_ray(tier.cluster, tier.host, 20).command)
+        rc, _, err = await tier.run(
+            catalogue.actions.start_ray(tier.cluster, tier.host, 20).command
+        )
         assert rc == 0, err
     events = [
-        asyncio.create_task(stream(t, catalogue.docker_events(catalogue.EVENTS_SPAN).command))
+        asyncio.create_task(
+            stream(t, catalogue.reads.docker_events(catalogue.reads.EVENTS_SPAN).command)
+        )
         for t in (clean, fake)
     ]
     await asyncio.sleep(1.0)

@@ -34,7 +34,7 @@ async def launched(tier: Tier) -> parsers.TopRow:
     """The head's container and the model in it, as sparkd starts them; the serve's row."""
     rc, _, err = await tier.run(start_ray(tier))
     assert rc == 0, err
-    rc, _, err = await tier.run(catalogue.start_model(tier.cluster, 20).command)
+    rc, _, err = await tier.run(catalogue.actions.start_model(tier.cluster, 20).command)
     assert rc == 0, err
     serve: parsers.TopRow | None = None
     deadline = time.monotonic() + 10
@@ -71,7 +71,7 @@ async def engine_of(tier: Tier, serve: parsers.TopRow) -> int:
 
 
 async def top(tier: Tier) -> tuple[parsers.TopRow, ...]:
-    rc, out, err = await tier.run(catalogue.serve_processes(tier.cluster, 20).command)
+    rc, out, err = await tier.run(catalogue.reads.serve_processes(tier.cluster, 20).command)
     assert rc == 0, err
     return parsers.parse_docker_top(out)
 
@@ -108,7 +108,7 @@ async def test_events_wake_on_the_serve_ending_and_not_on_sparkds_own_execs(clea
         # and wakes nothing.
         before = len(wakes)
         since = time.time()
-        rc, _, _ = await clean.run(catalogue.signal_serve(clean.cluster, "0", 20).command)
+        rc, _, _ = await clean.run(catalogue.actions.signal_serve(clean.cluster, "0", 20).command)
         assert rc == 0
         events = await clean.events(since, "--filter", f"container={head}")
         assert [e["action"].partition(":")[0] for e in events] == [
@@ -135,7 +135,7 @@ async def test_events_wake_on_the_serve_ending_and_not_on_sparkds_own_execs(clea
 
 async def test_signal_serve_stops_the_recorded_process(clean: Tier) -> None:
     await launched(clean)
-    rc, _, err = await clean.run(catalogue.signal_serve(clean.cluster, "TERM", 20).command)
+    rc, _, err = await clean.run(catalogue.actions.signal_serve(clean.cluster, "TERM", 20).command)
     assert rc == 0, err
     deadline = time.monotonic() + 10
     while parsers.find_serve(await top(clean)) is not None:

@@ -120,10 +120,10 @@ async def test_refused_without_a_head_or_with_the_dashboard_off(
 async def test_the_heads_own_get_answers_as_the_dashboard_does(
     world: World, head: asyncssh.SSHClientConnection, worker: asyncssh.SSHClientConnection
 ) -> None:
-    """sparkd's read (catalogue.dashboard_get, run by the head's shell) gets what a client on
+    """sparkd's read (catalogue.reads.dashboard_get, run by the head's shell) gets what a client on
     the head's loopback gets: the dashboard's own answer, refused while no head runs."""
     await clean_up(world, head, worker)
-    read = catalogue.dashboard_get(world.dashboard_port, NODES_PATH, 10.0)
+    read = catalogue.reads.dashboard_get(world.dashboard_port, NODES_PATH, 10.0)
     refused = await run(head, read.command, read.stdin)
     assert refused.exit_status == DASHBOARD_REFUSED_EXIT, refused
     await start_ray(world, head, worker)

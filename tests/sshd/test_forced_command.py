@@ -141,9 +141,9 @@ async def test_the_catalogues_commands_pass_and_the_tools_run(world: Forced) -> 
     seconds = cluster.ssh.command_timeout
     try:
         # With the dashboard on, the script observing sends (Ray is read over HTTP).
-        t = catalogue.tool_timeout(cluster)
+        t = catalogue.remote.tool_timeout(cluster)
         status, output = await run(
-            conn, catalogue.fact_script(cluster, host, t, read_ray=False).command
+            conn, catalogue.reads.fact_script(cluster, host, t, read_ray=False).command
         )
         assert lets_through(status, output), output
         sections = parsers.parse_sections(output)
@@ -157,11 +157,11 @@ async def test_the_catalogues_commands_pass_and_the_tools_run(world: Forced) -> 
             if h.name == host.name and r.name not in ("remove_container", "start_model")
         ]
         sent += [
-            catalogue.kill_process(cluster, 4242, "TERM", seconds),
-            catalogue.kill_process(cluster, 2, "KILL", seconds),
-            catalogue.signal_serve(cluster, "KILL", seconds),
-            catalogue.remove_container("glm-old", seconds),
-            catalogue.start_model(cluster, seconds, API_KEY),
+            catalogue.actions.kill_process(cluster, 4242, "TERM", seconds),
+            catalogue.actions.kill_process(cluster, 2, "KILL", seconds),
+            catalogue.actions.signal_serve(cluster, "KILL", seconds),
+            catalogue.actions.remove_container("glm-old", seconds),
+            catalogue.actions.start_model(cluster, seconds, API_KEY),
         ]
         for remote in sent:
             status, output = await run(conn, remote.command, remote.stdin)
@@ -176,15 +176,17 @@ async def test_the_catalogues_commands_pass_and_the_tools_run(world: Forced) -> 
     launch = f"docker exec -d -e VLLM_CACHE_ROOT={cluster.model.cache_root}/{'ab' * 6}-models--"
     assert any(c.startswith(launch) for c in calls), calls
     # The key went through stdin to its 0600 file, never on a command line.
-    assert (cluster.model.log_dir / catalogue.API_KEY_FILE).read_text() == API_KEY
+    assert (cluster.model.log_dir / catalogue.actions.API_KEY_FILE).read_text() == API_KEY
     assert not any(API_KEY in c for c in calls)
 
 
 async def test_anything_else_is_refused_naming_only_its_first_word(world: Forced) -> None:
     cluster, host = world.cluster, world.host
     seconds = cluster.ssh.command_timeout
-    script = catalogue.fact_script(cluster, host, catalogue.tool_timeout(cluster)).command
-    kill = catalogue.kill_process(cluster, 4242, "KILL", seconds).command
+    script = catalogue.reads.fact_script(
+        cluster, host, catalogue.remote.tool_timeout(cluster)
+    ).command
+    kill = catalogue.actions.kill_process(cluster, 4242, "KILL", seconds).command
     refused = {
         "id": "id",
         "sh -c id": "sh",
@@ -194,9 +196,9 @@ async def test_anything_else_is_refused_naming_only_its_first_word(world: Forced
         kill.replace("4242", "1"): "timeout",
         kill.replace("4242", "4294967295"): "timeout",
         kill.replace("4242", str(PID_MAX)): "timeout",
-        catalogue.kill_process(cluster, 4242, "HUP", seconds).command: "timeout",
-        catalogue.kill_process(cluster, 4242, "TERM", seconds).command + "; id": "timeout",
-        catalogue.remove_container("postgres", seconds).command: "timeout",
+        catalogue.actions.kill_process(cluster, 4242, "HUP", seconds).command: "timeout",
+        catalogue.actions.kill_process(cluster, 4242, "TERM", seconds).command + "; id": "timeout",
+        catalogue.actions.remove_container("postgres", seconds).command: "timeout",
         f"echo {API_KEY} | id": "echo",
     }
     conn = HostConnection(host, cluster.ssh)
@@ -219,14 +221,14 @@ async def test_ray_is_read_by_the_fixed_gets_and_the_job_api_is_out_of_reach(
     port = cluster.ray.dashboard_port
     conn = HostConnection(host, cluster.ssh)
     try:
-        t = catalogue.tool_timeout(cluster)
+        t = catalogue.remote.tool_timeout(cluster)
         ray = await ray_http.read_ray(runner(conn), port, True, t)
         assert isinstance(ray, RayState) and ray.gpus_total == 1.0 and ray.gpus_usable == 1.0
-        nodes = catalogue.dashboard_get(port, catalogue.DASHBOARD_PATHS[0], t)
+        nodes = catalogue.reads.dashboard_get(port, catalogue.reads.DASHBOARD_PATHS[0], t)
         jobs = f"http://127.0.0.1:{port}/api/jobs/"
         for command in (
             f'curl -X POST {jobs} -d \'{{"entrypoint": "id"}}\'',
-            nodes.command.replace(shlex.quote(catalogue.DASHBOARD_PATHS[0]), "/api/jobs/"),
+            nodes.command.replace(shlex.quote(catalogue.reads.DASHBOARD_PATHS[0]), "/api/jobs/"),
             nodes.command.replace("GET", "POST"),
             nodes.command + f"; curl -X POST {jobs}",
         ):

@@ -14,7 +14,7 @@ from sparkd.model import exits
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue, forced
-from sparkd.shell.catalogue import FenceToken
+from sparkd.shell.catalogue.fence import FenceToken
 from sparkd.shell.fencing import HostFence, HostRefused
 from sparkd.shell.ssh import HostConnection, SshFailure, SshPool
 from tests.support.sshd import cluster_behind, install_forced_command, running_sshd
@@ -69,16 +69,18 @@ def calls(world: Fenced) -> list[str]:
 async def test_behind_the_wrapper_an_older_token_is_refused_over_ssh(world: Fenced) -> None:
     cluster, host = world.cluster, world.host
     seconds = cluster.ssh.command_timeout
-    kill = catalogue.kill_process(cluster, 4100, "TERM", seconds)
+    kill = catalogue.actions.kill_process(cluster, 4100, "TERM", seconds)
     conn = HostConnection(host, cluster.ssh)
     try:
         assert (await status(conn, kill.command))[0] == exits.REFUSED_EXIT  # bare: refused
-        code, err = await status(conn, catalogue.fenced(kill, token(world, 12), seconds).command)
+        code, err = await status(
+            conn, catalogue.fence.fenced(kill, token(world, 12), seconds).command
+        )
         assert code == 0, err
         assert calls(world) == ["kill -TERM 4100"]
-        record = world.home / catalogue.FENCE_DIR / cluster.name
+        record = world.home / catalogue.fence.FENCE_DIR / cluster.name
         assert record.read_text() == f"12 {ETCD} ops-a\n"
-        stale = catalogue.fenced(kill, token(world, 11, "ops-b"), seconds).command
+        stale = catalogue.fence.fenced(kill, token(world, 11, "ops-b"), seconds).command
         code, err = await status(conn, stale)
         assert code == exits.FENCED_EXIT
         assert "refused token 11: a newer one is recorded" in err
@@ -103,12 +105,16 @@ async def test_the_owners_sweep_and_refusal_through_the_executors_fence(world: F
         await fence.sweep()
         assert fence.unswept() == []
         seconds = cluster.ssh.command_timeout
-        remote, _ = fence.wrap(host, catalogue.remove_container("glm-old", seconds), seconds)
+        remote, _ = fence.wrap(
+            host, catalogue.actions.remove_container("glm-old", seconds), seconds
+        )
         assert (await status(pool.connection(host, cluster.ssh), remote.command))[0] == 0
         # A newer owner sweeps the host: this one's next command is refused there.
-        newer = catalogue.fence_sweep(token(world, 25, "ops-b"), seconds).command
+        newer = catalogue.fence.fence_sweep(token(world, 25, "ops-b"), seconds).command
         assert (await status(pool.connection(host, cluster.ssh), newer))[0] == 0
-        remote, sent = fence.wrap(host, catalogue.remove_container("glm-two", seconds), seconds)
+        remote, sent = fence.wrap(
+            host, catalogue.actions.remove_container("glm-two", seconds), seconds
+        )
         with pytest.raises(SshFailure) as failure:
             await pool.connection(host, cluster.ssh).run(remote.command, timeout=30)
         with pytest.raises(HostRefused) as caught:
@@ -117,7 +123,7 @@ async def test_the_owners_sweep_and_refusal_through_the_executors_fence(world: F
         assert "25" not in refused[0] and "ops-b" not in refused[0]  # the record stays there
         assert calls(world) == ["docker rm -f -- glm-old"]
         with pytest.raises(HostRefused):  # no longer the owner: nothing more is sent
-            fence.wrap(host, catalogue.remove_container("glm-3", seconds), seconds)
+            fence.wrap(host, catalogue.actions.remove_container("glm-3", seconds), seconds)
     finally:
         await pool.close()
 

@@ -37,14 +37,14 @@ def plant(log_dir: Path) -> tuple[Path, Path]:
     log_dir.chmod(0o777)
     stolen = victim(log_dir.parent / "stolen-key")
     spec = victim(log_dir.parent / "stolen-spec")
-    for name, target in ((catalogue.API_KEY_FILE, stolen), ("serve.spec", spec)):
+    for name, target in ((catalogue.actions.API_KEY_FILE, stolen), ("serve.spec", spec)):
         (log_dir / name).unlink(missing_ok=True)
         (log_dir / name).symlink_to(target)
     return stolen, spec
 
 
 def written_safely(log_dir: Path) -> None:
-    key = log_dir / catalogue.API_KEY_FILE
+    key = log_dir / catalogue.actions.API_KEY_FILE
     assert not key.is_symlink() and key.read_text() == API_KEY
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
     assert stat.S_IMODE(log_dir.stat().st_mode) == 0o700
@@ -52,7 +52,7 @@ def written_safely(log_dir: Path) -> None:
 
 
 def hand_to_root(log_dir: Path) -> None:
-    (log_dir / catalogue.API_KEY_FILE).unlink()
+    (log_dir / catalogue.actions.API_KEY_FILE).unlink()
     os.chown(log_dir, 0, 0)
     log_dir.chmod(0o1777)
 
@@ -63,7 +63,7 @@ async def test_a_planted_symlink_never_receives_the_key(tmp_path: Path, pool: Ss
         log_dir = Path(cluster.model.log_dir)
         seconds = cluster.ssh.command_timeout
         conn = pool.connection(cluster.head, cluster.ssh)
-        remote = catalogue.start_model(cluster, seconds, API_KEY)
+        remote = catalogue.actions.start_model(cluster, seconds, API_KEY)
 
         stolen, spec = plant(log_dir)
         await conn.run(remote.command, timeout=30, input=remote.stdin)
@@ -76,5 +76,5 @@ async def test_a_planted_symlink_never_receives_the_key(tmp_path: Path, pool: Ss
             await conn.run(remote.command, timeout=30, input=remote.stdin)
         assert failure.value.result is not None
         assert "not the SSH user's own directory" in failure.value.result.stderr
-        assert not (log_dir / catalogue.API_KEY_FILE).exists()
+        assert not (log_dir / catalogue.actions.API_KEY_FILE).exists()
         assert stolen.read_text() == ""

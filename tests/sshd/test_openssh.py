@@ -44,7 +44,7 @@ async def test_commands_exit_codes_and_timeout(sshd: RealSshd) -> None:
         assert info.value.result.stderr == "err\n"
         started = time.perf_counter()
         with pytest.raises(SshFailure) as info:
-            await conn.run(" ".join(catalogue.timed(["sleep", "30"], 1)), timeout=10)
+            await conn.run(" ".join(catalogue.remote.timed(["sleep", "30"], 1)), timeout=10)
         assert info.value.result is not None and info.value.result.exit_status == 124
         assert time.perf_counter() - started < 5
         with pytest.raises(SshFailure) as info:
@@ -120,7 +120,7 @@ async def test_fact_script_on_a_host_without_docker_is_an_error(sshd: RealSshd) 
     try:
         reading = await read_host(cluster, host, conn, time.time(), ())
         result = await conn.run(
-            catalogue.fact_script(cluster, host, 5).command + "exit 0\n", timeout=30
+            catalogue.reads.fact_script(cluster, host, 5).command + "exit 0\n", timeout=30
         )
     finally:
         await conn.close()

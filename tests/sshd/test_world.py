@@ -114,7 +114,7 @@ async def test_a_command_outlives_its_channel_and_only_timeout_ends_it(
         ssh = world.hosts["spark-b"].ssh
         assert isinstance(ssh, OpenSshHost)
         conn = pool.connection(cluster.host("spark-b"), cluster.ssh)
-        timed = " ".join(catalogue.timed(["sleep", "30"], 1))
+        timed = " ".join(catalogue.remote.timed(["sleep", "30"], 1))
         for command in ("sleep 31", timed):
             with pytest.raises(SshFailure) as info:
                 await conn.run(command, timeout=0.3)

@@ -35,7 +35,7 @@ from sparkd.ha.config import HaSpec
 from sparkd.ha.etcd import EtcdClient, EtcdUnavailable, b64
 from sparkd.ha.memory import intent_key, memory_key
 from sparkd.settings import load_settings
-from sparkd.shell.catalogue import FENCE_DIR
+from sparkd.shell.catalogue.fence import FENCE_DIR
 from sparkd_demo.cli import sparkd_spec_labels
 from sparkd_sim.owned import OwnedCommand, Owner
 from sparkd_sim.timing import Timing

@@ -9,7 +9,7 @@ import contextlib
 from sparkd.shell import catalogue, ray_http
 
 
-async def run_here(remote: catalogue.Remote, seconds: float) -> ray_http.Ran:
+async def run_here(remote: catalogue.remote.Remote, seconds: float) -> ray_http.Ran:
     process = await asyncio.create_subprocess_exec(
         "/bin/sh",
         "-c",
@@ -21,7 +21,7 @@ async def run_here(remote: catalogue.Remote, seconds: float) -> ray_http.Ran:
         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
     )
     try:
-        async with asyncio.timeout(seconds + catalogue.KILL_GRACE):
+        async with asyncio.timeout(seconds + catalogue.remote.KILL_GRACE):
             out, _ = await process.communicate((remote.stdin or "").encode())
     finally:
         if process.returncode is None:

@@ -52,7 +52,7 @@ def test_secret_options_are_redacted_in_every_spelling() -> None:
 
 def test_the_fact_script_reads_foreign_containers_only_without_its_own() -> None:
     cluster = reference_cluster()
-    script = catalogue.fact_script(cluster, cluster.head, 10.0)
+    script = catalogue.reads.fact_script(cluster, cluster.head, 10.0)
     line = next(x for x in script.command.splitlines() if f"s {FactSection.FOREIGN}" in x)
     assert '[ "$e" != running ]' in line
     assert "docker inspect --format" in line and "-- $r" in line

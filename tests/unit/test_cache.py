@@ -54,11 +54,11 @@ def test_a_container_without_the_mount_is_not_drift() -> None:
 def test_every_container_mounts_the_cache_at_its_own_path() -> None:
     cluster = with_model(reference_cluster(), cache_dir=Path("/srv/vllm cache"))
     for host in cluster.hosts:
-        argv = catalogue.docker_run_argv(cluster, host)
+        argv = catalogue.actions.docker_run_argv(cluster, host)
         assert "/srv/vllm cache:/srv/vllm cache" in argv
-        assert shlex.split(catalogue.start_ray(cluster, host, 30).command).count("mkdir") == (
-            2 if host.role == "head" else 1
-        )
+        assert shlex.split(catalogue.actions.start_ray(cluster, host, 30).command).count(
+            "mkdir"
+        ) == (2 if host.role == "head" else 1)
     default = reference_cluster()
     assert default.model.cache_root == default.model.log_dir / "cache"
 
@@ -78,7 +78,7 @@ def test_every_key_is_one_entry_of_sparkds_naming(model_id: str) -> None:
     key = cache.cache_key(IMAGE_ID, model_id)
     assert key is not None and cache.ENTRY.fullmatch(key)
     cluster = reference_cluster()
-    words = shlex.split(catalogue.prune_cache(cluster, cluster.head, key, 30).command)
+    words = shlex.split(catalogue.actions.prune_cache(cluster, cluster.head, key, 30).command)
     target = str(cluster.model.cache_root / key)
     assert words[4:] == [
         "docker",
@@ -94,7 +94,7 @@ def test_every_key_is_one_entry_of_sparkds_naming(model_id: str) -> None:
 def test_prune_refuses_what_is_not_an_entry() -> None:
     for name in ("..", ".", "a/b", "../../etc", "serve.log", "ab12cd34ef56-../x"):
         try:
-            catalogue.prune_cache(reference_cluster(), reference_cluster().head, name, 30)
+            catalogue.actions.prune_cache(reference_cluster(), reference_cluster().head, name, 30)
         except ValueError:
             continue
         raise AssertionError(name)
@@ -263,7 +263,7 @@ def test_the_forced_command_lets_through_prunes_of_sparkds_entries_only() -> Non
         allowed = decide(cluster, host)
         key = cache.cache_key(OTHER_ID, "Qwen/Qwen3-8B")
         assert key is not None
-        assert allowed(catalogue.prune_cache(cluster, host, key, seconds).command)
-        good = catalogue.prune_cache(cluster, host, "0123456789ab-model", seconds).command
+        assert allowed(catalogue.actions.prune_cache(cluster, host, key, seconds).command)
+        good = catalogue.actions.prune_cache(cluster, host, "0123456789ab-model", seconds).command
         for bad in ("..", "0123456789ab-x/../../etc", "notes", "0123456789ab-model -r /"):
             assert not allowed(good.replace("0123456789ab-model", bad)), bad

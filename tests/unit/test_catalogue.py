@@ -92,7 +92,7 @@ def top_level_steps(command: str) -> list[list[str]]:
 @settings(max_examples=200, deadline=None)
 @given(HOSTILE)
 def test_remove_container_argv(name: str) -> None:
-    remote = catalogue.remove_container(name, 9)
+    remote = catalogue.actions.remove_container(name, 9)
     assert shlex.split(remote.command) == [
         "timeout",
         "-k",
@@ -114,7 +114,7 @@ def test_remove_container_argv(name: str) -> None:
 )
 def test_start_model_two_layers(model_id: str, extra: list[str], env: dict[str, str]) -> None:
     cluster = changed(model={"id": model_id, "extra_args": tuple(extra)}, ray={"env": env})
-    remote = catalogue.start_model(cluster, 30)
+    remote = catalogue.actions.start_model(cluster, 30)
     *_, launch = remote.command.split(" && ")
     outer = shlex.split(launch)
     head = container_name(cluster, cluster.head)
@@ -138,8 +138,13 @@ def test_start_model_two_layers(model_id: str, extra: list[str], env: dict[str, 
     record_pid, launch = outer[12].split("; ", 1)
     assert record_pid.startswith("echo $$ > ")
     inner = shlex.split(launch)
-    assert inner == ["exec", *catalogue.serve_argv(cluster), f">>{serve_log_path(cluster)}", "2>&1"]
-    assert catalogue.serve_argv(cluster)[2] == model_id
+    assert inner == [
+        "exec",
+        *catalogue.actions.serve_argv(cluster),
+        f">>{serve_log_path(cluster)}",
+        "2>&1",
+    ]
+    assert catalogue.actions.serve_argv(cluster)[2] == model_id
 
 
 @settings(max_examples=150, deadline=None)
@@ -152,20 +157,20 @@ def test_start_model_two_layers(model_id: str, extra: list[str], env: dict[str, 
 def test_docker_run_argv_round_trips(env: dict[str, str], extra: list[str]) -> None:
     cluster = changed(ray={"env": env, "extra_docker_args": tuple(extra)})
     for host in cluster.hosts:
-        remote = catalogue.start_ray(cluster, host, 60)
+        remote = catalogue.actions.start_ray(cluster, host, 60)
         run = remote.command.split(">/dev/null 2>&1; ", 1)[1].removesuffix("; }")
         assert shlex.split(run) == [
             "timeout",
             "-k",
             "2",
             "60",
-            *catalogue.docker_run_argv(cluster, host),
+            *catalogue.actions.docker_run_argv(cluster, host),
         ]
 
 
 def test_docker_run_follows_the_playbook() -> None:
     cluster = reference_cluster()
-    argv = catalogue.docker_run_argv(cluster, cluster.head)
+    argv = catalogue.actions.docker_run_argv(cluster, cluster.head)
     for flag in ("--network", "--gpus", "--shm-size", "--restart=no", "--pull=never"):
         assert flag in argv
     assert "RAY_memory_monitor_refresh_ms=0" in argv
@@ -182,7 +187,7 @@ def test_docker_run_follows_the_playbook() -> None:
         ][-6:]
         or "--dashboard-host=127.0.0.1" in argv
     )
-    worker = catalogue.docker_run_argv(cluster, cluster.workers[0])
+    worker = catalogue.actions.docker_run_argv(cluster, cluster.workers[0])
     assert worker[-4:] == [
         "--block",
         "--address=192.168.200.12:6379",
@@ -198,16 +203,16 @@ def test_docker_run_follows_the_playbook() -> None:
 
 def test_api_key_never_on_a_command_line(tmp_path: Any) -> None:
     cluster = changed(model={"api_key_file": tmp_path / "key"})
-    remote = catalogue.start_model(cluster, 30, api_key="sk-very-secret")
+    remote = catalogue.actions.start_model(cluster, 30, api_key="sk-very-secret")
     assert "sk-very-secret" not in remote.command
     assert remote.stdin == "sk-very-secret"
     assert "sk-very-secret" not in repr(remote)
-    assert 'VLLM_API_KEY="$(cat ' in catalogue.serve_shell(cluster)
+    assert 'VLLM_API_KEY="$(cat ' in catalogue.actions.serve_shell(cluster)
 
 
 def test_stop_unit_stops_and_disables_with_sudo() -> None:
     cluster = changed(ssh={"sudo": True})
-    remote = catalogue.stop_unit(cluster, "vllm-cluster.service", 10)
+    remote = catalogue.actions.stop_unit(cluster, "vllm-cluster.service", 10)
     stop, disable = remote.command.split(" && ")
     assert shlex.split(stop)[4:] == [
         "sudo",
@@ -231,7 +236,7 @@ def test_fact_script_is_sectioned() -> None:
     """That it changes nothing is checked against the simulated world's command log
     (tests/live/test_read_path.py)."""
     cluster = reference_cluster()
-    script = catalogue.fact_script(cluster, cluster.head, 10)
+    script = catalogue.reads.fact_script(cluster, cluster.head, 10)
     for name in (
         "now",
         "boot_id",
@@ -246,12 +251,12 @@ def test_fact_script_is_sectioned() -> None:
     ):
         # `s` prints a section as it comes, `c` also keeps it for the script to read again.
         assert re.search(f"[sc] {name} timeout", script.command), name
-    worker = catalogue.fact_script(cluster, cluster.workers[0], 10)
+    worker = catalogue.reads.fact_script(cluster, cluster.workers[0], 10)
     assert "ray_status" not in worker.command
 
 
 def test_each_ray_node_gets_its_own_vllm_host_ip() -> None:
-    from sparkd.shell.catalogue import docker_run_argv
+    from sparkd.shell.catalogue.actions import docker_run_argv
 
     cluster = reference_cluster()
     for host in cluster.hosts:
@@ -264,7 +269,7 @@ def test_each_ray_node_gets_its_own_vllm_host_ip() -> None:
 
 
 def test_ray_nodes_are_read_alive_only_so_the_row_limit_cannot_drop_them() -> None:
-    from sparkd.shell.catalogue import fact_script
+    from sparkd.shell.catalogue.reads import fact_script
 
     cluster = reference_cluster()
     script = fact_script(cluster, cluster.head, 10).command
@@ -279,7 +284,12 @@ def test_the_catalogue_lists_the_fact_script_as_observing_runs_it() -> None:
     listed = [(h, r.command) for h, r in catalogue.catalogue(cluster, 30) if r.name == "facts"]
     head_reads = ((False, True), (True, True), (False, False))
     expected = [
-        (h, catalogue.fact_script(cluster, h, tool_timeout(cluster), status, read, ready).command)
+        (
+            h,
+            catalogue.reads.fact_script(
+                cluster, h, tool_timeout(cluster), status, read, ready
+            ).command,
+        )
         for h in cluster.hosts
         for ready in ((False, True) if h.role == "head" else (False,))
         for status, read in (head_reads if h.role == "head" else ((False, True),))
@@ -301,12 +311,12 @@ def test_with_the_dashboard_the_fact_script_runs_no_ray_and_ray_status_is_listed
     facts = [(h, c) for h, n, c in listed if n == "facts"]
     assert facts == list(
         dict.fromkeys(
-            (h.name, catalogue.fact_script(cluster, h, t, False, False, ready).command)
+            (h.name, catalogue.reads.fact_script(cluster, h, t, False, False, ready).command)
             for h in cluster.hosts
             for ready in (False, True)
         )
     )
     assert all(" ray " not in c for _, c in facts)
     cli = [(h, c) for h, n, c in listed if n == "ray_cli"]
-    assert cli == [(cluster.head.name, catalogue.ray_cli(cluster, t).command)]
+    assert cli == [(cluster.head.name, catalogue.reads.ray_cli(cluster, t).command)]
     assert "ray status" in cli[0][1] and "ray list" not in cli[0][1]

@@ -70,21 +70,21 @@ def cluster_with(value: str) -> ClusterSpec:
 
 
 def test_the_fact_script_reads_every_listed_device_quoted() -> None:
-    assert catalogue.rail_globs(cluster_with(playbook_hca())) == (
+    assert catalogue.reads.rail_globs(cluster_with(playbook_hca())) == (
         "/sys/class/infiniband/roceP2p1s0f1*/ports/*",
         "/sys/class/infiniband/rocep1s0f1*/ports/*",
     )
-    assert catalogue.rail_globs(cluster_with("=rocep1s0f1:1")) == (
+    assert catalogue.reads.rail_globs(cluster_with("=rocep1s0f1:1")) == (
         "/sys/class/infiniband/rocep1s0f1/ports/1",
     )
     # An excluding list names what NCCL avoids: only the data interface's device is read.
-    assert catalogue.rail_globs(cluster_with("^rocep1s0f0")) == ()
+    assert catalogue.reads.rail_globs(cluster_with("^rocep1s0f0")) == ()
     cluster = cluster_with("=rocep1s0f1,roceP2p1s0f1")
-    section = catalogue.fabric_section(cluster.head, 5, catalogue.rail_globs(cluster))
+    section = catalogue.reads.fabric_section(cluster.head, 5, catalogue.reads.rail_globs(cluster))
     words = shlex.split(section)
     assert "/sys/class/infiniband/roceP2p1s0f1/ports/*/state" in words
     assert "/sys/class/infiniband/roceP2p1s0f1/ports/*/gid_attrs/types/*" in words
-    script = "\n".join(r.command for r in catalogue.fact_scripts(cluster, cluster.head))
+    script = "\n".join(r.command for r in catalogue.reads.fact_scripts(cluster, cluster.head))
     assert "/sys/class/infiniband/roceP2p1s0f1/ports/*/rate" in script
 
 

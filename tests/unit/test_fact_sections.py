@@ -47,12 +47,12 @@ def _kind(name: str) -> str:
 def written(cluster: ClusterSpec) -> set[str]:
     """The sections of every script `fact_script` can build for the cluster's hosts, and of
     `ray_cli`."""
-    t = catalogue.tool_timeout(cluster)
+    t = catalogue.remote.tool_timeout(cluster)
     flags = (False, True)
-    scripts = [catalogue.ray_cli(cluster, t)]
+    scripts = [catalogue.reads.ray_cli(cluster, t)]
     for host in cluster.hosts:
         scripts += [
-            catalogue.fact_script(cluster, host, t, ray_status, read_ray, prepare)
+            catalogue.reads.fact_script(cluster, host, t, ray_status, read_ray, prepare)
             for ray_status in flags
             for read_ray in flags
             for prepare in flags
@@ -121,5 +121,5 @@ def test_every_section_written_is_read_and_every_section_read_is_written() -> No
 
 def test_the_script_names_each_running_container_s_top_section() -> None:
     cluster = reference_cluster()
-    script = catalogue.fact_script(cluster, cluster.head, 10).command
+    script = catalogue.reads.fact_script(cluster, cluster.head, 10).command
     assert {top_container(m.strip("'\"")) for m in _CALLED.findall(script)} - {None} == {"$n"}

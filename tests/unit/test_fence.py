@@ -14,7 +14,8 @@ import pytest
 
 from sparkd.model import exits
 from sparkd.shell import catalogue
-from sparkd.shell.catalogue import FenceToken, Remote
+from sparkd.shell.catalogue.fence import FenceToken
+from sparkd.shell.catalogue.remote import Remote
 
 CLUSTER = "sparks"
 ETCD = 14841639068965178418
@@ -25,7 +26,7 @@ def token(value: int, instance: str = "ops-a", etcd: int = ETCD) -> FenceToken:
 
 
 def command(text: str, fence: FenceToken, seconds: float = 10) -> str:
-    return catalogue.fenced(Remote("test", text, mutating=True), fence, seconds).command
+    return catalogue.fence.fenced(Remote("test", text, mutating=True), fence, seconds).command
 
 
 def start(home: Path, text: str, shell: str = "bash", stdin: str = "") -> subprocess.Popen[str]:
@@ -43,12 +44,12 @@ def run(home: Path, text: str, shell: str = "bash", stdin: str = "") -> tuple[in
 
 
 def record(home: Path) -> str:
-    return (home / catalogue.FENCE_DIR / CLUSTER).read_text()
+    return (home / catalogue.fence.FENCE_DIR / CLUSTER).read_text()
 
 
 def lock_free(home: Path) -> bool:
     """Whether nobody holds the cluster's lock now (a non-blocking `flock` gets it)."""
-    lock = home / catalogue.FENCE_DIR / f"{CLUSTER}.lock"
+    lock = home / catalogue.fence.FENCE_DIR / f"{CLUSTER}.lock"
     return subprocess.run(["flock", "-n", str(lock), "true"], check=False).returncode == 0
 
 
@@ -59,7 +60,7 @@ def test_a_lower_token_is_refused_with_76_and_runs_nothing(tmp_path: Path, shell
     rc, _, err = run(tmp_path, command(f"touch {marker}", token(9, "ops-b")), shell)
     assert rc == exits.FENCED_EXIT
     assert not marker.exists()
-    assert f"{catalogue.FENCE_MARKER} sparks: refused token 9: a newer one is recorded" in err
+    assert f"{catalogue.fence.FENCE_MARKER} sparks: refused token 9: a newer one is recorded" in err
     assert "10" not in err and "ops-a" not in err and str(ETCD) not in err
     assert record(tmp_path) == f"10 {ETCD} ops-a\n"
     # The same token again, and a newer one, run; the record follows the newer.
@@ -129,7 +130,7 @@ def test_a_detached_child_never_holds_the_lock(tmp_path: Path, detach: str) -> N
         while Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[0] != b"sleep":
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        lock = str(tmp_path / catalogue.FENCE_DIR / f"{CLUSTER}.lock")
+        lock = str(tmp_path / catalogue.fence.FENCE_DIR / f"{CLUSTER}.lock")
         assert lock not in held_files(child)
         assert lock_free(tmp_path)
         started = time.monotonic()
@@ -148,27 +149,27 @@ def test_another_etcd_or_an_unreadable_record_fails_closed_until_refenced(tmp_pa
     assert "run sparkd ha refence sparks" in err
     # Refencing with the old etcd's token refuses an older one as ever; with the new etcd's
     # it takes the record over, and the new owner's commands run.
-    assert run(tmp_path, catalogue.fence_sweep(token(49), 10, refence=True).command)[0] == 76
-    assert run(tmp_path, catalogue.fence_sweep(rebuilt, 10, refence=True).command)[0] == 0
+    assert run(tmp_path, catalogue.fence.fence_sweep(token(49), 10, refence=True).command)[0] == 76
+    assert run(tmp_path, catalogue.fence.fence_sweep(rebuilt, 10, refence=True).command)[0] == 0
     assert record(tmp_path) == "3 77 ops-b\n"
     assert run(tmp_path, command(f"touch {marker}", rebuilt))[0] == 0 and marker.exists()
-    (tmp_path / catalogue.FENCE_DIR / CLUSTER).write_text("garbage\n")
+    (tmp_path / catalogue.fence.FENCE_DIR / CLUSTER).write_text("garbage\n")
     assert run(tmp_path, command("true", rebuilt))[0] == exits.FENCE_MISMATCH_EXIT
-    (tmp_path / catalogue.FENCE_DIR / CLUSTER).write_text("")
+    (tmp_path / catalogue.fence.FENCE_DIR / CLUSTER).write_text("")
     assert run(tmp_path, command("true", rebuilt))[0] == exits.FENCE_MISMATCH_EXIT
 
 
 def test_a_record_survives_a_reboot_the_lock_does_not(tmp_path: Path) -> None:
     assert run(tmp_path, command("true", token(8)))[0] == 0
-    (tmp_path / catalogue.FENCE_DIR / f"{CLUSTER}.lock").unlink()  # /run-like state gone
+    (tmp_path / catalogue.fence.FENCE_DIR / f"{CLUSTER}.lock").unlink()  # /run-like state gone
     assert run(tmp_path, command("true", token(7)))[0] == exits.FENCED_EXIT
     assert run(tmp_path, command("true", token(8)))[0] == 0
 
 
 def test_reads_are_never_fenced_and_values_are_quoted() -> None:
     with pytest.raises(ValueError):
-        catalogue.fenced(Remote("facts", "true", mutating=False), token(1), 5)
+        catalogue.fence.fenced(Remote("facts", "true", mutating=False), token(1), 5)
     with pytest.raises(ValueError):
         FenceToken(CLUSTER, 0, ETCD, "ops-a")
-    text = catalogue.fence_sweep(FenceToken("a.b-c", 12, 34, "ops_1"), 2.5).command
+    text = catalogue.fence.fence_sweep(FenceToken("a.b-c", 12, 34, "ops_1"), 2.5).command
     assert "sparkd_fence a.b-c 12 34 ops_1 3 && { true\n} 9>&-" in text

@@ -43,12 +43,18 @@ def test_every_command_sparkd_sends_a_host_passes_its_wrapper(keyed: bool) -> No
         ]
         for pid in (2, 9, 4100, PID_MAX - 1):
             for signal in forced.SIGNALS:
-                sent.append(catalogue.kill_process(cluster, pid, signal, seconds).command)
-        sent += [catalogue.remove_container(n, seconds).command for n in ("glm-4", "vllm-old")]
+                sent.append(catalogue.actions.kill_process(cluster, pid, signal, seconds).command)
+        sent += [
+            catalogue.actions.remove_container(n, seconds).command for n in ("glm-4", "vllm-old")
+        ]
         if host.role == "head":
-            sent += [catalogue.signal_serve(cluster, s, seconds).command for s in forced.SIGNALS]
+            sent += [
+                catalogue.actions.signal_serve(cluster, s, seconds).command for s in forced.SIGNALS
+            ]
             for key in ("sk-one", "sk-two"):  # a rotated key changes the spec hash
-                sent.append(catalogue.start_model(cluster, seconds, key if keyed else None).command)
+                sent.append(
+                    catalogue.actions.start_model(cluster, seconds, key if keyed else None).command
+                )
         for command in sent:
             assert allowed(command), command
 
@@ -68,11 +74,11 @@ def test_the_actual_observation_and_events_commands_pass() -> None:
             # silent; without, by the script. Without `read_ray`: the last reading is reused.
             for read_ray in (False,) if dashboard else (True, False):
                 for ray_status in (False, True):
-                    script = catalogue.fact_script(cluster, host, t, ray_status, read_ray)
+                    script = catalogue.reads.fact_script(cluster, host, t, ray_status, read_ray)
                     assert allowed(script.command), (host.name, ray_status, read_ray)
             if dashboard and host.role == "head":
-                assert allowed(catalogue.ray_cli(cluster, t).command)
-            assert allowed(catalogue.docker_events(catalogue.EVENTS_SPAN).command)
+                assert allowed(catalogue.reads.ray_cli(cluster, t).command)
+            assert allowed(catalogue.reads.docker_events(catalogue.reads.EVENTS_SPAN).command)
 
 
 def test_shapes_outside_the_catalogue_are_refused() -> None:
@@ -80,7 +86,7 @@ def test_shapes_outside_the_catalogue_are_refused() -> None:
     head, worker = cluster.head, cluster.workers[0]
     allowed = decide(cluster, head)
     seconds = cluster.ssh.command_timeout
-    kill = catalogue.kill_process(cluster, 4100, "TERM", seconds).command
+    kill = catalogue.actions.kill_process(cluster, 4100, "TERM", seconds).command
     refused = [
         "",
         "id",
@@ -100,19 +106,23 @@ def test_shapes_outside_the_catalogue_are_refused() -> None:
         kill.replace("-TERM", "-HUP"),
         kill + "\n",
         kill + "; id",
-        catalogue.remove_container("postgres", seconds).command,
-        catalogue.remove_container("glm-x; id", seconds).command,
-        catalogue.remove_container("glm-*", seconds).command,
-        catalogue.fact_script(cluster, worker, catalogue.tool_timeout(cluster)).command,
-        catalogue.start_ray(cluster, worker, seconds).command,
-        catalogue.fact_script(cluster, head, seconds + 1).command,
-        catalogue.start_model(cluster, seconds, None).command.replace("vllm serve", "vllm  serve"),
+        catalogue.actions.remove_container("postgres", seconds).command,
+        catalogue.actions.remove_container("glm-x; id", seconds).command,
+        catalogue.actions.remove_container("glm-*", seconds).command,
+        catalogue.reads.fact_script(
+            cluster, worker, catalogue.remote.tool_timeout(cluster)
+        ).command,
+        catalogue.actions.start_ray(cluster, worker, seconds).command,
+        catalogue.reads.fact_script(cluster, head, seconds + 1).command,
+        catalogue.actions.start_model(cluster, seconds, None).command.replace(
+            "vllm serve", "vllm  serve"
+        ),
     ]
     for command in refused:
         assert not allowed(command), command
     # The spec hash is free only where a key file makes it vary; both places must agree.
     keyed = with_key_file(cluster)
-    text = catalogue.start_model(keyed, seconds, "sk-one").command
+    text = catalogue.actions.start_model(keyed, seconds, "sk-one").command
     spec = text.split("printf '%s\\n' ", 1)[1].split(" ", 1)[0]
     assert decide(keyed, head)(text)
     assert not decide(keyed, head)(text.replace(spec, "0" * 12, 1))
@@ -127,7 +137,9 @@ ALLOWED_HEAD = decide(reference_cluster(), reference_cluster().head)
 def test_one_character_more_or_less_in_the_fact_script_is_refused(data: st.DataObject) -> None:
     cluster = reference_cluster()
     head = cluster.head
-    script = catalogue.fact_script(cluster, head, catalogue.tool_timeout(cluster)).command
+    script = catalogue.reads.fact_script(
+        cluster, head, catalogue.remote.tool_timeout(cluster)
+    ).command
     at = data.draw(st.integers(0, len(script)))
     extra = data.draw(st.characters(codec="utf-8"))
     assert not ALLOWED_HEAD(script[:at] + extra + script[at:])
@@ -159,7 +171,7 @@ def test_the_program_refuses_with_126_naming_only_the_first_word(tmp_path: Path)
     odd = run_wrapper(program, "$(rm\x1b[2J -rf /) x")
     assert odd.stderr == "sparkd forced command: refused ??rm??2J\n"
     seconds = cluster.ssh.command_timeout
-    fine = catalogue.kill_process(cluster, 4100, "TERM", seconds).command
+    fine = catalogue.actions.kill_process(cluster, 4100, "TERM", seconds).command
     assert run_wrapper(program, fine, "--check").returncode == 0
     assert run_wrapper(program, "id", "--check").returncode == exits.REFUSED_EXIT
 
@@ -173,7 +185,9 @@ def test_the_program_runs_an_allowed_command_in_sh(tmp_path: Path) -> None:
     tools.mkdir()
     (tools / "kill").write_text('#!/bin/sh\necho "kill $*"; cat\n')
     (tools / "kill").chmod(0o755)
-    command = catalogue.kill_process(cluster, 4100, "KILL", cluster.ssh.command_timeout).command
+    command = catalogue.actions.kill_process(
+        cluster, 4100, "KILL", cluster.ssh.command_timeout
+    ).command
     env = dict(os.environ, SSH_ORIGINAL_COMMAND=command, PATH=f"{tools}:{os.environ['PATH']}")
     done = subprocess.run(
         [sys.executable, str(program)], env=env, input="from stdin\n", capture_output=True,
@@ -193,8 +207,8 @@ def test_the_key_reaches_neither_rays_dashboard_port_nor_its_job_api() -> None:
     opened = re.findall(r'permitopen="([^"]*)"', forced.authorized_keys_line(cluster, head, KEY))
     assert opened == [f"{cluster.model_host}:{cluster.model.port}"]
     allowed = decide(cluster, head)
-    reads = catalogue.dashboard_reads(cluster)
-    assert [r.name for r in reads] == ["dashboard_get"] * len(catalogue.DASHBOARD_PATHS)
+    reads = catalogue.reads.dashboard_reads(cluster)
+    assert [r.name for r in reads] == ["dashboard_get"] * len(catalogue.reads.DASHBOARD_PATHS)
     assert all(allowed(r.command) for r in reads)
     nodes = reads[0].command
     jobs = f"http://127.0.0.1:{port}/api/jobs/"
@@ -207,12 +221,12 @@ def test_the_key_reaches_neither_rays_dashboard_port_nor_its_job_api() -> None:
         f"curl http://127.0.0.1:{port}/api/v0/nodes",
         f'python3 -c \'import urllib.request as u; u.urlopen("{jobs}", b"{{}}")\'',
         # sparkd's own command, bent: another path, method, port, host, cap, or more after it.
-        nodes.replace(shlex.quote(catalogue.DASHBOARD_PATHS[0]), "/api/jobs/"),
-        nodes.replace(shlex.quote(catalogue.DASHBOARD_PATHS[0]), "/api/v0/nodes"),
+        nodes.replace(shlex.quote(catalogue.reads.DASHBOARD_PATHS[0]), "/api/jobs/"),
+        nodes.replace(shlex.quote(catalogue.reads.DASHBOARD_PATHS[0]), "/api/v0/nodes"),
         nodes.replace("'GET'", "'POST'").replace("GET", "POST"),
         nodes.replace(f" {port} ", f" {port + 1} "),
         nodes.replace(" 127.0.0.1 ", " 10.0.0.1 "),
-        nodes.replace(f" {catalogue.DASHBOARD_MAX_ANSWER} ", " 999999999 "),
+        nodes.replace(f" {catalogue.reads.DASHBOARD_MAX_ANSWER} ", " 999999999 "),
         nodes + " extra",
         nodes + f"; curl -X POST {jobs}",
         nodes + f" && curl -X POST {jobs}",
@@ -221,10 +235,10 @@ def test_the_key_reaches_neither_rays_dashboard_port_nor_its_job_api() -> None:
     for command in attacks:
         assert not allowed(command), command
     with pytest.raises(ValueError, match="not a dashboard read"):
-        catalogue.dashboard_get(port, "/api/jobs/", catalogue.tool_timeout(cluster))
+        catalogue.reads.dashboard_get(port, "/api/jobs/", catalogue.remote.tool_timeout(cluster))
     # Without the dashboard, no read of it passes either.
     off = cluster.model_copy(update={"ray": cluster.ray.model_copy(update={"dashboard": False})})
-    assert catalogue.dashboard_reads(off) == []
+    assert catalogue.reads.dashboard_reads(off) == []
     assert not decide(off, off.head)(nodes)
 
 
@@ -299,21 +313,21 @@ def test_the_wrapper_takes_the_last_good_spec_a_rollback_launches(tmp_path: Path
     assert plain.returncode == 0, plain.stderr
     assert "# last-good spec " in plain.stdout and "model.extra_args" in plain.stdout
     assert "NOT admitted" in plain.stdout
-    assert not _allowed(plain.stdout)(catalogue.start_model(acting, seconds, None).command)
+    assert not _allowed(plain.stdout)(catalogue.actions.start_model(acting, seconds, None).command)
     done = _forced(config, "--last-good")
     assert done.returncode == 0, done.stderr
     assert "model.extra_args" in done.stdout and "admitted (--last-good)" in done.stdout
     allowed = _allowed(done.stdout)
-    assert allowed(catalogue.start_model(acting, seconds, None).command)
-    assert allowed(catalogue.start_model(cluster, seconds, None).command)
-    assert not allowed(catalogue.start_model(other, seconds, None).command)
+    assert allowed(catalogue.actions.start_model(acting, seconds, None).command)
+    assert allowed(catalogue.actions.start_model(cluster, seconds, None).command)
+    assert not allowed(catalogue.actions.start_model(other, seconds, None).command)
     review = subprocess.run(
         [sys.executable, "-m", "sparkd.cli", "commands", "--config", str(config), "--last-good"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert review.returncode == 0, review.stderr
     listed = f"## start_model on {head.name} (changes, of the last-good spec a rollback launches)\n"
-    assert listed + catalogue.start_model(acting, seconds, None).command in review.stdout
+    assert listed + catalogue.actions.start_model(acting, seconds, None).command in review.stdout
 
 
 def _state_with_last_good(tmp_path: Path, good: Any) -> Path:
@@ -396,7 +410,9 @@ def test_a_last_good_spec_whose_sections_do_not_make_its_hash_is_not_admitted(
     done = _forced(config)
     assert done.returncode == 0, done.stderr
     assert "do not make its hash" in done.stdout
-    start = catalogue.start_model(rollout.spec_of(cluster, good), cluster.ssh.command_timeout, None)
+    start = catalogue.actions.start_model(
+        rollout.spec_of(cluster, good), cluster.ssh.command_timeout, None
+    )
     assert not _allowed(done.stdout)(start.command)
     refused = _forced(config, "--last-good")
     assert refused.returncode == exits.EX_DATAERR and "do not make its hash" in refused.stderr

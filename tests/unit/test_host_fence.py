@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sparkd.shell import catalogue
-from sparkd.shell.catalogue import FenceToken, Remote
+from sparkd.shell.catalogue.fence import FenceToken
+from sparkd.shell.catalogue.remote import Remote
 from sparkd.shell.fencing import HostFence, HostRefused
 from sparkd.shell.ssh import SshPool
 from sparkd.shell.ssh_errors import CommandResult, SshFailure, host_error
@@ -67,11 +68,11 @@ def test_a_refusal_of_the_current_token_demotes_one_of_an_older_claim_does_not()
     current = owner.fence
     fence.swept[host.name] = current
     stale = FenceToken("sparks", 22, ETCD, "ops-a")
-    said = f"{catalogue.FENCE_MARKER} sparks: refused token 22 < 30 (ops-a)"
+    said = f"{catalogue.fence.FENCE_MARKER} sparks: refused token 22 < 30 (ops-a)"
     with pytest.raises(HostRefused):
         fence.check(host, refusal(76, said), stale)
     assert owner.fenced == [] and fence.swept[host.name] == current
-    said = f"{catalogue.FENCE_MARKER} sparks: refused token 30 < 31 (ops-b)"
+    said = f"{catalogue.fence.FENCE_MARKER} sparks: refused token 30 < 31 (ops-b)"
     with pytest.raises(HostRefused) as caught:
         fence.check(host, refusal(76, said), current)
     assert caught.value.kind == "fenced" and owner.fenced == [host.name]
@@ -86,7 +87,9 @@ def test_another_etcds_record_is_a_mismatch_not_a_demotion() -> None:
     host = reference_cluster().head
     assert owner.fence is not None
     fence.swept[host.name] = owner.fence
-    said = f"{catalogue.FENCE_MARKER} sparks: token from etcd cluster 9, this is 5: run sparkd"
+    said = (
+        f"{catalogue.fence.FENCE_MARKER} sparks: token from etcd cluster 9, this is 5: run sparkd"
+    )
     with pytest.raises(HostRefused) as caught:
         fence.check(host, refusal(77, said), owner.fence)
     assert caught.value.kind == "mismatch" and owner.fenced == []
@@ -106,13 +109,15 @@ def test_a_refusal_heard_once_the_token_is_gone_still_says_fenced() -> None:
     assert sent is not None
     fence.swept[host.name] = sent
     owner.fence = None
-    said = f"{catalogue.FENCE_MARKER} sparks: refused token 30 < 31 (ops-b)"
+    said = f"{catalogue.fence.FENCE_MARKER} sparks: refused token 30 < 31 (ops-b)"
     with pytest.raises(HostRefused) as caught:
         fence.check(host, refusal(76, said), sent)
     assert caught.value.kind == "fenced" and owner.fenced == [host.name]
     assert host.name not in fence.swept
     # Another etcd's record is the current claim's business: none is left to keep it for.
-    said = f"{catalogue.FENCE_MARKER} sparks: token from etcd cluster 9, this is 5: run sparkd"
+    said = (
+        f"{catalogue.fence.FENCE_MARKER} sparks: token from etcd cluster 9, this is 5: run sparkd"
+    )
     with pytest.raises(HostRefused) as caught:
         fence.check(host, refusal(77, said), sent)
     assert caught.value.kind == "mismatch" and owner.mismatch == [] and not fence.mismatched

@@ -17,7 +17,7 @@ from sparkd.core.spec import container_name
 from sparkd.model.memory import LoadMark, Memory
 from sparkd.model.observed import LoadProgress, Observed
 from sparkd.model.plan import MODEL_STARTS, RAY_STARTS
-from sparkd.shell.catalogue import fact_script
+from sparkd.shell.catalogue.reads import fact_script
 from tests.examples import EXAMPLE_SET
 from tests.support.planning import (
     COMMON,

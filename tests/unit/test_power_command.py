@@ -14,7 +14,7 @@ import pytest
 
 from sparkd.model.cluster import PowerSpec
 from sparkd.model.plan import Action
-from sparkd.shell.catalogue import FenceToken
+from sparkd.shell.catalogue.fence import FenceToken
 from sparkd.shell.execute import Executor
 from sparkd.shell.fencing import HostFence
 from sparkd.shell.power import OUTPUT_KEPT, PowerFailed, power_argv, run_power

@@ -113,7 +113,7 @@ def test_the_serve_ending_wakes_even_with_exit_code_zero() -> None:
     for line in events():
         event = parse_event(line)
         # The stream's `--filter event=...` lets only these through.
-        wanted = event is not None and event.action in catalogue.EVENT_ACTIONS
+        wanted = event is not None and event.action in catalogue.reads.EVENT_ACTIONS
         if event is not None and wanted and event.action.startswith("exec_") and execs.wakes(event):
             woken.append((event.action, json.loads(line)["Actor"]["Attributes"].get("exitCode")))
     # Three serves were launched (one without libnuma died with 1); every other exec is a read.
@@ -160,7 +160,7 @@ def test_running_names_come_from_the_template_not_from_the_json_spelling(
     stub.write_text(_STUB.format(python=sys.executable, rows=str(rows)))
     stub.chmod(0o755)
     cluster = reference_cluster()
-    script = catalogue.fact_script(cluster, cluster.workers[0], 5).command
+    script = catalogue.reads.fact_script(cluster, cluster.workers[0], 5).command
     env = {**os.environ, "PATH": f"{stub.parent}:{os.environ['PATH']}"}
     done = subprocess.run(
         ["/bin/sh", "-c", script], capture_output=True, text=True, env=env, timeout=60
@@ -199,7 +199,7 @@ def test_an_exited_ray_container_reads_with_its_exit_code_and_last_line() -> Non
     assert box is not None and box.state == "exited" and not box.running
     assert box.exit_code == 127
     assert box.last_line == "entrypoint.sh: exec: line 0: ray: not found"
-    script = catalogue.fact_script(cluster, cluster.head, 5).command
+    script = catalogue.reads.fact_script(cluster, cluster.head, 5).command
     assert (
         f'if [ "$e" = exited ]; then s exit_log timeout -k 2 5 docker logs --tail 5 -- {own}'
         in (script)

@@ -104,7 +104,7 @@ def keyed(toy: Toy) -> Toy:
 
 def launched_hash(toy: Toy, key: str) -> str:
     """The hash `start_model` writes beside the log, read back from the command it sends."""
-    command = catalogue.start_model(toy.cluster, 10, key).command
+    command = catalogue.actions.start_model(toy.cluster, 10, key).command
     written = re.search(r"printf '%s\\n' ([0-9a-f]{12}) ", command)
     assert written is not None, command
     return written.group(1)

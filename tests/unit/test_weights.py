@@ -157,7 +157,7 @@ def test_a_whole_checkpoint_is_ready() -> None:
 def run_sections(cluster: ClusterSpec, tmp: Path) -> ModelFiles | None:
     directory = weights.host_path(cluster)
     assert directory is not None
-    script = "\n".join([_SECTION_FUNCTION, *catalogue.model_files_sections(directory, 10)])
+    script = "\n".join([_SECTION_FUNCTION, *catalogue.reads.model_files_sections(directory, 10)])
     out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=False)
     return _model_files(cluster, parse_sections(out.stdout))
 
@@ -208,7 +208,7 @@ def test_a_big_index_is_reduced_on_the_host_well_inside_the_output_bound(tmp_pat
         (model / name).write_bytes(b"\0" * 1000)
     directory = weights.host_path(cluster)
     assert directory is not None
-    script = "\n".join([_SECTION_FUNCTION, *catalogue.model_files_sections(directory, 30)])
+    script = "\n".join([_SECTION_FUNCTION, *catalogue.reads.model_files_sections(directory, 30)])
     out = subprocess.run(["sh", "-c", script], capture_output=True, check=False).stdout
     assert len(out) < ssh.MAX_OUTPUT // 8
     read = _model_files(cluster, parse_sections(out.decode()))
@@ -244,9 +244,11 @@ def test_the_sections_read_an_absent_directory_as_missing(tmp_path: Path) -> Non
 def test_only_the_heads_script_reads_the_model_and_only_while_preparing() -> None:
     cluster = reference_cluster()
     head, worker = cluster.head, cluster.workers[0]
-    assert "model_files" not in catalogue.fact_script(cluster, head, 10).command
-    assert "model_files" in catalogue.fact_script(cluster, head, 10, prepare=True).command
-    assert "model_files" not in catalogue.fact_script(cluster, worker, 10, prepare=True).command
+    assert "model_files" not in catalogue.reads.fact_script(cluster, head, 10).command
+    assert "model_files" in catalogue.reads.fact_script(cluster, head, 10, prepare=True).command
+    assert (
+        "model_files" not in catalogue.reads.fact_script(cluster, worker, 10, prepare=True).command
+    )
 
 
 # -- the planner ---------------------------------------------------------------------------

@@ -3,7 +3,6 @@ signals, the cache's pruning, and the sudoers rules for the `sudo -n` among them
 
 from __future__ import annotations
 
-import re
 import shlex
 from pathlib import Path
 
@@ -228,19 +227,3 @@ PID_DIGITS = "[2-9]|[1-9][0-9]{1,6}"
 # signal sparkd sends, and one PID as above. Which PIDs are GPU compute processes sudo cannot
 # know: sparkd checks that against `nvidia-smi` itself.
 SUDOERS_KILL = f"^-(TERM|KILL) ({PID_DIGITS})$"
-
-
-def sudoers_rules(cluster: ClusterSpec) -> tuple[list[str], list[str]]:
-    """The sudoers commands for exactly the `sudo -n` shapes above, and the units sudoers
-    cannot express exactly (a backslash, from systemd's escaping, is not matched literally)."""
-    rules: list[str] = []
-    refused: list[str] = []
-    systemctl = SUDO_PATHS["systemctl"]
-    for unit in cluster.cleanup.units:
-        if "\\" in unit:
-            refused.append(unit)
-            continue
-        escaped = re.sub(r"([,:=!()\s])", r"\\\1", unit)
-        rules += [f"{systemctl} stop -- {escaped}", f"{systemctl} disable -- {escaped}"]
-    rules.append(f"{SUDO_PATHS['kill']} {SUDOERS_KILL}")
-    return rules, refused
