@@ -77,9 +77,10 @@ check: lint typecheck
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder \
 		-m '$(CHECK_MARKS)' $$($(BIN)/python -m tests.core) $(PYTEST_ARGS)
 
+# The 30 slowest tests are printed at the end: where the suite's time goes, run after run.
 test: lint typecheck $(RAY_STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder \
-		$(PYTEST_ARGS)
+		--durations=30 $(PYTEST_ARGS)
 
 # Not part of `test`: minutes of measuring, results in bench/results/ (BENCH_ARGS: names, --quick).
 bench: $(STAMP) $(BENCH_STAMP)
