@@ -4,8 +4,8 @@ A launch runs with `VLLM_CACHE_ROOT=<model.cache_root>/<key>`, the key named fro
 the head container runs (its ID: a re-pulled tag is a new image) and the model, so a new image
 or model starts clean while a restart of the same ones loads what the last run compiled
 (vLLM keys the artifacts inside by its own config hash). The launch builds the key on the host
-from `docker inspect` (sparkd.shell.catalogue.actions.start_model); `cache_key` here is the same rule,
-so the planner knows which entry is in use. Pruning is decided here, only while the cluster is
+from `docker inspect` (sparkd.shell.catalogue.actions.start_model); `cache_key` here is the same
+rule, so the planner knows which entry is in use. Pruning is decided here, only while the cluster is
 healthy (the serve process running then is the desired one, using the desired key), never the
 entry in use, and only entries of sparkd's own naming.
 """

@@ -499,8 +499,8 @@ _READY = re.compile(r"Application startup complete|Starting vLLM API server|Uvic
 _FATAL = re.compile(r"EngineCore failed to start|Engine core initialization failed|EngineDeadError")
 
 
-# The serve log's tail the fact script reads (`tail -c`; shell.catalogue.reads.LOG_TAIL_BYTES): a log
-# section holds at most this many characters when the host prints what it was asked for.
+# The serve log's tail the fact script reads (`tail -c`; shell.catalogue.reads.LOG_TAIL_BYTES):
+# a log section holds at most this many characters when the host prints what it was asked for.
 LOG_TAIL_CHARS = 65536
 
 
