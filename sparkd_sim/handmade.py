@@ -1,65 +1,102 @@
-"""The `handmade` scenario: the deployment as its operator runs it before sparkd, by a script.
+"""The deployments made by hand, before sparkd, by a script: Ray head and worker containers of
+the operator's own naming (no sparkd labels) started on the data IPs, and `vllm serve` started
+in the head container with `docker exec -d` (no log file, no PID file, no spec hash: nothing of
+sparkd's). Two of them, one implementation:
 
-Ray head and worker containers of the operator's own naming (no sparkd labels), started on
-the data IPs with the environment the world's config names, and `vllm serve` started in the
-head container with `docker exec -d` (no log file, no PID file, no spec hash: nothing of
-sparkd's). The world's config describes it exactly, so sparkd's first look adopts it.
+* `handmade` (`ADOPTABLE`): exactly what the world's config describes (its env, its `vllm serve`
+  arguments), so sparkd's first look adopts it;
+* `hand-made` (`SEED`): the seed's own, as `sparkd init` meets it: containers named `ray-head` and
+  `ray-worker` with `--restart unless-stopped`, `NCCL_IB_DISABLE` set, the old `vllm-*` units
+  still enabled (stopped), and no `--distributed-executor-backend` (vLLM picks Ray itself for a
+  multi-node placement).
 """
 
 from __future__ import annotations
 
-import asyncio
 import shlex
-import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from sparkd_sim.hosts import SimHost
-from sparkd_sim.reference import INTERFACE, MODEL_ID
+from sparkd_sim.reference import INTERFACE, MODEL_ID, STALE_UNITS
 from sparkd_sim.scenarios import Scenarios
+from sparkd_sim.state import RestartPolicy, Unit
 
-# The operator's own names for the containers (a script's `docker run --name`).
-HEAD_BOX = "vllm-ray-head"
-WORKER_BOX = "vllm-ray-worker"
+_ENV = {
+    "NCCL_SOCKET_IFNAME": INTERFACE,
+    "GLOO_SOCKET_IFNAME": INTERFACE,
+    "RAY_memory_monitor_refresh_ms": "0",
+}
 
 
-def serve_argv(gpus: int) -> list[str]:
+@dataclass(frozen=True)
+class Made:
+    """How one operator's script runs it."""
+
+    head: str
+    worker: str
+    env: Mapping[str, str]
+    restart: RestartPolicy = "no"
+    # The old units the seed's operator left enabled (stopped).
+    stale_units: bool = False
+    # `--distributed-executor-backend ray` on `vllm serve`.
+    backend_flag: bool = True
+    serve_first: tuple[str, ...] = field(default=("--tensor-parallel-size", "--port"))
+
+
+ADOPTABLE = Made("vllm-ray-head", "vllm-ray-worker", _ENV)
+SEED = Made(
+    "ray-head",
+    "ray-worker",
+    {**_ENV, "NCCL_IB_DISABLE": "0"},
+    restart="unless-stopped",
+    stale_units=True,
+    backend_flag=False,
+    serve_first=("--port", "--tensor-parallel-size"),
+)
+
+
+def serve_argv(gpus: int, made: Made = ADOPTABLE) -> list[str]:
     """The operator's `vllm serve`: the world's config's arguments, in their own order."""
-    return [
-        "vllm", "serve", MODEL_ID,
-        "--tensor-parallel-size", str(gpus),
-        "--port", "30000",
+    first = {"--tensor-parallel-size": str(gpus), "--port": "30000"}
+    argv = ["vllm", "serve", MODEL_ID]
+    for flag in made.serve_first:
+        argv += [flag, first[flag]]
+    argv += [
         "--reasoning-parser", "qwen3",
         "--tool-call-parser", "qwen3_coder",
         "--enable-auto-tool-choice",
-        "--distributed-executor-backend", "ray",
     ]  # fmt: skip
+    if made.backend_flag:
+        argv += ["--distributed-executor-backend", "ray"]
+    return argv
 
 
-async def bring_up(world: Scenarios) -> None:
+async def bring_up(world: Scenarios, made: Made = ADOPTABLE) -> None:
     """Every cluster's hand-made Ray and `vllm serve` (which then loads)."""
     for cluster in sorted({h.cluster for h in world.hosts.values()}):
         members = [h for h in world.hosts.values() if h.cluster == cluster]
         head = members[0]
-        env = {
-            "NCCL_SOCKET_IFNAME": INTERFACE,
-            "GLOO_SOCKET_IFNAME": INTERFACE,
-            "RAY_memory_monitor_refresh_ms": "0",
-        }
+        if made.stale_units:
+            for unit in STALE_UNITS:
+                head.state.units[unit] = Unit(unit, enabled=True, active=False)
         head_ip = head.state.data_ip
         port = world.ray_port
         world._create(
             head,
-            HEAD_BOX,
+            made.head,
             {},
-            {**env, "VLLM_HOST_IP": head_ip},
+            {**made.env, "VLLM_HOST_IP": head_ip},
             ["ray", "start", "--block", "--head", f"--node-ip-address={head_ip}", f"--port={port}"],
+            restart=made.restart,
         )
         for worker in members[1:]:
             ip = worker.state.data_ip
             world._create(
                 worker,
-                WORKER_BOX,
+                made.worker,
                 {},
-                {**env, "VLLM_HOST_IP": ip},
+                {**made.env, "VLLM_HOST_IP": ip},
                 [
                     "ray",
                     "start",
@@ -67,18 +104,15 @@ async def bring_up(world: Scenarios) -> None:
                     f"--address={head_ip}:{port}",
                     f"--node-ip-address={ip}",
                 ],
+                restart=made.restart,
             )
-        world._launches.append(world._spawn(_launch(world, head, len(members))))
+        world._launches.append(world._spawn(_launch(world, head, len(members), made)))
 
 
-async def _launch(world: Scenarios, head: SimHost, gpus: int) -> None:
+async def _launch(world: Scenarios, head: SimHost, gpus: int, made: Made) -> None:
     """`docker exec -d HEAD vllm serve ...`, once Ray has every host's GPU."""
-    while True:
-        ray = next((c for c in world.ray.clusters if c.alive and c.ip == head.state.data_ip), None)
-        if ray is not None and ray.total_gpus(time.monotonic(), world.timing) >= gpus:
-            break
-        await asyncio.sleep(world.timing.join_retry / 8)
-    command = shlex.join(["docker", "exec", "-d", HEAD_BOX, *serve_argv(gpus)])
+    await world._ray_ready(head, gpus)
+    command = shlex.join(["docker", "exec", "-d", made.head, *serve_argv(gpus, made)])
     rc, _, err = await head.ssh.run_local(command)
     if rc != 0:
         raise RuntimeError(f"could not launch the model on {head.name}: {err.strip()}")

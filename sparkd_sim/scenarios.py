@@ -17,8 +17,6 @@ from sparkd_sim.state import Container, Mount, RestartPolicy, Unit, new_containe
 from sparkd_sim.world_state import WorldState
 
 # The `hand-made` scenario's containers: the operator's own names, not sparkd's.
-HAND_MADE_HEAD = "ray-head"
-HAND_MADE_WORKER = "ray-worker"
 
 
 class Scenarios(WorldState):
@@ -98,70 +96,6 @@ class Scenarios(WorldState):
             self._launches.append(launch)
             self._background.add(launch)
             launch.add_done_callback(self._background.discard)
-
-    async def _bring_up_hand_made(self) -> None:
-        """The deployment as its operator runs it by hand, before sparkd: Ray head and worker
-        containers of the operator's own naming (no sparkd labels) on the data IPs, `vllm
-        serve` started in the head with `docker exec -d`, the old units still enabled."""
-        for cluster in sorted({h.cluster for h in self.hosts.values()}):
-            members = [h for h in self.hosts.values() if h.cluster == cluster]
-            head = members[0]
-            for unit in STALE_UNITS:
-                head.state.units[unit] = Unit(unit, enabled=True, active=False)
-            env = {
-                "NCCL_SOCKET_IFNAME": INTERFACE,
-                "GLOO_SOCKET_IFNAME": INTERFACE,
-                "NCCL_IB_DISABLE": "0",
-                "RAY_memory_monitor_refresh_ms": "0",
-            }
-            head_ip = head.state.data_ip
-            self._create(
-                head,
-                HAND_MADE_HEAD,
-                {},
-                {**env, "VLLM_HOST_IP": head_ip},
-                [
-                    "ray",
-                    "start",
-                    "--block",
-                    "--head",
-                    f"--node-ip-address={head_ip}",
-                    "--port=6379",
-                ],
-                restart="unless-stopped",
-            )
-            for worker in members[1:]:
-                self._create(
-                    worker,
-                    HAND_MADE_WORKER,
-                    {},
-                    {**env, "VLLM_HOST_IP": worker.state.data_ip},
-                    [
-                        "ray",
-                        "start",
-                        "--block",
-                        f"--address={head_ip}:6379",
-                        f"--node-ip-address={worker.state.data_ip}",
-                    ],
-                    restart="unless-stopped",
-                )
-            launch = asyncio.ensure_future(self._launch_hand_made(head, len(members)))
-            self._launches.append(launch)
-            self._background.add(launch)
-            launch.add_done_callback(self._background.discard)
-
-    async def _launch_hand_made(self, head: SimHost, gpus: int) -> None:
-        """`vllm serve` as the operator starts it: `docker exec -d` in their head container."""
-        await self._ray_ready(head, gpus)
-        argv = [
-            "docker", "exec", "-d", HAND_MADE_HEAD, "vllm", "serve", MODEL_ID,
-            "--port", "30000", "--tensor-parallel-size", str(gpus),
-            "--reasoning-parser", "qwen3", "--tool-call-parser", "qwen3_coder",
-            "--enable-auto-tool-choice",
-        ]  # fmt: skip
-        rc, _, err = await head.ssh.run_local(shlex.join(argv))
-        if rc != 0:
-            raise RuntimeError(f"could not launch the model on {head.name}: {err.strip()}")
 
     async def _ray_ready(self, head: SimHost, gpus: int) -> None:
         while True:

@@ -243,9 +243,9 @@ class World(Faults, ToolRouting, Scenarios):
         if self.scenario == "healthy":
             await self._bring_up_healthy()
         elif self.scenario == "hand-made":
-            await self._bring_up_hand_made()
+            await handmade.bring_up(self, handmade.SEED)
         elif self.scenario == "handmade":
-            await handmade.bring_up(self)
+            await handmade.bring_up(self, handmade.ADOPTABLE)
 
     async def stop(self) -> None:
         await self._control.stop()

@@ -41,8 +41,8 @@ async def test_a_hand_made_deployment_is_adopted_without_a_restart(
         adopted = [e for e in events if e["kind"] == "adopted"]
         assert len(adopted) == 1
         assert adopted[0]["containers"] == {
-            "spark-a": handmade.HEAD_BOX,
-            "spark-b": handmade.WORKER_BOX,
+            "spark-a": handmade.ADOPTABLE.head,
+            "spark-b": handmade.ADOPTABLE.worker,
         }
         assert adopted[0]["serve_pid"] is not None
 
@@ -64,14 +64,14 @@ async def test_a_deployment_that_differs_is_shown_until_the_operator_decides(
         assert "would replace the deployment made by hand" in last.reason
         assert "env NCCL_DEBUG is unset, config 'WARN'" in last.reason
         shown = {(a.kind, a.host, a.target) for a in last.withheld}
-        assert ("remove_container", "spark-a", handmade.HEAD_BOX) in shown
+        assert ("remove_container", "spark-a", handmade.ADOPTABLE.head) in shown
         assert mutations(world, since=since) == []
 
         # The operator decides: the hand-made containers go, sparkd's own launch serves.
         decided = controller(world, pool, state, cluster={"ray": {"env": env}, "adopt": "replace"})
         plans = await cycle_until(decided, "healthy", limit=400)
         removed = [a.target for p in plans for a in p.actions if a.kind == "remove_container"]
-        assert sorted(removed) == sorted([handmade.HEAD_BOX, handmade.WORKER_BOX])
+        assert sorted(removed) == sorted([handmade.ADOPTABLE.head, handmade.ADOPTABLE.worker])
         started = [a.kind for p in plans for a in p.actions]
         assert "start_ray_head" in started and "start_model" in started
 
@@ -94,5 +94,5 @@ async def test_sparkd_plan_on_first_contact_says_adopting_or_would_replace(
         code, out, err = await sparkd("plan", "--config", str(differing))
         assert code == 0, err
         assert "would replace the deployment made by hand" in out, out
-        assert f"remove_container {handmade.HEAD_BOX} on spark-a (withheld)" in out, out
+        assert f"remove_container {handmade.ADOPTABLE.head} on spark-a (withheld)" in out, out
         assert mutations(world, since=since) == []
