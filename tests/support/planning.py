@@ -145,3 +145,27 @@ def cluster_of(count: int) -> ClusterSpec:
             "model": base.model.model_copy(update={"tensor_parallel_size": count}),
         }
     )
+
+
+def looks(
+    toy: Toy,
+    memory: Memory,
+    count: int,
+    seconds: float = 60.0,
+    make: Callable[[Toy], Observed] = lambda toy: toy.observe(),
+) -> tuple[list[Plan], Memory]:
+    """`count` cycles of the planner over the toy, `seconds` apart (what `make` observes each
+    time, a probe with each), memory learnt as it goes."""
+    plans = []
+    for _ in range(count):
+        toy.advance(seconds)
+        seen = make(toy)
+        made = plan(toy.cluster, seen, memory, toy.now)
+        plans.append(made)
+        memory = remember(memory, seen, [], toy.now, made)
+    return plans, memory
+
+
+def restarts(plans: list[Plan]) -> list[str]:
+    """The reasons of every model restart the plans hold."""
+    return [a.reason for p in plans for a in p.actions if a.kind == "restart_model"]

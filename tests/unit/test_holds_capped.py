@@ -14,19 +14,15 @@ driver/library version mismatch").
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sparkd.core.planner import plan
-from sparkd.core.remember import remember
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory
 from sparkd.model.observed import GpuProcess, HostError, Observed
-from sparkd.model.plan import Plan
-from tests.support.planning import BASES, COMMON, healthy, host
+from tests.support.planning import BASES, COMMON, healthy, host, looks
 from tests.toy import Toy
 
 CAP = 600.0
@@ -48,19 +44,6 @@ def answering(toy: Toy, cluster: ClusterSpec, name: str, error: HostError | None
     return host(seen, name, error=error) if error is not None else seen
 
 
-def looks(
-    toy: Toy, memory: Memory, make: Callable[[Toy], Observed], seconds: float, count: int
-) -> tuple[list[Plan], Memory]:
-    plans = []
-    for _ in range(count):
-        toy.advance(seconds)
-        seen = make(toy)
-        made = plan(toy.cluster, seen, memory, toy.now)
-        plans.append(made)
-        memory = remember(memory, seen, [], toy.now, made)
-    return plans, memory
-
-
 @pytest.mark.parametrize("kind", sorted(ANSWERS))
 @pytest.mark.parametrize("name", ["spark-a", "spark-b"])
 def test_an_ssh_refusal_ends_blocked_with_what_to_check(kind: str, name: str) -> None:
@@ -68,7 +51,7 @@ def test_an_ssh_refusal_ends_blocked_with_what_to_check(kind: str, name: str) ->
     assert toy.cluster.policy.hold_cap == CAP
     detail, check = ANSWERS[kind]
     error = HostError(kind=kind, detail=detail)  # type: ignore[arg-type]
-    plans, memory = looks(toy, memory, lambda t: answering(t, toy.cluster, name, error), 60.0, 12)
+    plans, memory = looks(toy, memory, 12, 60.0, lambda t: answering(t, toy.cluster, name, error))
     assert plans[0].phase == "unreachable", plans[0].reason
     assert all(p.phase != "blocked" for p in plans[:9]), [p.reason for p in plans[:9]]
     last = plans[-1]
@@ -76,7 +59,7 @@ def test_an_ssh_refusal_ends_blocked_with_what_to_check(kind: str, name: str) ->
     assert check in last.reason and "policy.hold_cap" in last.reason
     assert not any(a.kind == "power_cycle" for p in plans for a in p.actions)
     assert memory.blocked is None  # not latched: an answer lifts it
-    after, _ = looks(toy, memory, lambda t: t.observe(), 60.0, 1)
+    after, _ = looks(toy, memory, 1, 60.0)
     assert after[0].phase != "blocked", after[0].reason
 
 
@@ -86,7 +69,7 @@ def test_an_nvml_driver_library_mismatch_ends_blocked_naming_a_reboot() -> None:
     toy.serve_running = False
     toy.ready = False
     plans, memory = looks(
-        toy, memory, lambda t: host(t.observe(), "spark-b", gpu_error=NVML), 60.0, 12
+        toy, memory, 12, 60.0, lambda t: host(t.observe(), "spark-b", gpu_error=NVML)
     )
     assert all(p.phase != "blocked" for p in plans[:9]), [p.reason for p in plans[:9]]
     last = plans[-1]
@@ -107,7 +90,7 @@ def test_a_gpu_process_of_unknown_owner_ends_blocked_naming_docker() -> None:
     def look(t: Toy) -> Observed:
         return host(t.observe(), "spark-b", gpu_processes=(stray,))
 
-    plans, memory = looks(toy, memory, look, 60.0, 12)
+    plans, memory = looks(toy, memory, 12, 60.0, look)
     assert all(p.phase != "blocked" for p in plans[:9]), [p.reason for p in plans[:9]]
     last = plans[-1]
     assert last.phase == "blocked", last.reason
@@ -139,7 +122,7 @@ def answered(draw: st.DrawFn, kinds: list[str]) -> tuple[ClusterSpec, Observed, 
         error = HostError(kind=kind, detail=ANSWERS[kind][0])  # type: ignore[arg-type]
         return answering(t, cluster, name, error)
 
-    _, memory = looks(toy, memory, look, cluster.interval, 1)
+    _, memory = looks(toy, memory, 1, cluster.interval, look)
     toy.advance(draw(st.floats(0.0, 3 * CAP)))
     return cluster, look(toy), memory, toy.now
 

@@ -24,12 +24,9 @@ from sparkd.core.classify import classify_response, classify_stream
 from sparkd.core.planner import plan
 from sparkd.core.remember import remember
 from sparkd.model.cluster import ClusterSpec
-from sparkd.model.memory import Memory
-from sparkd.model.plan import Plan
 from sparkd.model.probe import ProbeOutcome, ProbeResult, ProbeVerdict
-from tests.support.planning import healthy
+from tests.support.planning import healthy, looks, restarts
 from tests.support.toy_run import Run, serving
-from tests.toy import Toy
 
 PARSER = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-parser"
 SAMPLES = Path(__file__).resolve().parent.parent / "fixtures" / "samples"
@@ -46,24 +43,6 @@ def with_temperature(cluster: ClusterSpec, temperature: float) -> ClusterSpec:
 def with_args(cluster: ClusterSpec, *args: str) -> ClusterSpec:
     model = cluster.model.model_copy(update={"extra_args": (*cluster.model.extra_args, *args)})
     return cluster.model_copy(update={"model": model})
-
-
-def probes(
-    toy: Toy, memory: Memory, count: int, seconds: float = 60.0
-) -> tuple[list[Plan], Memory]:
-    """`count` cycles of the planner over the toy, one probe each, memory learnt as it goes."""
-    plans = []
-    for _ in range(count):
-        toy.advance(seconds)
-        seen = toy.observe()
-        made = plan(toy.cluster, seen, memory, toy.now)
-        plans.append(made)
-        memory = remember(memory, seen, [], toy.now, made)
-    return plans, memory
-
-
-def restarts(plans: list[Plan]) -> list[str]:
-    return [a.reason for p in plans for a in p.actions if a.kind == "restart_model"]
 
 
 # -- a. A stray </think> ------------------------------------------------------------------------
@@ -160,7 +139,7 @@ def test_deterministic_reasoning_only_stop_is_degraded_output_fault_never_restar
     toy, memory = healthy()
     assert toy.cluster.probe.temperature == 0
     toy.probe_style = "no_answer"
-    plans, memory = probes(toy, memory, 3 * toy.cluster.policy.failure_threshold)
+    plans, memory = looks(toy, memory, 3 * toy.cluster.policy.failure_threshold)
     assert restarts(plans) == []
     assert all(p.phase == "degraded" for p in plans), [p.reason for p in plans]
     assert all("degraded: output fault" in p.reason for p in plans), plans[0].reason
@@ -173,7 +152,7 @@ def test_sampled_reasoning_only_stop_is_reported_as_weaker_evidence_never_counte
     toy, memory = healthy()
     toy.cluster = with_temperature(toy.cluster, 0.7)
     toy.probe_style = "no_answer"
-    plans, memory = probes(toy, memory, 3 * toy.cluster.policy.failure_threshold)
+    plans, memory = looks(toy, memory, 3 * toy.cluster.policy.failure_threshold)
     assert restarts(plans) == []
     assert "sampled at temperature 0.7, one such turn may be chance" in plans[0].reason
     assert memory.consecutive_failures == 0
@@ -184,7 +163,7 @@ def test_budget_spent_thinking_stays_healthy() -> None:
     verdict = classify_response(200, (SAMPLES / "vllm-real-chat-probe.json").read_bytes(), 50)
     assert (verdict.outcome, verdict.healthy) == ("reasoning_only", True)
     toy, memory = healthy()
-    plans, _ = probes(toy, memory, 3)
+    plans, _ = looks(toy, memory, 3)
     assert [p.phase for p in plans] == ["healthy"] * 3
 
 
@@ -192,7 +171,7 @@ def test_output_fault_after_counted_failures_does_not_complete_the_count() -> No
     toy, memory = healthy()
     toy.probe_style = "no_answer"
     memory = memory.evolve(consecutive_failures=toy.cluster.policy.failure_threshold - 1)
-    plans, memory = probes(toy, memory, 2)
+    plans, memory = looks(toy, memory, 2)
     assert restarts(plans) == []
     assert memory.consecutive_failures == toy.cluster.policy.failure_threshold - 1
 
@@ -235,7 +214,7 @@ def test_overload_that_lasts_hours_is_reported_never_restarted() -> None:
     toy, memory = healthy()
     toy.probe_style = "timeout"
     toy.probe_busy = True
-    plans, memory = probes(toy, memory, HOURS * 60)
+    plans, memory = looks(toy, memory, HOURS * 60)
     assert restarts(plans) == []
     assert all(p.actions == () for p in plans), next(p.reason for p in plans if p.actions)
     assert all(p.phase == "degraded" for p in plans)

@@ -20,30 +20,9 @@ from hypothesis import strategies as st
 from sparkd.core import policy
 from sparkd.core.planner import plan
 from sparkd.core.remember import remember
-from sparkd.model.memory import Memory
-from sparkd.model.plan import Plan
 from sparkd.model.probe import ProbeResult, ProbeVerdict
-from tests.support.planning import COMMON, healthy
+from tests.support.planning import COMMON, healthy, looks, restarts
 from tests.support.toy_run import serving
-from tests.toy import Toy
-
-
-def probes(
-    toy: Toy, memory: Memory, count: int, seconds: float = 60.0
-) -> tuple[list[Plan], Memory]:
-    plans = []
-    for _ in range(count):
-        toy.advance(seconds)
-        seen = toy.observe()
-        made = plan(toy.cluster, seen, memory, toy.now)
-        plans.append(made)
-        memory = remember(memory, seen, [], toy.now, made)
-    return plans, memory
-
-
-def restarts(plans: list[Plan]) -> list[str]:
-    return [a.reason for p in plans for a in p.actions if a.kind == "restart_model"]
-
 
 # -- c. a timeout with the metrics unknown ------------------------------------------------------
 
@@ -53,7 +32,7 @@ def test_timeouts_with_metrics_unknown_never_restart_and_end_blocked() -> None:
     toy.probe_style = "timeout"
     toy.probe_busy = None  # vLLM's metrics unread: busy or hung cannot be told
     threshold = toy.cluster.policy.failure_threshold
-    plans, memory = probes(toy, memory, 4 * threshold)
+    plans, memory = looks(toy, memory, 4 * threshold)
     assert restarts(plans) == [], [p.reason for p in plans if p.actions]
     assert memory.consecutive_failures == 0
     assert all(p.phase == "degraded" for p in plans[: threshold - 1]), plans[0].reason
@@ -64,7 +43,7 @@ def test_timeouts_with_metrics_unknown_never_restart_and_end_blocked() -> None:
     assert memory.blocked is None  # not latched: an answer ends it
     toy.probe_style = "reasoning_only"
     toy.probe_busy = False
-    after, memory = probes(toy, memory, 1)
+    after, memory = looks(toy, memory, 1)
     assert after[0].phase == "healthy", after[0].reason
     assert memory.unknown_streak == 0
 
@@ -115,7 +94,7 @@ def test_deterministic_4xx_is_a_config_fault_never_restarted(status: int) -> Non
     toy, memory = healthy()
     toy.probe_style = "http_error"
     toy.probe_status = status
-    plans, memory = probes(toy, memory, 3 * toy.cluster.policy.failure_threshold)
+    plans, memory = looks(toy, memory, 3 * toy.cluster.policy.failure_threshold)
     assert restarts(plans) == []
     assert all(p.phase == "degraded" for p in plans), plans[-1].reason
     assert f"degraded: config fault: the server answered the probe HTTP {status}" in plans[0].reason
