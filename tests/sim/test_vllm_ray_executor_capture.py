@@ -109,3 +109,13 @@ async def test_the_engine_core_logs_the_placement_as_the_real_one_does(
     await eventually(running)
     lines = [ln for ln in load_log(world).splitlines() if "placement group" in ln]
     assert [shape(ln) for ln in lines] == [shape(real[0])]
+
+
+def test_sparkd_reads_the_real_ray_prefixed_load() -> None:
+    """Ray colours its prefix (`\\x1b[36m(RayWorkerProc pid=N)\\x1b[0m `) before tqdm's `\\r`:
+    the real bar still reads as the weights' progress, the real start as ready."""
+    raw = (CAPTURE / "serve.log").read_bytes().decode()
+    upto = raw[: raw.index("Loading weights took")]
+    weights = parsers.parse_load_progress(parsers.log_lines(upto), None)
+    assert (weights.stage, weights.percent) == ("weights", 100.0)
+    assert parsers.parse_load_progress(parsers.log_lines(raw), None).stage == "ready"
