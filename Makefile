@@ -15,6 +15,9 @@ BENCH_STAMP := $(BENCH_VENV)/.installed
 # kind keeps on disk (pip's cache keeps the rest between venvs).
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+# The real-executor tier (tests/realexec): Ray 2.60 and a test-only vLLM platform plugin in the
+# same venv (vLLM's Ray workers run the interpreter `ray start` ran with).
+EXEC_STAMP := $(VLLM_VENV)/.installed-realexec
 # pytest-xdist workers for `test` (0: one process, in the suite's own order). Two take about 60 %
 # of one process's time on two cores; the tiers that use the machine as a whole run one after
 # another on one of them (tests/conftest.py).
@@ -50,6 +53,11 @@ $(VLLM_STAMP): Makefile tests/realvllm/vllm_alias.py constraints/vllm.txt
 	$(VLLM_VENV)/bin/python tests/realvllm/vllm_alias.py
 	touch $(VLLM_STAMP)
 
+$(EXEC_STAMP): $(VLLM_STAMP) tests/realexec/plugin/pyproject.toml
+	$(VLLM_VENV)/bin/python -m pip install --quiet 'ray==2.60.0' $(VLLM_PINS)
+	$(VLLM_VENV)/bin/python -m pip install --quiet -e tests/realexec/plugin $(VLLM_PINS)
+	touch $(EXEC_STAMP)
+
 $(BENCH_STAMP): Makefile
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install --quiet 'ansible-core>=2.16,<3'
@@ -71,14 +79,14 @@ typecheck: $(STAMP)
 # (which also names the files to collect).
 # Without Ray, vLLM, etcd, Docker or sshd; `make test` runs everything. On the same workers as
 # `test` (PYTEST_WORKERS=0: one process).
-CHECK_MARKS := core and not (sshd or etcd or realray or realvllm or realdocker or slow or soak)
+CHECK_MARKS := core and not (sshd or etcd or realray or realvllm or realexec or realdocker or slow or soak)
 
 check: lint typecheck
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder \
 		-m '$(CHECK_MARKS)' $$($(BIN)/python -m tests.core) $(PYTEST_ARGS)
 
 # The 30 slowest tests are printed at the end: where the suite's time goes, run after run.
-test: lint typecheck $(RAY_STAMP) $(VLLM_STAMP)
+test: lint typecheck $(RAY_STAMP) $(VLLM_STAMP) $(EXEC_STAMP)
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder \
 		--durations=30 $(PYTEST_ARGS)
 

@@ -100,6 +100,12 @@ class ServeProcess:
         stamp = time.strftime("%m-%d %H:%M:%S")
         self._emit(f"(APIServer pid={self.pid}) {level} {stamp} [{where}] {message}")
 
+    def _core_info(self, where: str, message: str) -> None:
+        """A line the engine core logs: the Ray executor's placement runs there, so vLLM
+        prefixes it with the core's process (tests/fixtures/vllm-ray-executor/serve.log)."""
+        stamp = time.strftime("%m-%d %H:%M:%S")
+        self._emit(f"(EngineCore pid={self.core.pid}) INFO {stamp} [{where}] {message}")
+
     # -- control from the world ----------------------------------------------------------------
 
     def kill_hard(self) -> None:
@@ -205,6 +211,12 @@ class ServeProcess:
         self._info("model.py:547", "Resolved architecture: Qwen3_5MoeForConditionalGeneration")
         self._info("model.py:1510", f"Using max model len {a.max_model_len}")
         await asyncio.sleep(self.timing.model_init)
+        if self.placement is not None or self.cluster is not None:
+            # vLLM 0.32.0 `v1/executor/ray_utils.py` `initialize_ray_cluster`, line 607.
+            self._core_info(
+                "ray_utils.py:607",
+                "No current placement group found. Creating a new placement group.",
+            )
         if self.placement is not None:
             held = await self.placement.acquire(a.gpus)
             if isinstance(held, list):
@@ -409,8 +421,9 @@ class ServeProcess:
             if placeable():
                 return True
             if line_at <= waited < timeout:
-                self._info(
-                    "ray_utils.py:372",
+                # vLLM 0.32.0 `v1/executor/ray_utils.py` `_wait_until_pg_ready`, line 466.
+                self._core_info(
+                    "ray_utils.py:466",
                     f"Waiting for creating a placement group of specs for "
                     f"{int(line_at / first * 10)} seconds. specs={specs}. Check `ray status` "
                     "and `ray list nodes` to see if you have enough resources, and make sure "

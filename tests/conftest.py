@@ -22,7 +22,13 @@ from tests.support.worlds import world_address as world_address
 # tests, which share one login account. The scheduler sees only node ids, so the groups are
 # read from them: the tier's directory, or the `openssh` parameter of `@both_servers`
 # (tests/support/worlds.py).
-_MACHINE_TIERS = ("tests/realvllm/", "tests/realray/", "tests/realdocker/", "tests/etcd/")
+_MACHINE_TIERS = (
+    "tests/realvllm/",
+    "tests/realray/",
+    "tests/realexec/",
+    "tests/realdocker/",
+    "tests/etcd/",
+)
 # Longest first, so the run does not end on one worker alone with the slowest group.
 _ORDER = ("machine", "tests/e2e/", "sshd")
 
