@@ -6,9 +6,11 @@ the interval cycle stays the safety net. Streams reconnect with backoff and are 
 a reboot (the connection drops, the next attempt reconnects).
 
 A storm of events from one host (a container restarting in a loop, a host replaying its log)
-costs a bounded number of looks: per host, a wake at most once per COALESCE_WINDOW (the events
-of the window after the first make one wake at its end, and are not even decoded), and a stream
-past STORM_LINES lines in one window is dropped and set up again after the backoff.
+costs a bounded number of looks: per host, a wake at most once per COALESCE_WINDOW (the relevant
+events of the window after the first make one wake at its end, named by the last of them), and a
+stream past STORM_LINES lines in one window is dropped and set up again after the backoff. Every
+line up to that bound is decoded: the exec filter must see each `exec_start` of sparkd's own reads,
+or their `exec_die` would wake the controller as if the serve had ended.
 """
 
 from __future__ import annotations
@@ -111,7 +113,8 @@ class HostEvents:
 
 
 class _Coalescer:
-    """One host's wakes: the first of a window at once, the rest of it as one at its end."""
+    """One host's wakes: the first of a window at once, the rest of it as one at its end, named
+    by the last event that asked for it (what the look will find)."""
 
     def __init__(self, wake: Callable[[str], None], counts: HostEvents, window: float) -> None:
         self._wake = wake
@@ -129,6 +132,7 @@ class _Coalescer:
         now = asyncio.get_running_loop().time()
         if self._trailing is not None:
             self._counts.coalesced += 1
+            self._why = why
             return
         if self._last is None or now - self._last >= self._window:
             self._fire(why)
@@ -226,10 +230,6 @@ class EventWatch:
                     seen += 1
                     if seen > self.storm_lines:
                         return streamed, True
-                    if wakes.pending:
-                        # A wake is due at the window's end whatever this line says.
-                        counts.coalesced += 1
-                        continue
                     event = parse_event(line)
                     if event is not None and relevant(self.cluster, event) and execs.wakes(event):
                         wakes.event(f"{event.name} {event.action}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sparkd.core.planner import plan
 from sparkd.model.memory import Memory
 from sparkd.model.snapshot import dump_snapshot, load_snapshot
+from sparkd.shell.catalogue.reads import DASHBOARD_PATHS, dashboard_reads
 from sparkd.shell.observe import observe
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
@@ -62,7 +63,9 @@ async def test_a_snapshot_replays_to_the_same_plan(healthy: Live, pool: SshPool)
     assert replayed == made
 
 
-async def test_one_ssh_exec_per_host_per_cycle(healthy: Live, pool: SshPool) -> None:
+async def test_one_fact_script_per_host_per_cycle(healthy: Live, pool: SshPool) -> None:
+    """One fact script per host; the head also runs Ray's dashboard reads, each one of the fixed
+    GETs the forced command admits (the key has no port forward to the dashboard)."""
     log = healthy.world.command_log
     before = len(log)
     observed = await observe(healthy.cluster, pool)
@@ -74,8 +77,16 @@ async def test_one_ssh_exec_per_host_per_cycle(healthy: Live, pool: SshPool) -> 
     for host in ("spark-a", "spark-b"):
         execs = [r for r in during if r.host == host and r.source == "ssh"]
         tools = [r for r in during if r.host == host and r.source == "tool"]
-        assert len(execs) == 1, execs
+        gets = [r for r in execs if "one GET from Ray" in r.command]
+        scripts = [r for r in execs if r not in gets]
+        assert len(scripts) == 1, scripts
         assert len(tools) >= 5  # the one script really ran every tool
+        fixed = {r.command for r in dashboard_reads(healthy.cluster)}
+        assert {r.command for r in gets} <= fixed, gets  # nothing but the fixed GETs
+        if host == "spark-b":
+            assert gets == []  # only the head has a dashboard
+        else:
+            assert 1 <= len(gets) <= len(DASHBOARD_PATHS), gets
 
 
 async def test_no_ray_call_on_the_head_the_dashboard_answers(healthy: Live, pool: SshPool) -> None:

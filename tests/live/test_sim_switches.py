@@ -14,7 +14,7 @@ from tests.support.sim import connect, eventually, run
 
 async def test_hang_tool_holds_calls_until_their_caller_goes(seed_world: World) -> None:
     with pytest.raises(ValueError, match="hang-tool needs one of"):
-        await seed_world.fault("hang-tool", "spark-a", "python3")
+        await seed_world.fault("hang-tool", "spark-a", "perl")
     await seed_world.fault("hang-tool", "spark-a", "nvidia-smi")
     async with await connect(seed_world, "spark-a") as head:
         hung = await run(head, "timeout -k 1 0.2 nvidia-smi -L; echo rc=$?")

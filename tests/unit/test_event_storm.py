@@ -100,9 +100,9 @@ async def test_a_storm_of_events_wakes_the_controller_a_bounded_number_of_times(
         await watch.stop()
     assert len(wakes) == 2, wakes[:5]
     assert host.closed == 2  # the stormy stream was closed, not left running
-    # Lines past a pending wake are not decoded; past STORM_LINES not even read.
+    # Lines past STORM_LINES in a window are not even read, let alone decoded.
     assert host.sent <= events.STORM_LINES + 2
-    assert len(decoded) <= 3
+    assert len(decoded) <= events.STORM_LINES + 1
     counts = watch.counts[cluster.hosts[0].name]
     assert counts.storms == 1
     assert counts.coalesced >= events.STORM_LINES - 2
@@ -122,3 +122,62 @@ def test_coalesced_lines_and_storms_are_exported_per_host(tmp_path: Path) -> Non
     assert sample("sparkd_docker_events_coalesced_total", "spark-a") == 1999
     assert sample("sparkd_docker_event_storms_total", "spark-a") == 1
     assert sample("sparkd_docker_event_storms_total", "spark-b") == 0
+
+
+def exec_event(action: str, name: str, exec_id: str) -> str:
+    """An exec's line: docker/cli v29 puts the command in the action, the id in the attributes."""
+    return json.dumps(
+        {"status": action, "id": "ab", "from": "img", "Type": "container", "Action": action,
+         "Actor": {"ID": "ab", "Attributes": {"name": name, "execID": exec_id}},
+         "scope": "local", "time": 1, "timeNano": 1},
+        separators=(",", ":"),
+    )  # fmt: skip
+
+
+class FedHost:
+    """One open `docker events` stream that prints what the test feeds it, when it does."""
+
+    def __init__(self) -> None:
+        self.feed: asyncio.Queue[str] = asyncio.Queue()
+
+    def connection(self, host: Any, ssh: Any) -> FedHost:
+        return self
+
+    async def lines(self, command: str) -> AsyncGenerator[str, None]:
+        while True:
+            yield await self.feed.get()
+
+
+async def test_a_read_starting_while_a_wake_is_pending_does_not_wake_when_it_ends() -> None:
+    """The window's events are coalesced, not skipped: the exec filter still learns that an
+    exec is sparkd's own read, so its end is not taken for the serve's."""
+    cluster = reference_cluster()
+    head, worker = "sparkd-sparks-ray-head", "sparkd-sparks-ray-worker"
+    host = FedHost()
+    wakes: list[str] = []
+    watch = EventWatch(
+        cluster.model_copy(update={"hosts": cluster.hosts[:1]}),
+        cast(SshPool, host),
+        lambda name, why: wakes.append(why),
+    )
+    watch.start()
+    try:
+        for line in (
+            event("start", head),
+            event("die", worker),
+            exec_event("exec_start: ray list nodes --format json", head, "e1"),
+        ):
+            host.feed.put_nowait(line)
+        await eventually(lambda: len(wakes) == 2, 5)
+        # The trailing wake names the window's last relevant event.
+        assert wakes == [f"{head} start", f"{worker} die"]
+        host.feed.put_nowait(exec_event("exec_die", head, "e1"))
+        await eventually(lambda: host.feed.empty(), 5)
+        await asyncio.sleep(2 * events.COALESCE_WINDOW)
+        assert wakes == [f"{head} start", f"{worker} die"]
+        # An exec never seen starting (the serve, launched before the stream) still wakes.
+        host.feed.put_nowait(exec_event("exec_die", head, "e0"))
+        await eventually(lambda: len(wakes) == 3, 5)
+    finally:
+        await watch.stop()
+    assert wakes[2] == f"{head} exec_die"
