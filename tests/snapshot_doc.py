@@ -11,19 +11,21 @@ from __future__ import annotations
 import re
 import sys
 import types
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from sparkd.model.snapshot import SnapshotDocument
+from sparkd.model.time import Clock
 from tests.toy import ROOT
 
 DOCUMENT = ROOT / "docs" / "snapshot.md"
 ROOT_MODEL = SnapshotDocument
 TABLE = re.compile(r"(<!-- fields: (\w+) -->\n).*?(<!-- end fields -->)", re.DOTALL)
 SCALARS: dict[Any, str] = {str: "string", int: "int", float: "number", bool: "bool", Any: "any"}
+CLOCKS = {"daemon": "daemon time", "wall": "wall clock", "monotonic": "monotonic clock"}
 
 
 def _nested(annotation: Any) -> list[type[BaseModel]]:
@@ -52,6 +54,10 @@ def type_text(annotation: Any) -> str:
     args = get_args(annotation)
     if annotation in SCALARS:
         return SCALARS[annotation]
+    if origin is Annotated:
+        clock = next((a for a in args[1:] if isinstance(a, Clock)), None)
+        suffix = f" ({CLOCKS[clock.name]})" if clock is not None and clock.name != "none" else ""
+        return type_text(args[0]) + suffix
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return f"[{annotation.__name__}](#{annotation.__name__.lower()})"
     if origin is Literal and len(args) == 1:
@@ -104,7 +110,11 @@ def table(model: type[BaseModel]) -> str:
     for name, field in model.model_fields.items():
         if not field.description:
             raise ValueError(f"{model.__name__}.{name} has no description")
-        cells = (f"`{name}`", type_text(field.annotation), absent_text(field), field.description)
+        # Pydantic keeps a field's own `Annotated[...]` (its clock) as metadata.
+        kind: Any = field.annotation
+        if field.metadata:
+            kind = Annotated[(kind, *field.metadata)]
+        cells = (f"`{name}`", type_text(kind), absent_text(field), field.description)
         rows.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
     return "\n".join(rows) + "\n"
 

@@ -22,12 +22,15 @@ Ray settling never lasts longer than the Ray containers have existed (core.ray_s
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import NoneType, UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
-from sparkd.model.memory import Blocked, LoadMark, Memory, Rollout
+from pydantic import BaseModel
+
+from sparkd.model.memory import Memory
+from sparkd.model.time import Clock
 
 Shift = Callable[[float], float]
-
-ROLLOUT_STAMPS = ("began_at", "stopped_at", "accepted_at", "rolled_back_at", "restored_at")
 
 # A wall clock that moved this far against daemon time has stepped (NTP slews stay far below).
 STEP_NOTICED = 2.0
@@ -56,84 +59,57 @@ def _latest(memory: Memory) -> float:
 
 def restamp(memory: Memory, shift: Shift) -> Memory:
     """`memory` with `shift` applied to every daemon-time stamp it holds and to nothing else
-    (wall-clock values, such as a pause's end, stay as they are): the one list of them, for
-    `bounded` and for memory crossing to another box (core.handover). A backoff never reset
-    (0.0) stays that."""
-
-    def maybe(value: float | None) -> float | None:
-        return None if value is None else shift(value)
-
-    mark = memory.load_mark
-    blocked = memory.blocked
-    return memory.evolve(
-        attempts=tuple(a.model_copy(update={"at": shift(a.at)}) for a in memory.attempts),
-        went_unreachable={
-            host: tuple(shift(t) for t in times) for host, times in memory.went_unreachable.items()
-        },
-        # 0.0 is "never reset": it stays that on every box.
-        backoff_reset_at=shift(memory.backoff_reset_at) if memory.backoff_reset_at else 0.0,
-        blocked=None
-        if blocked is None
-        else Blocked(reason=blocked.reason, since=shift(blocked.since)),
-        launched_at=maybe(memory.launched_at),
-        model_ready_at=maybe(memory.model_ready_at),
-        last_probe_at=maybe(memory.last_probe_at),
-        last_probe=None
-        if memory.last_probe is None
-        else memory.last_probe.model_copy(update={"at": shift(memory.last_probe.at)}),
-        ray_unsettled_since=maybe(memory.ray_unsettled_since),
-        healthy_since=maybe(memory.healthy_since),
-        observing_since=maybe(memory.observing_since),
-        fabric_sound_at=maybe(memory.fabric_sound_at),
-        fabric_held_since=maybe(memory.fabric_held_since),
-        ray_seen={node: shift(seen) for node, seen in memory.ray_seen.items()},
-        ray_started={host: shift(started) for host, started in memory.ray_started.items()},
-        # The readings' times: how long a host has been silent (the power cycle's evidence),
-        # when its carrier last flapped, when its GID row moved.
-        unreachable_since={host: shift(t) for host, t in memory.unreachable_since.items()},
-        refusing_since={host: shift(t) for host, t in memory.refusing_since.items()},
-        gpu_unknown_since={host: shift(t) for host, t in memory.gpu_unknown_since.items()},
-        owner_unknown_since={host: shift(t) for host, t in memory.owner_unknown_since.items()},
-        omen_at={host: shift(t) for host, t in memory.omen_at.items()},
-        flapped_at={host: shift(t) for host, t in memory.flapped_at.items()},
-        gid_moved={
-            host: (before, after, shift(at))
-            for host, (before, after, at) in memory.gid_moved.items()
-        },
-        load_mark=None
-        if mark is None
-        else LoadMark(
-            pid=mark.pid,
-            launch=shift(mark.launch),
-            key=mark.key,
-            cpu_seconds=mark.cpu_seconds,
-            at=shift(mark.at),
-            entered=maybe(mark.entered),
-        ),
-        token_mark=None
-        if memory.token_mark is None
-        else memory.token_mark.model_copy(
-            update={
-                "since": shift(memory.token_mark.since),
-                "quiet_since": maybe(memory.token_mark.quiet_since),
-            }
-        ),
-        last_good=None
-        if memory.last_good is None
-        else memory.last_good.model_copy(update={"at": shift(memory.last_good.at)}),
-        rollout=_rollout(memory.rollout, shift),
-    )
+    (wall-clock values, such as a pause's end, stay as they are), for `bounded` and for memory
+    crossing to another box (core.handover). The stamps are the fields typed `DaemonTime`
+    (sparkd.model.time), found by walking the model: there is no list of them to forget one in.
+    A value that stands for "never" (a backoff never reset, 0.0) stays that."""
+    moved = _walk_model(memory, shift)
+    assert isinstance(moved, Memory)
+    return moved
 
 
-def _rollout(rollout: Rollout | None, shift: Shift) -> Rollout | None:
-    if rollout is None:
+def _walk_model(value: BaseModel, shift: Shift) -> BaseModel:
+    update: dict[str, Any] = {}
+    for name, field in type(value).model_fields.items():
+        current = getattr(value, name)
+        # Pydantic keeps a field's own `Annotated[...]` as metadata beside the bare annotation.
+        kind: Any = field.annotation
+        if field.metadata:
+            kind = Annotated[(kind, *field.metadata)]
+        new = _walk(current, kind, shift)
+        if new is not current:
+            update[name] = new
+    return value.model_copy(update=update) if update else value
+
+
+def _walk(value: Any, kind: Any, shift: Shift) -> Any:
+    if value is None:
         return None
-    update = {
-        name: shift(value)
-        for name in ROLLOUT_STAMPS
-        if (value := getattr(rollout, name)) is not None
-    }
-    return rollout.model_copy(update=update)
+    origin = get_origin(kind)
+    if origin is Annotated:
+        base, *extras = get_args(kind)
+        clock = next((e for e in extras if isinstance(e, Clock)), None)
+        if clock is None:
+            return _walk(value, base, shift)
+        if clock.name != "daemon" or value == clock.never:
+            return value
+        return shift(value)
+    if origin in (Union, UnionType):
+        arms = [a for a in get_args(kind) if a is not NoneType]
+        if len(arms) != 1:
+            raise TypeError(f"memory holds no unions but optionals: {kind}")
+        return _walk(value, arms[0], shift)
+    if isinstance(value, BaseModel):
+        return _walk_model(value, shift)
+    if origin is dict:
+        _, of = get_args(kind)
+        return {key: _walk(item, of, shift) for key, item in value.items()}
+    if origin is tuple:
+        parts = get_args(kind)
+        if len(parts) == 2 and parts[1] is Ellipsis:
+            return tuple(_walk(item, parts[0], shift) for item in value)
+        return tuple(_walk(item, part, shift) for item, part in zip(value, parts, strict=True))
+    return value
 
 
 def stepped(offset: float, wall: float, mono: float) -> float:

@@ -7,14 +7,17 @@ tables are generated from them (`python -m tests.snapshot_doc`).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from sparkd.model.base import Value
 from sparkd.model.probe import ProbeResult
+from sparkd.model.time import Clock, DaemonTime, MonotonicTime, Quantity, WallTime
 
 MEMORY_VERSION = 1
+# `backoff_reset_at`'s 0.0 is "never reset", on every box: it is no reading, never moved.
+NeverOrDaemonTime = Annotated[float, Clock("daemon", never=0.0)]
 
 
 class Attempt(Value):
@@ -23,7 +26,7 @@ class Attempt(Value):
         "subject being the target unless the action names a steadier one (a respawning "
         "process's name rather than its PID)"
     )
-    at: float = Field(description="when it was made")
+    at: DaemonTime = Field(description="when it was made")
     ok: bool = Field(description="whether it succeeded")
     reason: str = Field(
         "",
@@ -34,8 +37,10 @@ class Attempt(Value):
 class Pause(Value):
     reason: str = Field(description="the operator's reason")
     by: str = Field(description="who paused")
-    since: float = Field(description="when (wall clock)")
-    until: float | None = Field(None, description="when it ends (wall clock); null: until resumed")
+    since: WallTime = Field(description="when (wall clock)")
+    until: WallTime | None = Field(
+        None, description="when it ends (wall clock); null: until resumed"
+    )
 
     def active(self, now: float) -> bool:
         return self.until is None or now < self.until
@@ -43,20 +48,20 @@ class Pause(Value):
 
 class Blocked(Value):
     reason: str = Field(description="the evidence the budget latch fought")
-    since: float = Field(description="when it was set")
+    since: DaemonTime = Field(description="when it was set")
 
 
 class LoadMark(Value):
     """The last time a load was seen to advance, and what it looked like then."""
 
     pid: int | None = Field(None, description="the serve process's PID")
-    launch: float = Field(
+    launch: DaemonTime = Field(
         description="when that process started (this look less the elapsed time its host reports)"
     )
     key: str = Field(description="where the load stood: `stage|percent|message` of its progress")
-    cpu_seconds: float | None = Field(None, description="CPU seconds the load had used")
-    at: float = Field(description="when the load was last seen to advance")
-    entered: float | None = Field(
+    cpu_seconds: Quantity | None = Field(None, description="CPU seconds the load had used")
+    at: DaemonTime = Field(description="when the load was last seen to advance")
+    entered: DaemonTime | None = Field(
         None,
         description="when the load entered the stage it is in (`key` last changed): silent "
         "stages are capped from here, however much CPU they burn",
@@ -68,22 +73,22 @@ class TokenMark(Value):
     KV-cache usage), and since when (daemon time) they have stood still with requests running."""
 
     pid: int | None = Field(None, description="the serve process it was read from")
-    tokens: float = Field(description="`vllm:generation_tokens_total` as last read")
-    since: float = Field(
+    tokens: Quantity = Field(description="`vllm:generation_tokens_total` as last read")
+    since: DaemonTime = Field(
         description="the first look of the current run of looks with requests running and "
         "nothing moving (token counters and KV-cache usage); the look itself when one moved, "
         "the engine was idle, or the counter was first read"
     )
     running: bool = Field(False, description="whether requests were running at that look")
-    prompt_tokens: float | None = Field(
+    prompt_tokens: Quantity | None = Field(
         None, description="`vllm:prompt_tokens_total` as last read (null: not exported)"
     )
-    kv_cache_usage: float | None = Field(
+    kv_cache_usage: Quantity | None = Field(
         None,
         description="`vllm:kv_cache_usage_perc` as last read (null: not exported): it moves "
         "with every engine step that takes or frees KV blocks, a long prefill's included",
     )
-    quiet_since: float | None = Field(
+    quiet_since: DaemonTime | None = Field(
         None,
         description="the first look of the current run with requests running and no token "
         "counted, whether or not the KV cache moved (a long prefill); null: `since`",
@@ -97,8 +102,8 @@ class ClockAnchor(Value):
     remembered duration."""
 
     boot_id: str = Field(description="the ops box's boot id the anchor holds for")
-    offset: float = Field(description="daemon time minus the monotonic clock")
-    mono_at: float = Field(description="the monotonic clock at the last look")
+    offset: Quantity = Field(description="daemon time minus the monotonic clock")
+    mono_at: MonotonicTime = Field(description="the monotonic clock at the last look")
 
 
 class GoodSpec(Value):
@@ -117,7 +122,7 @@ class GoodSpec(Value):
         description="the `model` section as configured (empty in etcd's record: the hash names it)",
     )
     key: str | None = Field(None, description="the API key's fingerprint")
-    at: float = Field(description="when it was recorded")
+    at: DaemonTime = Field(description="when it was recorded")
 
 
 RolloutResult = Literal["in_progress", "accepted", "rolled_back", "rollback_failed", "superseded"]
@@ -128,19 +133,19 @@ class Rollout(Value):
     except `started`, the wall clock shown to operators."""
 
     id: int = Field(description="its number (`rollout_seq` when it began)")
-    started: float = Field(description="when it began (wall clock, shown to operators)")
-    began_at: float = Field(description="when it began")
+    started: WallTime = Field(description="when it began (wall clock, shown to operators)")
+    began_at: DaemonTime = Field(description="when it began")
     from_hash: str = Field(description="the last-good spec's hash")
     to_hash: str = Field(description="the desired spec's hash")
     result: RolloutResult = Field("in_progress", description="how it stands or ended")
-    stopped_at: float | None = Field(
+    stopped_at: DaemonTime | None = Field(
         None, description="the first stop of the old deployment (a model or Ray restart)"
     )
-    accepted_at: float | None = Field(None, description="when it was accepted")
-    downtime: float | None = Field(None, description="seconds the model did not serve")
+    accepted_at: DaemonTime | None = Field(None, description="when it was accepted")
+    downtime: Quantity | None = Field(None, description="seconds the model did not serve")
     rolled_back: str | None = Field(None, description="why it was rolled back")
-    rolled_back_at: float | None = Field(None, description="when it was rolled back")
-    restored_at: float | None = Field(
+    rolled_back_at: DaemonTime | None = Field(None, description="when it was rolled back")
+    restored_at: DaemonTime | None = Field(
         None, description="when the last-good spec served well again after the rollback"
     )
     checked: bool = Field(
@@ -163,7 +168,7 @@ class Adopted(Value):
     serve_pid: int | None = Field(
         None, description="the `vllm serve` process adopted in the head's container (its PID)"
     )
-    at: float = Field(description="when it was adopted")
+    at: DaemonTime = Field(description="when it was adopted")
 
 
 class Memory(Value):
@@ -176,7 +181,7 @@ class Memory(Value):
         description="remediations, newest last (the latest 256): budget and "
         "backoff count those since `backoff_reset_at`",
     )
-    backoff_reset_at: float = Field(
+    backoff_reset_at: NeverOrDaemonTime = Field(
         0.0,
         description="attempts before this no longer lengthen the backoff (a healthy period passed)",
     )
@@ -184,12 +189,12 @@ class Memory(Value):
         None, description="set while the budget latch holds; cleared by `sparkd resume`"
     )
     paused: Pause | None = Field(None, description="the operator's pause, if any")
-    launched_at: float | None = Field(None, description="when sparkd launched the model")
+    launched_at: DaemonTime | None = Field(None, description="when sparkd launched the model")
     launch_nodes: tuple[str, ...] = Field((), description="the Ray node ids that launch ran on")
-    model_ready_at: float | None = Field(
+    model_ready_at: DaemonTime | None = Field(
         None, description="when the model first answered after that launch"
     )
-    last_probe_at: float | None = Field(
+    last_probe_at: DaemonTime | None = Field(
         None, description="the latest probe's time: each probe is counted once, by it"
     )
     last_probe: ProbeResult | None = Field(
@@ -198,24 +203,24 @@ class Memory(Value):
         "model answers",
     )
     consecutive_failures: int = Field(0, description="unhealthy probes in a row")
-    ray_unsettled_since: float | None = Field(
+    ray_unsettled_since: DaemonTime | None = Field(
         None,
         description="since when Ray has been short of what it should be (not answering, short "
         "of GPUs) with no action taken: past the join timeout, that is repaired rather than "
         "waited on",
     )
-    healthy_since: float | None = Field(
+    healthy_since: DaemonTime | None = Field(
         None,
         description="since when the model has served well (healthy or degraded only while it "
         "answers): lasting, it ends an incident",
     )
-    ray_seen: dict[str, float] = Field(
+    ray_seen: dict[str, DaemonTime] = Field(
         default_factory=dict,
         description="the Ray node ids ALIVE when last read, and when each was first seen: a "
         "node first seen before its host's Ray container started is the old one, not yet "
         "dropped by Ray",
     )
-    ray_started: dict[str, float] = Field(
+    ray_started: dict[str, DaemonTime] = Field(
         default_factory=dict, description="per host, when sparkd last (re)started its Ray container"
     )
     load_mark: LoadMark | None = Field(
@@ -247,34 +252,34 @@ class Memory(Value):
         default_factory=dict,
         description="per host, the data interface's carrier changes as last read",
     )
-    unreachable_since: dict[str, float] = Field(
+    unreachable_since: dict[str, DaemonTime] = Field(
         default_factory=dict,
         description="per host, since when (the reading's time) every look at it has met silence "
         "(no route, a timeout, a dropped connection); an answer such as a refused key ends it",
     )
-    refusing_since: dict[str, float] = Field(
+    refusing_since: dict[str, DaemonTime] = Field(
         default_factory=dict,
         description="per host, since when (the reading's time) every look at it has met an SSH "
         "answer refusing sparkd (a refused key or connection, a changed host key): past "
         "`policy.hold_cap` the plan is `blocked` with what to check",
     )
-    gpu_unknown_since: dict[str, float] = Field(
+    gpu_unknown_since: dict[str, DaemonTime] = Field(
         default_factory=dict,
         description="per host, since when (the reading's time) its `nvidia-smi` has failed at "
         "every look while the host answered: past `policy.hold_cap` the plan is `blocked`",
     )
-    owner_unknown_since: dict[str, float] = Field(
+    owner_unknown_since: dict[str, DaemonTime] = Field(
         default_factory=dict,
         description="per host, since when (the reading's time) a GPU process there has had an "
         "unknown owner at every look (a container's process list unreadable): past "
         "`policy.hold_cap` the plan is `blocked`",
     )
-    omen_at: dict[str, float] = Field(
+    omen_at: dict[str, DaemonTime] = Field(
         default_factory=dict,
         description="per host, when the wedge omen in `kernel_omens` was first seen (the "
         "reading's time): it explains a later silence only within `policy.omen_window`",
     )
-    flapped_at: dict[str, float] = Field(
+    flapped_at: dict[str, DaemonTime] = Field(
         default_factory=dict,
         description="per host, when its carrier changes last rose (the reading's time): a "
         "flap stays visible for `fabric.flap_window`",
@@ -282,7 +287,7 @@ class Memory(Value):
     gid_indexes: dict[str, int] = Field(
         default_factory=dict, description="per host, the data IP's RoCE v2 GID row as last read"
     )
-    gid_moved: dict[str, tuple[int, int, float]] = Field(
+    gid_moved: dict[str, tuple[int, int, DaemonTime]] = Field(
         default_factory=dict,
         description="per host, its GID row's last move `[before, after, at]`: NCCL keeps the "
         "row it opened with until the model relaunches",
@@ -292,7 +297,7 @@ class Memory(Value):
     clock: ClockAnchor | None = Field(
         None, description="how daemon time is read: kept across a restart in the same boot"
     )
-    observing_since: float | None = Field(
+    observing_since: DaemonTime | None = Field(
         None,
         description="when this sparkd process began observing: memory it loaded from the state "
         "dir or adopted from etcd (a backup restored included) was written before, by a "
@@ -301,7 +306,7 @@ class Memory(Value):
         "`inherited_memory`); null: no such boundary",
     )
     unreachable: tuple[str, ...] = Field((), description="the hosts unreachable at the last look")
-    went_unreachable: dict[str, tuple[float, ...]] = Field(
+    went_unreachable: dict[str, tuple[DaemonTime, ...]] = Field(
         default_factory=dict,
         description="per host, when it went unreachable in this incident (bounded): a latch "
         "names the host that kept dropping out",
@@ -314,16 +319,16 @@ class Memory(Value):
     healthy_probes: int = Field(
         0, description="healthy probes in a row of this launch (a rollout's acceptance counts them)"
     )
-    rollout_downtime: float | None = Field(
+    rollout_downtime: Quantity | None = Field(
         None, description="the last accepted rollout's downtime, in seconds"
     )
-    fabric_held_since: float | None = Field(
+    fabric_held_since: DaemonTime | None = Field(
         None,
         description="since when a fabric fault has held Ray and model (re)starts while the "
         "model launched before it runs: once the fabric is sound, a model that does not answer "
         "has both ranks restarted",
     )
-    fabric_sound_at: float | None = Field(
+    fabric_sound_at: DaemonTime | None = Field(
         None,
         description="when that hold ended (the first look without it): only a probe taken "
         "since counts as the model not answering",
@@ -338,7 +343,7 @@ class Memory(Value):
         description="the hand-made deployment sparkd adopted on first contact, while it runs "
         "(core.adopt); null once replaced by sparkd's own launch, or never adopted",
     )
-    adopting_since: float | None = Field(
+    adopting_since: DaemonTime | None = Field(
         None,
         description="since when first contact has waited to adopt a matching deployment made by "
         "hand (its model to pass the probe); past `model.load_timeout` the operator is asked",

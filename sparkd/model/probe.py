@@ -7,6 +7,7 @@ from typing import Literal, get_args
 from pydantic import Field
 
 from sparkd.model.base import Value
+from sparkd.model.time import DaemonTime, Quantity
 
 ProbeOutcome = Literal[
     "answer",
@@ -66,10 +67,10 @@ class CheckResult(Value):
 class ProbeResult(Value):
     """One probe as observed: the verdict plus the measurements taken around it."""
 
-    at: float = Field(description="when it was sent")
+    at: DaemonTime = Field(description="when it was sent")
     verdict: ProbeVerdict = Field(description="what the classifier concluded")
-    latency_seconds: float | None = Field(None, description="until the answer ended")
-    ttft_seconds: float | None = Field(None, description="until its first token")
+    latency_seconds: Quantity | None = Field(None, description="until the answer ended")
+    ttft_seconds: Quantity | None = Field(None, description="until its first token")
     http_status: int | None = Field(None, description="the HTTP status of the completion")
     tokens_advanced: bool | None = Field(
         None,
