@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import median, table, write_result
-from sparkd.core import kernel
+from sparkd.core.reading import kernel
 from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue
 

@@ -18,7 +18,16 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.common import table, write_result
-from sparkd.core import acceptance, cache, classify, fabric, kernel, parsers, ray_json, weights
+from sparkd.core.judging import acceptance
+from sparkd.core.reading import (
+    cache_entries,
+    classify,
+    kernel,
+    links,
+    parsers,
+    ray_json,
+    weight_files,
+)
 from sparkd.ha import etcd
 from sparkd.model.cluster import RolloutCheck
 from sparkd.shell import model_http, ray_http, ssh
@@ -111,12 +120,14 @@ def parsers_at_caps() -> list[Parser]:
          lambda t: parsers.parse_load_progress(parsers.section_log_lines(t), None),
          "Loading safetensors checkpoint shards:  50% Completed | 1/2",
          {"carriage returns": fill("\r", out)}),
-        ("fabric.parse_fabric", out, lambda t: fabric.parse_fabric(t, "10.0.0.1"),
+        ("links.parse_fabric", out, lambda t: links.parse_fabric(t, "10.0.0.1"),
          "/sys/class/infiniband/mlx5_0/ports/1/gids/0:fe80:0000:0000:0000:0000:0000:0000:0001",
          {}),
-        ("cache.parse_listing", out, cache.parse_listing, "1764470285.1 vllm-abc", {}),
-        ("weights.parse_stat", out, lambda t: weights.parse_stat("/m", t, 0), "10 /m/a", {}),
-        ("weights.parse_index", weights.REDUCED_LIMIT, weights.parse_index,
+        ("cache_entries.parse_listing", out, cache_entries.parse_listing,
+         "1764470285.1 vllm-abc", {}),
+        ("weight_files.parse_stat", out, lambda t: weight_files.parse_stat("/m", t, 0), "10 /m/a",
+         {}),
+        ("weight_files.parse_index", weight_files.REDUCED_LIMIT, weight_files.parse_index,
          '{"weight_map": {"a": "model-00001.safetensors"}}', {}),
         ("ray_json.parse_nodes", ray_http.MAX_ANSWER, ray_json.parse_nodes, "{}",
          {"rows at the cap": ray_nodes(ray_http.MAX_ANSWER)}),

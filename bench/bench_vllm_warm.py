@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from bench.common import free_port, median, table, write_result
-from sparkd.core import cache
+from sparkd.core.reading import cache_entries
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("SPARKD_VLLM_VENV", ROOT / ".venv-vllm"))
@@ -91,7 +91,7 @@ def measure(runs: int) -> tuple[list[float], list[float], list[float]]:
         for run in range(runs):
             # Laid out as sparkd lays out model.cache_dir: one entry per image ID and model.
             root = work / f"cache-{run}"
-            entry, other = (cache.cache_key(image, str(model)) for image in IMAGES)
+            entry, other = (cache_entries.cache_key(image, str(model)) for image in IMAGES)
             assert entry is not None and other is not None
             cold.append(launch(model, root / entry, work))
             warm.append(launch(model, root / entry, work))

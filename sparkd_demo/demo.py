@@ -48,7 +48,7 @@ FAULTS: dict[str, tuple[str, str]] = {
     "aer-fatal": ("aer-fatal", "worker"),
     "memory-pressure": ("memory-pressure", "head"),
     "mtu-mismatch": ("mtu-mismatch", "worker"),
-    # Not a world fault: a reload whose model.extra_args has a typo (core.rollout).
+    # Not a world fault: a reload whose model.extra_args has a typo (core.deciding.rollout).
     "bad-args": ("reload", "head"),
 }
 BAD_ARG = "--enable-resoning"

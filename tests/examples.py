@@ -9,8 +9,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sparkd.core.planner import plan
-from sparkd.core.remember import remember
+from sparkd.core.deciding.planner import plan
+from sparkd.core.remembering.remember import remember
 from sparkd.core.spec import container_name
 from sparkd.model.memory import Memory
 from sparkd.model.observed import Container, GpuProcess, RayNode

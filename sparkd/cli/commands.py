@@ -275,7 +275,7 @@ def check_config(explicit: str | None) -> int:
 
 def plan_from_snapshot(explicit: str | None, snapshot: Path, as_json: bool, dry_run: bool) -> int:
     # The planner only here: `probe` and `check-config` start without it.
-    from sparkd.core.planner import plan
+    from sparkd.core.deciding.planner import plan
     from sparkd.model.snapshot import load_snapshot
 
     settings = _settings(explicit)

@@ -33,7 +33,7 @@ def host_port(text: str) -> tuple[str, int] | None:
 
 
 def init(args: argparse.Namespace) -> int:
-    from sparkd.core.discover import Options, draft
+    from sparkd.core.reading.discover import Options, draft
     from sparkd.core.text import printable
     from sparkd.model.fields import NAME_PATTERN
 

@@ -62,7 +62,7 @@ async def live_plan(
     """Observe and plan, acting on nothing. Reading /health, /v1/models and /metrics puts no load
     on the model; a completion does, so one is sent only when asked for (`--probe`)."""
     # The planner only here: `probe` starts without it.
-    from sparkd.core.planner import plan as make_plan
+    from sparkd.core.deciding.planner import plan as make_plan
     from sparkd.model.snapshot import dump_snapshot
 
     state = StateDir(settings.daemon.state_dir)
@@ -304,9 +304,9 @@ def print_forced_commands(settings: Settings, only: str | None, admit: bool = Fa
 @dataclass(frozen=True)
 class LastGood:
     """The last-good spec the state dir remembers, when it is not the desired one: a rollback
-    launches it (core.rollout.acting_spec), so its commands pass the wrapper only if `spec` is
-    set: asked for (`--last-good`), its hash checked, one this box's configs ran, and no wider
-    than the config in a security-relevant field (core.known_specs.SECURITY_FIELDS)."""
+    launches it (core.deciding.rollout.acting_spec), so its commands pass the wrapper only if `spec`
+    is set: asked for (`--last-good`), its hash checked, one this box's configs ran, and no wider
+    than the config in a security-relevant field (core.deciding.known_specs.SECURITY_FIELDS)."""
 
     spec: ClusterSpec | None = None
     # Comment lines for the wrapper's header and `sparkd commands`: what it differs by, and
@@ -326,7 +326,7 @@ def _refused(goods: dict[str, LastGood]) -> bool:
 
 
 def last_good_spec(settings: Settings, cluster: ClusterSpec, admit: bool = False) -> LastGood:
-    from sparkd.core import known_specs, rollout
+    from sparkd.core.deciding import known_specs, rollout
     from sparkd.runtime.spec_history import SpecHistory
 
     state = StateDir(settings.daemon.state_dir)
@@ -342,7 +342,7 @@ def last_good_spec(settings: Settings, cluster: ClusterSpec, admit: bool = False
     if ours is None:
         why = f"{head}: no config on this box ran it (not in its spec history); not admitted"
         return LastGood(notes=(why,), refused=(why,) if admit else ())
-    # What a rollback launches: the history's sections (core.known_specs.vet).
+    # What a rollback launches: the history's sections (core.deciding.known_specs.vet).
     good = good.model_copy(update={"ray": ours.ray, "model": ours.model})
     differs = [f"  {line}" for line in rollout.differs(cluster, good)]
     notes = [f"{head} differs from the config (LAST-GOOD -> CONFIG) by:", *differs]

@@ -16,7 +16,7 @@ Three kinds of time, never mixed without a conversion named here:
 
 Across a reboot of the ops box the monotonic clock starts again and the anchor is set anew
 from the wall clock: a remembered stamp later than now is then taken as now (`bounded`), and
-Ray settling never lasts longer than the Ray containers have existed (core.ray_stage).
+Ray settling never lasts longer than the Ray containers have existed (core.judging.ray_stage).
 """
 
 from __future__ import annotations
@@ -60,9 +60,9 @@ def _latest(memory: Memory) -> float:
 def restamp(memory: Memory, shift: Shift) -> Memory:
     """`memory` with `shift` applied to every daemon-time stamp it holds and to nothing else
     (wall-clock values, such as a pause's end, stay as they are), for `bounded` and for memory
-    crossing to another box (core.handover). The stamps are the fields typed `DaemonTime`
-    (sparkd.model.time), found by walking the model: there is no list of them to forget one in.
-    A value that stands for "never" (a backoff never reset, 0.0) stays that."""
+    crossing to another box (core.remembering.handover). The stamps are the fields typed
+    `DaemonTime` (sparkd.model.time), found by walking the model: there is no list of them to forget
+    one in. A value that stands for "never" (a backoff never reset, 0.0) stays that."""
     moved = _walk_model(memory, shift)
     assert isinstance(moved, Memory)
     return moved

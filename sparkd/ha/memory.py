@@ -1,9 +1,9 @@
 """The memory and intent records in etcd: their keys and their JSON.
 
-`<prefix>clusters/<cluster>/memory` holds the memory with every daemon-time stamp as its age
-at the write (sparkd.core.handover): another box's elapsed clock means nothing here, and a new
-owner resumes each grace with at least what remained. `<prefix>clusters/<cluster>/intent`
-names the action about to run. Who writes them, and when, is sparkd.runtime.ha_store.
+`<prefix>clusters/<cluster>/memory` holds the memory with every daemon-time stamp as its age at the
+write (sparkd.core.remembering.handover): another box's elapsed clock means nothing here, and a new
+owner resumes each grace with at least what remained. `<prefix>clusters/<cluster>/intent` names the
+action about to run. Who writes them, and when, is sparkd.runtime.ha_store.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sparkd.core.handover import from_ages, to_ages
+from sparkd.core.remembering.handover import from_ages, to_ages
 from sparkd.model.memory import Blocked, Memory
 
 RECORD_VERSION = 1
@@ -44,7 +44,7 @@ def encode(memory: Memory, now: float, token: int, instance: str, control: int =
 def _hashes_only(document: dict[str, Any]) -> dict[str, Any]:
     """The memory as etcd keeps it: its last-good spec by hash alone. Whoever can write the
     prefix is not the config's author, so no launchable spec is kept there (a new owner takes
-    the sections from its own history, core.known_specs)."""
+    the sections from its own history, core.deciding.known_specs)."""
     good = document.get("last_good")
     if isinstance(good, dict):
         document["last_good"] = {k: v for k, v in good.items() if k not in ("ray", "model")}

@@ -34,8 +34,8 @@ class PolicySpec(Value):
     # Below this MemAvailable (bytes) on a host, memory pressure is reported, and during a load
     # the model is not started into it (GB10's GPU allocations come out of host memory).
     min_memory_available: int = Field(default=4 << 30, ge=0)
-    # Requests running and vLLM's generation-token counter still this long (core.hang): a hung
-    # engine, restarted without waiting for `failure_threshold` probes.
+    # Requests running and vLLM's generation-token counter still this long (core.judging.hang): a
+    # hung engine, restarted without waiting for `failure_threshold` probes.
     hang_window: Seconds = 60.0
     # A just-ready engine's stall clock starts this long after it was ready: vLLM's first-shape
     # compiles stall it for 30-70 s, with requests running and no token.
@@ -50,7 +50,7 @@ class PolicySpec(Value):
     # sshd restarting after a boot is back well within), or whose nvidia-smi fails without the
     # GPU being lost (an NVML driver/library mismatch after an upgrade without a reboot).
     hold_cap: Seconds = 600.0
-    # A wedge omen (core.kernel) explains a later silence of its host only when it was first
+    # A wedge omen (core.reading.kernel) explains a later silence of its host only when it was first
     # seen at most this long before the silence began: one from long before says nothing of
     # what cut the ops box off from every host at once.
     omen_window: Seconds = 1800.0
@@ -171,8 +171,8 @@ class ClusterSpec(Value):
     power: PowerSpec = PowerSpec()
     maintenance: tuple[MaintenanceSpec, ...] = ()
     rollout: RolloutSpec = RolloutSpec()
-    # First contact with a deployment made by hand (core.adopt, docs/adoption.md): `matching`
-    # adopts one the config describes and shows, without touching it, one that differs;
+    # First contact with a deployment made by hand (core.judging.adopt, docs/adoption.md):
+    # `matching` adopts one the config describes and shows, without touching it, one that differs;
     # `replace` is the operator's decision to replace a differing one by the config's launch.
     adopt: Literal["matching", "replace"] = "matching"
 

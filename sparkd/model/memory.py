@@ -1,4 +1,5 @@
-"""What the planner remembers between cycles. Changed only by `core.remember.remember()`.
+"""What the planner remembers between cycles. Changed only by
+`core.remembering.remember.remember()`.
 
 Every stamp here is daemon time (see `sparkd.core.clock`), except a pause's, which is wall
 clock: an operator's intent. Each field's meaning is its `description`: docs/snapshot.md's
@@ -109,7 +110,7 @@ class ClockAnchor(Value):
 class GoodSpec(Value):
     """The spec that last reached lasting health: its Ray and model sections as configured
     (file paths, never a secret; the API key only by its fingerprint). A rollback launches the
-    sections this box recorded under `hash` (core.known_specs), never these: etcd's record
+    sections this box recorded under `hash` (core.deciding.known_specs), never these: etcd's record
     holds the hash alone."""
 
     hash: str = Field(description="its spec hash")
@@ -159,8 +160,8 @@ RETIRED_FIELDS: frozenset[str] = frozenset({"launch_spec"})
 
 
 class Adopted(Value):
-    """A hand-made deployment sparkd took over without a restart (core.adopt): its containers
-    keep their own names, which every later remedy removes before sparkd's own launch."""
+    """A hand-made deployment sparkd took over without a restart (core.judging.adopt): its
+    containers keep their own names, which every later remedy removes before sparkd's own launch."""
 
     containers: dict[str, str] = Field(
         description="per configured host, the name of the Ray container adopted there"
@@ -302,7 +303,7 @@ class Memory(Value):
         description="when this sparkd process began observing: memory it loaded from the state "
         "dir or adopted from etcd (a backup restored included) was written before, by a "
         "process that may have looked on another clock or long ago, and no destructive action "
-        "relies on it alone until a look of this process confirms it (core.gate "
+        "relies on it alone until a look of this process confirms it (core.deciding.gate "
         "`inherited_memory`); null: no such boundary",
     )
     unreachable: tuple[str, ...] = Field((), description="the hosts unreachable at the last look")
@@ -341,7 +342,7 @@ class Memory(Value):
     adopted: Adopted | None = Field(
         None,
         description="the hand-made deployment sparkd adopted on first contact, while it runs "
-        "(core.adopt); null once replaced by sparkd's own launch, or never adopted",
+        "(core.judging.adopt); null once replaced by sparkd's own launch, or never adopted",
     )
     adopting_since: DaemonTime | None = Field(
         None,

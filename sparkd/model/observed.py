@@ -204,9 +204,9 @@ class CacheEntry(Value):
 
 
 class ForeignContainer(Value):
-    """A running container not of sparkd's naming, as `docker inspect` reads its config: what
-    sparkd compares with its config on first contact (core.adopt). Read only while sparkd's own
-    Ray container does not run on the host."""
+    """A running container not of sparkd's naming, as `docker inspect` reads its config: what sparkd
+    compares with its config on first contact (core.judging.adopt). Read only while sparkd's own Ray
+    container does not run on the host."""
 
     name: str = Field(description="the container's name")
     image: str = Field(description="the image it was created from (`Config.Image`), as named")
@@ -309,8 +309,8 @@ class HostFacts(Value):
     foreign: tuple[ForeignContainer, ...] | None = Field(
         None,
         description="the running containers' config, read while sparkd's own Ray container "
-        "does not run on the host (first contact: core.adopt); null when not read or the read "
-        "failed",
+        "does not run on the host (first contact: core.judging.adopt); null when not read or the "
+        "read failed",
     )
     foreign_error: str | None = Field(
         None,

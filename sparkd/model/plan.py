@@ -21,7 +21,7 @@ Phase = Literal[
 ]
 PHASES: tuple[Phase, ...] = get_args(Phase)
 
-# The failure classes below vLLM the planner recognised (core.triage.TABLE).
+# The failure classes below vLLM the planner recognised (core.judging.triage.TABLE).
 TriageClass = Literal["gpu_lost", "host_wedged", "memory_pressure", "fabric"]
 TRIAGE_CLASSES: tuple[TriageClass, ...] = get_args(TriageClass)
 
@@ -106,11 +106,11 @@ class Plan(Value):
     memory_held: bool = False
     # The token counter's reading, for remember() to keep while the model serves.
     token_mark: TokenMark | None = None
-    # The keys of the actions that passed the gate (core.gate) in this plan: every action a plan
-    # holds went through it.
+    # The keys of the actions that passed the gate (core.deciding.gate) in this plan: every action a
+    # plan holds went through it.
     gated: tuple[str, ...] = ()
-    # First contact adopted a deployment made by hand (core.adopt): remember() keeps it, as if
-    # sparkd had launched it; `adoption_over`: every adopted container is gone.
+    # First contact adopted a deployment made by hand (core.judging.adopt): remember() keeps it, as
+    # if sparkd had launched it; `adoption_over`: every adopted container is gone.
     adopted: Adopted | None = None
     adoption_over: bool = False
     # First contact waits to adopt a matching deployment (remember() keeps since when).

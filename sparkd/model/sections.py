@@ -1,5 +1,5 @@
 """The fact script's section names: what the host writes (shell.catalogue) and what assemble
-reads (core.assemble), named once so a rename on one side cannot read as "not observed"."""
+reads (core.reading.assemble), named once so a rename on one side cannot read as "not observed"."""
 
 from __future__ import annotations
 

@@ -17,12 +17,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sparkd.core import known_specs, rollout
 from sparkd.core.clock import bounded
-from sparkd.core.planner import plan as make_plan
+from sparkd.core.deciding import known_specs, rollout
+from sparkd.core.deciding.planner import plan as make_plan
+from sparkd.core.judging.ray_stage import needs_ray_status
 from sparkd.core.policy import is_new_probe, rebooted
-from sparkd.core.ray_stage import needs_ray_status
-from sparkd.core.remember import intend, remember
+from sparkd.core.remembering.remember import intend, remember
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import MEMORY_VERSION, Memory
 from sparkd.model.observed import ModelEndpoint, Observed
@@ -198,8 +198,8 @@ class Controller:
 
     async def cycle(self) -> Plan:
         started = self.monotonic()
-        # A ready Ray needs one `ray` call a look at most (none while its last reading stands);
-        # one that is getting there also reads `ray status` (core.ray_stage.needs_ray_status).
+        # A ready Ray needs one `ray` call a look at most (none while its last reading stands); one
+        # that is getting there also reads `ray status` (core.judging.ray_stage.needs_ray_status).
         ray_status = needs_ray_status(self.view.plan)
         known_ray = reusable_ray(
             self.view,
@@ -337,7 +337,7 @@ class Controller:
         self.now.learnt(learnt)
         adopted = self.memory.adopted
         if adopted is not None and cycle.before.adopted is None:
-            # First contact took over a deployment made by hand (core.adopt): what, by name.
+            # First contact took over a deployment made by hand (core.judging.adopt): what, by name.
             fields = {
                 "containers": dict(adopted.containers),
                 "serve_pid": adopted.serve_pid,
@@ -408,7 +408,8 @@ class Controller:
         its outcome never landed, is only known from the look that follows."""
         adopted = await self.store.adopt(self.cluster.name, self.memory, self.clock.now())
         if adopted is not None:
-            # The former owner's looks are not this process's (core.gate `inherited_memory`).
+            # The former owner's looks are not this process's (core.deciding.gate
+            # `inherited_memory`).
             memory = bounded(adopted.memory, self.clock.now()).evolve(
                 clock=self.clock.anchor, observing_since=self.clock.now()
             )
@@ -422,7 +423,7 @@ class Controller:
     def _vetted(self, memory: Memory, source: str) -> Memory:
         """`memory` with its last-good spec as this box's history holds it; refused (latched,
         said in an event and the log) when it names a spec no config here ran
-        (core.known_specs)."""
+        (core.deciding.known_specs)."""
         known = self.history.known(self.cluster.name, seed=self._seed)
         vetted, refused = known_specs.vet(self.cluster, memory, known, self.clock.now())
         if refused is not None:

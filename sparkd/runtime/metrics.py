@@ -24,8 +24,8 @@ from prometheus_client import (
 )
 
 from sparkd import __version__
-from sparkd.core import kernel
 from sparkd.core.policy import counts_as_failure
+from sparkd.core.reading import kernel
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import HOST_ERROR_KINDS, KERNEL_KINDS, HostFacts
 from sparkd.model.plan import ACTION_KINDS, ACTION_RESULTS

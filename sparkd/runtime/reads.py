@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparkd.core import hang
+from sparkd.core.judging import hang
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory
 from sparkd.model.observed import ModelEndpoint, RayState

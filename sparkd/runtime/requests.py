@@ -15,9 +15,9 @@ from typing import Any
 
 import structlog
 
-from sparkd.core import rollout
-from sparkd.core.remember import pause as pause_memory
-from sparkd.core.remember import resume as resume_memory
+from sparkd.core.deciding import rollout
+from sparkd.core.remembering.remember import pause as pause_memory
+from sparkd.core.remembering.remember import resume as resume_memory
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory
 from sparkd.runtime.clock import DaemonClock

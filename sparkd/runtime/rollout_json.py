@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sparkd.core import rollout
+from sparkd.core.deciding import rollout
 
 if TYPE_CHECKING:
     from sparkd.runtime.controller import Controller

@@ -11,7 +11,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from sparkd.core import rollout
+from sparkd.core.deciding import rollout
 from sparkd.model.cluster import ClusterSpec
 from sparkd.runtime.state_metrics import gauge
 

@@ -3,7 +3,7 @@
 `<state_dir>/specs-<cluster>.json`, written atomically (shell.files.atomic_write), holds the Ray
 and model sections of each spec a config on this box asked for, under its hash, the newest
 HISTORY_KEPT. A memory (the state dir's, or etcd's under `[ha]`) only names its last-good spec
-by hash; core.known_specs takes the sections from here.
+by hash; core.deciding.known_specs takes the sections from here.
 
 A state dir from before the history existed has no file: its own memory's last-good spec is
 then taken as one this box ran (that memory was written by this box), once, when the history
@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sparkd.core.known_specs import KnownSpec, known_of
-from sparkd.core.rollout import identity
+from sparkd.core.deciding.known_specs import KnownSpec, known_of
+from sparkd.core.deciding.rollout import identity
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import GoodSpec
 from sparkd.runtime.state import SAFE, StateDir
@@ -65,8 +65,8 @@ class SpecHistory:
         ]
 
     def known(self, cluster: str, seed: GoodSpec | None = None) -> dict[str, KnownSpec]:
-        """The specs recorded for `cluster` by hash (unchecked: core.known_specs checks each
-        against its hash); with no history yet, `seed` (the state dir's own last-good spec)."""
+        """The specs recorded for `cluster` by hash (unchecked: core.deciding.known_specs checks
+        each against its hash); with no history yet, `seed` (the state dir's own last-good spec)."""
         entries = self._entries(cluster)
         if entries is None:
             entries = [] if seed is None else [_entry(seed.hash, KnownSpec(seed.ray, seed.model))]

@@ -12,7 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from sparkd.core import engine_stats
+from sparkd.core.judging import engine_stats
 from sparkd.core.policy import budget_used
 from sparkd.model.observed import HostFacts
 from sparkd.model.plan import ACTION_KINDS, PHASES, TRIAGE_CLASSES
@@ -109,7 +109,7 @@ class _Families:
         )
         self.triage = gauge(
             "sparkd_cluster_triage",
-            "1 for each failure class below vLLM the planner recognises now (core.triage)",
+            "1 for each failure class below vLLM the planner recognises now (core.judging.triage)",
             ("cluster", "class"),
         )
         host_labels = ("cluster", "host")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sparkd.core import engine_stats
+from sparkd.core.judging import engine_stats
 from sparkd.model.plan import ActionOutcome
 from sparkd.model.snapshot import SnapshotDocument
 from sparkd.runtime.rollout_json import rollout_json
@@ -49,7 +49,7 @@ def cluster_json(controller: Controller) -> dict[str, Any]:
         "phase": plan.phase if plan is not None else None,
         "reason": plan.reason if plan is not None else "no cycle finished yet",
         "converged": plan.converged if plan is not None else False,
-        # The failure classes below vLLM the plan recognised (core.triage.TABLE).
+        # The failure classes below vLLM the plan recognised (core.judging.triage.TABLE).
         "triage": list(plan.triage) if plan is not None else [],
         "paused": memory.paused.model_dump(mode="json") if memory.paused is not None else None,
         "blocked": memory.blocked.model_dump(mode="json") if memory.blocked is not None else None,

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkd.core.discover import CONTAINER_NAME, HostReads, parse_inspect
+from sparkd.core.reading.discover import CONTAINER_NAME, HostReads, parse_inspect
 from sparkd.model.spec import HostSpec, SshSpec
 from sparkd.shell import known_hosts
 from sparkd.shell.catalogue import discover as reads

@@ -11,8 +11,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from sparkd.core import parsers
-from sparkd.core.assemble import ENGINE_MARKERS
+from sparkd.core.reading import parsers
+from sparkd.core.reading.assemble import ENGINE_MARKERS
 from sparkd.core.spec import container_name, key_fingerprint, model_spec_hashes, ray_spec_hashes
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.plan import Action, ActionOutcome, ActionResult, Plan

@@ -18,7 +18,7 @@ from pathlib import Path
 import asyncssh
 
 from sparkd import __version__
-from sparkd.core import cache
+from sparkd.core.reading import cache_entries
 from sparkd.core.spec import SPEC_DIGITS, key_fingerprint, model_spec_hash
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.exits import FENCE_BUSY_EXIT, FENCE_MISMATCH_EXIT, FENCED_EXIT, REFUSED_EXIT
@@ -34,8 +34,9 @@ PID_PATTERN = f"(?P<pid>{catalogue.actions.PID_DIGITS})"
 # Docker's own rule for container names; the wrapper also checks cleanup.container_patterns.
 CONTAINER_PATTERN = r"(?P<container>[A-Za-z0-9][A-Za-z0-9_.-]{0,254})"
 SPEC_PATTERN = rf"(?P<spec>[0-9a-f]{{{SPEC_DIGITS}}})"
-# A compile cache entry of sparkd's naming (core.cache.ENTRY): no `/`, never `.` or `..`.
-CACHE_PATTERN = f"(?P<entry>{cache.ENTRY.pattern})"
+# A compile cache entry of sparkd's naming (core.reading.cache_entries.ENTRY): no `/`, never
+# `.` or `..`.
+CACHE_PATTERN = f"(?P<entry>{cache_entries.ENTRY.pattern})"
 # Stand-ins put where the variable parts go, then replaced by the patterns above.
 _PID = 4_194_303
 _CONTAINER = "sparkd-forced-container-stand-in"

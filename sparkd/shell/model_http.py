@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import h11
 from prometheus_client.parser import text_string_to_metric_families
 
-from sparkd.core.acceptance import judge_check
-from sparkd.core.classify import (
+from sparkd.core.judging.acceptance import judge_check
+from sparkd.core.reading.classify import (
     EngineLoad,
     classify_failure,
     classify_response,
@@ -201,7 +201,7 @@ def parse_vllm_metrics(text: str) -> EngineLoad:
     """vLLM's own /metrics: requests running and waiting, generation and prompt tokens, and
     KV-cache usage, each summed over engines (every series carries a `model_name` label, and
     `engine` in vLLM v1: 0.32.0 and 0.34.0 `v1/metrics/loggers.py:499`). The KV-cache gauge is
-    what moves while a long prompt is prefilled and no token is counted (core.hang)."""
+    what moves while a long prompt is prefilled and no token is counted (core.judging.hang)."""
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         if family.name in _GAUGES:

@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sparkd.core import parsers
-from sparkd.core.assemble import (
+from sparkd.core.reading import parsers
+from sparkd.core.reading.assemble import (
     HeadExtras,
     head_extras,
     host_facts,
@@ -234,7 +234,8 @@ async def observe(
             probe = await model_http.probe(
                 open_channel, cluster, api_key, wall_clock=wall_clock, load_before=load
             )
-            # A rollout's acceptance checks go once its probes answer (core.rollout.checks_due).
+            # A rollout's acceptance checks go once its probes answer
+            # (core.deciding.rollout.checks_due).
             if checks_due and probe.verdict.healthy is True:
                 checks = await model_http.run_checks(open_channel, cluster, api_key)
     observed = Observed(

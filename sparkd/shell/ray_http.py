@@ -21,7 +21,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
-from sparkd.core import ray_json
+from sparkd.core.reading import ray_json
 from sparkd.core.text import printable
 from sparkd.model.exits import (
     DASHBOARD_FAILED_EXIT,

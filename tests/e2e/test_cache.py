@@ -7,7 +7,7 @@ import pwd
 import time
 from pathlib import Path
 
-from sparkd.core import cache
+from sparkd.core.reading import cache_entries
 from sparkd.core.spec import container_name
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.docker_images import image_id
@@ -30,7 +30,7 @@ async def test_containers_mount_the_cache_and_old_entries_are_pruned(
     head = seed_world.hosts[cluster.head.name].state
     box = head.container(container_name(cluster, cluster.head))
     assert box is not None
-    key = cache.cache_key(box.image_id or image_id(head, box.image), cluster.model.id)
+    key = cache_entries.cache_key(box.image_id or image_id(head, box.image), cluster.model.id)
     assert key is not None
     launches = [
         r.command
@@ -43,7 +43,7 @@ async def test_containers_mount_the_cache_and_old_entries_are_pruned(
     # Old entries (another image, another model), a file of someone else's, the one in use.
     now = time.time()
     ages = {"aaaaaaaaaaaa-old-model": 100, "bbbbbbbbbbbb-old-model": 200, key: 300}
-    ages |= {"cccccccccccc-" + cache.model_slug(cluster.model.id): 400}
+    ages |= {"cccccccccccc-" + cache_entries.model_slug(cluster.model.id): 400}
     # Written as the serve process writes them: by the container's user (the session's here).
     owner = pwd.getpwnam(seed_world.run_as) if seed_world.run_as else None
     for name, age in ages.items():
@@ -72,7 +72,7 @@ async def test_containers_mount_the_cache_and_old_entries_are_pruned(
     ]
     assert {c.rsplit("/", 1)[-1] for c in removed} == {
         "bbbbbbbbbbbb-old-model",
-        "cccccccccccc-" + cache.model_slug(cluster.model.id),
+        "cccccccccccc-" + cache_entries.model_slug(cluster.model.id),
     }
     # Housekeeping restarts nothing.
     assert mutations(seed_world, since=since) == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparkd.core import rollout
+from sparkd.core.deciding import rollout
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.checkpoint import shard_name
 from sparkd_sim.world import World

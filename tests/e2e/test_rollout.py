@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from sparkd.core import rollout
+from sparkd.core.deciding import rollout
 from sparkd.model.cluster import RolloutCheck
 from sparkd.model.plan import Plan
 from sparkd.runtime.controller import Controller

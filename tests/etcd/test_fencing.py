@@ -194,8 +194,9 @@ async def test_a_paused_owners_late_command_is_refused_by_the_host(
     refused_kind = ended()[0]["action"]
     assert await budgets(a, cluster) == {**charged, refused_kind: charged[refused_kind] + 1}
     assert await budgets(b, cluster) == b_before
-    # Each write stores an attempt's age at that write (sparkd.core.handover), so a later
-    # write by the current owner may restate the ages: the attempts themselves must be the same.
+    # Each write stores an attempt's age at that write (sparkd.core.remembering.handover), so a
+    # later write by the current owner may restate the ages: the attempts themselves must be the
+    # same.
     assert what_was_tried(await attempts_in_etcd(admin, cluster)) == what_was_tried(stored_before)
     # Frozen inside its action, the old owner's own log shows it acting until it woke.
     checked = await check_invariants(seed_world, [a, b], etcd, own_spans=False)

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from sparkd.core import rollout
+from sparkd.core.deciding import rollout
 from sparkd.ha.etcd import EtcdClient, b64
 from sparkd.ha.memory import memory_key
 from sparkd.model.memory import Rollout

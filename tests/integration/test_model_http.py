@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from sparkd.core.classify import EngineLoad
+from sparkd.core.reading.classify import EngineLoad
 from sparkd.model.cluster import ClusterSpec, RolloutCheck
 from sparkd.shell import model_http
 from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
@@ -274,8 +274,8 @@ def test_vllm_metrics_parsing() -> None:
 
 
 def test_real_vllm_metrics_give_the_kv_cache_and_prompt_tokens() -> None:
-    """What moves while a long prompt is prefilled (core.hang) is read from a real vLLM 0.32.0
-    capture (tests/fixtures/vllm-real, four requests running)."""
+    """What moves while a long prompt is prefilled (core.judging.hang) is read from a real vLLM
+    0.32.0 capture (tests/fixtures/vllm-real, four requests running)."""
     text = (FIXTURES / "vllm-real" / "metrics-busy-4-running.txt").read_text()
     assert model_http.parse_vllm_metrics(text) == EngineLoad(
         running=4.0,

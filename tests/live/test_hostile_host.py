@@ -13,7 +13,7 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from sparkd.core.planner import plan
+from sparkd.core.deciding.planner import plan
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory
 from sparkd.shell import catalogue

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from sparkd.core import parsers
-from sparkd.core.assemble import unreadable
-from sparkd.core.planner import plan
+from sparkd.core.deciding.planner import plan
+from sparkd.core.reading import parsers
+from sparkd.core.reading.assemble import unreadable
 from sparkd.model.memory import Memory
 from sparkd.shell import catalogue
 from sparkd.shell.observe import observe, tool_timeout

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparkd.core.planner import plan
+from sparkd.core.deciding.planner import plan
 from sparkd.model.memory import Memory
 from sparkd.model.snapshot import dump_snapshot, load_snapshot
 from sparkd.shell.catalogue.reads import DASHBOARD_PATHS, dashboard_reads

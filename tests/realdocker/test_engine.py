@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from sparkd.core import parsers
+from sparkd.core.reading import parsers
 from sparkd.core.spec import container_name, ray_spec_hash
 from sparkd.shell import catalogue
 from sparkd_sim import real_docker

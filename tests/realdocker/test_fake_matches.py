@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from sparkd.core import discover, parsers
+from sparkd.core.reading import discover, parsers
 from sparkd.core.spec import container_name, ray_spec_hash
 from sparkd.shell import catalogue
 from sparkd.shell.ssh import SshPool
@@ -190,7 +190,7 @@ async def stream(tier: Tier, command: str) -> list[dict[str, Any]]:
 async def test_a_hand_made_container_inspects_alike(clean: Tier, fake: Tier) -> None:
     """`sparkd init`'s read of a container: `docker inspect` without a format, the engine's
     whole object (moby api/types/container/container.go `InspectResponse`), and what
-    core.discover takes from it."""
+    core.reading.discover takes from it."""
     found = []
     for tier in (clean, fake):
         run = [

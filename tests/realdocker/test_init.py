@@ -10,8 +10,8 @@ import tomllib
 
 import pytest
 
-from sparkd.core import discover
-from sparkd.core.discover import Options
+from sparkd.core.reading import discover
+from sparkd.core.reading.discover import Options
 from sparkd.shell.discover import read_host
 from sparkd_sim import real_docker
 from tests.realdocker.conftest import Tier

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.core import parsers
+from sparkd.core.reading import parsers
 from sparkd.core.spec import container_name, serve_pid_path
 from sparkd.shell import catalogue
 from sparkd.shell.events import EventWatch

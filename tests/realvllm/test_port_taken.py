@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.core import parsers
-from sparkd.core.planner import plan
+from sparkd.core.deciding.planner import plan
+from sparkd.core.reading import parsers
 from sparkd.model.memory import Memory
 from sparkd.model.observed import LoadProgress
 from sparkd.model.probe import ProbeResult

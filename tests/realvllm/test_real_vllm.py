@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from sparkd.core import parsers
-from sparkd.core.assemble import ENGINE_MARKERS
-from sparkd.core.classify import classify_response
-from sparkd.core.planner import plan
+from sparkd.core.deciding.planner import plan
+from sparkd.core.reading import parsers
+from sparkd.core.reading.assemble import ENGINE_MARKERS
+from sparkd.core.reading.classify import classify_response
 from sparkd.model.memory import Memory
 from sparkd.model.observed import ModelEndpoint
 from sparkd.model.probe import ProbeResult

@@ -3,14 +3,14 @@ the first launch saved there, an entry of another key (a new image or model) com
 scratch.
 
 The entries are named and laid out as sparkd's launch lays them out on a host
-(`<model.cache_root>/<core.cache.cache_key>` as VLLM_CACHE_ROOT); there is no Docker here, so
-the image IDs are two stand-ins."""
+(`<model.cache_root>/<core.reading.cache_entries.cache_key>` as VLLM_CACHE_ROOT); there is no
+Docker here, so the image IDs are two stand-ins."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from sparkd.core import cache
+from sparkd.core.reading import cache_entries
 from tests.realvllm.conftest import serving
 
 IMAGE = "sha256:" + "5ac1e0c0ffee" + "0" * 52
@@ -35,8 +35,8 @@ def artifact(log: str, line: str) -> str | None:
 
 async def launch(model: Path, directory: Path, root: Path, image: str) -> str:
     """One `vllm serve` with the cache entry sparkd would give it, to listening; its log."""
-    key = cache.cache_key(image, str(model))
-    assert key is not None and cache.ENTRY.fullmatch(key)
+    key = cache_entries.cache_key(image, str(model))
+    assert key is not None and cache_entries.ENTRY.fullmatch(key)
     with serving(model, directory, 3, cache=root / key) as server:
         await server.until_listening()
         return server.log.read_text(errors="replace")
@@ -46,8 +46,8 @@ async def test_a_relaunch_loads_the_compile_cache_and_a_new_key_starts_clean(
     tiny_model: Path, tmp_path: Path
 ) -> None:
     root = tmp_path / "cache-root"
-    same = cache.cache_key(IMAGE, str(tiny_model))
-    other = cache.cache_key(NEW_IMAGE, str(tiny_model))
+    same = cache_entries.cache_key(IMAGE, str(tiny_model))
+    other = cache_entries.cache_key(NEW_IMAGE, str(tiny_model))
 
     cold = await launch(tiny_model, tmp_path / "cold", root, IMAGE)
     saved = artifact(cold, SAVED)

@@ -13,7 +13,7 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from sparkd.core import parsers
+from sparkd.core.reading import parsers
 from sparkd_sim.timing import Timing
 from sparkd_sim.world import World
 from tests.sim.steps import (

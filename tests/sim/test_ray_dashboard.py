@@ -11,7 +11,7 @@ from typing import Any
 import asyncssh
 import pytest
 
-from sparkd.core import ray_json
+from sparkd.core.reading import ray_json
 from sparkd.model.exits import DASHBOARD_REFUSED_EXIT
 from sparkd.shell import catalogue
 from sparkd.shell.ray_http import DASHBOARD_HOST, FORMATTED_STATUS_PATH, NODES_PATH, STATUS_PATH

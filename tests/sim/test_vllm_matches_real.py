@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sparkd.core import parsers
-from sparkd.core.classify import classify_response, classify_stream
+from sparkd.core.reading import parsers
+from sparkd.core.reading.classify import classify_response, classify_stream
 from sparkd.shell.model_http import parse_vllm_metrics
 from sparkd_sim.protocol import Done
 from sparkd_sim.serve_args import parse_serve

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import asyncssh
 
-from sparkd.core import parsers
-from sparkd.core.assemble import ENGINE_MARKERS
+from sparkd.core.reading import parsers
+from sparkd.core.reading.assemble import ENGINE_MARKERS
 from sparkd_sim.world import World
 from tests.sim.steps import HEAD
 from tests.sim.test_load_real import launch, load_log, stage

@@ -13,8 +13,8 @@ import asyncssh
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sparkd.core import parsers
-from sparkd.core.assemble import ENGINE_MARKERS
+from sparkd.core.reading import parsers
+from sparkd.core.reading.assemble import ENGINE_MARKERS
 from sparkd_sim.timing import Timing
 from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
 from sparkd_sim.world import World

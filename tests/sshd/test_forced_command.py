@@ -19,7 +19,7 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from sparkd.core import parsers
+from sparkd.core.reading import parsers
 from sparkd.model import exits
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import RayState

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.core import parsers
+from sparkd.core.reading import parsers
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.spec import HostSpec
 from sparkd.shell import catalogue, model_http

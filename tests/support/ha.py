@@ -29,7 +29,7 @@ from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
-from sparkd.core.remember import MAX_ATTEMPTS
+from sparkd.core.remembering.remember import MAX_ATTEMPTS
 from sparkd.ha.claim import boottime
 from sparkd.ha.config import HaSpec
 from sparkd.ha.etcd import EtcdClient, EtcdUnavailable, b64

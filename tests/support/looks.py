@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from sparkd.core.planner import plan
-from sparkd.core.remember import remember
+from sparkd.core.deciding.planner import plan
+from sparkd.core.remembering.remember import remember
 from sparkd.model.memory import Memory
 from sparkd.model.plan import Plan
 from tests.support.planning import served as served_memory

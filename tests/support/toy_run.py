@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sparkd.core import rollout
-from sparkd.core.planner import plan
-from sparkd.core.remember import remember
+from sparkd.core.deciding import rollout
+from sparkd.core.deciding.planner import plan
+from sparkd.core.remembering.remember import remember
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory
 from sparkd.model.plan import ActionOutcome, ActionResult, Plan

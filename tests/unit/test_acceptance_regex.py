@@ -11,7 +11,7 @@ from multiprocessing.connection import Connection
 import pytest
 from pydantic import ValidationError
 
-from sparkd.core.acceptance import ANSWER_LIMIT, judge_check
+from sparkd.core.judging.acceptance import ANSWER_LIMIT, judge_check
 from sparkd.model.cluster import RolloutCheck
 from sparkd.model.probe import CheckResult
 

@@ -1,5 +1,5 @@
-"""First contact with a deployment made by hand (core.adopt): adopted when it matches the config,
-shown and left alone when it differs, replaced only on the operator's decision."""
+"""First contact with a deployment made by hand (core.judging.adopt): adopted when it matches the
+config, shown and left alone when it differs, replaced only on the operator's decision."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkd.core import adopt
-from sparkd.core.planner import plan
-from sparkd.core.remember import remember
+from sparkd.core.deciding.planner import plan
+from sparkd.core.judging import adopt
+from sparkd.core.remembering.remember import remember
 from sparkd.core.spec import container_name
 from sparkd.model.memory import Memory
 from sparkd.model.observed import ModelEndpoint, Observed, UnitState

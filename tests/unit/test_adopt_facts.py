@@ -1,4 +1,4 @@
-"""First contact's read (core.adopt): the running containers' config, as `docker inspect
+"""First contact's read (core.judging.adopt): the running containers' config, as `docker inspect
 --format` prints it (docker/cli cli/command/inspect: one line per object, Go's text/template with
 the `json` function of docker/cli templates/templates.go), with their `docker top` processes."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from sparkd.core import parsers
+from sparkd.core.reading import parsers
 from sparkd.model.sections import FactSection
 from sparkd.shell import catalogue
 from tests.toy import reference_cluster

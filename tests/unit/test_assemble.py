@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sparkd.core import parsers
-from sparkd.core.assemble import head_extras, host_facts
+from sparkd.core.reading import parsers
+from sparkd.core.reading.assemble import head_extras, host_facts
 from tests.toy import reference_cluster
 
 TOP = "PID ELAPSED COMMAND\n{rows}"
@@ -89,7 +89,7 @@ def _with_running(*names: str, **extra: parsers.Section) -> dict[str, parsers.Se
 
 
 def test_restarting_container_owns_no_processes_and_the_host_stays_readable() -> None:
-    from sparkd.core.assemble import unreadable
+    from sparkd.core.reading.assemble import unreadable
 
     cluster = reference_cluster()
     restarting = parsers.Section(
@@ -105,7 +105,7 @@ def test_restarting_container_owns_no_processes_and_the_host_stays_readable() ->
 
 
 def test_one_failed_top_makes_unattributed_gpu_processes_owner_unknown() -> None:
-    from sparkd.core.assemble import unreadable
+    from sparkd.core.reading.assemble import unreadable
 
     cluster = reference_cluster()
     broken = parsers.Section("Error response from daemon: i/o timeout", 1)

@@ -8,8 +8,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkd.core import parsers
-from sparkd.core.planner import plan
+from sparkd.core.deciding.planner import plan
+from sparkd.core.reading import parsers
 from sparkd.model.base import MAX_REASON
 from sparkd.model.plan import Action, ActionOutcome
 from tests.support.planning import healthy

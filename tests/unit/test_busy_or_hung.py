@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkd.core.classify import EngineLoad, judge_timeout
+from sparkd.core.reading.classify import EngineLoad, judge_timeout
 
 MAX_TOKENS = 50
 

@@ -8,8 +8,9 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkd.core import cache, parsers
-from sparkd.core.planner import plan
+from sparkd.core.deciding.planner import plan
+from sparkd.core.judging import cache
+from sparkd.core.reading import cache_entries, parsers
 from sparkd.core.spec import container_name, model_spec_hashes, ray_spec_hash, ray_spec_hashes
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Attempt
@@ -67,16 +68,19 @@ def test_every_container_mounts_the_cache_at_its_own_path() -> None:
 
 
 def test_key_names_image_and_model() -> None:
-    assert cache.cache_key(IMAGE_ID, "Qwen/Qwen3-8B") == "ab12cd34ef56-Qwen--Qwen3-8B"
-    assert cache.cache_key(IMAGE_ID, "/models/Qwen3.5-122B") == "ab12cd34ef56-models--Qwen3.5-122B"
-    assert cache.cache_key("not an id", "m") is None
-    assert cache.cache_key(OTHER_ID, "m") != cache.cache_key(IMAGE_ID, "m")
+    assert cache_entries.cache_key(IMAGE_ID, "Qwen/Qwen3-8B") == "ab12cd34ef56-Qwen--Qwen3-8B"
+    assert (
+        cache_entries.cache_key(IMAGE_ID, "/models/Qwen3.5-122B")
+        == "ab12cd34ef56-models--Qwen3.5-122B"
+    )
+    assert cache_entries.cache_key("not an id", "m") is None
+    assert cache_entries.cache_key(OTHER_ID, "m") != cache_entries.cache_key(IMAGE_ID, "m")
 
 
 @given(st.text(max_size=300))
 def test_every_key_is_one_entry_of_sparkds_naming(model_id: str) -> None:
-    key = cache.cache_key(IMAGE_ID, model_id)
-    assert key is not None and cache.ENTRY.fullmatch(key)
+    key = cache_entries.cache_key(IMAGE_ID, model_id)
+    assert key is not None and cache_entries.ENTRY.fullmatch(key)
     cluster = reference_cluster()
     words = shlex.split(catalogue.actions.prune_cache(cluster, cluster.head, key, 30).command)
     target = str(cluster.model.cache_root / key)
@@ -115,7 +119,7 @@ def test_df_of_log_dir_and_cache() -> None:
 
 def test_listing_parses_find_printf() -> None:
     text = "1796000000.1234567890 ab12cd34ef56-m\n1796000100.5 other\nbroken\n"
-    assert cache.parse_listing(text) == (
+    assert cache_entries.parse_listing(text) == (
         CacheEntry(name="ab12cd34ef56-m", mtime=1796000000.1234567890),
         CacheEntry(name="other", mtime=1796000100.5),
     )
@@ -153,7 +157,7 @@ def entry(name: str, age: float) -> CacheEntry:
 
 
 def key(toy: Toy) -> str:
-    found = cache.cache_key(IMAGE_ID, toy.cluster.model.id)
+    found = cache_entries.cache_key(IMAGE_ID, toy.cluster.model.id)
     assert found is not None
     return found
 
@@ -241,10 +245,10 @@ def test_property_pruning_is_bounded_and_spares_the_entry_in_use(
     result = plan(toy.cluster, with_cache(toy, entries, free=free), served(toy), toy.now)
     for host, target in pruned(result):
         assert target != now
-        assert cache.ENTRY.fullmatch(target)
+        assert cache_entries.ENTRY.fullmatch(target)
         assert target in {e.name for e in entries[host]}
     for host, rows in entries.items():
-        ours = {e.name for e in rows if cache.ENTRY.fullmatch(e.name) and e.name != now}
+        ours = {e.name for e in rows if cache_entries.ENTRY.fullmatch(e.name) and e.name != now}
         gone = {t for h, t in pruned(result) if h == host}
         assert len(gone) <= cache.PRUNE_PER_PLAN
         if len(gone) < cache.PRUNE_PER_PLAN:
@@ -261,7 +265,7 @@ def test_the_forced_command_lets_through_prunes_of_sparkds_entries_only() -> Non
     seconds = cluster.ssh.command_timeout
     for host in cluster.hosts:
         allowed = decide(cluster, host)
-        key = cache.cache_key(OTHER_ID, "Qwen/Qwen3-8B")
+        key = cache_entries.cache_key(OTHER_ID, "Qwen/Qwen3-8B")
         assert key is not None
         assert allowed(catalogue.actions.prune_cache(cluster, host, key, seconds).command)
         good = catalogue.actions.prune_cache(cluster, host, "0123456789ab-model", seconds).command

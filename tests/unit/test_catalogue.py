@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkd.core import cache
+from sparkd.core.reading import cache_entries
 from sparkd.core.spec import container_name, serve_log_path
 from sparkd.model.cluster import ClusterSpec
 from sparkd.shell import catalogue
@@ -128,13 +128,13 @@ def test_start_model_two_layers(model_id: str, extra: list[str], env: dict[str, 
         "exec",
         "-d",
         "-e",
-        f"VLLM_CACHE_ROOT={root}/$k-{cache.model_slug(model_id)}",
+        f"VLLM_CACHE_ROOT={root}/$k-{cache_entries.model_slug(model_id)}",
         head,
         "sh",
         "-c",
         outer[12],
     ]
-    assert "/" not in cache.model_slug(model_id)
+    assert "/" not in cache_entries.model_slug(model_id)
     record_pid, launch = outer[12].split("; ", 1)
     assert record_pid.startswith("echo $$ > ")
     inner = shlex.split(launch)

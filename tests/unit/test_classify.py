@@ -11,7 +11,12 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from sparkd.core.classify import classify_failure, classify_response, classify_stream, garbled
+from sparkd.core.reading.classify import (
+    classify_failure,
+    classify_response,
+    classify_stream,
+    garbled,
+)
 
 SAMPLES = Path(__file__).resolve().parent.parent / "fixtures" / "samples"
 

@@ -13,8 +13,8 @@ import pytest
 
 from sparkd.cli.commands import dispatch
 from sparkd.cli.init import host_port
-from sparkd.core import discover
-from sparkd.core.discover import HostReads, Options
+from sparkd.core.reading import discover
+from sparkd.core.reading.discover import HostReads, Options
 from sparkd.model.exits import EX_USAGE
 from sparkd.settings import load_settings
 from sparkd.shell.catalogue import discover as catalogue

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sparkd.core.judge import ago, from_now
-from sparkd.core.planner import plan
+from sparkd.core.deciding.planner import plan
+from sparkd.core.judging.judge import ago, from_now
 from sparkd.model.memory import Attempt, Memory, Pause
 from tests.toy import Toy
 from tests.unit.test_planner import healthy

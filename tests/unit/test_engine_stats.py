@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkd.core import engine_stats
+from sparkd.core.judging import engine_stats
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import ModelEndpoint
 from tests.toy import reference_cluster

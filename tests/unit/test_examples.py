@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.core.planner import plan
+from sparkd.core.deciding.planner import plan
 from sparkd.model.snapshot import load_snapshot
 from tests.examples import EXAMPLE_SET, EXAMPLES, Example, render
 from tests.toy import EXAMPLE_CONFIG, ROOT, reference_cluster

@@ -7,9 +7,9 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkd.core import fabric
-from sparkd.core.planner import plan
-from sparkd.core.remember import remember
+from sparkd.core.deciding.planner import plan
+from sparkd.core.reading import links
+from sparkd.core.remembering.remember import remember
 from sparkd.model.observed import Fabric
 from tests.examples import EXAMPLE_SET
 from tests.support.planning import COMMON, SOUND, STARTS, Placed, host, kinds, situations_at_a_host
@@ -19,7 +19,7 @@ HEAD_IP = "192.168.200.12"
 
 
 def read(name: str, ip: str = HEAD_IP) -> Fabric:
-    return fabric.parse_fabric((FABRIC / name).read_text(), ip)
+    return links.parse_fabric((FABRIC / name).read_text(), ip)
 
 
 def test_a_sound_port() -> None:
@@ -45,7 +45,7 @@ def test_a_port_down_and_no_rdma_device() -> None:
 
 @given(st.text(), st.text(max_size=40))
 def test_the_parser_is_total(text: str, ip: str) -> None:
-    assert isinstance(fabric.parse_fabric(text, ip), Fabric)
+    assert isinstance(links.parse_fabric(text, ip), Fabric)
 
 
 def test_a_sound_fabric_changes_no_plan() -> None:

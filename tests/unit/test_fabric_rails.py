@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.core import fabric
-from sparkd.core.planner import plan
+from sparkd.core.deciding.planner import plan
+from sparkd.core.reading import links
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.hca import Hca, parse_hca
 from sparkd.model.observed import Fabric
@@ -23,7 +23,7 @@ HEAD_IP = "192.168.200.12"
 
 
 def read(name: str, ip: str = HEAD_IP) -> Fabric:
-    return fabric.parse_fabric((FABRIC / name).read_text(), ip)
+    return links.parse_fabric((FABRIC / name).read_text(), ip)
 
 
 def playbook_hca() -> str:

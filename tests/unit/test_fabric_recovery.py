@@ -1,13 +1,13 @@
-"""Fabric wedge recovery (core.fabric.judge_recovery): once the fabric is sound after a hold,
-what hung over it is restarted, both ranks, as an explicit decision."""
+"""Fabric wedge recovery (core.judging.fabric.judge_recovery): once the fabric is sound after a
+hold, what hung over it is restarted, both ranks, as an explicit decision."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkd.core.planner import plan
-from sparkd.core.remember import remember
+from sparkd.core.deciding.planner import plan
+from sparkd.core.remembering.remember import remember
 from sparkd.model.memory import Memory
 from sparkd.model.observed import HostError, Observed
 from sparkd.model.plan import ActionOutcome, Plan

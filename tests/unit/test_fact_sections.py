@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from sparkd.core import parsers
-from sparkd.core.assemble import docker_failure, head_extras, host_facts, unreadable
+from sparkd.core.reading import parsers
+from sparkd.core.reading.assemble import docker_failure, head_extras, host_facts, unreadable
 from sparkd.core.spec import container_name
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.sections import FactSection, top_container

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkd.core import parsers, text
+from sparkd.core import text
+from sparkd.core.reading import parsers
 
 SAMPLES = Path(__file__).resolve().parent.parent / "fixtures" / "samples"
 

@@ -286,7 +286,7 @@ def test_sparkd_commands_forced_command_prints_the_wrapper_and_its_line(tmp_path
 def test_the_wrapper_takes_the_last_good_spec_a_rollback_launches(tmp_path: Path) -> None:
     """A rollback launches the last-good spec the state dir remembers: the wrapper generated
     with that memory lets its `start_model` through, and still no other spec's."""
-    from sparkd.core import rollout
+    from sparkd.core.deciding import rollout
     from sparkd.model.memory import Memory
     from sparkd.runtime.state import StateDir
 
@@ -371,7 +371,7 @@ def test_a_last_good_spec_wider_than_the_config_never_passes_the_wrapper(tmp_pat
     """The state dir's last-good spec runs Ray `--privileged -v /:/host` with a command in its
     environment, its hash made to match: the wrapper says so in its header and lets none of
     its commands through; `--last-good` refuses to admit it."""
-    from sparkd.core import rollout
+    from sparkd.core.deciding import rollout
     from tests.support.hostile import hostile
 
     cluster = reference_cluster()
@@ -400,7 +400,7 @@ def test_a_last_good_spec_wider_than_the_config_never_passes_the_wrapper(tmp_pat
 def test_a_last_good_spec_whose_sections_do_not_make_its_hash_is_not_admitted(
     tmp_path: Path,
 ) -> None:
-    from sparkd.core import rollout
+    from sparkd.core.deciding import rollout
 
     cluster = reference_cluster()
     model = cluster.model.model_copy(update={"extra_args": (*cluster.model.extra_args, "--x")})

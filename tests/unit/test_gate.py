@@ -1,5 +1,5 @@
-"""The gate (core.gate): every action of a plan passed it, a refusal is withheld with its reason
-and spends no budget; and its first confounder, the observer's own silence.
+"""The gate (core.deciding.gate): every action of a plan passed it, a refusal is withheld with its
+reason and spends no budget; and its first confounder, the observer's own silence.
 
 The ops box loses its path to the management network (its NIC, a switch, a VLAN, a firewall
 change): every host reads silent at the same look, with no warning in any kernel log. Without
@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.core import gate, kernel
-from sparkd.core.judge import Context
-from sparkd.core.planner import plan
-from sparkd.core.remember import remember
+from sparkd.core.deciding import gate
+from sparkd.core.deciding.planner import plan
+from sparkd.core.judging.judge import Context
+from sparkd.core.reading import kernel
+from sparkd.core.remembering.remember import remember
 from sparkd.model.cluster import ClusterSpec, PowerSpec
 from sparkd.model.memory import Memory
 from sparkd.model.observed import HostError, Observed

@@ -1,4 +1,4 @@
-"""Memory is evidence too (core.gate `inherited_memory`, docs/decisions.md).
+"""Memory is evidence too (core.deciding.gate `inherited_memory`, docs/decisions.md).
 
 A sparkd process that starts loads memory from its state dir (a backup restored there
 included), or a new HA owner adopts it from etcd: what it says was seen by another process,
@@ -15,10 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import cast
 
-from sparkd.core import kernel
 from sparkd.core.clock import bounded, restamp
-from sparkd.core.planner import plan
-from sparkd.core.remember import remember
+from sparkd.core.deciding.planner import plan
+from sparkd.core.reading import kernel
+from sparkd.core.remembering.remember import remember
 from sparkd.model.cluster import ClusterSpec, PowerSpec
 from sparkd.model.memory import Memory
 from sparkd.model.observed import Observed
@@ -115,7 +115,7 @@ def test_an_answer_of_its_own_ends_the_remembered_count() -> None:
 
 def test_after_an_ops_box_reboot_with_its_clock_ahead_the_count_waits_too() -> None:
     """The host's own age wins here already: the serve process reads younger than the
-    remembered probe, so its count is dropped as another launch's (core.evidence). The gate
+    remembered probe, so its count is dropped as another launch's (core.judging.evidence). The gate
     holds the restart either way."""
     toy, cluster, memory = failing_at_threshold()
     # The new boot's daemon time is the wall clock, which reads AHEAD later than it should:

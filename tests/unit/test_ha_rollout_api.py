@@ -13,7 +13,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from sparkd.core import rollout
+from sparkd.core.deciding import rollout
 from sparkd.runtime.controller import Controller
 from sparkd.runtime.daemon import Daemon
 from sparkd.runtime.state import StateDir

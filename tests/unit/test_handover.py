@@ -8,7 +8,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkd.core.handover import from_ages, to_ages
+from sparkd.core.remembering.handover import from_ages, to_ages
 from sparkd.ha.memory import decode, encode
 from sparkd.model.memory import Attempt, Blocked, ClockAnchor, LoadMark, Memory, Pause, Rollout
 from sparkd.runtime.ha_store import read_record

@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkd.core.hang import stands
-from sparkd.core.planner import plan
-from sparkd.core.remember import remember
+from sparkd.core.deciding.planner import plan
+from sparkd.core.judging.hang import stands
+from sparkd.core.remembering.remember import remember
 from sparkd.model.memory import Attempt
 from sparkd.model.observed import ModelEndpoint, Observed
 from sparkd.model.plan import Plan

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparkd.core.planner import plan
+from sparkd.core.deciding.planner import plan
 from sparkd.model.memory import Attempt, Blocked, Memory, Pause
 from tests.support.planning import healthy, loading, short_of_gpus_unnamed
 from tests.toy import Toy

@@ -8,11 +8,11 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkd.core.assemble import head_extras, host_facts
-from sparkd.core.model_stage import ORPHAN_GRACE
-from sparkd.core.parsers import parse_sections
-from sparkd.core.planner import plan
-from sparkd.core.ray_stage import needs_ray_status
+from sparkd.core.deciding.planner import plan
+from sparkd.core.judging.model_stage import ORPHAN_GRACE
+from sparkd.core.judging.ray_stage import needs_ray_status
+from sparkd.core.reading.assemble import head_extras, host_facts
+from sparkd.core.reading.parsers import parse_sections
 from sparkd.core.spec import container_name
 from sparkd.model.memory import LoadMark, Memory
 from sparkd.model.observed import LoadProgress, Observed

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sparkd.core import policy
-from sparkd.core.planner import plan
-from sparkd.core.remember import remember
+from sparkd.core.deciding.planner import plan
+from sparkd.core.remembering.remember import remember
 from sparkd.model.memory import Attempt, Memory
 from sparkd.model.plan import Action, ActionOutcome
 from tests.examples import EXAMPLE_SET

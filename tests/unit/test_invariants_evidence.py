@@ -11,10 +11,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkd.core import parsers
-from sparkd.core.assemble import _since_launch
-from sparkd.core.planner import plan
-from sparkd.core.remember import remember
+from sparkd.core.deciding.planner import plan
+from sparkd.core.reading import parsers
+from sparkd.core.reading.assemble import _since_launch
+from sparkd.core.remembering.remember import remember
 from sparkd.model.memory import LoadMark, Memory
 from sparkd.model.observed import LoadProgress, ModelEndpoint, Observed, RayNode
 from sparkd.model.probe import ProbeResult, ProbeVerdict

@@ -1,8 +1,8 @@
-"""The gate (core.gate, docs/decisions.md) over generated situations: every action of a plan
-passed it; a power cycle only when the table says its cause is established, with the observer's
-own silence generated beside real wedges, and memory from before this process (loaded,
-restored, adopted, across an ops box reboot) generated beside what it looks at; and every hold
-the gate makes ends."""
+"""The gate (core.deciding.gate, docs/decisions.md) over generated situations: every action of a
+plan passed it; a power cycle only when the table says its cause is established, with the observer's
+own silence generated beside real wedges, and memory from before this process (loaded, restored,
+adopted, across an ops box reboot) generated beside what it looks at; and every hold the gate makes
+ends."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkd.core import kernel
 from sparkd.core.clock import bounded, restamp
-from sparkd.core.handover import from_ages, to_ages
-from sparkd.core.planner import plan
-from sparkd.core.remember import remember
+from sparkd.core.deciding.planner import plan
+from sparkd.core.reading import kernel
+from sparkd.core.remembering.handover import from_ages, to_ages
+from sparkd.core.remembering.remember import remember
 from sparkd.model.cluster import ClusterSpec, PowerSpec
 from sparkd.model.memory import Memory
 from sparkd.model.observed import HostError, Observed

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from hypothesis import given
 
-from sparkd.core.planner import plan
+from sparkd.core.deciding.planner import plan
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory
 from sparkd.model.observed import Observed

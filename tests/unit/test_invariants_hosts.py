@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkd.core.planner import plan
+from sparkd.core.deciding.planner import plan
 from sparkd.core.spec import container_name
 from sparkd.model.memory import Memory
 from sparkd.model.observed import RayNode

@@ -16,8 +16,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkd.core.classify import classify_response, classify_stream, garbled
-from sparkd.core.planner import plan
+from sparkd.core.deciding.planner import plan
+from sparkd.core.reading.classify import classify_response, classify_stream, garbled
 from sparkd.model.memory import Memory
 from sparkd.model.probe import PROBE_OUTCOMES, ProbeResult, ProbeVerdict
 from tests.toy import Toy

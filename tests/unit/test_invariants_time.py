@@ -23,7 +23,7 @@ from unittest import mock
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from sparkd.core.planner import plan
+from sparkd.core.deciding.planner import plan
 from sparkd.model.memory import Attempt, GoodSpec, LoadMark, Memory, Rollout
 from sparkd.model.observed import Observed, RayNode, RayState
 from sparkd.model.plan import Action, ActionOutcome, Plan

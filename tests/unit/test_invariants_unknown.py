@@ -12,9 +12,9 @@ from collections.abc import Callable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkd.core import parsers
-from sparkd.core.assemble import head_extras, host_facts, unreadable
-from sparkd.core.planner import plan
+from sparkd.core.deciding.planner import plan
+from sparkd.core.reading import parsers
+from sparkd.core.reading.assemble import head_extras, host_facts, unreadable
 from sparkd.model.memory import Memory
 from sparkd.model.observed import HostFacts, Interface, ModelEndpoint, Observed, RayState
 from sparkd.model.probe import ProbeResult, ProbeVerdict

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkd.core.planner import plan
-from sparkd.core.remember import remember
+from sparkd.core.deciding.planner import plan
+from sparkd.core.remembering.remember import remember
 from sparkd.core.spec import container_name, model_spec_hash
 from sparkd.model.memory import Attempt, LoadMark, Memory
 from sparkd.model.observed import (
@@ -238,7 +238,7 @@ def test_ray_unreadable_after_the_serve_process_exited_restarts_ray() -> None:
 
 
 def test_warning_with_error_text_in_a_running_load_is_not_a_failure() -> None:
-    from sparkd.core import parsers
+    from sparkd.core.reading import parsers
 
     log = [
         "WARNING Found ulimit of 1024 and failed to automatically increase with error: "

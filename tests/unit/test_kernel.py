@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkd.core import kernel
+from sparkd.core.reading import kernel
 from sparkd.model.observed import KernelLog
 from sparkd.shell.ssh import MAX_OUTPUT
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.core import kernel, triage
-from sparkd.core.planner import plan
+from sparkd.core.deciding.planner import plan
+from sparkd.core.judging import triage
+from sparkd.core.reading import kernel
 from sparkd.model.observed import KernelLog
 from sparkd_sim import fake_kernel
 from tests.examples import EXAMPLE_SET

@@ -6,7 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sparkd.core import kernel
+from sparkd.core.reading import kernel
 from sparkd.model.observed import HostFacts, Observed
 from sparkd.runtime.cluster_view import CycleRecord
 from sparkd.runtime.metrics import Metrics

@@ -1,5 +1,5 @@
-"""A last-good spec is launched only as this box's history holds it (core.known_specs), and the
-history itself (runtime.spec_history)."""
+"""A last-good spec is launched only as this box's history holds it (core.deciding.known_specs), and
+the history itself (runtime.spec_history)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import cast
 
-from sparkd.core import known_specs, rollout
+from sparkd.core.deciding import known_specs, rollout
 from sparkd.ha.memory import decode, encode
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory, Rollout

@@ -14,7 +14,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sparkd"
 ROOT = PACKAGE.parent
-PURE = sorted((PACKAGE / "core").glob("*.py")) + sorted((PACKAGE / "model").glob("*.py"))
+PURE = sorted((PACKAGE / "core").rglob("*.py")) + sorted((PACKAGE / "model").glob("*.py"))
 FORBIDDEN_MODULES = {
     "asyncio",
     "asyncssh",
@@ -75,7 +75,9 @@ NOT_LOADED = (
 
 
 def test_the_pure_layers_load_no_config_loading_and_no_io_library() -> None:
-    names = [f"sparkd.{p.parent.name}.{p.stem}" for p in PURE if p.stem != "__init__"]
+    names = [
+        ".".join(p.relative_to(ROOT).with_suffix("").parts) for p in PURE if p.stem != "__init__"
+    ]
     code = (
         f"import importlib, json, sys\nfor name in {names!r}: importlib.import_module(name)\n"
         f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {NOT_LOADED!r} "

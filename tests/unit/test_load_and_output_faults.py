@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkd.core import policy
-from sparkd.core.classify import classify_response, classify_stream
-from sparkd.core.planner import plan
-from sparkd.core.remember import remember
+from sparkd.core.deciding.planner import plan
+from sparkd.core.reading.classify import classify_response, classify_stream
+from sparkd.core.remembering.remember import remember
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.probe import ProbeOutcome, ProbeResult, ProbeVerdict
 from tests.support.planning import healthy, looks, restarts

@@ -14,11 +14,11 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkd.core.classify import EngineLoad, judge_timeout
-from sparkd.core.hang import _reading as reading_of
-from sparkd.core.hang import longest_prefill, max_model_len_arg, stands
-from sparkd.core.planner import plan
-from sparkd.core.remember import remember
+from sparkd.core.deciding.planner import plan
+from sparkd.core.judging.hang import _reading as reading_of
+from sparkd.core.judging.hang import longest_prefill, max_model_len_arg, stands
+from sparkd.core.reading.classify import EngineLoad, judge_timeout
+from sparkd.core.remembering.remember import remember
 from sparkd.model.observed import ModelEndpoint, Observed
 from sparkd.model.plan import Plan
 from tests.support.looks import look, restarts, served, walk

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from sparkd.core.clock import bounded, restamp
-from sparkd.core.handover import from_ages, to_ages
+from sparkd.core.remembering.handover import from_ages, to_ages
 from sparkd.model.memory import Adopted, Memory, TokenMark
 from sparkd.model.time import Clock
 

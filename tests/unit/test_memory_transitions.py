@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from sparkd.core.remember import remember
+from sparkd.core.remembering.remember import remember
 from sparkd.model.memory import Memory
 from sparkd.model.plan import Plan
 from tests.toy import Toy

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from sparkd.core import parsers
-from sparkd.core.assemble import head_extras, host_facts, unreadable
+from sparkd.core.reading import parsers
+from sparkd.core.reading.assemble import head_extras, host_facts, unreadable
 from sparkd.shell.ssh import MAX_OUTPUT
 from tests.toy import ROOT, reference_cluster
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from sparkd.core.planner import plan
-from sparkd.core.remember import remember
+from sparkd.core.deciding.planner import plan
+from sparkd.core.remembering.remember import remember
 from sparkd.core.spec import LABEL_SPEC, container_name
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Attempt, Blocked, Memory, Pause

@@ -1,5 +1,5 @@
-"""The power cycle of a wedged host (core.power): a named planner case where each part of the
-safety rule fails in turn, and properties over generated snapshots and memories."""
+"""The power cycle of a wedged host (core.deciding.power): a named planner case where each part of
+the safety rule fails in turn, and properties over generated snapshots and memories."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkd.core import kernel
-from sparkd.core.judge import Context
-from sparkd.core.load import assess
-from sparkd.core.planner import plan
-from sparkd.core.remember import pause, remember
+from sparkd.core.deciding.planner import plan
+from sparkd.core.judging.judge import Context
+from sparkd.core.judging.load import assess
+from sparkd.core.reading import kernel
+from sparkd.core.remembering.remember import pause, remember
 from sparkd.model.cluster import ClusterSpec, PowerSpec
 from sparkd.model.memory import Attempt, Blocked, Memory
 from sparkd.model.observed import (
@@ -319,7 +319,7 @@ def wedges(draw: st.DrawFn) -> tuple[ClusterSpec, Observed, Memory, float, bool]
 
 
 def rule_holds(cluster: ClusterSpec, seen: Observed, memory: Memory, now: float, name: str) -> bool:
-    """The safety rule, read off the inputs (core.power's docstring)."""
+    """The safety rule, read off the inputs (core.deciding.power's docstring)."""
     facts = seen.host(name)
     assert facts is not None
     error = facts.error
@@ -412,7 +412,7 @@ def test_a_silent_host_whose_node_still_works_ends_blocked_naming_its_ssh() -> N
 def test_only_the_head_silent_while_the_worker_still_reaches_it_is_not_cycled() -> None:
     """The ops box lost only its path to the head (its SSH silent, so no probe and no Ray
     reading either), while the worker still pings the head's data IP: the head's kernel
-    answers. `blocked` with the ops box's path to check, never a power cycle (core.gate
+    answers. `blocked` with the ops box's path to check, never a power cycle (core.deciding.gate
     `peer_view`, docs/decisions.md `power_cycle`)."""
     cluster, gone, memory, now = wedged(victim="spark-a", sample="xid-45.txt", silent=3 * LIMIT)
     # The last probe answered a look before the head went silent (read through the head).

@@ -18,8 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sparkd.core import policy
-from sparkd.core.planner import plan
-from sparkd.core.remember import remember
+from sparkd.core.deciding.planner import plan
+from sparkd.core.remembering.remember import remember
 from sparkd.model.probe import ProbeResult, ProbeVerdict
 from tests.support.planning import COMMON, healthy, looks, restarts
 from tests.support.toy_run import serving

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkd.core import policy
-from sparkd.core.planner import plan
+from sparkd.core.deciding.planner import plan
 from sparkd.model.memory import Attempt, Blocked, Memory, Pause
 from sparkd.model.plan import Action
 from sparkd.model.probe import PROBE_OUTCOMES

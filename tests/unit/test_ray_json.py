@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkd.core import parsers, ray_json
+from sparkd.core.reading import parsers, ray_json
 from sparkd.shell import ray_http
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "ray-http"

@@ -3,7 +3,7 @@ of a `ray` call, and when it probes the model."""
 
 from __future__ import annotations
 
-from sparkd.core.planner import plan
+from sparkd.core.deciding.planner import plan
 from sparkd.model.memory import Memory
 from sparkd.model.plan import Plan
 from sparkd.runtime.cluster_view import ClusterView

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sparkd.core import parsers
-from sparkd.core.assemble import docker_failure, host_facts, unreadable
+from sparkd.core.reading import parsers
+from sparkd.core.reading.assemble import docker_failure, host_facts, unreadable
 from sparkd.shell import catalogue
 from sparkd.shell.events import ExecFilter, parse_event
 from tests.toy import reference_cluster

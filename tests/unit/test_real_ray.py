@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from sparkd.core import parsers
-from sparkd.core.assemble import head_extras
+from sparkd.core.reading import parsers
+from sparkd.core.reading.assemble import head_extras
 from tests.toy import reference_cluster
 
 REAL = Path(__file__).resolve().parent.parent / "fixtures" / "ray-real"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sparkd.core.planner import plan
-from sparkd.core.remember import remember
+from sparkd.core.deciding.planner import plan
+from sparkd.core.remembering.remember import remember
 from sparkd.model.memory import Memory
 from sparkd.model.plan import Action, ActionOutcome, Plan
 from tests.toy import Toy

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from sparkd.cli.api import render_status
 from sparkd.cli.commands import _parser
-from sparkd.core import rollout
-from sparkd.core.acceptance import judge_check
-from sparkd.core.model_stage import exit_cause
+from sparkd.core.deciding import rollout
+from sparkd.core.judging.acceptance import judge_check
+from sparkd.core.judging.model_stage import exit_cause
 from sparkd.model.cluster import ClusterSpec, RolloutCheck
 from sparkd.model.memory import Attempt, Memory
 from sparkd.model.observed import Observed

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.core.planner import plan
+from sparkd.core.deciding.planner import plan
 from sparkd.core.spec import key_fingerprint
 from sparkd.model.memory import Memory
 from sparkd.model.observed import ModelEndpoint, Observed, ServeState

@@ -7,8 +7,8 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkd.core import parsers
-from sparkd.core.classify import classify_response
+from sparkd.core.reading import parsers
+from sparkd.core.reading.classify import classify_response
 from sparkd.core.text import printable
 from sparkd.shell.events import parse_event
 

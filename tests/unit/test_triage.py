@@ -1,5 +1,5 @@
-"""Triage below vLLM (core.triage.TABLE): a named planner case per class, and properties over
-the example situations."""
+"""Triage below vLLM (core.judging.triage.TABLE): a named planner case per class, and properties
+over the example situations."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkd.core import kernel
-from sparkd.core.planner import plan
-from sparkd.core.remember import remember
-from sparkd.core.triage import TABLE
+from sparkd.core.deciding.planner import plan
+from sparkd.core.judging.triage import TABLE
+from sparkd.core.reading import kernel
+from sparkd.core.remembering.remember import remember
 from sparkd.model.memory import Memory
 from sparkd.model.observed import HostError
 from sparkd.model.plan import TRIAGE_CLASSES, Plan

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.core import parsers
+from sparkd.core.reading import parsers
 
 LINES = (
     (Path(__file__).resolve().parent.parent / "fixtures" / "vllm-loaders" / "progress-lines.txt")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.core import parsers
-from sparkd.core.assemble import ENGINE_MARKERS, head_extras
+from sparkd.core.reading import parsers
+from sparkd.core.reading.assemble import ENGINE_MARKERS, head_extras
 from sparkd.model.observed import ServeState
 from tests.toy import reference_cluster
 

@@ -11,9 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkd.core import rollout, weights
-from sparkd.core.assemble import _model_files
-from sparkd.core.parsers import parse_sections
+from sparkd.core.deciding import rollout
+from sparkd.core.judging import weights
+from sparkd.core.reading import weight_files
+from sparkd.core.reading.assemble import _model_files
+from sparkd.core.reading.parsers import parse_sections
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import Observed
 from sparkd.model.plan import MODEL_STARTS
@@ -44,7 +46,7 @@ def files(
     if config:
         sizes.append(("config.json", 900))
     if index is not None or index_error is not None:
-        sizes.append((weights.INDEX, 5000))
+        sizes.append((weight_files.INDEX, 5000))
     return ModelFiles(directory=DIR, sizes=tuple(sizes), index=index, index_error=index_error)
 
 
@@ -58,26 +60,28 @@ def test_stat_lines_give_sizes_and_an_absent_file_is_only_absent() -> None:
         f"stat: cannot statx '{DIR}/model-00002-of-00004.safetensors': No such file or directory\n"
         f"1100 {DIR}/model-00001-of-00004.safetensors\n"
     )
-    read = weights.parse_stat(DIR, text, 1)
+    read = weight_files.parse_stat(DIR, text, 1)
     assert read.stat_error is None
     assert read.size("config.json") == 900 and read.size(SHARDS[0]) == 1100
     assert read.size(SHARDS[1]) is None
 
 
 def test_a_stat_that_timed_out_or_was_refused_is_unknown() -> None:
-    assert weights.parse_stat(DIR, "", 124).stat_error == "stat exited 124"
-    assert weights.parse_stat(DIR, "partial", None).stat_error == "stat exited without a status"
+    assert weight_files.parse_stat(DIR, "", 124).stat_error == "stat exited 124"
+    assert (
+        weight_files.parse_stat(DIR, "partial", None).stat_error == "stat exited without a status"
+    )
     denied = f"stat: cannot statx '{DIR}/config.json': Permission denied"
-    assert weights.parse_stat(DIR, denied, 1).stat_error == denied
+    assert weight_files.parse_stat(DIR, denied, 1).stat_error == denied
 
 
 def test_an_index_parses_to_its_files_and_total_size() -> None:
-    parsed = weights.parse_index(index_text())
+    parsed = weight_files.parse_index(index_text())
     assert parsed == WeightIndex(files=SHARDS, total_size=4000)
     # Some writers store the size as a float.
-    assert weights.parse_index(index_text(total=4000.0)) == parsed
+    assert weight_files.parse_index(index_text(total=4000.0)) == parsed
     no_meta = json.dumps({"weight_map": {"a": SHARDS[0]}})
-    assert weights.parse_index(no_meta) == WeightIndex(files=(SHARDS[0],))
+    assert weight_files.parse_index(no_meta) == WeightIndex(files=(SHARDS[0],))
 
 
 @pytest.mark.parametrize(
@@ -94,17 +98,17 @@ def test_an_index_parses_to_its_files_and_total_size() -> None:
         (index_text(total=-1), "has total_size -1"),
         (index_text(total=True), "has total_size True"),
         (index_text(total=1.5), "has total_size 1.5"),
-        ("x" * (weights.INDEX_LIMIT + 1), "is larger than"),
+        ("x" * (weight_files.INDEX_LIMIT + 1), "is larger than"),
     ],
 )
 def test_a_garbled_index_is_unknown_with_why(text: str, why: str) -> None:
-    parsed = weights.parse_index(text)
+    parsed = weight_files.parse_index(text)
     assert isinstance(parsed, str) and why in parsed
 
 
 @given(st.text(max_size=300))
 def test_the_index_parser_is_total(text: str) -> None:
-    parsed = weights.parse_index(text)
+    parsed = weight_files.parse_index(text)
     assert isinstance(parsed, WeightIndex | str)
 
 
@@ -116,12 +120,12 @@ def test_host_path_follows_the_mount_that_holds_the_model() -> None:
         spec = cluster.model.model_copy(update={"id": model})
         return cluster.model_copy(update={"ray": ray, "model": spec})
 
-    assert weights.host_path(with_("/models/q", ("/data/m:/models",))) == "/data/m/q"
+    assert weight_files.host_path(with_("/models/q", ("/data/m:/models",))) == "/data/m/q"
     nested = ("/data:/models", "/fast/q:/models/q:ro")
-    assert weights.host_path(with_("/models/q/", nested)) == "/fast/q"
-    assert weights.host_path(with_("/models", ("/data:/models",))) == "/data"
-    assert weights.host_path(with_("/modelsx/q", ("/data:/models",))) is None
-    assert weights.host_path(with_("Qwen/Qwen3-8B", ("/data:/models",))) is None
+    assert weight_files.host_path(with_("/models/q/", nested)) == "/fast/q"
+    assert weight_files.host_path(with_("/models", ("/data:/models",))) == "/data"
+    assert weight_files.host_path(with_("/modelsx/q", ("/data:/models",))) is None
+    assert weight_files.host_path(with_("Qwen/Qwen3-8B", ("/data:/models",))) is None
 
 
 # -- what blocks a cutover -----------------------------------------------------------------
@@ -155,7 +159,7 @@ def test_a_whole_checkpoint_is_ready() -> None:
 
 
 def run_sections(cluster: ClusterSpec, tmp: Path) -> ModelFiles | None:
-    directory = weights.host_path(cluster)
+    directory = weight_files.host_path(cluster)
     assert directory is not None
     script = "\n".join([_SECTION_FUNCTION, *catalogue.reads.model_files_sections(directory, 10)])
     out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=False)
@@ -170,10 +174,10 @@ def at(tmp: Path) -> ClusterSpec:
 
 def test_the_sections_read_a_real_model_directory(tmp_path: Path) -> None:
     cluster = at(tmp_path)
-    model = Path(weights.host_path(cluster) or "")
+    model = Path(weight_files.host_path(cluster) or "")
     model.mkdir(parents=True)
     (model / "config.json").write_text("{}")
-    (model / weights.INDEX).write_text(index_text(total=2000))
+    (model / weight_files.INDEX).write_text(index_text(total=2000))
     for name in SHARDS[:1] + SHARDS[2:]:
         with (model / name).open("wb") as shard:
             shard.truncate(1000)
@@ -198,15 +202,15 @@ def big_moe_index(total: int) -> str:
 
 def test_a_big_index_is_reduced_on_the_host_well_inside_the_output_bound(tmp_path: Path) -> None:
     cluster = at(tmp_path)
-    model = Path(weights.host_path(cluster) or "")
+    model = Path(weight_files.host_path(cluster) or "")
     model.mkdir(parents=True)
     (model / "config.json").write_text("{}")
     text = big_moe_index(total=4000)
-    assert ssh.MAX_OUTPUT < len(text) < weights.INDEX_LIMIT
-    (model / weights.INDEX).write_text(text)
+    assert ssh.MAX_OUTPUT < len(text) < weight_files.INDEX_LIMIT
+    (model / weight_files.INDEX).write_text(text)
     for name in SHARDS:
         (model / name).write_bytes(b"\0" * 1000)
-    directory = weights.host_path(cluster)
+    directory = weight_files.host_path(cluster)
     assert directory is not None
     script = "\n".join([_SECTION_FUNCTION, *catalogue.reads.model_files_sections(directory, 30)])
     out = subprocess.run(["sh", "-c", script], capture_output=True, check=False).stdout
@@ -218,27 +222,27 @@ def test_a_big_index_is_reduced_on_the_host_well_inside_the_output_bound(tmp_pat
 
 def test_an_index_the_host_cannot_reduce_is_unknown_with_why(tmp_path: Path) -> None:
     cluster = at(tmp_path)
-    model = Path(weights.host_path(cluster) or "")
+    model = Path(weight_files.host_path(cluster) or "")
     model.mkdir(parents=True)
     (model / "config.json").write_text("{}")
-    index = model / weights.INDEX
+    index = model / weight_files.INDEX
     for text, why in (
         (index_text()[:-40], "is not JSON"),
         ("[1, 2]", "is not a JSON object"),
-        (" " * weights.INDEX_LIMIT + "{}", f"larger than {weights.INDEX_LIMIT} bytes"),
+        (" " * weight_files.INDEX_LIMIT + "{}", f"larger than {weight_files.INDEX_LIMIT} bytes"),
     ):
         index.write_text(text)
         read = run_sections(cluster, tmp_path)
         assert read is not None and read.index is None
         assert read.index_error is not None and why in read.index_error, read.index_error
-        assert f"{weights.INDEX} is unknown: " in (weights.unready(read) or "")
+        assert f"{weight_files.INDEX} is unknown: " in (weights.unready(read) or "")
 
 
 def test_the_sections_read_an_absent_directory_as_missing(tmp_path: Path) -> None:
     cluster = at(tmp_path)
     read = run_sections(cluster, tmp_path)
     assert read is not None and read.stat_error is None
-    assert weights.unready(read) == f"{weights.host_path(cluster)}/config.json is missing"
+    assert weights.unready(read) == f"{weight_files.host_path(cluster)}/config.json is missing"
 
 
 def test_only_the_heads_script_reads_the_model_and_only_while_preparing() -> None:
@@ -379,5 +383,5 @@ def test_a_cutover_never_starts_on_a_missing_file_or_an_unknown_index(
 
 def test_an_index_nested_past_the_decoders_depth_is_unknown_not_a_crash() -> None:
     # What a hostile host may print for the index, within the reduced read's bound.
-    said = weights.parse_index("[" * (weights.REDUCED_LIMIT - 1))
+    said = weight_files.parse_index("[" * (weight_files.REDUCED_LIMIT - 1))
     assert isinstance(said, str) and "nested too deep" in said

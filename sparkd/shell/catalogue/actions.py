@@ -6,8 +6,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from sparkd.core import cache, parsers
-from sparkd.core.assemble import LAUNCH_MARKER
+from sparkd.core.reading import cache_entries, parsers
+from sparkd.core.reading.assemble import LAUNCH_MARKER
 from sparkd.core.spec import (
     LABEL_CLUSTER,
     LABEL_ROLE,
@@ -179,13 +179,13 @@ def start_model(cluster: ClusterSpec, seconds: float, api_key: str | None = None
         target = cluster.model.log_dir / API_KEY_FILE
         steps.append(_write_new(target, shlex.join(timed(["cat"], seconds)), seconds))
     # The cache entry is named on the host from the image the head container runs (as
-    # core.cache.cache_key names it): the text stays the same whatever the image.
+    # core.reading.cache_entries.cache_key names it): the text stays the same whatever the image.
     inspect = ["docker", "inspect", "--format", "{{.Image}}", "--", head]
     digits = f"%.{SHORT_ID_DIGITS}s"
     steps.append(f'i="$({cmd(inspect, seconds)})" && k="$(printf {digits} "${{i#sha256:}}")"')
     steps.append('case "$k" in *[!0-9a-f]*|"") false ;; esac')
     root = cluster.model.cache_root
-    env = f"VLLM_CACHE_ROOT={root}/{CACHE_STAND_IN}-{cache.model_slug(cluster.model.id)}"
+    env = f"VLLM_CACHE_ROOT={root}/{CACHE_STAND_IN}-{cache_entries.model_slug(cluster.model.id)}"
     exec_argv = ["docker", "exec", "-d", "-e", env, head, "sh", "-c", serve_shell(cluster)]
     launch = cmd(exec_argv, seconds)
     quoted = shlex.quote(env)
@@ -195,10 +195,10 @@ def start_model(cluster: ClusterSpec, seconds: float, api_key: str | None = None
 
 
 def prune_cache(cluster: ClusterSpec, host: HostSpec, entry: str, seconds: float) -> Remote:
-    """Remove one compile cache entry (core.cache.judge_cache decides which); gone already is
-    done. Inside the host's Ray container, which mounts the cache at the same path: vLLM
-    writes the entry as the container's root, so the SSH user could not remove it."""
-    if not cache.ENTRY.fullmatch(entry):
+    """Remove one compile cache entry (core.judging.cache.judge_cache decides which); gone already
+    is done. Inside the host's Ray container, which mounts the cache at the same path: vLLM writes
+    the entry as the container's root, so the SSH user could not remove it."""
+    if not cache_entries.ENTRY.fullmatch(entry):
         raise ValueError(f"not a cache entry of sparkd's naming: {entry!r}")
     target = str(cluster.model.cache_root / entry)
     argv = ["docker", "exec", container_name(cluster, host), "rm", "-rf", "--", target]

@@ -1,5 +1,5 @@
 """The commands that change nothing: the fact script (one per host per cycle, in sections that
-core.assemble reads) and the other reads."""
+core.reading.assemble reads) and the other reads."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlencode
 
-from sparkd.core import kernel, parsers, ray_json, weights
+from sparkd.core.reading import kernel, parsers, ray_json, weight_files
 from sparkd.core.spec import (
     LABEL_SPEC,
     container_name,
@@ -33,7 +33,7 @@ TOP_FORMAT = "pid,etimes,times,args"
 LOG_TAIL_BYTES = parsers.LOG_TAIL_CHARS
 # Docker's default data root (`data-root` in daemon.json moves it; then the read is unknown).
 DOCKER_ROOT = "/var/lib/docker"
-# The cache root's entries: modification time and name (core.cache.parse_listing).
+# The cache root's entries: modification time and name (core.reading.cache_entries.parse_listing).
 CACHE_LISTING = ("-mindepth", "1", "-maxdepth", "1", "-printf", "%T@ %f\\n")
 
 
@@ -49,16 +49,16 @@ _CAPTURE_FUNCTION = (
 )
 # `$1`..., `$o`'s lines, `IFS` as given: the loops below read captured output without a tool.
 _LINES = "set -f; IFS=$N; for l in {text}; do {body}; done; unset IFS; set +f"
-# `docker ps` prints each container as `STATE NAMES {json}`: the state and names from the
-# template's own fields (Docker's names hold no space, its states none either), so the shell
-# reads them as words, whatever spacing the CLI's JSON may come to have; core.parsers reads the
-# JSON. `--size=false` given explicitly: a template touching `.Size` (as `{{json .}}` does) makes
-# the CLI ask the daemon for every container's size unless `--size` was set either way (docker/cli
-# v29.7.2 cli/command/container/list.go: `sizeChanged`), and that walk of every writable layer
-# took 6.5-8.6 s for one container of 150,000 files (tests/fixtures/docker-real/size.jsonl).
+# `docker ps` prints each container as `STATE NAMES {json}`: the state and names from the template's
+# own fields (Docker's names hold no space, its states none either), so the shell reads them as
+# words, whatever spacing the CLI's JSON may come to have; core.reading.parsers reads the JSON.
+# `--size=false` given explicitly: a template touching `.Size` (as `{{json .}}` does) makes the CLI
+# ask the daemon for every container's size unless `--size` was set either way (docker/cli v29.7.2
+# cli/command/container/list.go: `sizeChanged`), and that walk of every writable layer took
+# 6.5-8.6 s for one container of 150,000 files (tests/fixtures/docker-real/size.jsonl).
 PS_FORMAT = "{{.State}} {{.Names}} {{json .}}"
 CONTAINER_LIST = ("docker", "ps", "-a", "--no-trunc", "--size=false", "--format", PS_FORMAT)
-# Lines of a container's own output read when it has exited (core.assemble takes the last).
+# Lines of a container's own output read when it has exited (core.reading.assemble takes the last).
 EXIT_LOG_LINES = 5
 
 
@@ -93,12 +93,13 @@ def fact_script(
     read_ray: bool = True,
     prepare: bool = False,
 ) -> Remote:
-    """One batched script per host per cycle: every fact in sections (core.parsers.parse_sections).
+    """One batched script per host per cycle: every fact in sections
+    (core.reading.parsers.parse_sections).
 
     On the head, `ray status` runs only when the node list fails, or with `ray_status` (while
     Ray settles: a node listed ALIVE is usable for placement only once `ray status` counts its
     GPU, a few seconds later). Without `read_ray`, no `ray` call at all (Ray's last reading is
-    reused). With `prepare`, the head also reads the model directory (core.weights)."""
+    reused). With `prepare`, the head also reads the model directory (core.reading.weight_files)."""
     t = tool_timeout
 
     def section(name: FactSection, argv: Sequence[str]) -> str:
@@ -156,7 +157,7 @@ def fact_script(
             f'if [ "$rc" = 0 ]; then {_TOP_PIDS}; fi; done; fi'
         )
     )
-    # First contact (core.adopt): while sparkd's own Ray container does not run, the running
+    # First contact (core.judging.adopt): while sparkd's own Ray container does not run, the running
     # containers' image, env and command, so a deployment made by hand is recognised before
     # anything is started beside it. No running container: an empty section, read as none.
     foreign = shlex.join(
@@ -174,7 +175,7 @@ def fact_script(
         )
     )
     # sparkd's own container, exited: its last lines say why (an image without `ray` exits 127
-    # at once, `ray: not found`), so the restart that follows is not blind (core.ray_stage).
+    # at once, `ray: not found`), so the restart that follows is not blind (core.judging.ray_stage).
     exit_log = ["docker", "logs", "--tail", str(EXIT_LOG_LINES), "--", own]
     lines.append(
         docker(f'if [ "$e" = exited ]; then {section(FactSection.EXIT_LOG, exit_log)}; fi')
@@ -204,7 +205,7 @@ def fact_script(
     )
     lines.append(section(FactSection.IFACE, ["ip", "-j", "addr", "show", "dev", host.interface]))
     # The compile cache's file system in the same call (a missing cache directory, before the
-    # first container with its mount, leaves log_dir's row: core.parsers.parse_df_paths).
+    # first container with its mount, leaves log_dir's row: core.reading.parsers.parse_df_paths).
     cache_root = str(cluster.model.cache_root)
     disk = ["df", "-B1", "--output=avail", str(cluster.model.log_dir), cache_root]
     lines.append(section(FactSection.DISK, disk))
@@ -217,7 +218,7 @@ def fact_script(
     lines.append(section(FactSection.MEMINFO, ["cat", MEMINFO_PATH]))
     lines.append(fabric_section(host, t, rails=rail_globs(cluster)))
     # Every other host's data IP, one echo over the data link: a host silent to the ops box
-    # that another host still reaches has a kernel that answers (core.gate `peer_view`).
+    # that another host still reaches has a kernel that answers (core.deciding.gate `peer_view`).
     for peer in cluster.hosts:
         if peer.name != host.name:
             argv = timed([*PING, peer.data_ip], t)
@@ -263,7 +264,7 @@ def fact_script(
         lines.append(
             section(FactSection.SERVE_LOG_MTIME, ["stat", "-c", "%y", serve_log_path(cluster)])
         )
-    directory = weights.host_path(cluster)
+    directory = weight_files.host_path(cluster)
     if host.role == "head" and prepare and directory is not None:
         lines += model_files_sections(directory, t)
     return Remote("facts", "\n".join(lines) + "\n", mutating=False)
@@ -285,15 +286,15 @@ def ray_cli(cluster: ClusterSpec, tool_timeout: float) -> Remote:
 
 def model_files_sections(directory: str, seconds: float) -> list[str]:
     """Cheap `stat`s of the model's files (the weight files by the host's glob, the directory
-    quoted), and the index's first bytes for the ops box to parse (core.weights)."""
+    quoted), and the index's first bytes for the ops box to parse (core.reading.weight_files)."""
     base = shlex.quote(directory.rstrip("/") or "/")
     stat = shlex.join(
         ["s", FactSection.MODEL_FILES, *timed(["stat", "-L", "-c", "%s %n", "--"], seconds)]
     )
-    named = " ".join(f"{base}/{name}" for name in (weights.CONFIG, weights.INDEX))
-    index = str(Path(directory) / weights.INDEX)
-    reduce = ["python3", "-I", "-c", REDUCE_INDEX, index, str(weights.INDEX_LIMIT)]
-    reduce.append(str(weights.REDUCED_LIMIT))
+    named = " ".join(f"{base}/{name}" for name in (weight_files.CONFIG, weight_files.INDEX))
+    index = str(Path(directory) / weight_files.INDEX)
+    reduce = ["python3", "-I", "-c", REDUCE_INDEX, index, str(weight_files.INDEX_LIMIT)]
+    reduce.append(str(weight_files.REDUCED_LIMIT))
     return [
         f"{stat} {named} {base}/*.safetensors",
         shlex.join(["s", FactSection.MODEL_INDEX, *timed(reduce, seconds)]),
@@ -303,7 +304,7 @@ def model_files_sections(directory: str, seconds: float) -> list[str]:
 # The host reduces the index to what the ops box checks (metadata and one weight_map entry per
 # file): a big MoE checkpoint's index is megabytes of tensor names, more than the fact script's
 # output may hold (shell.ssh.MAX_OUTPUT). Python 3 is on every host (the forced command is one).
-# What it cannot reduce within the bounds it names after `!` (core.weights.with_index).
+# What it cannot reduce within the bounds it names after `!` (core.reading.weight_files.with_index).
 REDUCE_INDEX = """import json, sys
 path, limit, most = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 try:

@@ -8,7 +8,7 @@ operator by hand, a unit), it is a new launch and gets the load grace from its o
 
 from __future__ import annotations
 
-from sparkd.core.load import LAUNCH_SLACK
+from sparkd.core.judging.load import LAUNCH_SLACK
 from sparkd.model.memory import Memory
 from sparkd.model.observed import Observed
 

@@ -38,7 +38,7 @@ class Verdict:
     notes: list[str] = field(default_factory=list)
     actions: list[Action] = field(default_factory=list)
     holds: list[Hold] = field(default_factory=list)
-    # The failure classes below vLLM this stage recognised (core.triage.TABLE).
+    # The failure classes below vLLM this stage recognised (core.judging.triage.TABLE).
     triage: list[TriageClass] = field(default_factory=list)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparkd.core.judge import Context, ago
+from sparkd.core.judging.judge import Context, ago
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import LoadMark
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkd.core.parsers import parse_compute_apps
+from sparkd.core.reading.parsers import parse_compute_apps
 from sparkd.model.fields import SECRET_NAME
 from sparkd.model.spec import PROTECTED_UNITS
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sparkd.core import policy
-from sparkd.core.images import ImageVerdict
-from sparkd.core.judge import Context, Hold, Verdict, act, ago
-from sparkd.core.load import Load
+from sparkd.core.judging.images import ImageVerdict
+from sparkd.core.judging.judge import Context, Hold, Verdict, act, ago
+from sparkd.core.judging.load import Load
 from sparkd.core.spec import (
     LABEL_SPEC,
     container_name,
@@ -41,6 +41,8 @@ class RayVerdict(Verdict):
     # Waiting on Ray with no action taken: past the join timeout that is repaired.
     unsettled: bool = False
     waits: list[str] = field(default_factory=list)
+    # Per host whose data link cannot carry Ray (down, or without its data IP): why, as noted.
+    link_problems: list[str] = field(default_factory=list)
 
 
 def judge_ray(ctx: Context, images: ImageVerdict, load: Load, serving: bool) -> RayVerdict:
@@ -51,6 +53,7 @@ def judge_ray(ctx: Context, images: ImageVerdict, load: Load, serving: bool) -> 
         if problem is not None:
             why = f"{host.name}: {problem}"
             verdict.notes.append(why)
+            verdict.link_problems.append(why)
             verdict.holds.append(Hold(why, RAY_STARTS, frozenset({host.name})))
             verdict.holds.append(Hold(why, START_MODEL))
     if not ctx.head_reachable:

@@ -11,11 +11,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sparkd.core.cleanup import describe, others_on_gpu
-from sparkd.core.images import ImageVerdict
-from sparkd.core.judge import Context, Hold, Verdict, act, ago
-from sparkd.core.load import Load
-from sparkd.core.ray_stage import RayVerdict, rejoin_workers
+from sparkd.core.judging.cleanup import describe, others_on_gpu
+from sparkd.core.judging.images import ImageVerdict
+from sparkd.core.judging.judge import Context, Hold, Verdict, act, ago
+from sparkd.core.judging.load import Load
+from sparkd.core.judging.ray_stage import RayVerdict, rejoin_workers
 from sparkd.core.spec import container_name, model_spec_hash, model_spec_hashes
 from sparkd.model.plan import MODEL_STARTS, START_MODEL, ActionKind
 
@@ -28,7 +28,7 @@ class ModelVerdict(Verdict):
     waiting: bool = False
     # This launch failed on evidence that another try of the same spec would fail the same way
     # (an argument error, an engine that failed to start, a load that stalled or timed out): a
-    # rollout goes back to the last-good spec rather than try again (core.rollout).
+    # rollout goes back to the last-good spec rather than try again (core.deciding.rollout).
     failed: str | None = None
     # The launch failed for GPU memory another process held (`memory_held`, for remember()).
     memory_held: bool = False
@@ -261,12 +261,12 @@ def _orphans(
 
 
 def _rejoined(ctx: Context) -> str | None:
-    """The configured host whose Ray node is not one the model was launched on: it rejoined
-    with a new id, and the model's actors there are gone. Only the configured hosts' addresses
-    count: a node Ray lists on any other address (a machine someone joined to the cluster by
-    hand) coming or going says nothing of the model's actors on the configured hosts, and a
-    restart of a serving model for it drops every request in flight. A launch node that is
-    gone with no new node on a configured host leaves Ray short (core.ray_stage's to judge)."""
+    """The configured host whose Ray node is not one the model was launched on: it rejoined with a
+    new id, and the model's actors there are gone. Only the configured hosts' addresses count: a
+    node Ray lists on any other address (a machine someone joined to the cluster by hand) coming or
+    going says nothing of the model's actors on the configured hosts, and a restart of a serving
+    model for it drops every request in flight. A launch node that is gone with no new node on a
+    configured host leaves Ray short (core.judging.ray_stage's to judge)."""
     ray = ctx.observed.ray
     launch = set(ctx.memory.launch_nodes)
     if ray is None or not launch:

@@ -17,7 +17,7 @@ operator's `power.command` for it only when every part of the safety rule holds:
    fail, a firewall on port 22 or a dead sshd, while Ray and the model keep serving);
 5. the host was not power-cycled yet in this incident (once, then `blocked`: a host that stays
    silent after a power cycle needs a human);
-6. not paused, not in a maintenance window, not `--dry-run` (core.planner withholds every
+6. not paused, not in a maintenance window, not `--dry-run` (core.deciding.planner withholds every
    action then).
 
 Without `power.command` the same evidence gives `blocked` "needs a power cycle".
@@ -25,10 +25,11 @@ Without `power.command` the same evidence gives `blocked` "needs a power cycle".
 
 from __future__ import annotations
 
-from sparkd.core import gate, policy
-from sparkd.core.gate import SILENT
-from sparkd.core.judge import Context, Hold, Verdict, act, ago
-from sparkd.core.load import Load
+from sparkd.core import policy
+from sparkd.core.deciding import gate
+from sparkd.core.deciding.gate import SILENT
+from sparkd.core.judging.judge import Context, Hold, Verdict, act, ago
+from sparkd.core.judging.load import Load
 from sparkd.model.plan import EVERYTHING, MODEL_STARTS, RAY_STARTS
 from sparkd.model.probe import OUTPUT_FAULTS, ProbeResult
 from sparkd.model.spec import HostSpec

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparkd.core import kernel
-from sparkd.core.judge import Context, Hold, Verdict
-from sparkd.core.load import Load
+from sparkd.core.judging.judge import Context, Hold, Verdict
+from sparkd.core.judging.load import Load
+from sparkd.core.reading import kernel
 from sparkd.model.observed import HostFacts, KernelLog
 from sparkd.model.plan import MODEL_STARTS, START_MODEL, TriageClass
 
@@ -37,14 +37,14 @@ TABLE: tuple[Row, ...] = (
         "seen held NV_ERR_NO_MEMORY, a fatal PCIe AER, an mlx5 PCI error or a soft lockup; or "
         "it has not answered for power.unreachable_for (default 10 min)",
         '`blocked` "HOST wedged: needs a power cycle"; nothing is done on the host; with '
-        "`[clusters.power]`, power-cycled once its safety rule holds (core.power)",
+        "`[clusters.power]`, power-cycled once its safety rule holds (core.deciding.power)",
     ),
     Row(
         "fabric",
         "the data interface's RDMA port not ACTIVE, no RoCE v2 GID for the data IP or one at "
         "another index than ray.env NCCL_IB_GID_INDEX, MTUs that differ between the hosts; "
         "softer: a rate below fabric.expected_rate_gbps, a carrier flap within "
-        "fabric.flap_window (core.fabric)",
+        "fabric.flap_window (core.judging.fabric)",
         "no Ray or model start or restart (it would hang again): `blocked` (or `degraded` for "
         'the softer ones) "fabric: ..." naming the host, interface, fact and the operator\'s '
         "fix",

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sparkd.core.rollout import identity, spec_of
+from sparkd.core.deciding.rollout import identity, spec_of
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Blocked, GoodSpec, Memory
 
@@ -107,7 +107,7 @@ def vet(
 
 def security_differences(desired: ClusterSpec, good: KnownSpec) -> list[str]:
     """What in `good` widens a launch beyond what the config allows (SECURITY_FIELDS), each as
-    `field: LAST-GOOD -> CONFIG` (as core.rollout.differs says it)."""
+    `field: LAST-GOOD -> CONFIG` (as core.deciding.rollout.differs says it)."""
     ray, model = desired.ray.model_dump(mode="json"), desired.model.model_dump(mode="json")
     values: list[tuple[Any, Any]] = [
         (ray.get("extra_docker_args"), good.ray.get("extra_docker_args")),

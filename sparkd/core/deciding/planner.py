@@ -3,34 +3,37 @@
 `now` is daemon time, which cannot step; `wall` (the wall clock, `now` when not given) judges
 only a pause's end (sparkd.core.clock).
 
-Every stage is always judged, in dependency order: the hosts (core.cleanup), the image
-(core.images), Ray (core.ray_stage), the model (core.model_stage) and the probe
-(core.probe_stage). A stage proposes actions and raises holds; here, and only here, a hold
-vetoes the actions that need what it makes unsafe (spending no budget), then every remaining
-action passes the gate (core.gate: what else could explain its evidence; a refusal spends no
-budget either), then a per-target budget (spent: latch `blocked`) and exponential backoff.
+Every stage is always judged, in dependency order: the hosts (core.judging.cleanup), the image
+(core.judging.images), Ray (core.judging.ray_stage), the model (core.judging.model_stage) and the
+probe (core.judging.probe_stage). A stage proposes actions and raises holds; here, and only here, a
+hold vetoes the actions that need what it makes unsafe (spending no budget), then every remaining
+action passes the gate (core.deciding.gate: what else could explain its evidence; a refusal spends
+no budget either), then a per-target budget (spent: latch `blocked`) and exponential backoff.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sparkd.core import acceptance, adopt, gate, policy, rollout, weights
-from sparkd.core.cache import judge_cache
-from sparkd.core.cleanup import judge_cleanup, judge_reachability
+from sparkd.core import policy
 from sparkd.core.clock import bounded
-from sparkd.core.evidence import of_this_launch
-from sparkd.core.fabric import judge_fabric, judge_recovery
-from sparkd.core.hang import deadline, judge_hang, track
-from sparkd.core.horizon import horizon
-from sparkd.core.images import judge_images
-from sparkd.core.judge import Context, Hold, Verdict, ago, from_now
-from sparkd.core.load import assess
-from sparkd.core.model_stage import judge_model
-from sparkd.core.power import judge_wedged
-from sparkd.core.probe_stage import judge_probe
-from sparkd.core.ray_stage import judge_ray
-from sparkd.core.triage import judge_memory
+from sparkd.core.deciding import gate, rollout
+from sparkd.core.deciding.horizon import horizon
+from sparkd.core.deciding.power import judge_wedged
+from sparkd.core.judging import acceptance, adopt, weights
+from sparkd.core.judging.cache import judge_cache
+from sparkd.core.judging.cleanup import judge_cleanup, judge_reachability
+from sparkd.core.judging.evidence import of_this_launch
+from sparkd.core.judging.fabric import judge_fabric, judge_recovery
+from sparkd.core.judging.hang import deadline, judge_hang, track
+from sparkd.core.judging.images import judge_images
+from sparkd.core.judging.judge import Context, Hold, Verdict, ago, from_now
+from sparkd.core.judging.load import assess
+from sparkd.core.judging.model_stage import judge_model
+from sparkd.core.judging.probe_stage import judge_probe
+from sparkd.core.judging.ray_stage import judge_ray
+from sparkd.core.judging.triage import judge_memory
+from sparkd.core.reading import weight_files
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Adopted, LoadMark, Memory, TokenMark
 from sparkd.model.observed import Observed
@@ -68,7 +71,8 @@ class _Draft:
     unknown_streak: int | None = None
     serving_well: bool = False
     triage: tuple[TriageClass, ...] = ()
-    # Evidence that the launch judged failed as it would again (core.rollout rolls back on it).
+    # Evidence that the launch judged failed as it would again (core.deciding.rollout rolls back on
+    # it).
     failure: str | None = None
     fabric_held: bool = False
     memory_held: bool = False
@@ -76,7 +80,7 @@ class _Draft:
     not_the_spec: bool = False
     token_mark: TokenMark | None = None
     hang_at: float | None = None
-    # First contact (core.adopt): what a rollout to the config would do, shown and never run
+    # First contact (core.judging.adopt): what a rollout to the config would do, shown and never run
     # until the operator decides; the adoption to remember; the adoption ended.
     withheld: list[Action] = field(default_factory=list)
     adopted: Adopted | None = None
@@ -150,7 +154,8 @@ def plan(
     name = desired.name
     wall = now if wall is None else wall
     memory = bounded(memory, now)
-    # While a rollback holds, the last-good spec stands in for the desired one (core.rollout).
+    # While a rollback holds, the last-good spec stands in for the desired one
+    # (core.deciding.rollout).
     steer = rollout.steer(desired, memory)
     desired = steer.spec
     if memory.paused is not None and memory.paused.active(wall):
@@ -198,7 +203,7 @@ def plan(
         and now - memory.healthy_since >= desired.policy.healthy_reset
         and memory.backoff_reset_at < memory.healthy_since
     )
-    # The gate first (core.gate): a refused action is withheld with the reason in place of
+    # The gate first (core.deciding.gate): a refused action is withheld with the reason in place of
     # what proposed it, before any budget is counted or latched.
     judged = [(a, gate.refusal(draft.ctx, a)) for a in draft.actions]
     for action, refused in judged:
@@ -294,9 +299,9 @@ def _rollback(
 
 def _prepare(draft: _Draft, desired: ClusterSpec, observed: Observed, spec: str) -> None:
     """Nothing is stopped or launched for a spec whose model files are not whole on the head
-    (core.weights): the old deployment keeps serving, and a first one is not launched into a
+    (core.judging.weights): the old deployment keeps serving, and a first one is not launched into a
     certain failure. Not latched: read again each cycle, cut over once the files are there."""
-    if weights.host_path(desired) is None:
+    if weight_files.host_path(desired) is None:
         return
     head = observed.host(desired.head.name)
     files = head.model_files if head is not None else None
@@ -326,7 +331,7 @@ def _hold_back(draft: _Draft, steer: rollout.Steer) -> None:
 def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float) -> _Draft:
     # What memory knows of an older serve process says nothing about the one running now.
     memory = of_this_launch(memory, observed)
-    # An adopted deployment is judged as sparkd's own (core.adopt).
+    # An adopted deployment is judged as sparkd's own (core.judging.adopt).
     adoption_over = adopt.gone(observed, memory)
     observed = adopt.as_ours(desired, observed, memory)
     ctx = Context.of(desired, observed, memory, now)
@@ -353,8 +358,7 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
     # The token counter is followed only while the model is past its load.
     token_mark = track(ctx) if model.to_probe else None
     if model.to_probe:
-        links = [n for n in ray.notes if "waiting for data link" in n]
-        probed = judge_probe(ctx, load, serving, links)
+        probed = judge_probe(ctx, load, serving, ray.link_problems)
         stages.append(probed)
         hung = judge_hang(ctx, token_mark)
         if any(a.kind == "restart_model" for a in probed.actions):
@@ -447,7 +451,7 @@ def _first_contact(
     contact: adopt.AdoptVerdict, stages: list[Verdict], phase: Phase, actions: list[Action]
 ) -> tuple[Phase, list[Action], list[Action]]:
     """The phase, the rollout shown (withheld) and the actions of a first contact with a
-    deployment made by hand (core.adopt): adopted, adopting, shown, or replaced."""
+    deployment made by hand (core.judging.adopt): adopted, adopting, shown, or replaced."""
     if contact.adopt is not None:
         return "healthy", [], []
     if contact.removals:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkd.core import parsers
+from sparkd.core.reading import parsers
 from sparkd.model.observed import RayState
 
 # Ray's own default; the ALIVE filter applies before it (sparkd lists a few nodes).

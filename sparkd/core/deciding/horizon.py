@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sparkd.core.load import silent_cap
+from sparkd.core.judging.load import silent_cap
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import LoadMark, Memory
 
@@ -45,7 +45,7 @@ def horizon(
     if model_ready and memory.last_probe_at is not None:
         deadlines.append(memory.last_probe_at + desired.probe_interval)
     if hang_at is not None:
-        # A counter standing still under load becomes a hang at this moment (core.hang).
+        # A counter standing still under load becomes a hang at this moment (core.judging.hang).
         deadlines.append(hang_at)
     ahead = [d for d in deadlines if d > now]
     return min(ahead) if ahead else None

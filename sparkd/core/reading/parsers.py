@@ -556,7 +556,7 @@ def json_or_none(text: str) -> Any:
         return None
 
 
-# What first contact reads of each running container (core.adopt): one JSON object a line.
+# What first contact reads of each running container (core.judging.adopt): one JSON object a line.
 FOREIGN_FORMAT = (
     '{"name":{{json .Name}},"image":{{json .Config.Image}},"env":{{json .Config.Env}},'
     '"entrypoint":{{json .Config.Entrypoint}},"cmd":{{json .Config.Cmd}}}'

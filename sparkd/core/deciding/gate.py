@@ -4,7 +4,7 @@ A stage proposes an action on the evidence it reads; the evidence may have anoth
 the fault the action remedies (docs/decisions.md, the confounder table). The gate holds, per
 action kind, the checks that rule those other causes out, as data: `TABLE` maps a kind to its
 named checks, each a pure function of the cycle's context and the action that returns why the
-action must not run, or None. The planner (core.planner.plan) passes every action through
+action must not run, or None. The planner (core.deciding.planner.plan) passes every action through
 `refusal` before budget and backoff, so an action the gate refuses is withheld with the reason
 and spends no budget, and an action in a plan has always been through the gate (`Plan.gated`).
 
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sparkd.core import policy
-from sparkd.core.judge import Context, ago
+from sparkd.core.judging.judge import Context, ago
 from sparkd.model.observed import SILENT_ERRORS, HostErrorKind
 from sparkd.model.plan import Action, ActionKind
 

@@ -10,8 +10,8 @@ import fnmatch
 import posixpath
 import re
 
-from sparkd.core import triage
-from sparkd.core.judge import Context, Hold, Verdict, act, ago
+from sparkd.core.judging import triage
+from sparkd.core.judging.judge import Context, Hold, Verdict, act, ago
 from sparkd.core.spec import LABEL_CLUSTER, container_prefix
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import Container, GpuProcess, HostFacts

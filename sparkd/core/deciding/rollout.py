@@ -2,11 +2,11 @@
 
 The spec that last reached lasting health (N healthy probes in a row, `rollout.acceptance_probes`)
 is kept as last-good. A change from it is one rollout: cut over once, accepted after N healthy
-probes of the new spec. When the new spec fails on evidence (core.model_stage's `failed`, the
-probe failing it before acceptance, its restart budget spent, its answers reaching no content:
-`output_fault`), the planner relaunches the
-last-good spec and holds it (`degraded`, "rolled back from SPEC to LAST-GOOD: WHY") until the
-config changes again or an operator retries. A rollback that itself fails latches `blocked`.
+probes of the new spec. When the new spec fails on evidence (core.judging.model_stage's `failed`,
+the probe failing it before acceptance, its restart budget spent, its answers reaching no content:
+`output_fault`), the planner relaunches the last-good spec and holds it (`degraded`, "rolled back
+from SPEC to LAST-GOOD: WHY") until the config changes again or an operator retries. A rollback that
+itself fails latches `blocked`.
 
 Specs are named by their model spec hash without the key (`identity`): what the running serve
 carries beside its log, stable across sparkd upgrades, a key rotation aside.
@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sparkd.core import acceptance, policy
+from sparkd.core import policy
+from sparkd.core.judging import acceptance
 from sparkd.core.spec import model_spec_hash, model_spec_hashes
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import GoodSpec, Memory, Rollout
@@ -112,7 +113,7 @@ def output_fault(desired: ClusterSpec, observed: Observed, memory: Memory) -> st
 
 def prepare_due(desired: ClusterSpec, memory: Memory) -> bool:
     """The desired spec has not served yet (a change, or the first deployment): before its
-    cutover the head's model files are read and checked (core.weights). Not once the cutover
+    cutover the head's model files are read and checked (core.judging.weights). Not once the cutover
     has stopped the old serve (nothing is left to keep serving), nor while a rollback holds
     the last-good spec."""
     good = memory.last_good

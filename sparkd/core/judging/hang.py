@@ -40,7 +40,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sparkd.core.judge import Context, Verdict, act, ago
+from sparkd.core.judging.judge import Context, Verdict, act, ago
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory, TokenMark
 from sparkd.model.observed import ModelEndpoint

@@ -12,38 +12,15 @@ entry in use, and only entries of sparkd's own naming.
 
 from __future__ import annotations
 
-import re
-
-from sparkd.core.judge import act
-from sparkd.core.spec import SHORT_ID_DIGITS, container_name, short_image_id
+from sparkd.core.judging.judge import act
+from sparkd.core.reading.cache_entries import ENTRY, cache_key
+from sparkd.core.spec import container_name
 from sparkd.model.cluster import ClusterSpec
-from sparkd.model.observed import CacheEntry, HostFacts
+from sparkd.model.observed import HostFacts
 from sparkd.model.plan import Action
 
-SLUG_MAX = 100
-# An entry sparkd made: image digits, a dash, the model's slug. Never `.` or `..`, never a `/`.
-ENTRY = re.compile(rf"[0-9a-f]{{{SHORT_ID_DIGITS}}}-[A-Za-z0-9_][A-Za-z0-9._-]{{0,{SLUG_MAX - 1}}}")
 # At most this many entries pruned per host per plan: each is one bounded `rm -rf`.
 PRUNE_PER_PLAN = 4
-
-
-def model_slug(model_id: str) -> str:
-    """The model id as one safe path component: `Qwen/Qwen3-8B` -> `Qwen--Qwen3-8B`."""
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model_id.replace("/", "--"))
-    slug = slug.strip(".-")[:SLUG_MAX].rstrip(".-")
-    return slug or "model"
-
-
-def image_digits(image_id: str) -> str | None:
-    digits = short_image_id(image_id.strip())
-    return digits if re.fullmatch(rf"[0-9a-f]{{{SHORT_ID_DIGITS}}}", digits) else None
-
-
-def cache_key(image_id: str, model_id: str) -> str | None:
-    """The entry a launch of `model_id` in a container of image `image_id` uses; None for an
-    ID that is not one."""
-    digits = image_digits(image_id)
-    return f"{digits}-{model_slug(model_id)}" if digits is not None else None
 
 
 def in_use(cluster: ClusterSpec, head: HostFacts) -> str | None:
@@ -53,21 +30,6 @@ def in_use(cluster: ClusterSpec, head: HostFacts) -> str | None:
     if container is None or container.image_id is None:
         return None
     return cache_key(container.image_id, cluster.model.id)
-
-
-def parse_listing(text: str) -> tuple[CacheEntry, ...]:
-    """`find DIR -mindepth 1 -maxdepth 1 -printf '%T@ %f\\n'`: modification time (the host's
-    own clock, used only to order the host's own entries) and name, one a line."""
-    entries: list[CacheEntry] = []
-    for line in text.splitlines():
-        stamp, _, name = line.partition(" ")
-        try:
-            mtime = float(stamp)
-        except ValueError:
-            continue
-        if name:
-            entries.append(CacheEntry(name=name, mtime=mtime))
-    return tuple(entries)
 
 
 def judge_cache(cluster: ClusterSpec, facts: dict[str, HostFacts]) -> tuple[list[Action], str]:

@@ -23,7 +23,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sparkd.core.judge import Context, Hold, ago
+from sparkd.core.judging.judge import Context, Hold, ago
 from sparkd.core.spec import (
     LABEL_CLUSTER,
     LABEL_ROLE,

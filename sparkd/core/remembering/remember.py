@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 
-from sparkd.core import fabric, policy, triage
+from sparkd.core import policy
 from sparkd.core.clock import bounded
-from sparkd.core.evidence import of_this_launch
+from sparkd.core.judging import fabric, triage
+from sparkd.core.judging.evidence import of_this_launch
 from sparkd.model.memory import Attempt, Blocked, Memory, Pause
 from sparkd.model.observed import REFUSALS, SILENT_ERRORS, Fabric, HostFacts, Observed
 from sparkd.model.plan import MODEL_STARTS, RAY_STARTS, ActionOutcome, Plan

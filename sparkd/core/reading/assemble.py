@@ -10,7 +10,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from sparkd.core import cache, fabric, kernel, parsers, weights
+from sparkd.core.reading import cache_entries, kernel, parsers, weight_files
+from sparkd.core.reading.links import parse_fabric
 from sparkd.core.spec import container_name, model_spec_hashes, normalize_image
 from sparkd.core.text import printable, redact
 from sparkd.model.cluster import ClusterSpec
@@ -246,8 +247,8 @@ def host_facts(
         kernel_error=kernel_error,
         memory_available_bytes=available,
         memory_total_bytes=total,
-        fabric=fabric.parse_fabric(links.body, host.ip) if links is not None else None,
-        cache_entries=cache.parse_listing(listing) if listing is not None else None,
+        fabric=parse_fabric(links.body, host.ip) if links is not None else None,
+        cache_entries=cache_entries.parse_listing(listing) if listing is not None else None,
         cache_free_bytes=free[disk_paths[1]],
         model_files=_model_files(cluster, sections),
         foreign=parsers.parse_foreign(foreign_text, tops) if foreign_text is not None else None,
@@ -258,12 +259,12 @@ def host_facts(
 def _model_files(cluster: ClusterSpec, sections: dict[str, parsers.Section]) -> ModelFiles | None:
     """The prepare sections (only on the head, only while a rollout prepares)."""
     stat = sections.get(FactSection.MODEL_FILES)
-    directory = weights.host_path(cluster)
+    directory = weight_files.host_path(cluster)
     if stat is None or directory is None:
         return None
-    files = weights.parse_stat(directory, stat.body, stat.rc)
+    files = weight_files.parse_stat(directory, stat.body, stat.rc)
     index = sections.get(FactSection.MODEL_INDEX)
-    return weights.with_index(
+    return weight_files.with_index(
         files, index.body if index is not None else None, index.rc if index else None
     )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sparkd.core.judge import Context, Hold, Verdict
+from sparkd.core.judging.judge import Context, Hold, Verdict
 from sparkd.core.spec import container_name, normalize_image, short_image_id
 from sparkd.model.plan import RAY_STARTS
 

@@ -1,7 +1,7 @@
 """A rollout's acceptance checks, judged from the completion's response. Pure.
 
-Reasoning-aware as the probe is (core.classify): the completion must be healthy (an answer, or
-reasoning that spent the budget); `contains` and `regex` are judged on the answer when there is
+Reasoning-aware as the probe is (core.reading.classify): the completion must be healthy (an answer,
+or reasoning that spent the budget); `contains` and `regex` are judged on the answer when there is
 content, `min_completion_tokens` on the usage the server reports.
 
 A `regex` runs on RE2, linear in the answer (sparkd.model.linear_regex): these checks run on the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from sparkd.core.classify import classify_response
+from sparkd.core.reading.classify import classify_response
 from sparkd.model.cluster import RolloutCheck
 from sparkd.model.linear_regex import compile_regex
 from sparkd.model.probe import CheckResult

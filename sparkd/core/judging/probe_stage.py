@@ -6,9 +6,9 @@ would not change never count either, however long they last; each is reported as
 with its cause named (and exported: `sparkd_model_degraded{cause}`, alerted on):
 
 - `overloaded`: the probe timed out while other requests ran or waited and tokens flowed beyond
-  the probe's own (core.classify.judge_timeout). The engine is generating: a restart would drop
-  every request in flight and meet the same load again. Overload that lasts for hours stays
-  degraded and alerted; it is no hang while tokens flow (a hang is core.hang's, on the token
+  the probe's own (core.reading.classify.judge_timeout). The engine is generating: a restart would
+  drop every request in flight and meet the same load again. Overload that lasts for hours stays
+  degraded and alerted; it is no hang while tokens flow (a hang is core.judging.hang's, on the token
   counter standing still).
 - `output_fault`: the turn ended (`stop`) with reasoning and no content (`no_answer`): the chat
   template or reasoning parser put the whole answer in `reasoning` (vLLM 0.32's qwen3 parser,
@@ -32,8 +32,8 @@ with its cause named (and exported: `sparkd_model_degraded{cause}`, alerted on):
 from __future__ import annotations
 
 from sparkd.core import policy
-from sparkd.core.judge import Context, Verdict, act
-from sparkd.core.load import Load
+from sparkd.core.judging.judge import Context, Verdict, act
+from sparkd.core.judging.load import Load
 
 
 def judge_probe(ctx: Context, load: Load, serving: bool, link_down: list[str]) -> Verdict:
