@@ -67,17 +67,12 @@ class Action(Value):
         return {"kind": self.kind, "host": self.host, "target": self.target, "reason": self.reason}
 
 
-class Plan(Value):
-    cluster: str
-    phase: Phase
-    reason: BoundedText
-    actions: tuple[Action, ...] = ()
-    # What would have run but for pause, dry-run or backoff: shown, never executed.
-    withheld: tuple[Action, ...] = ()
-    # Set when this plan latches the cluster `blocked` (budget spent); remember() persists it.
-    latch: str | None = None
-    # Facts the planner decided for remember(): the model answers, and health has lasted long
-    # enough to forget earlier remediations' backoff.
+class Learned(Value):
+    """What a look taught, as the planner judged it: the one input of memory's transition
+    (core.remembering.remember) besides the snapshot and the actions' outcomes. Kept whatever
+    becomes of the plan's actions (paused, latched, withheld)."""
+
+    # The model answers; health has lasted long enough to forget earlier remediations' backoff.
     model_ready: bool = False
     reset_backoff: bool = False
     ray_unsettled: bool = False
@@ -93,12 +88,6 @@ class Plan(Value):
     # The model serves as it should (healthy, or degraded by no fault of its own: busy, a dead
     # data link, Ray unread): lasting, it ends an incident and forgives its attempts.
     serving_well: bool = False
-    # The earliest daemon time this decision can change with nothing observed changing (a backoff
-    # or pause ending, a join or load deadline, a probe due): a recheck goes no later.
-    recheck_at: float | None = None
-    triage: tuple[TriageClass, ...] = ()
-    # Set when this plan starts a rollback to the last-good spec: why the new spec failed.
-    rollback: str | None = None
     # A fabric fault held Ray and model (re)starts in this judgement, for remember().
     fabric_held: bool = False
     # The latest launch failed vLLM's free-memory check while another process held GPU memory:
@@ -106,15 +95,34 @@ class Plan(Value):
     memory_held: bool = False
     # The token counter's reading, for remember() to keep while the model serves.
     token_mark: TokenMark | None = None
-    # The keys of the actions that passed the gate (core.deciding.gate) in this plan: every action a
-    # plan holds went through it.
-    gated: tuple[str, ...] = ()
     # First contact adopted a deployment made by hand (core.judging.adopt): remember() keeps it, as
     # if sparkd had launched it; `adoption_over`: every adopted container is gone.
     adopted: Adopted | None = None
     adoption_over: bool = False
     # First contact waits to adopt a matching deployment (remember() keeps since when).
     adopting: bool = False
+
+
+class Plan(Value):
+    cluster: str
+    phase: Phase
+    reason: BoundedText
+    actions: tuple[Action, ...] = ()
+    # What would have run but for pause, dry-run or backoff: shown, never executed.
+    withheld: tuple[Action, ...] = ()
+    # Set when this plan latches the cluster `blocked` (budget spent); remember() persists it.
+    latch: str | None = None
+    # The earliest daemon time this decision can change with nothing observed changing (a backoff
+    # or pause ending, a join or load deadline, a probe due): a recheck goes no later.
+    recheck_at: float | None = None
+    triage: tuple[TriageClass, ...] = ()
+    # Set when this plan starts a rollback to the last-good spec: why the new spec failed.
+    rollback: str | None = None
+    # The keys of the actions that passed the gate (core.deciding.gate) in this plan: every action
+    # a plan holds went through it.
+    gated: tuple[str, ...] = ()
+    # What the look taught, for remember(), whatever becomes of the actions.
+    learned: Learned = Learned()
 
     @property
     def converged(self) -> bool:

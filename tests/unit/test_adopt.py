@@ -33,9 +33,9 @@ def test_a_matching_deployment_is_adopted_without_an_action() -> None:
     result = first(observed, memory, toy)
     assert result.phase == "healthy"
     assert result.actions == () and result.withheld == ()
-    assert result.adopted is not None
-    assert result.adopted.containers == {"spark-a": HEAD_BOX, "spark-b": WORKER_BOX}
-    assert result.adopted.serve_pid == SERVE_PID
+    assert result.learned.adopted is not None
+    assert result.learned.adopted.containers == {"spark-a": HEAD_BOX, "spark-b": WORKER_BOX}
+    assert result.learned.adopted.serve_pid == SERVE_PID
     assert "adopted the deployment made by hand" in result.reason
     assert f"{HEAD_BOX} on spark-a" in result.reason and f"pid {SERVE_PID}" in result.reason
 
@@ -45,7 +45,7 @@ def test_adopting_waits_for_the_probe_and_touches_nothing() -> None:
     observed = observed.model_copy(update={"probe": None})
     result = first(observed, memory, toy)
     assert result.phase == "probing"
-    assert result.actions == () and result.adopted is None
+    assert result.actions == () and result.learned.adopted is None
     assert "adopting the deployment made by hand" in result.reason
     assert "waiting for the probe" in result.reason
 
@@ -54,7 +54,7 @@ def test_a_different_image_would_be_replaced_and_nothing_runs() -> None:
     toy, memory, observed = handmade(image="someone/vllm-other:0.9")
     result = first(observed, memory, toy)
     assert result.phase == "blocked"
-    assert result.actions == () and result.adopted is None
+    assert result.actions == () and result.learned.adopted is None
     assert "would replace the deployment made by hand" in result.reason
     assert "image someone/vllm-other:0.9, config hellohal2064/vllm-qwen3.5-gb10" in result.reason
     # What a rollout to the config would do, shown: the hand-made containers go, sparkd's own
@@ -179,7 +179,7 @@ def test_after_adoption_a_remedy_replaces_the_adopted_containers() -> None:
     )
     memory = remember(memory, broken, [], toy.now, result)
     relaunch = plan(toy.cluster, after, memory, toy.now)
-    assert relaunch.adoption_over
+    assert relaunch.learned.adoption_over
     memory = remember(memory, after, [], toy.now, relaunch)
     assert memory.adopted is None
     assert ("start_ray_head", container_name(toy.cluster, toy.cluster.head)) in {
@@ -290,7 +290,7 @@ def test_waiting_to_adopt_ends_with_the_operator_asked() -> None:
     waiting = observed.model_copy(update={"probe": None, "endpoint": refused})
     result = first(waiting, memory, toy)
     assert result.phase == "probing", result.reason
-    assert result.adopting and "waiting for the model to answer" in result.reason
+    assert result.learned.adopting and "waiting for the model to answer" in result.reason
     memory = remember(memory, waiting, [], toy.now, result)
     assert memory.adopting_since == toy.now
     later = toy.now + toy.cluster.model.load_timeout + 1
@@ -304,7 +304,7 @@ def test_a_server_refusing_sparkds_key_is_never_adopted() -> None:
     toy, memory, observed = handmade()
     refusing = ModelEndpoint(status="http_error", detail="HTTP 401 from /v1/models")
     result = first(observed.model_copy(update={"endpoint": refusing}), memory, toy)
-    assert result.phase == "blocked" and result.actions == () and result.adopted is None
+    assert result.phase == "blocked" and result.actions == () and result.learned.adopted is None
     assert "refuses sparkd's API key (HTTP 401 from /v1/models)" in result.reason
 
 
@@ -317,5 +317,5 @@ def test_an_api_key_on_the_command_line_is_the_configured_key_files_to_prove() -
         update={"model": toy.cluster.model.model_copy(update={"api_key_file": Path("/k")})}
     )
     result = plan(keyed, observed, memory, toy.now)
-    assert result.phase == "healthy" and result.adopted is not None, result.reason
+    assert result.phase == "healthy" and result.learned.adopted is not None, result.reason
     assert "sk-by-hand" not in result.reason

@@ -35,7 +35,9 @@ def held(example: str) -> tuple[Toy, Memory]:
     for _ in range(4):
         toy.advance(30)
         memory, result = step(toy, memory, looked(toy, mtu_b=1500))
-        assert result.fabric_held and "restart_model" not in {a.kind for a in result.actions}
+        assert result.learned.fabric_held and "restart_model" not in {
+            a.kind for a in result.actions
+        }
     assert memory.fabric_held_since is not None
     return toy, memory
 

@@ -166,7 +166,7 @@ def test_no_model_start_while_an_orphaned_engine_holds_the_gpus(waited: float) -
     assert result.actions == ()
     assert "engine processes still hold the GPUs" in result.reason
     assert "VLLM::EngineCore" in result.reason
-    assert result.ray_unsettled
+    assert result.learned.ray_unsettled
 
 
 def test_an_engine_that_stays_is_cleared_by_restarting_ray() -> None:
@@ -311,7 +311,7 @@ def test_a_look_after_a_ready_ray_runs_one_ray_call(s: tuple[Toy, Memory, float]
     ray_status = needs_ray_status(last)
     script = fact_script(toy.cluster, head, 10, ray_status).command
     always, fallback = _ray_calls(script)
-    if last.ray_ready:
+    if last.learned.ray_ready:
         # The node list, and `ray status` only if the list failed.
         assert (always, fallback) == (1, 1), script
     else:
@@ -322,5 +322,5 @@ def test_a_look_after_a_ready_ray_runs_one_ray_call(s: tuple[Toy, Memory, float]
 def test_a_load_on_a_ready_ray_reads_only_the_node_list() -> None:
     toy, memory = next(e for e in EXAMPLE_SET if e.name == "loading-40pct").build()
     last = plan(toy.cluster, toy.observe(), memory, toy.now)
-    assert last.phase == "loading" and last.ray_ready
+    assert last.phase == "loading" and last.learned.ray_ready
     assert not needs_ray_status(last)

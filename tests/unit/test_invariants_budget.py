@@ -204,7 +204,7 @@ def test_a_busy_model_that_answers_is_lasting_health() -> None:
     )
     decided = plan(toy.cluster, toy.observe(), memory, toy.now)
     assert decided.phase == "degraded" and "overloaded" in decided.reason
-    assert decided.reset_backoff
+    assert decided.learned.reset_backoff
     after = remember(memory, toy.observe(), (), toy.now, decided)
     assert after.backoff_reset_at == toy.now
     assert policy.budget_used(after, key, toy.cluster.policy, toy.now) == 0

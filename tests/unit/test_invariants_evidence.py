@@ -116,7 +116,7 @@ def test_a_younger_process_never_inherits_readiness(
             }
         )
         result = plan(toy.cluster, seen, memory, now)
-        assert not result.model_ready, result.reason
+        assert not result.learned.model_ready, result.reason
         assert result.phase == "loading", result.reason
         assert not DESTRUCTIVE & {a.kind for a in result.actions}, result.reason
         memory = remember(memory, seen, (), now, result)

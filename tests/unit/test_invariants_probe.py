@@ -194,7 +194,7 @@ def test_slow_probe_is_degraded_never_counted(share: float, failures: int) -> No
     observed = toy.observe().model_copy(update={"probe": probe})
     result = plan(toy.cluster, observed, memory, toy.now)
     assert result.actions == ()
-    assert result.probe_failures == 0
+    assert result.learned.probe_failures == 0
     slow = share * timeout > toy.cluster.probe.slow_share * timeout
     assert result.phase == ("degraded" if slow else "healthy"), result.reason
     assert ("degraded: slow" in result.reason) == slow

@@ -174,7 +174,7 @@ def test_docker_down_on_the_head_keeps_probing_the_model() -> None:
     assert "spark-a (head) is up but Docker is not answering" in result.reason
     assert "unreachable" not in result.reason
     assert "probe reasoning_only" in result.reason
-    assert result.model_ready
+    assert result.learned.model_ready
     assert result.actions == ()
 
 

@@ -317,7 +317,7 @@ def test_memory_lost_while_serving_probes_instead_of_restarting() -> None:
     )
     result = decide(toy, Memory(), seen)
     assert result.actions == ()
-    assert result.model_ready
+    assert result.learned.model_ready
     assert "not answering (it was ready)" in result.reason
 
 
@@ -329,7 +329,7 @@ def test_memory_lost_and_log_says_started_is_ready() -> None:
     ).model_copy(update={"endpoint": ModelEndpoint(status="not_run", detail="tunnel down")})
     result = decide(toy, Memory(), seen)
     assert result.actions == ()
-    assert result.model_ready
+    assert result.learned.model_ready
 
 
 # -- 7. Ray short of GPUs because of the head ---------------------------------------------------

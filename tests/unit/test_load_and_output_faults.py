@@ -101,7 +101,7 @@ def test_stray_think_close_answer_counts_no_failure_and_is_healthy() -> None:
     memory = memory.evolve(consecutive_failures=2)
     made = plan(toy.cluster, seen, memory, toy.now)
     assert made.phase == "healthy" and made.actions == (), made.reason
-    assert made.probe_failures == 0
+    assert made.learned.probe_failures == 0
 
 
 def test_reasoning_with_nothing_after_the_closer_is_judged_as_before() -> None:

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from sparkd.core.remembering.remember import remember
 from sparkd.model.memory import Memory
-from sparkd.model.plan import Plan
+from sparkd.model.plan import Learned, Plan
 from tests.toy import Toy
 
 
@@ -25,7 +25,9 @@ def test_a_wrong_type_is_an_error() -> None:
 def test_remember_keeps_what_the_plan_decided() -> None:
     toy = Toy.healthy()
     seen = toy.observe()
-    decided = Plan(cluster="sparks", phase="healthy", reason="ok", serving_well=True)
+    decided = Plan(
+        cluster="sparks", phase="healthy", reason="ok", learned=Learned(serving_well=True)
+    )
     after = remember(Memory(), seen, (), toy.now, decided)
     assert after.healthy_since == toy.now
     assert after.last_phase == "healthy"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkd.model.plan import Action, Plan
+from sparkd.model.plan import Action, Learned, Plan
 from sparkd.runtime.next_look import WORK_IN_PROGRESS, next_look
 
 INTERVAL = 30.0
@@ -34,7 +34,11 @@ def look(
 
 def converged(recheck_at: float | None = None) -> Plan:
     return Plan(
-        cluster="c", phase="healthy", reason="serving", model_ready=True, recheck_at=recheck_at
+        cluster="c",
+        phase="healthy",
+        reason="serving",
+        recheck_at=recheck_at,
+        learned=Learned(model_ready=True),
     )
 
 

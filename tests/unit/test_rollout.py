@@ -453,6 +453,6 @@ def test_an_mtu_mismatch_after_the_new_spec_served_does_not_roll_it_back() -> No
     object.__setattr__(toy, "observe", observe)
     toy.probe_style = "timeout"
     plans = [run.cycle() for _ in range(8)]
-    assert all(p.fabric_held for p in plans)
+    assert all(p.learned.fabric_held for p in plans)
     assert all(p.rollback is None for p in plans), [p.rollback for p in plans]
     assert run.toy.serve_spec == rollout.identity(run.desired)

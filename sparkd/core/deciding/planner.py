@@ -37,7 +37,7 @@ from sparkd.core.reading import weight_files
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Adopted, LoadMark, Memory, TokenMark
 from sparkd.model.observed import Observed
-from sparkd.model.plan import MODEL_STARTS, Action, Phase, Plan, TriageClass
+from sparkd.model.plan import MODEL_STARTS, Action, Learned, Phase, Plan, TriageClass
 
 # Phase precedence when several stages speak: the earliest names the plan.
 STAGE_ORDER: tuple[Phase, ...] = (
@@ -87,37 +87,36 @@ class _Draft:
     adoption_over: bool = False
     adopting: bool = False
 
-    def carry(self) -> dict[str, object]:
+    def learned(self, *, reset_backoff: bool = False) -> Learned:
         """What remember() learns from the judgement, whatever becomes of the actions."""
-        return {
-            "model_ready": self.model_ready,
-            "ray_unsettled": self.ray_unsettled,
-            "ray_ready": self.ray_ready,
-            "load_mark": self.load_mark,
-            "probe_failures": self.probe_failures,
-            "busy_streak": self.busy_streak,
-            "unknown_streak": self.unknown_streak,
-            "serving_well": self.serving_well,
-            "triage": self.triage,
-            "fabric_held": self.fabric_held,
-            "memory_held": self.memory_held,
-            "token_mark": self.token_mark,
-            "adopted": self.adopted,
-            "adoption_over": self.adoption_over,
-            "adopting": self.adopting,
-        }
+        return Learned(
+            model_ready=self.model_ready,
+            reset_backoff=reset_backoff,
+            ray_unsettled=self.ray_unsettled,
+            ray_ready=self.ray_ready,
+            load_mark=self.load_mark,
+            probe_failures=self.probe_failures,
+            busy_streak=self.busy_streak,
+            unknown_streak=self.unknown_streak,
+            serving_well=self.serving_well,
+            fabric_held=self.fabric_held,
+            memory_held=self.memory_held,
+            token_mark=self.token_mark,
+            adopted=self.adopted,
+            adoption_over=self.adoption_over,
+            adopting=self.adopting,
+        )
 
     def blocked(self, cluster: str, latch: str) -> Plan:
         """Latched blocked on `latch`: every action withheld, the judgement still learnt."""
-        return Plan.model_validate(
-            {
-                "cluster": cluster,
-                "phase": "blocked",
-                "reason": latch,
-                "withheld": tuple(self.actions),
-                "latch": latch,
-                **self.carry(),
-            }
+        return Plan(
+            cluster=cluster,
+            phase="blocked",
+            reason=latch,
+            withheld=tuple(self.actions),
+            latch=latch,
+            triage=self.triage,
+            learned=self.learned(),
         )
 
     def horizon(
@@ -162,15 +161,14 @@ def plan(
         draft = _draft(desired, observed, memory, now)
         pause = memory.paused
         until = f" until {from_now(pause.until - wall)}" if pause.until is not None else ""
-        return Plan.model_validate(
-            {
-                "cluster": name,
-                "phase": "paused",
-                "reason": f"paused by {pause.by}{until}: {pause.reason}",
-                "withheld": tuple(draft.actions),
-                "recheck_at": draft.horizon(desired, memory, now, [], wall),
-                **draft.carry(),
-            }
+        return Plan(
+            cluster=name,
+            phase="paused",
+            reason=f"paused by {pause.by}{until}: {pause.reason}",
+            withheld=tuple(draft.actions),
+            recheck_at=draft.horizon(desired, memory, now, [], wall),
+            triage=draft.triage,
+            learned=draft.learned(),
         )
     if memory.blocked is not None:
         return Plan(
@@ -239,19 +237,17 @@ def plan(
         allowed.append(action)
     if dry_run:
         allowed, withheld, reason = [], allowed + withheld, f"dry-run: {reason}"
-    return Plan.model_validate(
-        {
-            "cluster": name,
-            "phase": draft.phase,
-            "reason": reason,
-            "actions": tuple(allowed),
-            "withheld": tuple(withheld + draft.withheld),
-            "reset_backoff": reset,
-            "recheck_at": draft.horizon(desired, memory, now, backoffs, wall),
-            "rollback": rollback,
-            "gated": tuple(gated),
-            **draft.carry(),
-        }
+    return Plan(
+        cluster=name,
+        phase=draft.phase,
+        reason=reason,
+        actions=tuple(allowed),
+        withheld=tuple(withheld + draft.withheld),
+        recheck_at=draft.horizon(desired, memory, now, backoffs, wall),
+        triage=draft.triage,
+        rollback=rollback,
+        gated=tuple(gated),
+        learned=draft.learned(reset_backoff=reset),
     )
 
 

@@ -214,7 +214,7 @@ def track(
     serve = observed.serve
     key = observed.api_key_fingerprint
     running = serve.spec_hash if serve is not None and serve.running else None
-    accepted = plan.serving_well and healthy >= desired.rollout.acceptance_probes
+    accepted = plan.learned.serving_well and healthy >= desired.rollout.acceptance_probes
     if (
         rollout is not None
         and rollout.to_hash == want

@@ -92,7 +92,7 @@ def needs_ray_status(last: Plan | None) -> bool:
     be placed on only once `ray status` counts its GPU, a few seconds later: needed only while
     Ray is not ready. On a ready Ray (converged, or the model loading on it for 15-30 min) the
     node list alone says it stays so, one `ray` call a look."""
-    return last is None or not (last.converged or last.ray_ready)
+    return last is None or not (last.converged or last.learned.ray_ready)
 
 
 def rejoin_workers(ctx: Context) -> list[Action]:

@@ -144,20 +144,22 @@ def remember(
 
     probe = observed.probe
     if policy.is_new_probe(memory, probe) and probe is not None:
-        counted = plan is not None and plan.probe_failures is not None
+        # The planner's count of this probe where it made one, else the policy's own.
+        taught = plan.learned if plan is not None else None
+        counted = taught is not None and taught.probe_failures is not None
         changes["consecutive_failures"] = (
-            plan.probe_failures
-            if plan is not None and plan.probe_failures is not None
+            taught.probe_failures
+            if taught is not None and taught.probe_failures is not None
             else policy.failures_after(memory, probe)
         )
         changes["busy_streak"] = (
-            plan.busy_streak
-            if counted and plan is not None and plan.busy_streak is not None
+            taught.busy_streak
+            if counted and taught is not None and taught.busy_streak is not None
             else policy.busy_streak_after(memory, probe)
         )
         changes["unknown_streak"] = (
-            plan.unknown_streak
-            if counted and plan is not None and plan.unknown_streak is not None
+            taught.unknown_streak
+            if counted and taught is not None and taught.unknown_streak is not None
             else policy.unknown_streak_after(memory, probe)
         )
         changes["last_probe_at"] = probe.at
@@ -184,52 +186,53 @@ def remember(
         changes.update(model_ready_at=None)
 
     if plan is not None:
-        if plan.model_ready and not launched and memory.model_ready_at is None:
+        learned = plan.learned
+        if learned.model_ready and not launched and memory.model_ready_at is None:
             changes["model_ready_at"] = now
             if (
                 memory.launched_at is not None
                 and not memory.launch_nodes
                 and observed.ray is not None
-                and plan.ray_ready
+                and learned.ray_ready
             ):
                 changes["launch_nodes"] = observed.ray.alive_node_ids
-        if plan.serving_well:
+        if learned.serving_well:
             changes["healthy_since"] = memory.healthy_since or now
         else:
             changes["healthy_since"] = None
-        if plan.reset_backoff:
+        if learned.reset_backoff:
             changes["backoff_reset_at"] = now
         if plan.latch is not None and memory.blocked is None:
             changes["blocked"] = Blocked(reason=plan.latch, since=now)
-        if plan.ray_unsettled:
+        if learned.ray_unsettled:
             changes["ray_unsettled_since"] = memory.ray_unsettled_since or now
         else:
             changes["ray_unsettled_since"] = None
         if not launched:
-            changes["load_mark"] = plan.load_mark
-            changes["token_mark"] = plan.token_mark
+            changes["load_mark"] = learned.load_mark
+            changes["token_mark"] = learned.token_mark
         relaunched = bool(launched) or ray_restarted
         held_since = _fabric_held(memory, plan, now, relaunched)
         changes["fabric_held_since"] = held_since
         ended = memory.fabric_sound_at
         changes["fabric_sound_at"] = (
             None
-            if plan.fabric_held or held_since is None
+            if learned.fabric_held or held_since is None
             else (observed.observed_at if ended is None else ended)
         )
-        if plan.adopted is not None and memory.adopted is None:
+        if learned.adopted is not None and memory.adopted is None:
             # As if sparkd had launched it: the launch is the adoption, the model answered.
             changes.update(
-                adopted=plan.adopted,
-                launched_at=plan.adopted.at,
+                adopted=learned.adopted,
+                launched_at=learned.adopted.at,
                 launch_nodes=observed.ray.alive_node_ids if observed.ray is not None else (),
             )
-        elif plan.adoption_over:
+        elif learned.adoption_over:
             changes["adopted"] = None
-        changes["adopting_since"] = (memory.adopting_since or now) if plan.adopting else None
+        changes["adopting_since"] = (memory.adopting_since or now) if learned.adopting else None
         changes["last_phase"] = plan.phase
         changes["last_reason"] = plan.reason
-        changes["memory_held"] = not launched and (plan.memory_held or memory.memory_held)
+        changes["memory_held"] = not launched and (learned.memory_held or memory.memory_held)
         paused = memory.paused
         if plan.phase != "paused" and paused is not None and not paused.active(wall_now):
             changes["paused"] = None
@@ -249,9 +252,9 @@ def _readings(
 def _fabric_held(memory: Memory, plan: Plan, now: float, relaunched: bool) -> float | None:
     """Since when a fabric hold has lasted over the running model: kept until the model is
     relaunched (by the recovery or otherwise) or serves well again (nothing hung)."""
-    if plan.fabric_held:
+    if plan.learned.fabric_held:
         return memory.fabric_held_since if memory.fabric_held_since is not None else now
-    if relaunched or plan.serving_well:
+    if relaunched or plan.learned.serving_well:
         return None
     return memory.fabric_held_since
 
