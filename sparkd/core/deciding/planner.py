@@ -35,7 +35,7 @@ from sparkd.core.judging.ray_stage import judge_ray
 from sparkd.core.judging.triage import judge_memory
 from sparkd.core.reading import weight_files
 from sparkd.model.cluster import ClusterSpec
-from sparkd.model.memory import Adopted, LoadMark, Memory, TokenMark
+from sparkd.model.memory import Memory
 from sparkd.model.observed import Observed
 from sparkd.model.plan import MODEL_STARTS, Action, Learned, Phase, Plan, TriageClass
 
@@ -61,51 +61,19 @@ class _Draft:
     reason: str
     # The cycle's context the actions were judged in: the gate judges them in it too.
     ctx: Context
+    # What the look taught memory (remember()), whatever becomes of the actions.
+    learned: Learned
     actions: list[Action] = field(default_factory=list)
-    model_ready: bool = False
-    ray_unsettled: bool = False
-    ray_ready: bool = False
-    load_mark: LoadMark | None = None
-    probe_failures: int | None = None
-    busy_streak: int | None = None
-    unknown_streak: int | None = None
-    serving_well: bool = False
     triage: tuple[TriageClass, ...] = ()
-    # Evidence that the launch judged failed as it would again (core.deciding.rollout rolls back on
-    # it).
+    # Evidence that the launch judged failed as it would again (core.deciding.rollout rolls back
+    # on it).
     failure: str | None = None
-    fabric_held: bool = False
-    memory_held: bool = False
     # A host out of reach, wedged or its fabric held: what fails now is not the spec's doing.
     not_the_spec: bool = False
-    token_mark: TokenMark | None = None
     hang_at: float | None = None
-    # First contact (core.judging.adopt): what a rollout to the config would do, shown and never run
-    # until the operator decides; the adoption to remember; the adoption ended.
+    # First contact (core.judging.adopt): what a rollout to the config would do, shown and never
+    # run until the operator decides.
     withheld: list[Action] = field(default_factory=list)
-    adopted: Adopted | None = None
-    adoption_over: bool = False
-    adopting: bool = False
-
-    def learned(self, *, reset_backoff: bool = False) -> Learned:
-        """What remember() learns from the judgement, whatever becomes of the actions."""
-        return Learned(
-            model_ready=self.model_ready,
-            reset_backoff=reset_backoff,
-            ray_unsettled=self.ray_unsettled,
-            ray_ready=self.ray_ready,
-            load_mark=self.load_mark,
-            probe_failures=self.probe_failures,
-            busy_streak=self.busy_streak,
-            unknown_streak=self.unknown_streak,
-            serving_well=self.serving_well,
-            fabric_held=self.fabric_held,
-            memory_held=self.memory_held,
-            token_mark=self.token_mark,
-            adopted=self.adopted,
-            adoption_over=self.adoption_over,
-            adopting=self.adopting,
-        )
 
     def blocked(self, cluster: str, latch: str) -> Plan:
         """Latched blocked on `latch`: every action withheld, the judgement still learnt."""
@@ -116,7 +84,7 @@ class _Draft:
             withheld=tuple(self.actions),
             latch=latch,
             triage=self.triage,
-            learned=self.learned(),
+            learned=self.learned,
         )
 
     def horizon(
@@ -134,9 +102,9 @@ class _Draft:
             now,
             wall=wall,
             backoffs=backoffs,
-            ray_unsettled=self.ray_unsettled,
-            load_mark=self.load_mark,
-            model_ready=self.model_ready,
+            ray_unsettled=self.learned.ray_unsettled,
+            load_mark=self.learned.load_mark,
+            model_ready=self.learned.model_ready,
             hang_at=self.hang_at,
         )
 
@@ -168,7 +136,7 @@ def plan(
             withheld=tuple(draft.actions),
             recheck_at=draft.horizon(desired, memory, now, [], wall),
             triage=draft.triage,
-            learned=draft.learned(),
+            learned=draft.learned,
         )
     if memory.blocked is not None:
         return Plan(
@@ -196,7 +164,7 @@ def plan(
         _hold_back(draft, steer)
     if rollback is None and steer.held is None and rollout.prepare_due(desired, memory):
         _prepare(draft, desired, observed, steer.desired_hash)
-    reset = draft.serving_well and (
+    reset = draft.learned.serving_well and (
         memory.healthy_since is not None
         and now - memory.healthy_since >= desired.policy.healthy_reset
         and memory.backoff_reset_at < memory.healthy_since
@@ -247,7 +215,7 @@ def plan(
         triage=draft.triage,
         rollback=rollback,
         gated=tuple(gated),
-        learned=draft.learned(reset_backoff=reset),
+        learned=draft.learned.model_copy(update={"reset_backoff": reset}),
     )
 
 
@@ -405,32 +373,10 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
     latest = observed.probe or memory.last_probe
     answered = latest is not None and (latest.verdict.healthy is True or latest.busy)
     found = tuple(dict.fromkeys(t for stage in stages for t in stage.triage))
-    return _Draft(
-        phase=phase,
-        reason="; ".join(_unique(notes)) or "nothing to do",
-        actions=actions,
-        model_ready=contact.adopt is not None or (model.to_probe and (serving or load.was_ready)),
-        ray_unsettled=ray.unsettled or model.waiting,
-        ray_ready=ray.ready,
-        load_mark=load.mark if not load.was_ready else None,
-        probe_failures=probe_failures,
-        busy_streak=busy,
-        unknown_streak=unknown,
-        triage=found,
-        failure=failure,
-        fabric_held=bool(fabric.holds),
-        memory_held=model.memory_held,
-        not_the_spec=not_the_spec,
-        token_mark=token_mark,
-        hang_at=deadline(ctx, token_mark),
-        ctx=ctx,
-        withheld=preview,
-        adopted=contact.adopt,
-        adoption_over=adoption_over,
-        adopting=contact.adopting,
-        # Health that lasts closes an incident: healthy, or degraded only while the model
-        # serves and answers (busy, a dead data link, Ray unread) with no failure counted.
-        serving_well=contact.adopt is not None
+    # Health that lasts closes an incident: healthy, or degraded only while the model serves and
+    # answers (busy, a dead data link, Ray unread) with no failure counted.
+    serving_well = (
+        contact.adopt is not None
         or phase == "healthy"
         or (
             phase == "degraded"
@@ -439,7 +385,35 @@ def _draft(desired: ClusterSpec, observed: Observed, memory: Memory, now: float)
             and not actions
             and failures == 0
             and answered
-        ),
+        )
+    )
+    learned = Learned(
+        model_ready=contact.adopt is not None or (model.to_probe and (serving or load.was_ready)),
+        ray_unsettled=ray.unsettled or model.waiting,
+        ray_ready=ray.ready,
+        load_mark=load.mark if not load.was_ready else None,
+        probe_failures=probe_failures,
+        busy_streak=busy,
+        unknown_streak=unknown,
+        serving_well=serving_well,
+        fabric_held=bool(fabric.holds),
+        memory_held=model.memory_held,
+        token_mark=token_mark,
+        adopted=contact.adopt,
+        adoption_over=adoption_over,
+        adopting=contact.adopting,
+    )
+    return _Draft(
+        phase=phase,
+        reason="; ".join(_unique(notes)) or "nothing to do",
+        ctx=ctx,
+        learned=learned,
+        actions=actions,
+        triage=found,
+        failure=failure,
+        not_the_spec=not_the_spec,
+        hang_at=deadline(ctx, token_mark),
+        withheld=preview,
     )
 
 
