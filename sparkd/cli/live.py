@@ -326,12 +326,13 @@ def _refused(goods: dict[str, LastGood]) -> bool:
 
 
 def last_good_spec(settings: Settings, cluster: ClusterSpec, admit: bool = False) -> LastGood:
+    from sparkd.core import spec
     from sparkd.core.deciding import known_specs, rollout
     from sparkd.runtime.spec_history import SpecHistory
 
     state = StateDir(settings.daemon.state_dir)
     good = state.peek_memory(cluster.name).last_good
-    if good is None or good.hash == rollout.identity(cluster):
+    if good is None or good.hash == spec.identity(cluster):
         return LastGood()
     head = f"last-good spec {good.hash} (a rollback launches it)"
     if known_specs.hash_of(cluster, known_specs.KnownSpec(good.ray, good.model)) != good.hash:
@@ -359,4 +360,4 @@ def last_good_spec(settings: Settings, cluster: ClusterSpec, admit: bool = False
         )
         return LastGood(notes=tuple(notes))
     notes.append("its commands are admitted (--last-good)")
-    return LastGood(spec=rollout.spec_of(cluster, good), notes=tuple(notes))
+    return LastGood(spec=spec.spec_of(cluster, good), notes=tuple(notes))

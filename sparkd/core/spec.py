@@ -11,7 +11,8 @@ import json
 from typing import Any
 
 from sparkd.model.cluster import ClusterSpec
-from sparkd.model.spec import DEFAULT_DASHBOARD_PORT, HostSpec
+from sparkd.model.memory import GoodSpec
+from sparkd.model.spec import DEFAULT_DASHBOARD_PORT, HostSpec, ModelSpec, RaySpec
 
 LABEL_CLUSTER = "sparkd.cluster"
 LABEL_ROLE = "sparkd.role"
@@ -146,3 +147,26 @@ def normalize_image(image: str) -> str:
     if "@" in last or ":" in last:
         return image
     return f"{image}:latest"
+
+
+# A spec by its model spec hash without the key: what the running serve carries beside its log,
+# stable across sparkd upgrades, a key rotation aside (rollouts and last-good specs use it).
+def identity(spec: ClusterSpec) -> str:
+    return model_spec_hash(spec)
+
+
+def good_of(spec: ClusterSpec, key: str | None, at: float) -> GoodSpec:
+    return GoodSpec(
+        hash=identity(spec),
+        ray=spec.ray.model_dump(mode="json"),
+        model=spec.model.model_dump(mode="json"),
+        key=key,
+        at=at,
+    )
+
+
+def spec_of(desired: ClusterSpec, good: GoodSpec) -> ClusterSpec:
+    """The desired cluster with the last-good Ray and model sections (hosts, SSH and policy as
+    configured now)."""
+    ray = RaySpec.model_validate(good.ray)
+    return desired.model_copy(update={"ray": ray, "model": ModelSpec.model_validate(good.model)})

@@ -41,6 +41,8 @@ ACTION_KINDS: tuple[ActionKind, ...] = get_args(ActionKind)
 # The kinds that (re)start a Ray node, and those that launch the model: named once, imported.
 RAY_STARTS: frozenset[ActionKind] = frozenset({"start_ray_head", "start_ray_worker", "restart_ray"})
 MODEL_STARTS: frozenset[ActionKind] = frozenset({"start_model", "restart_model"})
+# The kinds that stop a running deployment: a rollout's first stop of the old one is one of them.
+STOPS: frozenset[ActionKind] = MODEL_STARTS | {"restart_ray"}
 START_MODEL: frozenset[ActionKind] = frozenset({"start_model"})
 # What a hold on a host vetoes: every kind but the power cycle and the cache pruning.
 EVERYTHING: frozenset[ActionKind] = frozenset(

@@ -22,7 +22,8 @@ from sparkd.core.deciding import known_specs, rollout
 from sparkd.core.deciding.planner import plan as make_plan
 from sparkd.core.judging.ray_stage import needs_ray_status
 from sparkd.core.policy import is_new_probe, rebooted
-from sparkd.core.remembering.remember import intend, remember
+from sparkd.core.remembering import rollout_record
+from sparkd.core.remembering.remember import after_cycle, intend
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import MEMORY_VERSION, Memory
 from sparkd.model.observed import ModelEndpoint, Observed
@@ -310,25 +311,16 @@ class Controller:
     def _learn(self, cycle: CycleInProgress) -> None:
         """Memory as if the cycle ended now, persisted with the events so far."""
         now = self.clock.now()
-        learnt = remember(
+        learnt = after_cycle(
             cycle.before,
             cycle.observed,
             cycle.outcomes,
             now,
             cycle.plan,
+            self.cluster,
             wall=self.clock.wall_of(now),
         )
-        learnt = rollout.track(
-            cycle.before,
-            learnt,
-            self.cluster,
-            cycle.observed,
-            cycle.outcomes,
-            cycle.plan,
-            now,
-            self.clock.wall_of(now),
-        )
-        for kind, fields in rollout.events(cycle.before.rollout, learnt.rollout):
+        for kind, fields in rollout_record.events(cycle.before.rollout, learnt.rollout):
             if kind not in cycle.rollout_noted:
                 cycle.rollout_noted.add(kind)
                 cycle.events.append(self._event(kind, **fields))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from sparkd.core import spec
 from sparkd.core.deciding import rollout
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def rollout_json(controller: Controller) -> dict[str, Any]:
         }
     held = record is not None and record.result == "rolled_back"
     return {
-        "desired": rollout.identity(controller.cluster),
+        "desired": spec.identity(controller.cluster),
         "running": serve.spec_hash if serve is not None and serve.running else None,
         "last_good": (
             {"spec": good.hash, "at": wall(good.at), "model": good.model.get("id")}
@@ -46,7 +47,7 @@ def rollout_json(controller: Controller) -> dict[str, Any]:
         "in_progress": record is not None and record.result == "in_progress",
         "rolled_back": held
         and record is not None
-        and record.to_hash == rollout.identity(controller.cluster),
+        and record.to_hash == spec.identity(controller.cluster),
         "latest": latest,
     }
 

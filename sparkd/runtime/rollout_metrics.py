@@ -11,7 +11,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from sparkd.core.deciding import rollout
+from sparkd.core import spec
 from sparkd.model.cluster import ClusterSpec
 from sparkd.runtime.state_metrics import gauge
 
@@ -57,7 +57,7 @@ class _Gauges(Collector):
         for controller in self.controllers():
             name = controller.cluster.name
             record = controller.memory.rollout
-            ours = record is not None and record.to_hash == rollout.identity(controller.cluster)
+            ours = record is not None and record.to_hash == spec.identity(controller.cluster)
             result = record.result if ours and record is not None else None
             on.add_metric([name], 1.0 if result == "in_progress" else 0.0)
             back.add_metric([name], 1.0 if result == "rolled_back" else 0.0)

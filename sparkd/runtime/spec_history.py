@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkd.core.deciding.known_specs import KnownSpec, known_of
-from sparkd.core.deciding.rollout import identity
+from sparkd.core.spec import identity
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import GoodSpec
 from sparkd.runtime.state import SAFE, StateDir

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparkd.core.deciding import rollout
+from sparkd.core.spec import identity
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.checkpoint import shard_name
 from sparkd_sim.world import World
@@ -26,7 +26,7 @@ async def test_a_reload_to_a_model_missing_a_weight_file_stops_nothing_until_it_
     daemon, since = await old.daemon(tmp_path / "token", id=OTHER)
     try:
         ctl = daemon.controllers["sparks"]
-        want = rollout.identity(ctl.cluster)
+        want = identity(ctl.cluster)
 
         plans: set[int] = set()
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from sparkd.core.deciding import rollout
+from sparkd.core.spec import identity
 from sparkd.model.cluster import RolloutCheck
 from sparkd.model.plan import Plan
 from sparkd.runtime.controller import Controller
@@ -66,7 +66,7 @@ async def test_a_good_change_rolls_out_with_one_cutover_and_is_accepted(
     assert record is not None and record.from_hash == good.hash
     assert record.downtime is not None and record.downtime > 0
     new_good = ctl.memory.last_good
-    assert new_good is not None and new_good.hash == rollout.identity(ctl.cluster)
+    assert new_good is not None and new_good.hash == identity(ctl.cluster)
 
 
 async def test_a_bad_argument_rolls_back_and_serves_again(
@@ -76,7 +76,7 @@ async def test_a_bad_argument_rolls_back_and_serves_again(
     good = old.good
     ctl, since = old.reload(extra_args=old.args(BAD_FLAG))
     plans = await until(ctl, rolled_back_and_serving)
-    bad = rollout.identity(ctl.cluster)
+    bad = identity(ctl.cluster)
     assert_rolled_back(ctl, plans, bad, good.hash, f"unrecognized arguments: {BAD_FLAG}")
     launched = serves(healthy_world, since)
     assert [BAD_FLAG in c for c in launched] == [True, False]
@@ -99,7 +99,7 @@ async def test_a_missing_weight_file_rolls_back_and_serves_again(
     ctl, since = old.reload(id=other)
     plans = await until(ctl, rolled_back_and_serving)
     why = f"FileNotFoundError: Weight files referenced in index but missing: {{'{other}/"
-    assert_rolled_back(ctl, plans, rollout.identity(ctl.cluster), good.hash, why)
+    assert_rolled_back(ctl, plans, identity(ctl.cluster), good.hash, why)
     launched = serves(healthy_world, since)
     assert [other in c for c in launched] == [True, False]
     assert ctl.view.snapshot is not None and ctl.view.snapshot.endpoint is not None
@@ -114,7 +114,7 @@ async def test_a_stalled_load_rolls_back_and_serves_again(
     await healthy_world.fault("stall-load", "spark-a")  # the next load stops at 40 %
     ctl, since = old.reload(extra_args=old.args("--max-num-seqs", "8"))
     plans = await until(ctl, rolled_back_and_serving)
-    assert_rolled_back(ctl, plans, rollout.identity(ctl.cluster), good.hash, "load stalled")
+    assert_rolled_back(ctl, plans, identity(ctl.cluster), good.hash, "load stalled")
     launched = serves(healthy_world, since)
     assert ["--max-num-seqs 8" in c for c in launched] == [True, False]
 
@@ -143,7 +143,7 @@ async def test_rollout_retry_and_back_through_the_api_with_metrics_and_status(
         assert sample(text, "sparkd_rollouts_total", result="rolled_back") == 1
         _, body = await get(f"{daemon.url}/status")
         shown = body["clusters"][0]["rollout"]
-        assert shown["desired"] == rollout.identity(ctl.cluster)
+        assert shown["desired"] == identity(ctl.cluster)
         assert shown["running"] == good.hash and shown["last_good"]["spec"] == good.hash
         assert shown["rolled_back"] is True and shown["latest"]["result"] == "rolled_back"
         assert any(BAD_FLAG in d for d in shown["differs"])
@@ -188,7 +188,7 @@ async def test_rollout_back_through_the_api_goes_to_last_good_during_a_load(
         plan = ctl.view.plan
         assert plan is not None
         assert plan.reason.startswith(
-            f"rolled back from {rollout.identity(ctl.cluster)} to {good.hash}: asked by bob"
+            f"rolled back from {identity(ctl.cluster)} to {good.hash}: asked by bob"
         )
         assert ["--max-num-seqs 8" in c for c in serves(healthy_world, since)] == [True, False]
         _, text = await fetch(f"{daemon.url}/metrics")
@@ -210,7 +210,7 @@ async def test_a_failed_acceptance_check_rolls_back_and_serves_again(
     )
     plans = await until(ctl, rolled_back_and_serving)
     why = "acceptance check 1 failed: 50 completion tokens, fewer than 51"
-    assert_rolled_back(ctl, plans, rollout.identity(ctl.cluster), good.hash, why)
+    assert_rolled_back(ctl, plans, identity(ctl.cluster), good.hash, why)
     launched = serves(healthy_world, since)
     assert ["--max-num-seqs 8" in c for c in launched] == [True, False]
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from sparkd.core.deciding import rollout
+from sparkd.core.spec import good_of, identity
 from sparkd.ha.etcd import EtcdClient, b64
 from sparkd.ha.memory import memory_key
 from sparkd.model.memory import Rollout
@@ -42,8 +42,8 @@ async def test_a_planted_last_good_spec_is_refused_by_the_next_owner(
     assert kv is not None
     record = json.loads(kv.value)
     # As an older sparkd wrote it: the whole spec beside its hash. Stamps are ages.
-    good = rollout.good_of(evil, None, -60.0).model_dump(mode="json")
-    want = rollout.identity(desired)
+    good = good_of(evil, None, -60.0).model_dump(mode="json")
+    want = identity(desired)
     held = Rollout(
         id=9, started=time.time() - 60, began_at=-60.0, from_hash=good["hash"], to_hash=want,
         result="rolled_back", rolled_back="failed", rolled_back_at=-30.0,

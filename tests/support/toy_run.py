@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 from sparkd.core.deciding import rollout
 from sparkd.core.deciding.planner import plan
-from sparkd.core.remembering.remember import remember
+from sparkd.core.remembering.remember import after_cycle
+from sparkd.core.spec import identity, spec_of
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory
 from sparkd.model.plan import ActionOutcome, ActionResult, Plan
@@ -66,9 +67,8 @@ class Run:
             outcomes.append(
                 ActionOutcome(action=action, result=result, started_at=toy.now, finished_at=toy.now)
             )
-        after = remember(self.memory, observed, outcomes, toy.now, made)
-        self.memory = rollout.track(
-            self.memory, after, self.desired, observed, outcomes, made, toy.now, toy.now
+        self.memory = after_cycle(
+            self.memory, observed, outcomes, toy.now, made, self.desired, wall=toy.now
         )
         self.plans.append(made)
         toy.advance(seconds)
@@ -78,7 +78,7 @@ class Run:
         toy = self.toy
         toy.log_tail = ()
         toy.load_stalled_at = None
-        bad = rollout.identity(spec) != rollout.identity(self.good_spec)
+        bad = identity(spec) != identity(self.good_spec)
         for fault in self.on_launch:
             # `X` hits only a spec other than last-good; `X_all` every launch.
             kind = fault.removesuffix("_all")
@@ -104,7 +104,7 @@ class Run:
     @property
     def good_spec(self) -> ClusterSpec:
         good = self.memory.last_good
-        return rollout.spec_of(self.desired, good) if good is not None else self.desired
+        return spec_of(self.desired, good) if good is not None else self.desired
 
     def until(self, phase: str, limit: int = 40) -> Plan:
         for _ in range(limit):

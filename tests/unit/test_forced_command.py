@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sparkd.core.spec import good_of, spec_of
 from sparkd.model import exits
 from sparkd.model.cluster import ClusterSpec
 from sparkd.shell import catalogue, forced
@@ -286,7 +287,6 @@ def test_sparkd_commands_forced_command_prints_the_wrapper_and_its_line(tmp_path
 def test_the_wrapper_takes_the_last_good_spec_a_rollback_launches(tmp_path: Path) -> None:
     """A rollback launches the last-good spec the state dir remembers: the wrapper generated
     with that memory lets its `start_model` through, and still no other spec's."""
-    from sparkd.core.deciding import rollout
     from sparkd.model.memory import Memory
     from sparkd.runtime.state import StateDir
 
@@ -300,14 +300,14 @@ def test_the_wrapper_takes_the_last_good_spec_a_rollback_launches(tmp_path: Path
     old, other = flagged("--max-num-seqs", "8"), flagged("--max-num-seqs", "9")
     state = tmp_path / "state"
     state.mkdir()
-    good = rollout.good_of(old, None, 1000.0)
+    good = good_of(old, None, 1000.0)
     StateDir(state).memory_path(cluster.name).write_text(Memory(last_good=good).model_dump_json())
     config = tmp_path / "sparkd.toml"
     text = EXAMPLE_CONFIG.read_text()
     assert 'state_dir = "/var/lib/sparkd"' in text
     config.write_text(text.replace('state_dir = "/var/lib/sparkd"', f'state_dir = "{state}"'))
     seconds = cluster.ssh.command_timeout
-    acting = rollout.spec_of(cluster, good)
+    acting = spec_of(cluster, good)
     # Not asked for: the header says what it differs by, and that it is not admitted.
     plain = _forced(config)
     assert plain.returncode == 0, plain.stderr
@@ -371,12 +371,11 @@ def test_a_last_good_spec_wider_than_the_config_never_passes_the_wrapper(tmp_pat
     """The state dir's last-good spec runs Ray `--privileged -v /:/host` with a command in its
     environment, its hash made to match: the wrapper says so in its header and lets none of
     its commands through; `--last-good` refuses to admit it."""
-    from sparkd.core.deciding import rollout
     from tests.support.hostile import hostile
 
     cluster = reference_cluster()
     evil = hostile(cluster)
-    config = _state_with_last_good(tmp_path, rollout.good_of(evil, None, 1000.0))
+    config = _state_with_last_good(tmp_path, good_of(evil, None, 1000.0))
     done = _forced(config)
     assert done.returncode == 0, done.stderr
     assert "wider than the config in a security-relevant field" in done.stdout
@@ -400,19 +399,16 @@ def test_a_last_good_spec_wider_than_the_config_never_passes_the_wrapper(tmp_pat
 def test_a_last_good_spec_whose_sections_do_not_make_its_hash_is_not_admitted(
     tmp_path: Path,
 ) -> None:
-    from sparkd.core.deciding import rollout
 
     cluster = reference_cluster()
     model = cluster.model.model_copy(update={"extra_args": (*cluster.model.extra_args, "--x")})
     old = cluster.model_copy(update={"model": model})
-    good = rollout.good_of(old, None, 1000.0).model_copy(update={"hash": "0123456789ab"})
+    good = good_of(old, None, 1000.0).model_copy(update={"hash": "0123456789ab"})
     config = _state_with_last_good(tmp_path, good)
     done = _forced(config)
     assert done.returncode == 0, done.stderr
     assert "do not make its hash" in done.stdout
-    start = catalogue.actions.start_model(
-        rollout.spec_of(cluster, good), cluster.ssh.command_timeout, None
-    )
+    start = catalogue.actions.start_model(spec_of(cluster, good), cluster.ssh.command_timeout, None)
     assert not _allowed(done.stdout)(start.command)
     refused = _forced(config, "--last-good")
     assert refused.returncode == exits.EX_DATAERR and "do not make its hash" in refused.stderr

@@ -13,7 +13,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from sparkd.core.deciding import rollout
+from sparkd.core.spec import good_of
 from sparkd.runtime.controller import Controller
 from sparkd.runtime.daemon import Daemon
 from sparkd.runtime.state import StateDir
@@ -41,7 +41,7 @@ class FakeOwnership:
 def changed_controller(tmp_path: Path) -> Controller:
     """A controller whose desired spec differs from the last-good one it remembers."""
     toy = Toy.healthy()
-    good = rollout.good_of(toy.cluster, None, 1000.0)
+    good = good_of(toy.cluster, None, 1000.0)
     model = toy.cluster.model.model_copy(
         update={"extra_args": (*toy.cluster.model.extra_args, "--max-num-seqs", "8")}
     )

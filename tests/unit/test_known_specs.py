@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import cast
 
 from sparkd.core.deciding import known_specs, rollout
+from sparkd.core.spec import good_of, identity
 from sparkd.ha.memory import decode, encode
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory, Rollout
@@ -21,12 +22,12 @@ from tests.toy import reference_cluster
 
 def held_rollback(desired: ClusterSpec, good: ClusterSpec) -> Memory:
     """A rollout of `desired` rolled back to `good`: the planner launches and holds `good`."""
-    want, was = rollout.identity(desired), rollout.identity(good)
+    want, was = identity(desired), identity(good)
     record = Rollout(
         id=1, started=0.0, began_at=0.0, from_hash=was, to_hash=want, result="rolled_back",
         rolled_back="failed", rolled_back_at=1.0,
     )  # fmt: skip
-    return Memory(last_good=rollout.good_of(good, None, 0.0), rollout=record, rollout_seq=1)
+    return Memory(last_good=good_of(good, None, 0.0), rollout=record, rollout_seq=1)
 
 
 def test_a_last_good_spec_no_config_here_ran_is_refused_and_launches_nothing() -> None:
@@ -39,7 +40,7 @@ def test_a_last_good_spec_no_config_here_ran_is_refused_and_launches_nothing() -
         "/:/host",
     )
     vetted, refused = known_specs.vet(desired, memory, {}, now=5.0)
-    assert refused is not None and rollout.identity(hostile(desired)) in refused
+    assert refused is not None and identity(hostile(desired)) in refused
     assert vetted.blocked is not None and vetted.blocked.reason == refused
     assert vetted.last_good is None and vetted.rollout is None
     assert rollout.steer(desired, vetted).spec == desired
@@ -56,7 +57,7 @@ def test_a_known_hash_launches_the_historys_sections_not_the_memorys() -> None:
         update={"ray": hostile(desired).ray.model_dump(mode="json")}
     )
     memory = memory.evolve(last_good=planted)
-    history = {rollout.identity(old): known_specs.known_of(old)}
+    history = {identity(old): known_specs.known_of(old)}
     vetted, refused = known_specs.vet(desired, memory, history, now=5.0)
     assert refused is None and vetted.blocked is None
     assert rollout.steer(desired, vetted).spec == old
@@ -66,8 +67,8 @@ def test_a_history_entry_that_does_not_make_its_hash_is_not_trusted() -> None:
     desired = reference_cluster()
     old = flagged(desired, "--max-num-seqs", "8")
     # Filed under the old spec's hash, holding the hostile sections.
-    history = {rollout.identity(old): known_specs.known_of(hostile(desired))}
-    assert rollout.identity(old) not in known_specs.trusted(desired, history)
+    history = {identity(old): known_specs.known_of(hostile(desired))}
+    assert identity(old) not in known_specs.trusted(desired, history)
     _, refused = known_specs.vet(desired, held_rollback(desired, old), history, now=5.0)
     assert refused is not None
 
@@ -126,12 +127,12 @@ def test_the_history_records_each_spec_once_bounded_and_seeds_from_the_state_dir
     desired = reference_cluster()
     old = flagged(desired, "--max-num-seqs", "8")
     # No file yet: the state dir's own last-good spec is one this box ran.
-    seed = rollout.good_of(old, None, 0.0)
+    seed = good_of(old, None, 0.0)
     assert set(history.known(desired.name, seed=seed)) == {seed.hash}
     history.record(desired, seed=seed)
-    assert list(history.known(desired.name)) == [seed.hash, rollout.identity(desired)]
+    assert list(history.known(desired.name)) == [seed.hash, identity(desired)]
     # Once written, a seed is never taken again.
-    other = rollout.good_of(flagged(desired, "--max-num-seqs", "9"), None, 0.0)
+    other = good_of(flagged(desired, "--max-num-seqs", "9"), None, 0.0)
     history.record(desired, seed=other)
     assert other.hash not in history.known(desired.name, seed=other)
     mode = history.path(desired.name).stat().st_mode & 0o777
@@ -140,10 +141,10 @@ def test_the_history_records_each_spec_once_bounded_and_seeds_from_the_state_dir
         history.record(flagged(desired, "--max-num-seqs", str(n + 10)))
     known = history.known(desired.name)
     assert len(known) == HISTORY_KEPT
-    assert rollout.identity(flagged(desired, "--max-num-seqs", str(HISTORY_KEPT + 14))) in known
+    assert identity(flagged(desired, "--max-num-seqs", str(HISTORY_KEPT + 14))) in known
     # Running an older config again makes it the newest entry, not a second one.
     history.record(desired)
-    assert list(history.known(desired.name))[-1] == rollout.identity(desired)
+    assert list(history.known(desired.name))[-1] == identity(desired)
     assert len(history.known(desired.name)) == HISTORY_KEPT
 
 
@@ -152,7 +153,7 @@ def test_an_unreadable_history_holds_nothing(tmp_path: Path) -> None:
     history = SpecHistory(state)
     desired = reference_cluster()
     history.path(desired.name).write_text("{not json")
-    seed = rollout.good_of(flagged(desired, "--max-num-seqs", "8"), None, 0.0)
+    seed = good_of(flagged(desired, "--max-num-seqs", "8"), None, 0.0)
     assert history.known(desired.name, seed=seed) == {}
 
 
@@ -189,6 +190,6 @@ def test_a_state_dir_from_before_the_history_keeps_its_rollback(tmp_path: Path) 
     assert ctl.memory.blocked is None
     assert rollout.steer(desired, ctl.memory).spec == old
     assert set(SpecHistory(StateDir(state)).known(desired.name)) == {
-        rollout.identity(old),
-        rollout.identity(desired),
+        identity(old),
+        identity(desired),
     }

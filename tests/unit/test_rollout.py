@@ -14,6 +14,7 @@ from sparkd.cli.commands import _parser
 from sparkd.core.deciding import rollout
 from sparkd.core.judging.acceptance import judge_check
 from sparkd.core.judging.model_stage import exit_cause
+from sparkd.core.spec import identity, spec_of
 from sparkd.model.cluster import ClusterSpec, RolloutCheck
 from sparkd.model.memory import Attempt, Memory
 from sparkd.model.observed import Observed
@@ -38,9 +39,9 @@ def test_last_good_is_recorded_after_the_acceptance_probes_and_not_before() -> N
     assert run.memory.last_good is None and run.memory.healthy_probes == 2
     run.cycle()
     good = run.memory.last_good
-    assert good is not None and good.hash == rollout.identity(toy.cluster)
+    assert good is not None and good.hash == identity(toy.cluster)
     assert good.model == toy.cluster.model.model_dump(mode="json")
-    assert rollout.spec_of(toy.cluster, good) == toy.cluster
+    assert spec_of(toy.cluster, good) == toy.cluster
 
 
 def test_a_good_change_is_cut_over_once_and_accepted_with_its_downtime() -> None:
@@ -59,7 +60,7 @@ def test_a_good_change_is_cut_over_once_and_accepted_with_its_downtime() -> None
     assert record is not None and record.result == "accepted"
     assert record.downtime is not None and record.downtime >= run.toy.load_seconds
     good = run.memory.last_good
-    assert good is not None and good.hash == rollout.identity(run.desired)
+    assert good is not None and good.hash == identity(run.desired)
     starts = [a for p in run.plans for a in p.actions if a.kind.endswith("model")]
     assert len(starts) == 1
 
@@ -70,7 +71,7 @@ def test_an_argument_error_rolls_back_to_the_last_good_spec_and_holds_degraded()
     assert good is not None
     run.on_launch = ["arg_error"]
     run.desired = with_args(run.desired, "--enable-resoning")
-    bad = rollout.identity(run.desired)
+    bad = identity(run.desired)
     run.cycle()  # the cutover
     back = run.cycle()
     assert back.rollback is not None
@@ -128,7 +129,7 @@ def test_without_rollback_a_failed_spec_is_restarted_as_before() -> None:
     run.cycle()
     again = run.cycle()
     assert again.rollback is None and [a.kind for a in again.actions] == ["start_model"]
-    assert run.toy.serve_spec == rollout.identity(run.desired)
+    assert run.toy.serve_spec == identity(run.desired)
 
 
 def test_without_a_last_good_spec_nothing_is_rolled_back() -> None:
@@ -175,7 +176,7 @@ def test_retry_rolls_the_desired_spec_out_again_and_back_goes_to_last_good() -> 
     run.memory = rollout.retry(run.memory, run.desired)
     again = run.cycle()
     assert [a.kind for a in again.actions] == ["restart_model"] and "spec drift" in again.reason
-    assert run.toy.serve_spec == rollout.identity(run.desired)
+    assert run.toy.serve_spec == identity(run.desired)
     record = run.memory.rollout
     assert first is not None and record is not None and record.id == first.id + 1
     # The fault is fixed; the retried spec serves and is accepted.
@@ -185,7 +186,7 @@ def test_retry_rolls_the_desired_spec_out_again_and_back_goes_to_last_good() -> 
     for _ in range(3):
         run.cycle()
     accepted = run.memory.last_good
-    assert accepted is not None and accepted.hash == rollout.identity(run.desired)
+    assert accepted is not None and accepted.hash == identity(run.desired)
     # Then an operator goes back to the spec before it: there is none other than this one.
     assert rollout.back(run.memory, run.desired, "ops", run.toy.now, run.toy.now) == run.memory
 
@@ -230,7 +231,7 @@ def test_a_config_change_while_held_ends_the_hold() -> None:
     run.desired = with_args(run.desired.model_copy(), "--max-num-seqs", "8")
     made = run.cycle()
     assert [a.kind for a in made.actions] == ["restart_model"] and made.rollback is None
-    assert run.toy.serve_spec == rollout.identity(run.desired)
+    assert run.toy.serve_spec == identity(run.desired)
 
 
 def test_a_reload_that_changes_nothing_in_the_spec_starts_no_rollout() -> None:
@@ -289,7 +290,7 @@ def test_rollback_properties(steps: list[tuple[str, str, int]], rollback: bool) 
             assert rollback
             good = before.last_good
             assert good is not None
-            assert good.hash != rollout.identity(run.desired)
+            assert good.hash != identity(run.desired)
             assert run.toy.serve_spec == good.hash
             record = run.memory.rollout
             assert record is not None
@@ -415,7 +416,7 @@ def test_a_worker_lost_after_the_new_spec_served_does_not_roll_it_back() -> None
     assert all(p.rollback is None for p in plans), [p.rollback for p in plans]
     record = run.memory.rollout
     assert record is not None and record.result == "in_progress"
-    assert run.toy.serve_spec == rollout.identity(run.desired)
+    assert run.toy.serve_spec == identity(run.desired)
 
 
 def test_a_rollout_remembered_from_the_future_still_rolls_back() -> None:
@@ -455,4 +456,4 @@ def test_an_mtu_mismatch_after_the_new_spec_served_does_not_roll_it_back() -> No
     plans = [run.cycle() for _ in range(8)]
     assert all(p.learned.fabric_held for p in plans)
     assert all(p.rollback is None for p in plans), [p.rollback for p in plans]
-    assert run.toy.serve_spec == rollout.identity(run.desired)
+    assert run.toy.serve_spec == identity(run.desired)

@@ -16,9 +16,10 @@ from sparkd.core.judging import weights
 from sparkd.core.reading import weight_files
 from sparkd.core.reading.assemble import _model_files
 from sparkd.core.reading.parsers import parse_sections
+from sparkd.core.spec import identity
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.observed import Observed
-from sparkd.model.plan import MODEL_STARTS
+from sparkd.model.plan import MODEL_STARTS, STOPS
 from sparkd.model.weights import ModelFiles, WeightIndex
 from sparkd.shell import catalogue, ssh
 from sparkd.shell.catalogue.reads import _SECTION_FUNCTION
@@ -287,7 +288,7 @@ def test_a_change_with_a_missing_weight_file_stops_nothing_until_it_appears() ->
     for _ in range(3):
         made = run.cycle()
         assert made.phase == "blocked" and not made.actions, made.reason
-        want = rollout.identity(run.desired)
+        want = identity(run.desired)
         assert made.reason.startswith(f"rollout of {want} waits: weight file {SHARDS[1]}")
         assert run.toy.serve_spec == old and run.memory.blocked is None
     with_files(run, files())
@@ -376,7 +377,7 @@ def test_a_cutover_never_starts_on_a_missing_file_or_an_unknown_index(
             steer = rollout.steer(run.desired, before)
             if made.rollback is not None or steer.held is not None:
                 continue
-            stops = [a for a in made.actions if a.kind in rollout.STOPS]
+            stops = [a for a in made.actions if a.kind in STOPS]
             if stops and rollout.prepare_due(run.desired, before):
                 assert weights.unready(read) is None, (made.reason, read)
 

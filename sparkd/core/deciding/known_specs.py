@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sparkd.core.deciding.rollout import identity, spec_of
+from sparkd.core.spec import identity, spec_of
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Blocked, GoodSpec, Memory
 

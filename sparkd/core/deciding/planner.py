@@ -37,7 +37,7 @@ from sparkd.core.reading import weight_files
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory
 from sparkd.model.observed import Observed
-from sparkd.model.plan import MODEL_STARTS, Action, Learned, Phase, Plan, TriageClass
+from sparkd.model.plan import MODEL_STARTS, STOPS, Action, Learned, Phase, Plan, TriageClass
 
 # Phase precedence when several stages speak: the earliest names the plan.
 STAGE_ORDER: tuple[Phase, ...] = (
@@ -272,10 +272,10 @@ def _prepare(draft: _Draft, desired: ClusterSpec, observed: Observed, spec: str)
     if files is None:
         return
     why = weights.unready(files)
-    held = [a for a in draft.actions if a.kind in rollout.STOPS]
+    held = [a for a in draft.actions if a.kind in STOPS]
     if why is None or not held:
         return
-    draft.actions = [a for a in draft.actions if a.kind not in rollout.STOPS]
+    draft.actions = [a for a in draft.actions if a.kind not in STOPS]
     draft.phase = "blocked"
     draft.reason = f"rollout of {spec} waits: {why}; {draft.reason}"
 

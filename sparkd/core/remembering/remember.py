@@ -1,4 +1,5 @@
-"""How memory changes: `remember(memory, observed, outcomes, now, plan)`. Pure.
+"""How memory changes: `after_cycle(before, observed, outcomes, now, plan, desired, wall=...)`
+after each cycle (`remember`, then the rollout's record). Pure.
 
 Also the operator's edits to memory (pause, resume), so every change of memory is a function
 of values, testable without a daemon. Every change goes through `Memory.evolve`, which rejects
@@ -14,6 +15,8 @@ from sparkd.core import policy
 from sparkd.core.clock import bounded
 from sparkd.core.judging import fabric, triage
 from sparkd.core.judging.evidence import of_this_launch
+from sparkd.core.remembering import rollout_record
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Attempt, Blocked, Memory, Pause
 from sparkd.model.observed import REFUSALS, SILENT_ERRORS, Fabric, HostFacts, Observed
 from sparkd.model.plan import MODEL_STARTS, RAY_STARTS, ActionOutcome, Plan
@@ -288,3 +291,20 @@ def pause(memory: Memory, *, reason: str, by: str, now: float, until: float | No
 def resume(memory: Memory) -> Memory:
     """Clear a pause and a `blocked` latch, with a fresh budget: a human has looked."""
     return memory.evolve(paused=None, blocked=None, attempts=(), consecutive_failures=0)
+
+
+def after_cycle(
+    before: Memory,
+    observed: Observed,
+    outcomes: Sequence[ActionOutcome],
+    now: float,
+    plan: Plan,
+    desired: ClusterSpec,
+    *,
+    wall: float,
+) -> Memory:
+    """Memory after a cycle, in one step: what the look and the actions taught (`remember`),
+    then the rollout's record (core.remembering.rollout_record), both from the memory the plan
+    was made from."""
+    learnt = remember(before, observed, outcomes, now, plan, wall=wall)
+    return rollout_record.track(before, learnt, desired, observed, outcomes, plan, now, wall)
