@@ -18,6 +18,7 @@ import h11
 from prometheus_client.parser import text_string_to_metric_families
 
 from sparkd.core.judging.acceptance import judge_check
+from sparkd.core.judging.hang import longest_step
 from sparkd.core.reading.classify import (
     EngineLoad,
     classify_failure,
@@ -388,7 +389,13 @@ async def run_checks(
                 )
         except TimeoutError:
             load_after = await _engine_load(opener, authority)
-            busy, seen = judge_timeout(load_before, load_after, check.max_tokens)
+            busy, seen = judge_timeout(
+                load_before,
+                load_after,
+                check.max_tokens,
+                waited=cluster.probe.timeout,
+                one_step=longest_step(cluster, None).seconds,
+            )
             if busy:
                 detail = f"no answer in time, overloaded ({seen}): says nothing of the spec"
                 results.append(CheckResult(index=index, ok=None, detail=detail))
@@ -461,7 +468,13 @@ async def probe(
     except TimeoutError:
         latency = monotonic() - start
         load_after = await _engine_load(opener, authority)
-        busy, seen = judge_timeout(load_before, load_after, spec.max_tokens)
+        busy, seen = judge_timeout(
+            load_before,
+            load_after,
+            spec.max_tokens,
+            waited=latency,
+            one_step=longest_step(cluster, None).seconds,
+        )
         return ProbeResult(
             at=at,
             verdict=classify_failure("timeout", f"no answer within {spec.timeout:g}s; {seen}"),

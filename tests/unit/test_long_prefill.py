@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 
 from sparkd.core.deciding.planner import plan
 from sparkd.core.judging.hang import _reading as reading_of
-from sparkd.core.judging.hang import longest_prefill, max_model_len_arg, stands
+from sparkd.core.judging.hang import longest_prefill, longest_step, max_model_len_arg, stands
 from sparkd.core.reading.classify import EngineLoad, judge_timeout
 from sparkd.core.remembering.remember import remember
+from sparkd.core.spec import model_spec_hash
 from sparkd.model.observed import ModelEndpoint, Observed
 from sparkd.model.plan import Plan
 from tests.support.looks import look, restarts, served, walk
@@ -191,6 +192,67 @@ def test_a_probe_timeout_with_every_figure_still_is_hung() -> None:
     before = EngineLoad(running=1, waiting=0, generation_tokens=48211, kv_cache_usage=0.31)
     after = EngineLoad(running=2, waiting=0, generation_tokens=48211, kv_cache_usage=0.31)
     busy, seen = judge_timeout(before, after, 50)
+    assert busy is False and seen.endswith(": hung"), seen
+
+
+# -- one engine step: the scheduler's stats come only when it ends ---------------------------
+
+
+def launched_with(toy: Toy, *args: str) -> None:
+    """The model launched with these arguments: its serve runs that spec (no drift)."""
+    with_args(toy, *args)
+    toy.serve_spec = model_spec_hash(toy.cluster)
+
+
+def test_a_whole_prompt_prefilled_in_one_step_is_not_a_hang() -> None:
+    """`--no-enable-chunked-prefill`: vLLM 0.32.0 never splits a prompt then
+    (v1/core/sched/scheduler.py) and config/scheduler.py makes max_num_batched_tokens at least
+    max_model_len: a 131k-token prompt is one step, and the stats (the KV gauge among them)
+    come only once it ends: about 131 s of every figure still at policy.prefill_rate 1000."""
+    toy, memory = served()
+    launched_with(toy, "--no-enable-chunked-prefill", "--max-model-len", "131072")
+    toy.max_model_len = 131072
+    toy.hung_under_load = True  # one step in flight: running 1, every figure still
+    start = toy.now
+    plans = walk(toy, memory, looks=20)
+    early = [p for p in restarts(plans) if toy.now - start < 131.0]
+    assert not early, [p.actions[0].reason for p in early]
+    # A real hang still ends in a restart, once one step could have ended.
+    assert restarts(plans), [p.reason for p in plans]
+    reason = restarts(plans)[0].actions[0].reason
+    assert "a whole prompt (--no-enable-chunked-prefill)" in reason, reason
+
+
+def test_a_large_step_budget_holds_the_hang_for_one_step() -> None:
+    """Chunked prefill on with `--max-num-batched-tokens 131072` (a long-context tuning): one
+    chunk is 131k tokens, one step, no stats for about 131 s."""
+    toy, memory = served()
+    launched_with(toy, "--max-num-batched-tokens", "131072")
+    toy.hung_under_load = True
+    start = toy.now
+    plans = walk(toy, memory, looks=20)
+    early = [p for p in restarts(plans) if toy.now - start < 131.0]
+    assert not early, [p.actions[0].reason for p in early]
+    assert restarts(plans), [p.reason for p in plans]
+
+
+def test_vllms_default_step_is_within_the_hang_window() -> None:
+    """Without either flag the step is vLLM's default (at most 16384 tokens for the API
+    server, 0.32.0 engine/arg_utils.py): 16 s, below hang_window: the window decides."""
+    toy, _ = served()
+    step = longest_step(toy.cluster, None)
+    assert step.seconds < toy.cluster.policy.hang_window
+    assert "vLLM's largest default" in step.how
+
+
+def test_a_probe_queued_behind_one_long_step_is_unknown_not_hung() -> None:
+    """Every figure still while the probe waited less than one step can last: the probe saw
+    no step end, which says nothing of a hang."""
+    before = EngineLoad(running=1, waiting=0, generation_tokens=48211, kv_cache_usage=0.31)
+    after = EngineLoad(running=2, waiting=0, generation_tokens=48211, kv_cache_usage=0.31)
+    busy, seen = judge_timeout(before, after, 50, waited=30.0, one_step=131.0)
+    assert busy is None and "less than one engine step can take" in seen, seen
+    busy, seen = judge_timeout(before, after, 50, waited=140.0, one_step=131.0)
     assert busy is False and seen.endswith(": hung"), seen
 
 

@@ -178,15 +178,70 @@ _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
+# vLLM 0.32.0's largest default step for the API server (engine/arg_utils.py
+# `get_batch_defaults`: 16384 or 8192 tokens by device, fewer on smaller ones).
+DEFAULT_STEP_TOKENS = 16384
+
+
+@dataclass(frozen=True)
+class Step:
+    """The longest one engine step can last here (the scheduler publishes its stats, the
+    KV-cache gauge among them, only once a step ends), and what that was worked out from."""
+
+    seconds: float
+    how: str
+
+
+def longest_step(desired: ClusterSpec, seen: Reading | None) -> Step:
+    """One engine step prefills at most `max_num_batched_tokens` of a prompt, or a whole prompt
+    with chunked prefill off (vLLM 0.32.0 v1/core/sched/scheduler.py: a prompt is not split
+    then; config/scheduler.py makes max_num_batched_tokens at least max_model_len). Such a step
+    of 131k tokens is over two minutes of every figure standing still, one request running."""
+    rate = desired.policy.prefill_rate
+    args = desired.model.extra_args
+    whole = longest_prefill(desired, seen)
+    if _last_flag(args, ("--enable-chunked-prefill", "--no-enable-chunked-prefill")) == (
+        "--no-enable-chunked-prefill"
+    ):
+        return Step(whole.seconds, f"a whole prompt (--no-enable-chunked-prefill): {whole.how}")
+    batched = _int_arg(args, "--max-num-batched-tokens")
+    tokens, source = (
+        (batched, "--max-num-batched-tokens")
+        if batched is not None
+        else (DEFAULT_STEP_TOKENS, "vLLM's largest default")
+    )
+    seconds = min(tokens / rate, whole.seconds)
+    return Step(
+        seconds,
+        f"{ago(seconds)}: {tokens} tokens a step ({source}) at policy.prefill_rate "
+        f"{rate:g} tokens/s",
+    )
+
+
+def _last_flag(args: tuple[str, ...], flags: tuple[str, ...]) -> str | None:
+    """Which of `flags` the arguments give last (argparse's last wins), dashes for `_`."""
+    found: str | None = None
+    for arg in args:
+        flag = arg.partition("=")[0].replace("_", "-")
+        if flag in flags:
+            found = flag
+    return found
+
+
 def max_model_len_arg(args: tuple[str, ...]) -> int | None:
     """`--max-model-len` in `vllm serve` arguments, as vLLM reads it (0.32.0
     `utils/argparse_utils.py` `human_readable_int_or_auto`: `131072`, `128k` = 128000,
     `128K` = 131072); None when absent, `auto`/`-1` (the model's own) or unreadable. The last
     one given wins, as with argparse; underscores are read as dashes, as vLLM does."""
+    return _int_arg(args, "--max-model-len")
+
+
+def _int_arg(args: tuple[str, ...], name: str) -> int | None:
+    """An integer option of `vllm serve` as vLLM reads it (human-readable: `128k`, `128K`)."""
     found: str | None = None
     for index, arg in enumerate(args):
         flag, eq, value = arg.partition("=")
-        if flag.replace("_", "-") != "--max-model-len":
+        if flag.replace("_", "-") != name:
             continue
         if eq:
             found = value
@@ -218,10 +273,13 @@ def _hang(
         still = now - _stall_start(desired, memory, mark.since, now)
         stood = f"{running} and {COUNTER} still at {seen.tokens:g} for {ago(now - mark.since)}"
         if seen.kv is not None and mark.kv_cache_usage is not None:
-            if still >= window:
+            # The gauge moves once a step ends: one step may outlast hang_window.
+            step = longest_step(desired, seen)
+            if still >= max(window, step.seconds):
                 return (
                     f"hung under load: {stood} (hang_window {ago(window)}), and {KV_GAUGE} "
-                    f"still at {seen.kv:g}: no engine step since"
+                    f"still at {seen.kv:g}: no engine step since, longer than the longest one "
+                    f"({step.how})"
                 )
         elif still >= max(window, prefill.seconds):
             return (
@@ -255,9 +313,11 @@ def deadline(ctx: Context, mark: TokenMark | None) -> float | None:
     if mark is None or not mark.running:
         return None
     window = ctx.desired.policy.hang_window
-    prefill = longest_prefill(ctx.desired, reading(ctx)).seconds
+    seen = reading(ctx)
+    prefill = longest_prefill(ctx.desired, seen).seconds
     longest = max(window, prefill)
-    still = window if mark.kv_cache_usage is not None else longest
+    step = max(window, longest_step(ctx.desired, seen).seconds)
+    still = step if mark.kv_cache_usage is not None else longest
     return min(
         stall_start(ctx, mark) + still,
         _stall_start(ctx.desired, ctx.memory, _quiet_since(mark), ctx.now) + longest,

@@ -65,6 +65,8 @@ def judge_model(
         verdict.failed = why if failed else None
         return verdict
 
+    if not serve.running and serve.orphans and serving:
+        return _served_unrecognised(ctx, verdict, serve.orphans)
     if not serve.running and serve.orphans:
         return _orphans(ctx, verdict, ray, serve.orphans)
     if not serve.running:
@@ -227,6 +229,28 @@ def exit_cause(log_tail: tuple[str, ...]) -> str | None:
     causes = [m.group(1) for line in log_tail if (m := _EXCEPTION.search(line.strip()))]
     roots = [c for c in causes if _WRAPPER not in c]
     return f"engine failed to start: {(roots or causes or [_WRAPPER])[-1]}"
+
+
+def _served_unrecognised(
+    ctx: Context, verdict: ModelVerdict, engines: tuple[str, ...]
+) -> ModelVerdict:
+    """The engine processes of a model that answers: its API server runs under a command line
+    that is not `vllm serve` (an operator's `python3 -m vllm.entrypoints.openai.api_server`,
+    which vLLM 0.32.0 still runs: entrypoints/openai/api_server.py). The same processes as a
+    SIGKILLed API server's orphans, but an endpoint that lists the served name with /health 200
+    rules that out: a teardown of Ray would stop a model that serves. Left serving, named for
+    the operator; no start on top of it. If it stops answering, the orphans' grace applies."""
+    desired = ctx.desired
+    head = desired.head.name
+    why = (
+        f"{ctx.model_name} answers on {head}:{desired.model.port}, served by a process that is "
+        f"not `vllm serve` ({', '.join(engines)} in {head}'s Ray container): sparkd leaves it "
+        "serving and cannot restart it; restart it with `vllm serve` for sparkd to manage it"
+    )
+    verdict.holds.append(Hold(why, START_MODEL))
+    verdict.phase = "degraded"
+    verdict.notes.append(why)
+    return verdict
 
 
 def _orphans(

@@ -75,14 +75,21 @@ KV_GAUGE = "vllm:kv_cache_usage_perc"
 
 
 def judge_timeout(
-    before: EngineLoad | None, after: EngineLoad | None, max_tokens: int
+    before: EngineLoad | None,
+    after: EngineLoad | None,
+    max_tokens: int,
+    *,
+    waited: float | None = None,
+    one_step: float | None = None,
 ) -> tuple[bool | None, str]:
     """Whether vLLM worked for others while a probe timed out (busy), and what was seen.
 
     Busy only on evidence of other work: requests besides the probe's own running or waiting
     while the generation-token counter rose, or the counter rising by more than the probe's
     max_tokens could account for, or, with no token at all, other requests in the engine while
-    its KV-cache usage moved: a long prompt being prefilled ahead of the probe. vLLM V1 emits
+    its KV-cache usage moved: a long prompt being prefilled ahead of the probe. The stats come
+    once a step ends, so a gauge that stood still for less than one engine step can last
+    (`one_step`, against the probe's `waited`) is unknown, not hung. vLLM V1 emits
     nothing for a step that only prefills part of a prompt, so no counter moves, but its
     scheduler stats (running requests, KV-cache usage) are published every step (0.32.0 and
     0.34.0 `v1/core/sched/scheduler.py` `should_emit_output`, "We must return the stats even
@@ -117,6 +124,12 @@ def judge_timeout(
                 f"{others:g} other request(s) in the engine, no token generated while "
                 f"{KV_GAUGE} moved ({kv_before:g} -> {kv_after:g}): a long prefill ahead "
                 "of the probe"
+            )
+        if waited is not None and one_step is not None and waited < one_step:
+            return None, (
+                f"{others:g} other request(s) in the engine, no token generated and {KV_GAUGE} "
+                f"still at {kv_after:g} for {waited:g}s, less than one engine step can take "
+                f"({one_step:g}s): busy or hung is unknown"
             )
         return False, (
             f"{others:g} other request(s) in the engine, no token generated and {KV_GAUGE} "

@@ -1,0 +1,51 @@
+"""Engine processes with no `vllm serve` beside them: a SIGKILLed API server's orphans (torn
+down with Ray after a grace), or the engine of a model an operator serves by hand under another
+command line, which answers (left serving). The endpoint tells them apart."""
+
+from __future__ import annotations
+
+from sparkd.model.observed import ModelEndpoint, ServeState
+from tests.support.looks import served, walk
+from tests.toy import Toy
+
+ENGINES = ("pid 48377 (VLLM::EngineCore)", "pid 48611 (ray::RayWorkerProc.run)")
+
+
+class HandServed(Toy):
+    """An operator restarted the API server by hand in the head container with the module
+    entry point (`python3 -m vllm.entrypoints.openai.api_server --model ...`, which vLLM
+    0.32.0 still runs: entrypoints/openai/api_server.py): `docker top` shows no `vllm serve`,
+    only its engine and Ray worker, while the endpoint lists the served name."""
+
+    def _serve_state(self) -> ServeState:
+        return ServeState(running=False, orphans=ENGINES)
+
+
+class Orphaned(HandServed):
+    """The API server SIGKILLed: the same processes, and the port refuses."""
+
+    def _endpoint(self) -> ModelEndpoint:
+        return ModelEndpoint(status="refused", detail="connection refused")
+
+
+def teardowns(plans: list) -> list:  # type: ignore[type-arg]
+    return [p for p in plans if any(a.kind in ("restart_ray", "restart_model") for a in p.actions)]
+
+
+def test_the_engine_of_a_model_that_answers_is_not_torn_down() -> None:
+    toy = HandServed.healthy()
+    _, memory = served()
+    plans = walk(toy, memory, looks=12)  # six minutes of looks
+    assert not teardowns(plans), [(p.phase, p.reason) for p in teardowns(plans)]
+    last = plans[-1]
+    assert last.phase == "degraded" and last.actions == ()
+    assert "served by a process that is not `vllm serve`" in last.reason, last.reason
+    assert "VLLM::EngineCore" in last.reason
+
+
+def test_the_same_processes_behind_a_refusing_port_go_with_ray_after_the_grace() -> None:
+    toy = Orphaned.healthy()
+    _, memory = served()
+    plans = walk(toy, memory, looks=12)
+    assert teardowns(plans), [(p.phase, p.reason) for p in plans]
+    assert "no vllm serve, but engine processes still hold the GPUs" in plans[-1].reason
