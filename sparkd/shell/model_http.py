@@ -484,6 +484,14 @@ async def probe(
     except BodyTooLarge as exc:
         verdict = classify_response(200, f"<{exc}>")
         return ProbeResult(at=at, verdict=verdict, latency_seconds=monotonic() - start)
+    except (ConnectionResetError, ConnectionAbortedError) as exc:
+        # An SSH channel carries no reset from its far side (vLLM closing its socket reaches
+        # the channel as EOF): a reset here is the ops box's own transport failing, which
+        # asyncssh hands to every channel of the connection. Nothing learnt of the model.
+        verdict = classify_failure(
+            "not_run", f"the SSH connection broke mid-probe ({describe(exc)})"
+        )
+        return ProbeResult(at=at, verdict=verdict, latency_seconds=monotonic() - start)
     except (h11.ProtocolError, OSError, EOFError) as exc:
         verdict = classify_response(200, f"<connection broke: {type(exc).__name__}>")
         return ProbeResult(at=at, verdict=verdict, latency_seconds=monotonic() - start)
