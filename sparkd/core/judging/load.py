@@ -150,6 +150,12 @@ def silent_cap(desired: ClusterSpec, mark: LoadMark) -> float | None:
     if silent is None:
         return None
     model = desired.model
+    if stage == "starting" and not model.id.startswith("/"):
+        # A hub id: the silent start may hold the weights' download, which vLLM 0.32.0 makes
+        # with its progress bar off and names at debug level only (model_loader/weight_utils.py
+        # `download_weights_from_hf`, `DisabledTqdm`): it prints nothing for as long as it
+        # takes, so only the whole load's cap bounds it.
+        return model.load_timeout
     cap = model.graph_capture_timeout if silent == "graph_capture" else model.compile_timeout
     return min(cap, model.load_timeout)
 
