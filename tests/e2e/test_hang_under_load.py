@@ -11,15 +11,11 @@ from pathlib import Path
 from sparkd.shell.ssh import SshPool
 from sparkd_sim.world import World
 from tests.support.daemon import controller, converge, eventually, mutations, running
+from tests.support.ratios import SCALE, shipped_ratios
 
-# The defaults' ratios (interval 30 s, probe_interval 60 s, probe.timeout 30 s, hang_window 60 s,
-# hang_ready_grace 70 s) on the tests' probe_interval of 1.2 s.
-SCALE = 1.2 / 60.0
-REAL_RATIOS = {
-    "interval": 30.0 * SCALE,
-    "probe": {"timeout": 30.0 * SCALE},
-    "policy": {"hang_window": 60.0 * SCALE, "hang_ready_grace": 70.0 * SCALE},
-}
+# The defaults' ratios on the tests' probe_interval of 1.2 s, prefill_rate among them: the
+# longest engine step (vLLM's default step at that rate) is measured against hang_window.
+REAL_RATIOS = shipped_ratios()
 
 
 async def test_a_hang_under_load_restarts_the_model_within_the_window(

@@ -76,9 +76,12 @@ def fast_cluster(cluster: ClusterSpec, **changes: Any) -> ClusterSpec:
                 "backoff_initial": 0.1,
                 "backoff_max": 0.5,
                 "healthy_reset": 5.0,
-                # Two intervals, and the first-shape grace, at their real ratio (30 s interval).
+                # Two intervals, and the first-shape grace, at their real ratio (30 s interval);
+                # so is the prefill rate, which sets how long one engine step or one prompt's
+                # prefill may last against the window.
                 "hang_window": 2.0,
                 "hang_ready_grace": 70.0 / 30.0,
+                "prefill_rate": 1000.0 * 30.0,
             }
         ),
         # Below vLLM: the flap window and the wedge's unreachable time keep their real ratio.
