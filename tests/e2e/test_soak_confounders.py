@@ -192,12 +192,22 @@ async def asking(world: World) -> AsyncIterator[Client]:
 
 
 async def healthy_again(ctl: Controller | None, world: World, within: float) -> None:
-    """Until the world serves again: sparkd's plan says healthy, or with no controller the
-    model answers the client."""
+    """Until the world serves again: sparkd's plan says healthy, from a look that began after
+    the incident ended (a plan made before its evidence showed is no news), or with no
+    controller the model answers the client."""
     if ctl is not None:
-        await eventually(
-            lambda: ctl.view.plan is not None and ctl.view.plan.phase == "healthy", within=within
-        )
+        ended = ctl.clock.now()
+
+        def healthy() -> bool:
+            plan, seen = ctl.view.plan, ctl.view.snapshot
+            return (
+                plan is not None
+                and seen is not None
+                and seen.observed_at >= ended
+                and plan.phase == "healthy"
+            )
+
+        await eventually(healthy, within=within)
         return
     await asyncio.sleep(1.0)
 
