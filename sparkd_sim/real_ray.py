@@ -42,6 +42,8 @@ SHM_SIZE = "256m"
 # vLLM waits for its placement group far longer (1800 s); a short wait keeps a failing launch
 # from holding the tier up, and sparkd judges a launch by its outcome, not by this delay.
 PLACEMENT_TIMEOUT = 30.0
+# How the helper marks a line vLLM logs as a warning while it goes on waiting.
+WARNING = "warning: "
 HELPER = Path(__file__).with_name("bin") / "ray-placement"
 # Each namespace mounts its own tmpfs here, so nothing in it is shared or left behind. Only Ray's
 # own directory: the checkout and its venv may well live under /tmp (CI clones there).
@@ -364,7 +366,7 @@ class RealPlacement:
         self.process: asyncio.subprocess.Process | None = None
         self._watch: asyncio.Task[None] | None = None
 
-    async def acquire(self, gpus: int) -> Held | list[str]:
+    async def acquire(self, gpus: int, say: Callable[[str], None]) -> Held | list[str]:
         enter = self.ray._enter(self.head.id)
         if enter is None:
             return ["RuntimeError: Failed to connect to Ray: no Ray instance is running"]
@@ -380,6 +382,9 @@ class RealPlacement:
         said: list[str] = []
         async for raw in process.stdout:
             line = _ANSI.sub("", raw.decode(errors="replace").rstrip("\n"))
+            if line.startswith(WARNING):
+                say(line.removeprefix(WARNING))
+                continue
             if not line.startswith("placed "):
                 said.append(line)
                 continue

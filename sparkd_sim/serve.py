@@ -17,7 +17,7 @@ from sparkd_sim.engine import HostEngine
 from sparkd_sim.protocol import Stream
 from sparkd_sim.serve_args import ServeArgs
 from sparkd_sim.serve_hooks import Held, ModelServer, Placement, ServeFaults, ServerFactory
-from sparkd_sim.state import Container, GpuProcess, RayCluster, SimProcess
+from sparkd_sim.state import Container, GpuProcess, RayCluster, RayNode, SimProcess
 from sparkd_sim.timing import Timing
 from sparkd_sim.vllm_logs import (
     EXECUTOR_STEP,
@@ -28,6 +28,7 @@ from sparkd_sim.vllm_logs import (
     engine_failed,
     loader_bar,
     missing_weight_files,
+    placement_timeout,
     python_warning,
     ray_prefix,
     shm_broadcast_wait,
@@ -100,11 +101,11 @@ class ServeProcess:
         stamp = time.strftime("%m-%d %H:%M:%S")
         self._emit(f"(APIServer pid={self.pid}) {level} {stamp} [{where}] {message}")
 
-    def _core_info(self, where: str, message: str) -> None:
+    def _core_info(self, where: str, message: str, level: str = "INFO") -> None:
         """A line the engine core logs: the Ray executor's placement runs there, so vLLM
         prefixes it with the core's process (tests/fixtures/vllm-ray-executor/serve.log)."""
         stamp = time.strftime("%m-%d %H:%M:%S")
-        self._emit(f"(EngineCore pid={self.core.pid}) INFO {stamp} [{where}] {message}")
+        self._emit(f"(EngineCore pid={self.core.pid}) {level} {stamp} [{where}] {message}")
 
     # -- control from the world ----------------------------------------------------------------
 
@@ -211,14 +212,14 @@ class ServeProcess:
         self._info("model.py:547", "Resolved architecture: Qwen3_5MoeForConditionalGeneration")
         self._info("model.py:1510", f"Using max model len {a.max_model_len}")
         await asyncio.sleep(self.timing.model_init)
-        if self.placement is not None or self.cluster is not None:
-            # vLLM 0.32.0 `v1/executor/ray_utils.py` `initialize_ray_cluster`, line 607.
-            self._core_info(
-                "ray_utils.py:607",
-                "No current placement group found. Creating a new placement group.",
-            )
+        # vLLM 0.32.0 `v1/executor/ray_utils.py` `initialize_ray_cluster`, line 607.
+        self._core_info(
+            "ray_utils.py:607", "No current placement group found. Creating a new placement group."
+        )
         if self.placement is not None:
-            held = await self.placement.acquire(a.gpus)
+            held = await self.placement.acquire(
+                a.gpus, lambda line: self._core_info("ray_utils.py:613", line, "WARNING")
+            )
             if isinstance(held, list):
                 for line in held:
                     self._emit(line)
@@ -226,21 +227,23 @@ class ServeProcess:
             self._hold(held)
         else:
             held = None
-        available = (
-            self.cluster.total_gpus(time.monotonic(), self.timing) - self.cluster.gpus_in_use
-            if self.cluster is not None
-            else 0.0
-        )
-        if held is None and (self.cluster is None or available < a.gpus):
-            self._emit("Traceback (most recent call last):")
-            self._emit(
-                '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/executor/'
-                'ray_utils.py", line 317, in initialize_ray_cluster'
+        # vLLM 0.32.0 `v1/executor/ray_utils.py` `initialize_ray_cluster`, lines 608-618: fewer
+        # GPUs in the cluster than the placement group asks for is only a warning ("delay
+        # resource allocation failure response ... wait cluster to be ready"); the group then
+        # waits for them (`_wait_until_pg_ready`, up to PG_WAIT_TIMEOUT = 1800 s) and the launch
+        # goes on if a node joins in time. Without a Ray cluster, `ray.init()` starts a local one
+        # with this node's GPU alone, and the wait is the same.
+        total = self.cluster.total_gpus(time.monotonic(), self.timing) if self.cluster else 1.0
+        if held is None and total < a.gpus:
+            self._core_info(
+                "ray_utils.py:613",
+                "The number of required GPUs exceeds the total number of available GPUs in "
+                "the placement group.",
+                "WARNING",
             )
-            self._emit(
-                "ValueError: The number of required GPUs exceeds the total number of available "
-                f"GPUs in the placement group. Required: {a.gpus}, available: {available:g}."
-            )
+        if held is None and self.cluster is None:
+            driver_ip = self.container.env.get("VLLM_HOST_IP") or self.engine.state.address
+            await self._wait_for_placement(driver_ip, lambda: False)
             return 1
         if noisy:
             # Printed while the placement group waits for the nodes' GPUs; harmless.
@@ -305,7 +308,7 @@ class ServeProcess:
             self._add_worker(engine, container)
         held.lost.add_done_callback(lambda lost: self.crash(lost.result()))
 
-    def _live_nodes(self) -> list[tuple[HostEngine, Container]]:
+    def _live_nodes(self) -> list[tuple[RayNode, HostEngine, Container]]:
         """The nodes a bundle can go to, head first: counted by Ray and with their raylet up. A
         node whose container exited still counts until Ray declares it dead, but no worker
         starts there; the placement group waits for another (`_wait_for_placement`)."""
@@ -320,7 +323,7 @@ class ServeProcess:
             engine = self.engines[node.host]
             container = engine.state.containers.get(node.container_id)
             if container is not None and container.running:
-                live.append((engine, container))
+                live.append((node, engine, container))
         return live
 
     def _placeable(self) -> bool:
@@ -329,7 +332,22 @@ class ServeProcess:
     def _place_workers(self) -> None:
         assert self.cluster is not None
         self.cluster.gpus_in_use += self.args.gpus
-        for engine, container in self._live_nodes()[: self.args.gpus]:
+        placed = self._live_nodes()[: self.args.gpus]
+        tp = self.args.tensor_parallel
+        for node, _, _ in placed:
+            if node.gpus < tp:
+                # vLLM 0.32.0 `v1/executor/ray_utils.py` `_verify_bundles`, line 321: once the
+                # group is ready, a warning per node holding fewer bundles than the TP size.
+                self._core_info(
+                    "ray_utils.py:321",
+                    f"tensor_parallel_size={tp} is bigger than a reserved number of GPUs "
+                    f"({node.gpus:g} GPUs) in a node {node.node_id}. Tensor parallel workers can "
+                    "be spread out to 2+ nodes which can degrade the performance unless you have "
+                    "fast interconnect across nodes, like Infiniband. To resolve this issue, make "
+                    f"sure you have more than {tp} GPUs available at each node.",
+                    "WARNING",
+                )
+        for _, engine, container in placed:
             self._add_worker(engine, container)
 
     def _add_worker(self, engine: HostEngine, container: Container) -> None:
@@ -433,11 +451,8 @@ class ServeProcess:
                 )
                 interval *= 2
                 line_at += interval
-        self._emit(
-            f"ValueError: Cannot provide a placement group of placement_group_specs={specs} "
-            "within 1800 seconds. See `ray status` and `ray list nodes` to make sure the cluster "
-            "has enough resources."
-        )
+        for line in placement_timeout(specs):
+            self._emit(line)
         return False
 
     async def _chatty_stall(self) -> None:

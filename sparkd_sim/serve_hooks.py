@@ -36,8 +36,9 @@ class Held:
 class Placement(Protocol):
     """The GPUs of a real Ray cluster (`World(ray="real")`) instead of `RayCluster`'s count."""
 
-    async def acquire(self, gpus: int) -> Held | list[str]:
-        """The hold, or the lines vLLM prints before it exits for want of it."""
+    async def acquire(self, gpus: int, say: Callable[[str], None]) -> Held | list[str]:
+        """The hold, or the lines vLLM prints before it exits for want of it; `say` takes the
+        lines it logs while it waits."""
         ...
 
     def release(self) -> None: ...

@@ -206,3 +206,24 @@ def worker_title(rank: int, tensor_parallel: int, pipeline_parallel: int) -> str
     if tensor_parallel > 1:
         name += f"_TP{rank % tensor_parallel}"
     return f"VLLM::{name}"
+
+
+def placement_timeout(specs: list[dict[str, float]]) -> list[str]:
+    """The error `_wait_until_pg_ready` raises when the placement group was not ready within
+    PG_WAIT_TIMEOUT (1800 s): vLLM 0.32.0 `v1/executor/ray_utils.py`, lines 478-505, its longer
+    text for a group of more than one GPU."""
+    gpus = sum(spec.get("GPU", 0.0) for spec in specs)
+    if gpus > 1:
+        return [
+            f"ValueError: Cannot provide a placement group requiring {gpus} GPUs "
+            f"(placement_group_specs={specs}) within 1800 seconds.",
+            "Tensor parallel size may exceed available GPUs in your cluster. Check resources "
+            "with `ray status` and `ray list nodes`.",
+            "If running on K8s with limited GPUs, consider reducing --tensor-parallel-size to "
+            "match available GPU resources.",
+        ]
+    return [
+        f"ValueError: Cannot provide a placement group of placement_group_specs={specs} within "
+        "1800 seconds. See `ray status` and `ray list nodes` to make sure the cluster has enough "
+        "resources."
+    ]

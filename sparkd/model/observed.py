@@ -413,6 +413,21 @@ class LoadProgress(Value):
     message: str = Field("", description="the log line that showed it")
 
 
+PlacementStage = Literal["waiting", "placed"]
+
+
+class Placement(Value):
+    """The placement group of the running launch (vLLM's Ray executor), as its log shows it."""
+
+    stage: PlacementStage = Field(
+        description="`waiting`: vLLM asked Ray for its GPUs and waits (up to 30 minutes) for "
+        "them; `placed`: the group is ready and its workers run"
+    )
+    nodes: tuple[str, ...] = Field(
+        (), description="the Ray node ids the group was placed on, where the log names them"
+    )
+
+
 class ServeState(Value):
     """The `vllm serve` process in the head container."""
 
@@ -429,6 +444,11 @@ class ServeState(Value):
         description="CPU seconds used so far by the serve process and the engine processes "
         "beside it: a silent load stage (CUDA-graph capture, torch.compile) still burns CPU, "
         "a hang does not",
+    )
+    placement: Placement | None = Field(
+        None,
+        description="its Ray placement group as the log since launch shows it (none: the log "
+        "says nothing of one)",
     )
     orphans: tuple[str, ...] = Field(
         (),

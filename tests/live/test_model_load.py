@@ -35,7 +35,7 @@ async def loading_world(tmp_path: Path) -> AsyncIterator[World]:
 
 def ray_ready(observed: Observed) -> bool:
     # Listed ALIVE is not enough: `ray status` counts a node's GPU a few seconds later, and a
-    # launch before that fails like vLLM ("Required: 2, available: 1"), as sparkd's planner knows.
+    # launch before that waits for its placement group, as vLLM's does; sparkd's planner waits.
     ray = observed.ray
     return ray is not None and ray.gpus_total == 2 and ray.gpus_usable == 2
 

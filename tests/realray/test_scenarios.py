@@ -17,6 +17,7 @@ import pytest
 
 from sparkd.model.plan import Plan
 from sparkd.runtime.controller import Controller
+from sparkd.shell import catalogue
 from sparkd_sim.world import World
 from tests.realray.conftest import RealCluster
 from tests.support.daemon import converge as converge_every
@@ -214,10 +215,15 @@ async def test_head_restart_restarts_the_workers(real_cluster: RealCluster) -> N
     assert len(launches(world, since)) == 1
 
 
-async def test_a_launch_with_a_node_missing_fails_as_vllm_does(real_cluster: RealCluster) -> None:
-    """Without the daemon: a model launched by hand once Ray has dropped the killed worker's
-    GPU exits at once for want of it, like vLLM."""
+async def test_a_launch_with_a_node_missing_waits_for_it_and_serves_once_it_rejoins(
+    real_cluster: RealCluster,
+) -> None:
+    """A launch that raced the worker's death (sparkd's own start command, sent by hand once Ray
+    has dropped the killed worker's GPU) does not exit: like vLLM 0.32 it warns and waits for its
+    placement group. The daemon starts the worker again, the group goes to the new node, and that
+    launch serves: no relaunch, no stop."""
     world, ctl = real_cluster.world, real_cluster.controller
+    await settled(ctl)
     head = world.hosts["spark-a"]
     container = head.state.container(HEAD)
     assert container is not None and world.real_ray is not None
@@ -228,12 +234,30 @@ async def test_a_launch_with_a_node_missing_fails_as_vllm_does(real_cluster: Rea
             break
         await asyncio.sleep(ctl.cluster.recheck_interval)
     assert " 0.0/1.0 GPU" in status.stdout, status.stdout
-    rc, out, _ = await head.ssh.run_local(
-        f"docker exec {HEAD} vllm serve {ctl.cluster.model.id} --tensor-parallel-size 2"
-    )
-    assert rc == 1
-    assert "Required: 2, available: 1." in out
-    assert world.serves == []
+    cluster = ctl.cluster
+    for _ in range(60):  # the serve the worker's death ended
+        if not world.serves:
+            break
+        await asyncio.sleep(ctl.cluster.recheck_interval)
+    seconds = cluster.ssh.command_timeout
+    launch = catalogue.actions.start_model(cluster, seconds)
+    rc, _, err = await head.ssh.run_local(launch.command)
+    assert rc == 0, err
+    short = "exceeds the total number of available GPUs in the placement group"
+    read_log = f"cat {head.state.log_dir}/serve.log"
+    for _ in range(60):
+        _, said, _ = await head.ssh.run_local(read_log)
+        if short in said:
+            break
+        await asyncio.sleep(ctl.cluster.recheck_interval)
+    assert short in said, said[-2000:]
+    assert world.serves, "vLLM waits for its placement group; it has not exited"
+    since = time.time()
+    plans = await converge(ctl)
+    assert plans[-1].phase == "healthy", plans[-1].reason
+    assert kinds(plans) == ["start_ray_worker"], [p.reason for p in plans if p.actions]
+    assert launches(world, since) == []
+    assert not [r for r in mutations(world, "spark-a", since) if "kill" in r.command]
 
 
 async def test_stopping_the_world_leaves_no_ray_behind(real_cluster: RealCluster) -> None:

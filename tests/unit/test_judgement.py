@@ -577,8 +577,8 @@ def test_served_model_name_is_what_the_server_must_list() -> None:
 
 
 def test_a_listed_node_whose_gpu_ray_status_does_not_count_yet_holds_the_model_start() -> None:
-    """Real Ray lists a new node ALIVE seconds before its GPU can be placed on; vLLM would fail
-    with "Required: 2, available: 1"."""
+    """Real Ray lists a new node ALIVE seconds before its GPU can be placed on; vLLM launched
+    then warns that the cluster is short and waits for its placement group (up to 30 minutes)."""
     toy, memory = healthy()
     toy.serve_running = False
     toy.ready = False

@@ -290,9 +290,20 @@ def _rejoined(ctx: Context) -> str | None:
     node Ray lists on any other address (a machine someone joined to the cluster by hand) coming or
     going says nothing of the model's actors on the configured hosts, and a restart of a serving
     model for it drops every request in flight. A launch node that is gone with no new node on a
-    configured host leaves Ray short (core.judging.ray_stage's to judge)."""
+    configured host leaves Ray short (core.judging.ray_stage's to judge).
+
+    The nodes are the ones the log says the placement group went to, where it names them; else
+    the ones Ray listed alive when sparkd launched (a look can list a node whose container has
+    just exited). A launch whose log shows its placement group still waiting has no actors on any
+    node: the node that joins is where the group goes, and a relaunch would only start the wait
+    again (core.reading.placement)."""
     ray = ctx.observed.ray
-    launch = set(ctx.memory.launch_nodes)
+    serve = ctx.observed.serve
+    placement = serve.placement if serve is not None else None
+    if placement is not None and placement.stage == "waiting":
+        return None
+    launch = set(placement.nodes if placement is not None and placement.nodes else ())
+    launch = launch or set(ctx.memory.launch_nodes)
     if ray is None or not launch:
         return None
     for host in ctx.desired.hosts:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from sparkd.core.reading import cache_entries, kernel, parsers, weight_files
 from sparkd.core.reading.links import parse_fabric
+from sparkd.core.reading.placement import parse_placement
 from sparkd.core.spec import container_name, model_spec_hashes, normalize_image
 from sparkd.core.text import printable, redact
 from sparkd.model.cluster import ClusterSpec
@@ -369,6 +370,7 @@ def head_extras(
             progress=parsers.parse_load_progress(lines, progress_at),
             log_tail=tuple(lines[-LOG_TAIL_LINES:]),
             cpu_seconds=cpu,
+            placement=parse_placement(lines),
         )
     return HeadExtras(ray=ray, serve=serve)
 
