@@ -12,8 +12,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from sparkd.core.reading import parsers
-from sparkd.core.reading.assemble import ENGINE_MARKERS
+from sparkd.core.reading.assemble import ENGINE_MARKERS, launch_output
 from sparkd.core.spec import container_name, key_fingerprint, model_spec_hashes, ray_spec_hashes
+from sparkd.core.text import redact as text_redact
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.plan import Action, ActionOutcome, ActionResult, Plan
 from sparkd.model.spec import HostSpec
@@ -268,12 +269,35 @@ class Executor:
         await self._engine_gone()
         seconds = self.cluster.ssh.command_timeout
         await self._sh(host, catalogue.actions.start_model(self.cluster, seconds, api_key))
-        _, serve = await self._serve_until(lambda s: s is not None, self.timing.serve_appear)
-        if serve is not None:
-            return f"vllm serve launched (pid {serve.pid})"
-        raise ActionFailed(
-            f"vllm serve not running {self.timing.serve_appear:g}s after launch; see the serve log"
-        )
+        serve = await self._launched(api_key)
+        return f"vllm serve launched (pid {serve.pid})"
+
+    async def _launched(self, api_key: str | None) -> parsers.TopRow:
+        """The launched serve once `docker top` shows it, within `serve_appear`. A launch that
+        ran and ended before a look caught it (bad arguments, an import error: vLLM exits within
+        a second or two) fails as soon as that shows, with its last line, not `serve_appear`
+        later: the log is read before `top`, so a line the process wrote means it had started
+        before a `top` that no longer lists it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timing.serve_appear
+        pause = min(FIRST_LOOK, self.timing.poll)
+        seconds = self.cluster.ssh.command_timeout
+        tail = catalogue.reads.read_serve_log_tail(self.cluster, seconds)
+        while True:
+            said = launch_output(await self._read(self.cluster.head, tail) or "")
+            serve = parsers.find_serve(await self._serve_rows())
+            if serve is not None:
+                return serve
+            if said:
+                last = text_redact(said[-1], [api_key] if api_key else ())
+                raise ActionFailed(f"vllm serve exited right after launch: {last[:300]}")
+            if loop.time() >= deadline:
+                raise ActionFailed(
+                    f"vllm serve not running {self.timing.serve_appear:g}s after launch; see the "
+                    "serve log"
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, self.timing.poll)
 
     async def _engine_gone(self) -> None:
         """A launch while the stopped serve's engine still holds the GPUs fails for memory: wait

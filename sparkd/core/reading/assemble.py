@@ -417,6 +417,12 @@ def _engine_cpu(rows: tuple[parsers.TopRow, ...]) -> float | None:
     return sum(r.cpu_seconds or 0.0 for r in engine)
 
 
+def launch_output(text: str) -> list[str]:
+    """The lines the latest launch wrote, from the tail of the serve log (`text`): none while the
+    launched process has not started, since only it writes after sparkd's marker."""
+    return _since_launch(parsers.log_lines(text))
+
+
 def _since_launch(lines: list[str]) -> list[str]:
     """The log is appended to across launches: only the latest launch's lines say anything.
     A launch starts at sparkd's marker, or at the banner every `vllm serve` prints when it

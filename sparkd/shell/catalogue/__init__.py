@@ -27,6 +27,7 @@ from sparkd.shell.catalogue.reads import (
     fact_scripts,
     gpu_apps,
     inspect_container,
+    read_serve_log_tail,
     read_serve_spec,
     serve_processes,
 )
@@ -62,6 +63,7 @@ def _entries(
     entries.append((head, serve_processes(cluster, seconds)))
     entries += [(head, signal_serve(cluster, signal, seconds)) for signal in SIGNALS]
     entries.append((head, read_serve_spec(cluster, seconds)))
+    entries.append((head, read_serve_log_tail(cluster, seconds)))
     entries += [(head, read) for read in dashboard_reads(cluster)]
     for host in cluster.hosts:
         entries.append((host, inspect_container(container_name(cluster, host), seconds)))

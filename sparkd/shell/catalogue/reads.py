@@ -506,6 +506,16 @@ def inspect_container(name: str, seconds: float) -> Remote:
     return Remote("inspect_container", cmd(argv, seconds), mutating=False)
 
 
+# What the executor reads of the serve log while a launch starts: its last lines, enough to
+# tell whether the launched process has written any and to quote the last.
+LAUNCH_TAIL_BYTES = 8192
+
+
+def read_serve_log_tail(cluster: ClusterSpec, seconds: float) -> Remote:
+    argv = ["tail", "-c", str(LAUNCH_TAIL_BYTES), "--", serve_log_path(cluster)]
+    return Remote("read_serve_log", cmd(argv, seconds), False)
+
+
 def read_serve_spec(cluster: ClusterSpec, seconds: float) -> Remote:
     return Remote("read_serve_spec", cmd(["cat", serve_spec_path(cluster)], seconds), False)
 
