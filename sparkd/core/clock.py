@@ -21,6 +21,7 @@ Ray settling never lasts longer than the Ray containers have existed (core.judgi
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from types import NoneType, UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
@@ -70,16 +71,38 @@ def restamp(memory: Memory, shift: Shift) -> Memory:
 
 def _walk_model(value: BaseModel, shift: Shift) -> BaseModel:
     update: dict[str, Any] = {}
-    for name, field in type(value).model_fields.items():
+    for name, kind in _stamped_fields(type(value)):
         current = getattr(value, name)
-        # Pydantic keeps a field's own `Annotated[...]` as metadata beside the bare annotation.
-        kind: Any = field.annotation
-        if field.metadata:
-            kind = Annotated[(kind, *field.metadata)]
         new = _walk(current, kind, shift)
         if new is not current:
             update[name] = new
     return value.model_copy(update=update) if update else value
+
+
+@functools.cache
+def _stamped_fields(model: type[BaseModel]) -> tuple[tuple[str, Any], ...]:
+    """The fields of `model` that hold a daemon-time stamp somewhere inside, with their types:
+    the walk is run every cycle over up to hundreds of attempts, and looks at nothing else."""
+    fields = []
+    for name, field in model.model_fields.items():
+        # Pydantic keeps a field's own `Annotated[...]` as metadata beside the bare annotation.
+        kind: Any = field.annotation
+        if field.metadata:
+            kind = Annotated[(kind, *field.metadata)]
+        if _holds_stamp(kind):
+            fields.append((name, kind))
+    return tuple(fields)
+
+
+def _holds_stamp(kind: Any) -> bool:
+    origin = get_origin(kind)
+    if origin is Annotated:
+        base, *extras = get_args(kind)
+        clock = next((e for e in extras if isinstance(e, Clock)), None)
+        return clock.name == "daemon" if clock is not None else _holds_stamp(base)
+    if isinstance(kind, type) and issubclass(kind, BaseModel):
+        return bool(_stamped_fields(kind))
+    return any(_holds_stamp(arg) for arg in get_args(kind) if arg is not Ellipsis)
 
 
 def _walk(value: Any, kind: Any, shift: Shift) -> Any:
@@ -107,8 +130,11 @@ def _walk(value: Any, kind: Any, shift: Shift) -> Any:
     if origin is tuple:
         parts = get_args(kind)
         if len(parts) == 2 and parts[1] is Ellipsis:
-            return tuple(_walk(item, parts[0], shift) for item in value)
-        return tuple(_walk(item, part, shift) for item, part in zip(value, parts, strict=True))
+            moved = tuple(_walk(item, parts[0], shift) for item in value)
+        else:
+            moved = tuple(_walk(item, part, shift) for item, part in zip(value, parts, strict=True))
+        # The same tuple when nothing in it moved: the field is then left as it is, uncopied.
+        return value if all(a is b for a, b in zip(moved, value, strict=True)) else moved
     return value
 
 

@@ -139,3 +139,35 @@ def test_a_node_joining_a_launch_that_waits_for_its_group_restarts_nothing() -> 
     old = Placement(stage="placed", nodes=tuple(n.node_id for n in before.nodes))
     made = plan(toy.cluster, rejoined(toy.observe(), worker.data_ip, new, old), memory, toy.now)
     assert [a.kind for a in made.actions] == ["restart_model"], made.reason
+
+
+@COMMON
+@given(
+    st.sampled_from(["waiting", "placed_here", "placed_before", "unsaid"]),
+    st.sampled_from(["d" * 56, "e" * 56]),
+    st.floats(min_value=1.0, max_value=3600.0),
+)
+def test_a_rejoined_node_restarts_the_model_only_if_the_model_ran_on_the_one_it_replaced(
+    said: str, new: str, after: float
+) -> None:
+    """Property: whatever the new id and whenever it shows, the model is restarted for a rejoined
+    node exactly when the model's group was on the node it replaced: placed there by the log's
+    word, or (the log silent) by the nodes Ray listed at the launch."""
+    toy, memory = healthy()
+    worker = toy.cluster.workers[0]
+    toy.advance(after)
+    before = toy.observe().ray
+    assert before is not None
+    old_ids = tuple(n.node_id for n in before.nodes)
+    new_ids = tuple(new if n.ip == worker.data_ip else n.node_id for n in before.nodes)
+    placement = {
+        "waiting": Placement(stage="waiting"),
+        "placed_here": Placement(stage="placed", nodes=new_ids),
+        "placed_before": Placement(stage="placed", nodes=old_ids),
+        "unsaid": None,
+    }[said]
+    made = plan(
+        toy.cluster, rejoined(toy.observe(), worker.data_ip, new, placement), memory, toy.now
+    )
+    restarted = "restart_model" in [a.kind for a in made.actions]
+    assert restarted == (said in ("placed_before", "unsaid")), (said, made.reason)
