@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from sparkd.core.deciding.planner import plan
 from sparkd.core.reading import parsers
 from sparkd.core.reading.placement import parse_placement
+from sparkd.core.remembering.remember import remember
 from sparkd.core.text import printable
 from sparkd.model.observed import Observed, Placement
 from tests.support.planning import COMMON, healthy
@@ -171,3 +172,25 @@ def test_a_rejoined_node_restarts_the_model_only_if_the_model_ran_on_the_one_it_
     )
     restarted = "restart_model" in [a.kind for a in made.actions]
     assert restarted == (said in ("placed_before", "unsaid")), (said, made.reason)
+
+
+def test_memory_learns_where_the_group_went_so_a_scrolled_log_restarts_nothing() -> None:
+    """The raced launch: sparkd recorded the nodes Ray listed at the launch, the worker's old id
+    among them. Once the log names where the group went, memory keeps that; when those lines have
+    scrolled out of the tail, a serving model is not restarted for the node it never lost."""
+    toy, memory = healthy()
+    worker = toy.cluster.workers[0]
+    new = "d" * 56
+    toy.advance(60.0)
+    listed = toy.observe().ray
+    assert listed is not None
+    went = tuple(new if n.ip == worker.data_ip else n.node_id for n in listed.nodes)
+    placed = rejoined(toy.observe(), worker.data_ip, new, Placement(stage="placed", nodes=went))
+    made = plan(toy.cluster, placed, memory, toy.now)
+    assert made.actions == (), made.reason
+    memory = remember(memory, placed, [], toy.now, made)
+    assert set(memory.launch_nodes) == set(went)
+    toy.advance(3600.0)
+    scrolled = rejoined(toy.observe(), worker.data_ip, new, None)
+    made = plan(toy.cluster, scrolled, memory, toy.now)
+    assert "restart_model" not in [a.kind for a in made.actions], made.reason

@@ -187,6 +187,12 @@ def remember(
         # The model's Ray actors die with Ray; launch_nodes stays, so the planner sees the
         # node ids change and relaunches the model.
         changes.update(model_ready_at=None)
+    placed = _placed_on(observed)
+    if placed and not launched and memory.launched_at is not None:
+        # Where the placement group went, by the log's word: the nodes Ray listed when sparkd
+        # launched can hold one whose container had just exited (a launch that then waited for
+        # the restarted node), and the log's lines later scroll out of the tail that is read.
+        changes["launch_nodes"] = placed
 
     if plan is not None:
         learned = plan.learned
@@ -195,6 +201,7 @@ def remember(
             if (
                 memory.launched_at is not None
                 and not memory.launch_nodes
+                and not placed
                 and observed.ray is not None
                 and learned.ray_ready
             ):
@@ -308,3 +315,13 @@ def after_cycle(
     was made from."""
     learnt = remember(before, observed, outcomes, now, plan, wall=wall)
     return rollout_record.track(before, learnt, desired, observed, outcomes, plan, now, wall)
+
+
+def _placed_on(observed: Observed) -> tuple[str, ...]:
+    """The Ray node ids the running serve's placement group went to, where its log names them
+    (core.reading.placement); none otherwise."""
+    serve = observed.serve
+    placement = serve.placement if serve is not None and serve.running else None
+    if placement is None or placement.stage != "placed":
+        return ()
+    return tuple(sorted(placement.nodes))
