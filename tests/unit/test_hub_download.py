@@ -6,6 +6,9 @@ that start; a model directory on the host keeps the start's own cap (`compile_ti
 
 from __future__ import annotations
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from sparkd.model.memory import Memory
 from sparkd.model.observed import LoadProgress, ServeState
 from tests.support.toy_run import Run
@@ -71,3 +74,43 @@ def test_a_model_directory_keeps_the_silent_starts_own_cap() -> None:
     reasons = [run.cycle().reason for _ in range(60)]
     stuck = [r for r in reasons if "load stuck in a silent stage" in r]
     assert stuck and "cap 30m00s" in stuck[0], reasons[-3:]
+
+
+# Each example is a few hundred looks: fewer examples than the planner's other properties.
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.from_regex(
+        r"[A-Za-z0-9][A-Za-z0-9_.-]{0,20}/[A-Za-z0-9][A-Za-z0-9_.-]{0,30}", fullmatch=True
+    ),
+    st.floats(min_value=120.0, max_value=4500.0),
+    st.sampled_from([30.0, 60.0, 120.0]),
+)
+def test_a_hub_models_silent_download_is_held_until_the_loads_cap_and_no_longer(
+    model_id: str, download: float, every: float
+) -> None:
+    """Property: whatever the hub id, the download's length and the looks' spacing, a launch
+    that downloads in silence and then loads is never restarted (nor Ray, nor rolled back)
+    before `model.load_timeout`; at the first look past it with the load unfinished, it is: the
+    hold ends."""
+    run, toy = rollout_to(model_id)
+    toy.download_seconds = download
+    toy.load_seconds = download + 900.0  # then shards, compile, graphs
+    cap = run.desired.model.load_timeout
+    launched_at: float | None = None
+    start = toy.now
+    while launched_at is None or toy.now - launched_at <= cap + 2 * every:
+        loading = not toy.ready
+        made = run.cycle(every)
+        kinds = [a.kind for a in made.actions]
+        if launched_at is None:
+            if "restart_model" in kinds:
+                launched_at = toy.now
+            assert toy.now - start < 3600.0, f"the new spec never launched: {made.reason}"
+            continue
+        since = toy.now - launched_at
+        again = [k for k in kinds if k in ("restart_model", "restart_ray")]
+        if since <= cap:
+            assert not again, f"{since:.0f}s into a {download:.0f}s download: {made.reason}"
+        elif loading:
+            assert again, f"{since:.0f}s, past load_timeout, still loading: {made.reason}"
+            return

@@ -373,3 +373,64 @@ def test_a_hang_during_acceptance_is_still_restarted() -> None:
     run.toy.hung_under_load = True
     plans = [run.cycle() for _ in range(4)]
     assert restarts(plans), [p.reason for p in plans]
+
+
+# -- generated step budgets ----------------------------------------------------------------------
+
+# How `vllm serve` may be told the size of one engine step, in the spellings vLLM 0.32.0's
+# FlexibleArgumentParser accepts (dashes or underscores, `--flag value` or `--flag=value`; the
+# last one given wins).
+STEP_FLAGS = st.one_of(
+    st.sampled_from(
+        [
+            ("--enable-chunked-prefill",),
+            ("--no-enable-chunked-prefill",),
+            ("--enable_chunked_prefill",),
+            ("--no_enable_chunked_prefill",),
+        ]
+    ),
+    st.integers(512, 400_000).map(lambda n: ("--max-num-batched-tokens", str(n))),
+    st.integers(512, 400_000).map(lambda n: (f"--max_num_batched_tokens={n}",)),
+)
+
+
+def one_step_tokens(args: tuple[str, ...], max_len: int) -> int:
+    """The longest step, read here independently of sparkd: the whole longest prompt with
+    chunked prefill off, else the last step budget given, else vLLM's default (16384)."""
+    chunked, budget = True, 16384
+    for index, arg in enumerate(args):
+        flag, _, value = arg.partition("=")
+        flag = flag.replace("_", "-")
+        if flag in ("--enable-chunked-prefill", "--no-enable-chunked-prefill"):
+            chunked = flag == "--enable-chunked-prefill"
+        elif flag == "--max-num-batched-tokens":
+            budget = int(value or args[index + 1])
+    return min(budget, max_len) if chunked else max_len
+
+
+@given(
+    st.lists(STEP_FLAGS, max_size=4),
+    st.sampled_from([8192, 32768, 131072, 262144]),
+)
+@PROPS
+def test_every_figure_still_is_a_hang_only_after_the_longest_step_and_then_it_is(
+    flags: list[tuple[str, ...]], max_len: int
+) -> None:
+    """Property: whatever the step arguments, a request running with every figure still (one
+    step in flight, or a hang: the same evidence) is not restarted before the longest step the
+    arguments allow (or `hang_window`, if longer) has passed; and the hold ends there: it is."""
+    toy, memory = served()
+    args = (*(part for flag in flags for part in flag), "--max-model-len", str(max_len))
+    launched_with(toy, *args)
+    toy.max_model_len = max_len
+    toy.hung_under_load = True
+    policy = toy.cluster.policy
+    bound = max(policy.hang_window, one_step_tokens(args, max_len) / policy.prefill_rate)
+    start = toy.now
+    plans = walk(toy, memory, looks=int(bound // 30) + 10)
+    restarted = restarts(plans)
+    assert restarted, [p.reason for p in plans[-2:]]
+    took = toy.now - start
+    assert took >= bound, (took, bound, restarted[0].actions[0].reason)
+    # Within two looks of the bound: the hold is that long and no longer.
+    assert took <= bound + 2 * 30, (took, bound, restarted[0].actions[0].reason)

@@ -4,8 +4,12 @@ command line, which answers (left serving). The endpoint tells them apart."""
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from sparkd.model.observed import ModelEndpoint, ServeState
-from tests.support.looks import served, walk
+from tests.support.looks import look, served, walk
+from tests.support.planning import COMMON
 from tests.toy import Toy
 
 ENGINES = ("pid 48377 (VLLM::EngineCore)", "pid 48611 (ray::RayWorkerProc.run)")
@@ -49,3 +53,37 @@ def test_the_same_processes_behind_a_refusing_port_go_with_ray_after_the_grace()
     plans = walk(toy, memory, looks=12)
     assert teardowns(plans), [(p.phase, p.reason) for p in plans]
     assert "no vllm serve, but engine processes still hold the GPUs" in plans[-1].reason
+
+
+class Flickering(HandServed):
+    """The same engine processes; the endpoint at each look as `answers` says: the served name
+    listed with /health 200, or not answering (refused, a timeout), or another model's."""
+
+    answers: tuple[str, ...] = ()
+    index: int = 0
+
+    def _endpoint(self) -> ModelEndpoint:
+        said = self.answers[min(self.index, len(self.answers) - 1)]
+        if said == "ours":
+            return super()._endpoint()
+        if said == "other":
+            return ModelEndpoint(status="up", health_status=200, models=("someone/else",))
+        return ModelEndpoint(status=said, detail=f"connection {said}")  # type: ignore[arg-type]
+
+
+@COMMON
+@given(st.lists(st.sampled_from(["ours", "ours", "refused", "timeout", "other"]), min_size=1))
+def test_a_look_at_which_the_model_answers_never_tears_its_engine_down(answers: list[str]) -> None:
+    """Property: engine processes with no `vllm serve` beside them, the endpoint answering or
+    not at each look in any order: at a look where it answers with the served name, nothing is
+    torn down or started on top of it; a teardown comes only from looks where it does not."""
+    toy = Flickering.healthy()
+    toy.answers = tuple(answers)
+    _, memory = served()
+    for index in range(len(answers)):
+        toy.index = index
+        made, memory = look(toy, memory)
+        kinds = {a.kind for a in made.actions}
+        if answers[index] == "ours":
+            assert not kinds & {"restart_ray", "restart_model", "start_model"}, made.reason
+        toy.advance(30.0)
