@@ -395,6 +395,8 @@ class ServeProcess:
                 await self._chatty_stall()
             if done < SHARDS:
                 await asyncio.sleep(per_shard)
+                if self.faults.load_gate is not None:
+                    await self.faults.load_gate.acquire()
         took = time.monotonic() - started
         self._info("default_loader.py:267", f"Loading weights took {took:.2f} seconds")
         self._info(

@@ -60,6 +60,11 @@ class ServeFaults:
     # One-shot: the next CUDA-graph capture stops half-way while its ranks spin in an NCCL
     # wait: no new line, every engine process busy at 100 % CPU, for ever.
     hang_capture: bool = False
+    # A test's pace for the loader: each shard after the first also waits for a permit, so a
+    # test reads the weights at several points however slowly its own looks run (a loaded
+    # machine) instead of racing the load's wall-clock duration. Real loads have no such gate;
+    # only their pace relative to the looks changes, which is what this holds fixed.
+    load_gate: asyncio.Semaphore | None = None
     # Model path -> the shard its index names that is not on disk: every load of that model
     # fails before its first shard, as long as the file is missing.
     missing_weights: dict[str, str] = field(default_factory=dict)

@@ -4,6 +4,7 @@ API key reaches vLLM without ever showing up in a snapshot."""
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from tests.support.live import cluster_of, fast_timing, live_world, observe_unti
 MODEL_LOAD = 1.2  # long enough for several observations to see the shards progress
 API_KEY = "sk-sparkd-test-4f9a1c"
 LIMIT = 5.0
+SHARDS_PER_LOOK = 10  # of the simulated checkpoint's 39: at least four readings of the weights
 
 
 @pytest.fixture
@@ -59,6 +61,9 @@ async def test_loading_is_observed_until_the_model_serves(
     key_file.write_text(API_KEY + "\n")
     key_file.chmod(0o600)
     cluster = cluster_of(world, model={"api_key_file": key_file}, probe={"timeout": 0.5})
+    # The loader takes at most SHARDS_PER_LOOK shards per look that reads it loading, so the
+    # looks see the weights at several points however slowly they run beside other work.
+    gate = world.host(cluster.head.name).faults.load_gate = asyncio.Semaphore(0)
     await launch(cluster, pool)
 
     loading: list[Observed] = []
@@ -67,6 +72,8 @@ async def test_loading_is_observed_until_the_model_serves(
         progress = observed.serve.progress if observed.serve is not None else None
         if progress is not None and progress.stage == "weights":
             loading.append(observed)
+            for _ in range(SHARDS_PER_LOOK):
+                gate.release()
         return observed.probe is not None and observed.probe.outcome == "reasoning_only"
 
     # Probe every cycle, whatever the endpoint says, to see what a probe reads while loading.
