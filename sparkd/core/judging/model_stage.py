@@ -16,6 +16,7 @@ from sparkd.core.judging.images import ImageVerdict
 from sparkd.core.judging.judge import Context, Hold, Verdict, act, ago
 from sparkd.core.judging.load import Load
 from sparkd.core.judging.ray_stage import RayVerdict, rejoin_workers
+from sparkd.core.reading.placement import placed_nodes, placement_waiting
 from sparkd.core.spec import container_name, model_spec_hash, model_spec_hashes
 from sparkd.model.plan import MODEL_STARTS, START_MODEL, ActionKind
 
@@ -298,12 +299,9 @@ def _rejoined(ctx: Context) -> str | None:
     node: the node that joins is where the group goes, and a relaunch would only start the wait
     again (core.reading.placement)."""
     ray = ctx.observed.ray
-    serve = ctx.observed.serve
-    placement = serve.placement if serve is not None else None
-    if placement is not None and placement.stage == "waiting":
+    if placement_waiting(ctx.observed.serve):
         return None
-    launch = set(placement.nodes if placement is not None and placement.nodes else ())
-    launch = launch or set(ctx.memory.launch_nodes)
+    launch = set(placed_nodes(ctx.observed.serve) or ctx.memory.launch_nodes)
     if ray is None or not launch:
         return None
     for host in ctx.desired.hosts:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from sparkd.model.observed import Placement, PlacementStage
+from sparkd.model.observed import Placement, PlacementStage, ServeState
 
 _CREATING = "No current placement group found. Creating a new placement group."
 _WAITING = "Waiting for creating a placement group of specs"
@@ -45,3 +45,18 @@ def parse_placement(lines: list[str]) -> Placement | None:
     if stage is None:
         return None
     return Placement(stage=stage, nodes=tuple(nodes))
+
+
+def placed_nodes(serve: ServeState | None) -> tuple[str, ...]:
+    """The Ray node ids the running serve's placement group went to, sorted, where its log names
+    them; none otherwise (no Ray executor, a group still waiting, or lines not that far yet)."""
+    placement = serve.placement if serve is not None and serve.running else None
+    if placement is None or placement.stage != "placed":
+        return ()
+    return tuple(sorted(placement.nodes))
+
+
+def placement_waiting(serve: ServeState | None) -> bool:
+    """Whether the running serve's log shows its placement group still waiting for GPUs."""
+    placement = serve.placement if serve is not None and serve.running else None
+    return placement is not None and placement.stage == "waiting"

@@ -15,6 +15,7 @@ from sparkd.core import policy
 from sparkd.core.clock import bounded
 from sparkd.core.judging import fabric, triage
 from sparkd.core.judging.evidence import of_this_launch
+from sparkd.core.reading.placement import placed_nodes
 from sparkd.core.remembering import rollout_record
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Attempt, Blocked, Memory, Pause
@@ -187,7 +188,7 @@ def remember(
         # The model's Ray actors die with Ray; launch_nodes stays, so the planner sees the
         # node ids change and relaunches the model.
         changes.update(model_ready_at=None)
-    placed = _placed_on(observed)
+    placed = placed_nodes(observed.serve)
     if placed and not launched and memory.launched_at is not None:
         # Where the placement group went, by the log's word: the nodes Ray listed when sparkd
         # launched can hold one whose container had just exited (a launch that then waited for
@@ -315,13 +316,3 @@ def after_cycle(
     was made from."""
     learnt = remember(before, observed, outcomes, now, plan, wall=wall)
     return rollout_record.track(before, learnt, desired, observed, outcomes, plan, now, wall)
-
-
-def _placed_on(observed: Observed) -> tuple[str, ...]:
-    """The Ray node ids the running serve's placement group went to, where its log names them
-    (core.reading.placement); none otherwise."""
-    serve = observed.serve
-    placement = serve.placement if serve is not None and serve.running else None
-    if placement is None or placement.stage != "placed":
-        return ()
-    return tuple(sorted(placement.nodes))
