@@ -148,14 +148,15 @@ def _quiet_since(mark: TokenMark) -> float:
 
 
 @dataclass(frozen=True)
-class Prefill:
-    """The longest one prefill can last here, and what that was worked out from."""
+class Longest:
+    """The longest something the engine does can last here (one prefill, one step), and what
+    that was worked out from."""
 
     seconds: float
     how: str
 
 
-def longest_prefill(desired: ClusterSpec, seen: Reading | None) -> Prefill:
+def longest_prefill(desired: ClusterSpec, seen: Reading | None) -> Longest:
     """The longest prompt the engine takes, at the slowest prefill rate the policy allows."""
     rate = desired.policy.prefill_rate
     given = seen.max_len if seen is not None else None
@@ -166,7 +167,7 @@ def longest_prefill(desired: ClusterSpec, seen: Reading | None) -> Prefill:
     else:
         tokens, source = ASSUMED_MAX_MODEL_LEN, "assumed: neither /v1/models nor the args say"
     seconds = tokens / rate
-    return Prefill(
+    return Longest(
         seconds,
         f"{ago(seconds)}: max_model_len {tokens} ({source}) at policy.prefill_rate "
         f"{rate:g} tokens/s",
@@ -183,27 +184,20 @@ _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 DEFAULT_STEP_TOKENS = 16384
 
 
-@dataclass(frozen=True)
-class Step:
-    """The longest one engine step can last here (the scheduler publishes its stats, the
-    KV-cache gauge among them, only once a step ends), and what that was worked out from."""
-
-    seconds: float
-    how: str
-
-
-def longest_step(desired: ClusterSpec, seen: Reading | None) -> Step:
-    """One engine step prefills at most `max_num_batched_tokens` of a prompt, or a whole prompt
-    with chunked prefill off (vLLM 0.32.0 v1/core/sched/scheduler.py: a prompt is not split
-    then; config/scheduler.py makes max_num_batched_tokens at least max_model_len). Such a step
-    of 131k tokens is over two minutes of every figure standing still, one request running."""
+def longest_step(desired: ClusterSpec, seen: Reading | None) -> Longest:
+    """The longest one engine step can last (the scheduler publishes its stats, the KV-cache gauge
+    among them, only once a step ends). One engine step prefills at most `max_num_batched_tokens` of
+    a prompt, or a whole prompt with chunked prefill off (vLLM 0.32.0 v1/core/sched/scheduler.py: a
+    prompt is not split then; config/scheduler.py makes max_num_batched_tokens at least
+    max_model_len). Such a step of 131k tokens is over two minutes of every figure standing still,
+    one request running."""
     rate = desired.policy.prefill_rate
     args = desired.model.extra_args
     whole = longest_prefill(desired, seen)
     if _last_flag(args, ("--enable-chunked-prefill", "--no-enable-chunked-prefill")) == (
         "--no-enable-chunked-prefill"
     ):
-        return Step(whole.seconds, f"a whole prompt (--no-enable-chunked-prefill): {whole.how}")
+        return Longest(whole.seconds, f"a whole prompt (--no-enable-chunked-prefill): {whole.how}")
     batched = _int_arg(args, "--max-num-batched-tokens")
     tokens, source = (
         (batched, "--max-num-batched-tokens")
@@ -211,7 +205,7 @@ def longest_step(desired: ClusterSpec, seen: Reading | None) -> Step:
         else (DEFAULT_STEP_TOKENS, "vLLM's largest default")
     )
     seconds = min(tokens / rate, whole.seconds)
-    return Step(
+    return Longest(
         seconds,
         f"{ago(seconds)}: {tokens} tokens a step ({source}) at policy.prefill_rate "
         f"{rate:g} tokens/s",
