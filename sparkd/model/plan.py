@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal, get_args
 
 from sparkd.model.base import BoundedText, Value
+from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Adopted, LoadMark, TokenMark
 
 Phase = Literal[
@@ -125,6 +126,10 @@ class Plan(Value):
     gated: tuple[str, ...] = ()
     # What the look taught, for remember(), whatever becomes of the actions.
     learned: Learned = Learned()
+    # The spec this plan's actions launch, chosen once by the planner: the last-good one when
+    # the plan rolls back or a rollback holds, else the desired one (core.deciding.rollout
+    # `acting_spec`). None on a plan made otherwise: the executor acts on its own spec.
+    spec: ClusterSpec | None = None
 
     @property
     def converged(self) -> bool:

@@ -255,8 +255,6 @@ class Controller:
             dry_run=self.dry_run,
             wall=wall,
         )
-        # A rollback launches the last-good spec: the executor builds its commands from it.
-        self.executor.cluster = rollout.acting_spec(self.cluster, effective, plan)
         if plan.reason != before.last_reason or plan.phase != before.last_phase:
             self.log.info("plan", phase=plan.phase, reason=plan.reason, actions=len(plan.actions))
         rebooted_hosts = rebooted(observed, before)

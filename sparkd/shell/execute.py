@@ -7,6 +7,7 @@ same plan twice never creates a second container or a second serve process.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -75,12 +76,15 @@ class Executor:
     async def run(
         self, plan: Plan, should_stop: Callable[[], bool] = lambda: False
     ) -> list[ActionOutcome]:
-        """Actions in order; stops at the first failure, and starts nothing once stopping."""
+        """Actions in order; stops at the first failure, and starts nothing once stopping.
+        Commands are built from the spec the plan acts on (a rollback launches the last-good
+        one), by an executor for that spec alone: this one's stays as configured."""
+        acting = self if plan.spec is None else dataclasses.replace(self, cluster=plan.spec)
         outcomes: list[ActionOutcome] = []
         for action in plan.actions:
             if should_stop():
                 break
-            outcome = await self.run_one(action)
+            outcome = await acting.run_one(action)
             self.on_finish(outcome)
             outcomes.append(outcome)
             if outcome.result != "ok":

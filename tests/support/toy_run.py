@@ -54,7 +54,7 @@ class Run:
             )
             observed = observed.model_copy(update={"checks": checks})
         made = plan(self.desired, observed, self.memory, toy.now)
-        spec = rollout.acting_spec(self.desired, self.memory, made)
+        spec = made.spec or self.desired
         outcomes = []
         for action in made.actions:
             toy.cluster = spec

@@ -72,8 +72,11 @@ def test_an_argument_error_rolls_back_to_the_last_good_spec_and_holds_degraded()
     run.on_launch = ["arg_error"]
     run.desired = with_args(run.desired, "--enable-resoning")
     bad = identity(run.desired)
-    run.cycle()  # the cutover
+    cutover = run.cycle()
     back = run.cycle()
+    # Each plan carries the spec its actions launch: the new one, then the last-good one.
+    assert cutover.spec is not None and identity(cutover.spec) == bad
+    assert back.spec is not None and identity(back.spec) == good.hash
     assert back.rollback is not None
     assert "unrecognized arguments: --enable-resoning" in back.rollback
     assert back.reason.startswith(f"rolling back from {bad} to {good.hash}: vllm serve exited")

@@ -118,6 +118,20 @@ def plan(
     dry_run: bool = False,
     wall: float | None = None,
 ) -> Plan:
+    """What to do about one look, and the spec its actions launch (chosen here, once)."""
+    made = _decide(desired, observed, memory, now, dry_run=dry_run, wall=wall)
+    return made.model_copy(update={"spec": rollout.acting_spec(desired, memory, made)})
+
+
+def _decide(
+    desired: ClusterSpec,
+    observed: Observed,
+    memory: Memory,
+    now: float,
+    *,
+    dry_run: bool,
+    wall: float | None,
+) -> Plan:
     name = desired.name
     wall = now if wall is None else wall
     memory = bounded(memory, now)
