@@ -6,7 +6,6 @@ whole `serve_appear` (30 s in production) for a process that was long gone."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from sparkd.model.plan import Action
@@ -16,7 +15,9 @@ from sparkd_sim.world import World
 from tests.support.daemon import converged
 
 BAD_ARG = "--enable-reasoning-parser"
-# Long beside how fast the bad launch ends, so the test tells a fast failure from a timeout.
+# Long beside how fast the bad launch ends. The failure's own words tell a fast failure from a
+# timeout ("exited right after launch" with vLLM's line, or "not running 20s after launch"), so
+# the test needs no clock of its own.
 SERVE_APPEAR = 20.0
 
 
@@ -29,13 +30,10 @@ async def test_a_launch_that_exits_at_once_fails_with_its_last_line_without_wait
     timing = ExecutorTiming(poll=0.05, serve_appear=SERVE_APPEAR, stop_grace=2.0)
     executor = Executor(cluster, pool, timing=timing)
     action = Action(kind="restart_model", host=cluster.head.name, target=model.id, reason="test")
-    began = time.monotonic()
     outcome = await executor.run_one(action)
-    took = time.monotonic() - began
     assert outcome.result == "failed", outcome
     assert outcome.detail.startswith("vllm serve exited right after launch: "), outcome.detail
     assert f"unrecognized arguments: {BAD_ARG}" in outcome.detail
-    assert took < SERVE_APPEAR / 2, took
 
 
 async def test_a_launch_that_starts_is_not_mistaken_for_one_that_ended(
