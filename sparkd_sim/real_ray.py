@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import ctypes
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -33,6 +34,7 @@ from sparkd_sim.engine import HostEngine
 from sparkd_sim.protocol import Done
 from sparkd_sim.serve_hooks import Held
 from sparkd_sim.state import Container
+from sparkd_sim.vllm_logs import placement_timeout
 
 # Small: the object store only holds what the placement helper's driver puts there (nothing).
 OBJECT_STORE_BYTES = 100_000_000
@@ -44,6 +46,8 @@ SHM_SIZE = "256m"
 PLACEMENT_TIMEOUT = 30.0
 # How the helper marks a line vLLM logs as a warning while it goes on waiting.
 WARNING = "warning: "
+# The helper's line for a group not ready in time: the placement specs follow, as JSON.
+TIMEOUT = "timeout "
 HELPER = Path(__file__).with_name("bin") / "ray-placement"
 # Each namespace mounts its own tmpfs here, so nothing in it is shared or left behind. Only Ray's
 # own directory: the checkout and its venv may well live under /tmp (CI clones there).
@@ -384,6 +388,9 @@ class RealPlacement:
             line = _ANSI.sub("", raw.decode(errors="replace").rstrip("\n"))
             if line.startswith(WARNING):
                 say(line.removeprefix(WARNING))
+                continue
+            if line.startswith(TIMEOUT):
+                said.extend(placement_timeout(json.loads(line.removeprefix(TIMEOUT))))
                 continue
             if not line.startswith("placed "):
                 said.append(line)

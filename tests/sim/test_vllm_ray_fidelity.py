@@ -5,7 +5,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import re
+import shlex
 from pathlib import Path
 
 import aiohttp
@@ -15,7 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sparkd.core.reading import parsers
 from sparkd.core.reading.assemble import ENGINE_MARKERS
+from sparkd_sim import real_ray
+from sparkd_sim.state import Container
 from sparkd_sim.timing import Timing
+from sparkd_sim.vllm_logs import placement_timeout
 from sparkd_sim.vllm_server import ModelBehaviour, SimVllmServer
 from sparkd_sim.world import World
 from tests.sim.steps import HEAD
@@ -151,3 +157,38 @@ async def test_without_log_stats_the_metrics_are_the_real_servers_other_families
         await server.stop()
     assert ours and not any(name.startswith("vllm:") for name in ours)
     assert ours <= theirs, ours - theirs
+
+
+async def test_a_placement_group_never_ready_ends_with_vllms_own_error() -> None:
+    """The real-Ray world's helper gives up on the group with the specs it asked for; the
+    simulated serve then prints what vLLM 0.32.0's `_wait_until_pg_ready` raises (ray_utils.py
+    478-505), from the one copy of that text, and the warnings it printed while waiting."""
+    specs = [{"GPU": 1.0}, {"GPU": 1.0}]
+    # What the helper prints (sparkd_sim/bin/ray-placement), from a stand-in for it.
+    out = [real_ray.WARNING + "short of GPUs", real_ray.TIMEOUT + json.dumps(specs)]
+    script = "printf '%s\\n' " + " ".join(shlex.quote(line) for line in out) + "; exit 1"
+
+    class Stub:
+        def __init__(self) -> None:
+            self._processes: set[object] = set()
+
+        def _enter(self, container_id: str) -> list[str]:
+            return ["sh", "-c", script, "stand-in"]
+
+        def _env(self, extra: dict[str, str]) -> dict[str, str]:
+            return {"PATH": os.environ["PATH"]}
+
+        def _end(self, process: object) -> None:
+            self._processes.discard(process)
+
+    warned: list[str] = []
+    head = Container(
+        id="c0", name="head", image="img", command=[], labels={}, env={}, mounts=[], restart="no"
+    )
+    said = await real_ray.RealPlacement(Stub(), head).acquire(2, warned.append)  # type: ignore[arg-type]
+    assert warned == ["short of GPUs"]
+    assert said == placement_timeout(specs)
+    assert isinstance(said, list) and said[0].startswith(
+        "ValueError: Cannot provide a placement group requiring 2.0 GPUs "
+        "(placement_group_specs=[{'GPU': 1.0}, {'GPU': 1.0}]) within 1800 seconds."
+    )
