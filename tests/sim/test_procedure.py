@@ -72,9 +72,10 @@ async def test_relaunch_after_reboot_by_hand(
     assert answer["choices"][0]["finish_reason"] == "length"
 
 
-# A placement group wait of 2 s and its first "Waiting" line after 0.2 s: the ratio kept, vLLM's
-# 1800 s scaled down so the timeout itself is seen.
-SHORT_PG_WAIT = {"pg_wait_first": 0.2, "pg_wait_timeout": 2.0}
+# vLLM's placement-group wait (1800 s, its first "Waiting" line at 10 s) scaled down to 5 s so the
+# timeout itself is seen, the ratio of the two kept.
+PG_WAIT = 5.0
+SHORT_PG_WAIT = {"pg_wait_first": PG_WAIT * 10.0 / 1800.0, "pg_wait_timeout": PG_WAIT}
 
 
 @pytest.mark.parametrize("timing", [dataclasses.replace(Timing.fast(), **SHORT_PG_WAIT)])
