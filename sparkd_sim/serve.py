@@ -251,11 +251,11 @@ class ServeProcess:
                 self._emit(line)
         if self.cluster is not None:
             driver_ip = self.container.env.get("VLLM_HOST_IP") or self.engine.state.address
-            if not any(
+            if self._pins_driver() and not any(
                 n.ip == driver_ip for n in self.cluster.counted_nodes(time.monotonic(), self.timing)
             ):
-                # vLLM pins its first bundle to `node:<its own IP>`; no Ray node has that IP
-                # (the host's default route is the management network): never placed.
+                # The older executor pins its first bundle to `node:<its own IP>`; no Ray node
+                # has that IP (the host's default route is the management network): never placed.
                 await self._wait_for_placement(driver_ip, lambda: False)
                 return 1
             if not await self._wait_for_placement(driver_ip, self._placeable):
@@ -423,15 +423,26 @@ class ServeProcess:
             return line
         return f"{ray_prefix(self.workers[0][2].pid)}\r{line}"
 
+    def _pins_driver(self) -> bool:
+        """Whether the placement group pins a GPU to the driver's own node (`node:<its IP>`).
+        vLLM 0.32.0 runs `RayExecutorV2` unless `VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0`
+        (`vllm/envs.py` line 944, `v1/executor/abstract.py` 77-85), and it calls
+        `initialize_ray_cluster(..., require_gpu_on_driver=False)` (`ray_executor_v2.py` line
+        295): no pin, and its workers connect by Ray's node IPs, not VLLM_HOST_IP. Only the
+        older `RayDistributedExecutor` pins (`ray_utils.py` 632-643); 0.34.0 has no other."""
+        value = self.container.env.get("VLLM_USE_RAY_V2_EXECUTOR_BACKEND", "1")
+        return value.strip().lstrip("+-").isdigit() and int(value) == 0
+
     async def _wait_for_placement(self, driver_ip: str, placeable: Callable[[], bool]) -> bool:
         """Whether the placement group was placed: `placeable` polled while it waits, with the
         lines real vLLM prints at 10, 30, 70, ... seconds, and its error at the end."""
         if placeable():
             return True
         self._busy(api=0.01, core=0.01)
-        specs = [{f"node:{driver_ip}": 0.001, "GPU": 1.0}] + [
-            {"GPU": 1.0} for _ in range(self.args.gpus - 1)
-        ]
+        specs: list[dict[str, float]] = [{"GPU": 1.0} for _ in range(self.args.gpus)]
+        if self._pins_driver():
+            # Added after the GPU, as `initialize_ray_cluster` does (line 643).
+            specs[0][f"node:{driver_ip}"] = 0.001
         first, timeout = self.timing.pg_wait_first, self.timing.pg_wait_timeout
         waited, interval, line_at = 0.0, first, first
         while waited < timeout:
@@ -441,9 +452,10 @@ class ServeProcess:
             if placeable():
                 return True
             if line_at <= waited < timeout:
-                # vLLM 0.32.0 `v1/executor/ray_utils.py` `_wait_until_pg_ready`, line 466.
+                # vLLM 0.32.0 `v1/executor/ray_utils.py` `_wait_until_pg_ready` (logged as line
+                # 467: tests/fixtures/vllm-ray-executor/placement-wait.log).
                 self._core_info(
-                    "ray_utils.py:466",
+                    "ray_utils.py:467",
                     f"Waiting for creating a placement group of specs for "
                     f"{int(line_at / first * 10)} seconds. specs={specs}. Check `ray status` "
                     "and `ray list nodes` to see if you have enough resources, and make sure "

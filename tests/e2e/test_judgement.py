@@ -151,8 +151,9 @@ async def test_a_stuck_load_with_a_chatty_log_is_restarted_after_load_stall(
 async def test_each_node_gets_its_data_ip_as_vllm_host_ip_so_the_load_progresses(
     tmp_path: Path, pool: SshPool
 ) -> None:
-    """Hosts whose default route is the management network: without VLLM_HOST_IP per node, vLLM
-    would bind its placement group to an address Ray does not know and never load."""
+    """Hosts whose default route is the management network: without VLLM_HOST_IP per node, the
+    older Ray executor (vLLM 0.32.0 with `VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0`) would pin its
+    placement group to an address Ray does not know and never load; sparkd sets it always."""
     async with World(
         tmp_path / "world", scenario="seed-morning", timing=Timing.fast(), data_network=True
     ) as world:

@@ -31,6 +31,8 @@ START_LIMIT = 600.0
 SAMPLE = 0.25
 # A long prompt for the model's 512 tokens (its tokenizer takes about a token a character).
 PROMPT = "hello " * 50
+# vLLM 0.32.0 `v1/executor/ray_utils.py` `_wait_until_pg_ready`, while the group is not ready.
+WAITING = "Waiting for creating a placement group of specs"
 # How long the engine gets to notice its worker node died.
 DEATH_LIMIT = 120.0
 
@@ -44,6 +46,9 @@ class Observed:
     """What one run of the real executor showed."""
 
     log: str
+    # The log up to vLLM's first line saying it waits for its placement group (the worker node
+    # joined after it).
+    waiting_log: str = ""
     # (node name, process args) of every Ray or vLLM process seen on a node while it ran.
     titles: set[tuple[str, str]] = field(default_factory=set)
     # The first `ps -eo pid,args` of a node in which a `ray::RayWorkerProc` title appeared.
@@ -107,6 +112,18 @@ def _serve_and_lose_a_node(ray: cluster.Cluster, server: cluster.Serve, seen: Ob
     seen.after_death = server.text()[before:]
 
 
+def _until_waiting(server: cluster.Serve) -> str:
+    """The serve log once vLLM says it waits for its placement group (`_wait_until_pg_ready`
+    logs it after 10 s, then at 30, 70 ... s); what it printed instead if it exited."""
+    deadline = time.monotonic() + START_LIMIT
+    while time.monotonic() < deadline:
+        text = server.text()
+        if WAITING in text or server.process.poll() is not None:
+            return text
+        time.sleep(SAMPLE)
+    return server.text()
+
+
 @pytest.fixture(scope="session")
 def executor_ready() -> None:
     """Before the model is built: the tier's own reason to skip, not the one-process tier's."""
@@ -119,10 +136,14 @@ def observed(
 ) -> Iterator[Observed]:
     del executor_ready
     tmp = tmp_path_factory.mktemp("realexec")
-    with cluster.ray_cluster(tmp) as ray:
+    # Launched with the worker node not yet in Ray (as when a look raced a lost node): vLLM
+    # waits for its placement group, and the worker that joins is where the group goes.
+    with cluster.ray_cluster(tmp, nodes=1) as ray:
         server = cluster.serve(ray, tiny_model)
         seen = Observed(log="")
         try:
+            seen.waiting_log = _until_waiting(server)
+            ray.start_node("worker1", 2)
             deadline = time.monotonic() + START_LIMIT
             while time.monotonic() < deadline:
                 _sample(ray, seen)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sparkd.core.reading.placement import parse_placement
 from tests.realexec.conftest import Observed
 
 pytestmark = pytest.mark.realexec
@@ -25,12 +26,21 @@ def shape(line: str) -> str:
     return re.sub(r"\d+(\.\d+)?", "N", line)
 
 
-def placement_lines(log: str) -> list[str]:
-    """The engine core's lines about its placement group (vLLM `v1/executor/ray_utils.py`)."""
+# What vLLM prints while its placement group waits (`v1/executor/ray_utils.py`, lines 613 and
+# 466): the tier's launch waits for the worker node; the capture's did not.
+SHORT = "The number of required GPUs exceeds the total number of available GPUs"
+WAITING = "Waiting for creating a placement group of specs"
+
+
+def placement_lines(log: str, waits: bool = False) -> list[str]:
+    """The engine core's lines about its placement group (vLLM `v1/executor/ray_utils.py`),
+    those of the wait only when asked for."""
     return [
         shape(ln)
         for ln in log.splitlines()
-        if ln.startswith("(EngineCore") and "[ray_utils.py" in ln
+        if ln.startswith("(EngineCore")
+        and "[ray_utils.py" in ln
+        and (waits or not (SHORT in ln or WAITING in ln))
     ]
 
 
@@ -72,6 +82,21 @@ def test_the_run_prints_what_the_capture_shows(serving: Observed) -> None:
     real = {(n, shape(t)) for n, t in captured_titles() if "RayWorkerProc" in t or "VLLM::" in t}
     assert ours <= real, ours - real
     assert families(serving.metrics) == families((CAPTURE / "metrics.txt").read_text())
+
+
+def test_a_launch_one_node_short_waits_and_is_placed_on_the_node_that_joins(
+    serving: Observed,
+) -> None:
+    """Launched while Ray had one node of two: vLLM warns, waits for its placement group and
+    says so, and goes on when the worker node joins: sparkd reads the wait, then where the
+    group went (core.reading.placement), from the real log."""
+    waiting = placement_lines(serving.waiting_log, waits=True)
+    assert any(SHORT in ln for ln in waiting) and any(WAITING in ln for ln in waiting), waiting
+    early = parse_placement(serving.waiting_log.splitlines())
+    assert early is not None and early.stage == "waiting" and not early.nodes
+    placed = parse_placement(serving.log.splitlines())
+    assert placed is not None and placed.stage == "placed", placement_lines(serving.log, True)
+    assert len(set(placed.nodes)) == 2, placed.nodes
 
 
 def test_the_worker_nodes_death_ends_the_engine_and_the_server(serving: Observed) -> None:

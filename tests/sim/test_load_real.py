@@ -175,10 +175,16 @@ async def data_world(tmp_path: Path) -> AsyncIterator[World]:
         yield w
 
 
-@pytest.mark.parametrize("host_ip", [False, True])
+@pytest.mark.parametrize(
+    ("host_ip", "older_executor"), [(False, True), (True, True), (False, False)]
+)
 async def test_vllm_host_ip_decides_placement_on_a_separate_data_network(
-    data_world: World, host_ip: bool
+    data_world: World, host_ip: bool, older_executor: bool
 ) -> None:
+    """Only vLLM 0.32.0's older Ray executor (`VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0`) pins its
+    placement group to `node:<VLLM_HOST_IP or the host's own IP>` (`ray_utils.py` 632-643):
+    with the management network's IP, which no Ray node has, it never places. The default
+    `RayExecutorV2` places by Ray's own node IPs, whatever VLLM_HOST_IP says."""
     world = data_world
     head_state, worker_state = world.hosts["spark-a"].state, world.hosts["spark-b"].state
     assert head_state.data_ip != head_state.address
@@ -200,6 +206,10 @@ async def test_vllm_host_ip_decides_placement_on_a_separate_data_network(
             worker_run = worker_run.replace(
                 "docker run -d", f"docker run -d -e VLLM_HOST_IP={worker_state.data_ip}"
             )
+        if older_executor:
+            head_run = head_run.replace(
+                "docker run -d", "docker run -d -e VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0"
+            )
         assert (await run(head, head_run)).exit_status == 0
         assert (await run(worker, worker_run)).exit_status == 0
 
@@ -208,7 +218,7 @@ async def test_vllm_host_ip_decides_placement_on_a_separate_data_network(
 
         await eventually(two_gpus)
         assert (await run(head, serve_command(world))).exit_status == 0
-        if host_ip:
+        if host_ip or not older_executor:
 
             async def serving() -> bool:
                 return await stage(world) == "running"
@@ -221,7 +231,7 @@ async def test_vllm_host_ip_decides_placement_on_a_separate_data_network(
         assert "Loading safetensors" not in log
         waits = [line for line in log.splitlines() if "Waiting for creating a placement" in line]
         assert 1 <= len(waits) <= 2
-        assert f"node:{head_state.address}" in waits[0] and "VLLM_HOST_IP" in waits[0]
+        assert f"'node:{head_state.address}': 0.001" in waits[0] and "VLLM_HOST_IP" in waits[0]
 
 
 async def test_the_simulated_load_prints_the_real_servers_lines(

@@ -12,7 +12,13 @@ import asyncssh
 from sparkd.core.reading import parsers
 from sparkd.core.reading.assemble import ENGINE_MARKERS
 from sparkd_sim.world import World
-from tests.sim.steps import HEAD
+from tests.sim.steps import (
+    HEAD,
+    clean_up,
+    ray_head_command,
+    ray_worker_command,
+    serve_command,
+)
 from tests.sim.test_load_real import launch, load_log, stage
 from tests.support.sim import eventually, run
 
@@ -119,3 +125,39 @@ def test_sparkd_reads_the_real_ray_prefixed_load() -> None:
     weights = parsers.parse_load_progress(parsers.log_lines(upto), None)
     assert (weights.stage, weights.percent) == ("weights", 100.0)
     assert parsers.parse_load_progress(parsers.log_lines(raw), None).stage == "ready"
+
+
+async def test_a_launch_one_node_short_waits_as_the_real_one_did(
+    world: World, head: asyncssh.SSHClientConnection, worker: asyncssh.SSHClientConnection
+) -> None:
+    """Launched while Ray has the head node alone, then the worker's Ray started: the same
+    placement lines, in the same order, as real vLLM 0.32.0 printed (placement-wait.log)."""
+    real = (CAPTURE / "placement-wait.log").read_text().splitlines()
+    await clean_up(world, head, worker)
+    assert (await run(head, ray_head_command(world))).exit_status == 0
+    assert (await run(head, serve_command(world))).exit_status == 0
+
+    def placement() -> list[str]:
+        return [ln for ln in load_log(world).splitlines() if "[ray_utils.py" in ln]
+
+    async def waiting() -> bool:
+        return any("Waiting for creating a placement group" in ln for ln in placement())
+
+    await eventually(waiting)
+    assert (await run(worker, ray_worker_command(world))).exit_status == 0
+
+    async def placed() -> bool:
+        return sum("in a node" in ln for ln in placement()) == 2
+
+    await eventually(placed)
+    # The real worker joined before vLLM's second wait line (at 30 s); on a slow machine the
+    # simulated one may join after it, a line of the same shape.
+    ours = [engine_shape(ln) for ln in placement()]
+    ours = [ln for i, ln in enumerate(ours) if not (i and "Waiting" in ln and ln == ours[i - 1])]
+    assert ours == [engine_shape(ln) for ln in real]
+
+
+def engine_shape(line: str) -> str:
+    """`shape`, with Ray's node ids made wildcards too, from the engine core's prefix on."""
+    line = line[line.index("(EngineCore") :]
+    return shape(re.sub(r"\b[0-9a-f]{56}\b", "ID", line))

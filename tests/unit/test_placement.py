@@ -25,23 +25,11 @@ PLACED_ON = (
     "6af31de3ea1d071b9f4312736be8d04358baeb675b920044210791e1",
     "1aebe9edd9124e839c63ba38ef5211fcabe5ac85dd13b1e135859422",
 )
-# The lines `initialize_ray_cluster` (607, 613) and `_wait_until_pg_ready` (466) log, their text
-# as vLLM 0.32.0 formats it, behind the engine core's prefix.
-CREATING = (
-    "(EngineCore pid=231) INFO 12-07 06:18:55 [ray_utils.py:607] No current placement group "
-    "found. Creating a new placement group."
-)
-SHORT = (
-    "(EngineCore pid=231) WARNING 12-07 06:18:55 [ray_utils.py:613] The number of required GPUs "
-    "exceeds the total number of available GPUs in the placement group."
-)
-WAITING = (
-    "(EngineCore pid=231) INFO 12-07 06:19:05 [ray_utils.py:466] Waiting for creating a placement "
-    "group of specs for 10 seconds. specs=[{'node:10.0.0.1': 0.001, 'GPU': 1.0}, {'GPU': 1.0}]. "
-    "Check `ray status` and `ray list nodes` to see if you have enough resources, and make sure "
-    "the IP addresses used by ray cluster are the same as VLLM_HOST_IP environment variable "
-    "specified in each node if you are running on a multi-node."
-)
+# A real launch made while Ray had one node of two, the worker's joining after vLLM's first wait
+# line: `initialize_ray_cluster` (607, 613), `_wait_until_pg_ready` at 10 s (logged as 467),
+# then `_verify_bundles` (321) for each node (tests/fixtures/vllm-ray-executor/README.md).
+WAIT_RUN = (FIXTURES / "vllm-ray-executor" / "placement-wait.log").read_text().splitlines()
+CREATING, SHORT, WAITING = WAIT_RUN[:3]
 OTHER = "(APIServer pid=213) INFO 12-07 06:18:41 [model.py:547] Resolved architecture: Qwen3"
 
 
@@ -64,6 +52,13 @@ def test_the_real_log_up_to_the_groups_creation_is_waiting() -> None:
     lines = parsers.log_lines(REAL)
     upto = next(i for i, line in enumerate(lines) if "No current placement group" in line)
     assert parse_placement(lines[: upto + 1]) == Placement(stage="waiting")
+
+
+def test_the_real_wait_reads_waiting_then_placed_on_both_nodes() -> None:
+    assert "Waiting for creating a placement group" in WAITING
+    assert parse_placement(WAIT_RUN[:3]) == Placement(stage="waiting")
+    placed = parse_placement(WAIT_RUN)
+    assert placed is not None and placed.stage == "placed" and len(set(placed.nodes)) == 2
 
 
 def test_a_short_cluster_is_a_wait_not_a_failure() -> None:
