@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
+from pydantic import Field
+
 from sparkd.model.base import BoundedText, Value
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Adopted, LoadMark, TokenMark
@@ -128,8 +130,9 @@ class Plan(Value):
     learned: Learned = Learned()
     # The spec this plan's actions launch, chosen once by the planner: the last-good one when
     # the plan rolls back or a rollback holds, else the desired one (core.deciding.rollout
-    # `acting_spec`). None on a plan made otherwise: the executor acts on its own spec.
-    spec: ClusterSpec | None = None
+    # `acting_spec`). None on a plan made otherwise: the executor acts on its own spec. Left out
+    # of every dump and repr: a spec can name a power command's arguments, never shown.
+    spec: ClusterSpec | None = Field(None, exclude=True, repr=False)
 
     @property
     def converged(self) -> bool:

@@ -77,6 +77,8 @@ def test_an_argument_error_rolls_back_to_the_last_good_spec_and_holds_degraded()
     # Each plan carries the spec its actions launch: the new one, then the last-good one.
     assert cutover.spec is not None and identity(cutover.spec) == bad
     assert back.spec is not None and identity(back.spec) == good.hash
+    # Never shown: a spec can carry a power command's arguments.
+    assert "spec" not in back.model_dump() and "power" not in repr(back)
     assert back.rollback is not None
     assert "unrecognized arguments: --enable-resoning" in back.rollback
     assert back.reason.startswith(f"rolling back from {bad} to {good.hash}: vllm serve exited")
