@@ -105,10 +105,21 @@ async def test_a_load_on_a_ready_ray_reads_ray_once_per_look(tmp_path: Path, poo
         ctl = controller(world, pool, tmp_path / "state")
         await converge(ctl, cycles=300)
         await world.fault("crash-model", "spark-a")
-        await cycle_until(ctl, "loading")
+        last = (await cycle_until(ctl, "loading"))[-1]
         since, looks = time.time(), 0
+        # Two kinds of look may read `ray status` on a loaded machine, by design: one made
+        # after a look that did not find Ray ready (to count the GPUs again), and one whose
+        # dashboard read went silent (`ray status` then reads the GCS instead, which names no
+        # node's IP: sparkd.shell.observe).
+        unsure: list[str] = []
+        silent: list[str] = []
         for _ in range(20):
-            plan = await ctl.cycle()
+            if not last.learned.ray_ready:
+                unsure.append(last.reason)
+            last = plan = await ctl.cycle()
+            seen = ctl.view.snapshot
+            if seen is None or seen.ray is None or not seen.ray.ips_known:
+                silent.append(plan.reason)
             looks += 1
             if plan.phase != "loading":
                 break
@@ -119,5 +130,12 @@ async def test_a_load_on_a_ready_ray_reads_ray_once_per_look(tmp_path: Path, poo
             for r in world.commands("spark-a")
             if since <= r.at <= until and r.command.split()[:1] == ["ray"]
         ]
-        assert len(calls) <= looks, [r.command for r in calls]
-        assert not any(r.command.startswith("ray status") for r in calls)
+        statuses = [r for r in calls if r.command.startswith("ray status")]
+        assert len(calls) <= looks + len(unsure), [r.command for r in calls]
+        assert len(statuses) <= len(unsure) + len(silent), (
+            [r.command for r in statuses],
+            unsure,
+            silent,
+        )
+        # Most looks read the node list alone.
+        assert len(unsure) + len(silent) < looks / 2, (unsure, silent)
