@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from tests.core import is_core
+from tests.support import properties as properties
 from tests.support.worlds import healthy as healthy
 from tests.support.worlds import healthy_world as healthy_world
 from tests.support.worlds import pool as pool
