@@ -242,23 +242,22 @@ class ServeProcess:
                 "WARNING",
             )
         if held is None and self.cluster is None:
-            driver_ip = self.container.env.get("VLLM_HOST_IP") or self.engine.state.address
-            await self._wait_for_placement(driver_ip, lambda: False)
+            await self._wait_for_placement(lambda: False)
             return 1
         if noisy:
             # Printed while the placement group waits for the nodes' GPUs; harmless.
             for line in autoscaler_notice(max(1, int(self.timing.model_init)), a.gpus):
                 self._emit(line)
         if self.cluster is not None:
-            driver_ip = self.container.env.get("VLLM_HOST_IP") or self.engine.state.address
             if self._pins_driver() and not any(
-                n.ip == driver_ip for n in self.cluster.counted_nodes(time.monotonic(), self.timing)
+                n.ip == self._driver_ip()
+                for n in self.cluster.counted_nodes(time.monotonic(), self.timing)
             ):
                 # The older executor pins its first bundle to `node:<its own IP>`; no Ray node
                 # has that IP (the host's default route is the management network): never placed.
-                await self._wait_for_placement(driver_ip, lambda: False)
+                await self._wait_for_placement(lambda: False)
                 return 1
-            if not await self._wait_for_placement(driver_ip, self._placeable):
+            if not await self._wait_for_placement(self._placeable):
                 return 1
             self._place_workers()
         self._busy(api=0.3, core=1.5, workers=1.0)
@@ -433,7 +432,11 @@ class ServeProcess:
         value = self.container.env.get("VLLM_USE_RAY_V2_EXECUTOR_BACKEND", "1")
         return value.strip().lstrip("+-").isdigit() and int(value) == 0
 
-    async def _wait_for_placement(self, driver_ip: str, placeable: Callable[[], bool]) -> bool:
+    def _driver_ip(self) -> str:
+        """The IP the driver names itself by: VLLM_HOST_IP, else the host's own address."""
+        return self.container.env.get("VLLM_HOST_IP") or self.engine.state.address
+
+    async def _wait_for_placement(self, placeable: Callable[[], bool]) -> bool:
         """Whether the placement group was placed: `placeable` polled while it waits, with the
         lines real vLLM prints at 10, 30, 70, ... seconds, and its error at the end."""
         if placeable():
@@ -442,7 +445,7 @@ class ServeProcess:
         specs: list[dict[str, float]] = [{"GPU": 1.0} for _ in range(self.args.gpus)]
         if self._pins_driver():
             # Added after the GPU, as `initialize_ray_cluster` does (line 643).
-            specs[0][f"node:{driver_ip}"] = 0.001
+            specs[0][f"node:{self._driver_ip()}"] = 0.001
         first, timeout = self.timing.pg_wait_first, self.timing.pg_wait_timeout
         waited, interval, line_at = 0.0, first, first
         while waited < timeout:

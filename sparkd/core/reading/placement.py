@@ -47,10 +47,15 @@ def parse_placement(lines: list[str]) -> Placement | None:
     return Placement(stage=stage, nodes=tuple(nodes))
 
 
+def _running(serve: ServeState | None) -> Placement | None:
+    """The placement of a serve that is running: an exited one's log says nothing of now."""
+    return serve.placement if serve is not None and serve.running else None
+
+
 def placed_nodes(serve: ServeState | None) -> tuple[str, ...]:
     """The Ray node ids the running serve's placement group went to, sorted, where its log names
     them; none otherwise (no Ray executor, a group still waiting, or lines not that far yet)."""
-    placement = serve.placement if serve is not None and serve.running else None
+    placement = _running(serve)
     if placement is None or placement.stage != "placed":
         return ()
     return tuple(sorted(placement.nodes))
@@ -58,5 +63,5 @@ def placed_nodes(serve: ServeState | None) -> tuple[str, ...]:
 
 def placement_waiting(serve: ServeState | None) -> bool:
     """Whether the running serve's log shows its placement group still waiting for GPUs."""
-    placement = serve.placement if serve is not None and serve.running else None
+    placement = _running(serve)
     return placement is not None and placement.stage == "waiting"
