@@ -11,6 +11,7 @@ import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from sparkd.core.reading import parsers
 from sparkd.core.reading.assemble import ENGINE_MARKERS, launch_output
@@ -31,6 +32,8 @@ POLL = 0.5
 FIRST_LOOK = 0.05
 SERVE_APPEAR = 30.0
 STOP_GRACE = 20.0
+# What one look of a poll saw (Executor._poll).
+_Seen = TypeVar("_Seen")
 
 
 class ActionFailed(Exception):
@@ -240,22 +243,34 @@ class Executor:
                 ) from None
             raise
 
-    async def _serve_until(
-        self, done: Callable[[parsers.TopRow | None], bool], within: float
-    ) -> tuple[bool, parsers.TopRow | None]:
-        """Watch the serve process (`docker top`) until `done` holds of it, at most `within`."""
-        deadline = asyncio.get_running_loop().time() + within
+    async def _poll(
+        self, look: Callable[[], Awaitable[_Seen]], done: Callable[[_Seen], bool], within: float
+    ) -> tuple[bool, _Seen]:
+        """`look` until `done` holds of what it saw, at most `within`: whether it held, and the
+        last sight."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
         # A launched or signalled process usually shows within a few milliseconds: look soon,
         # then back off to the poll period for the slow cases.
         pause = min(FIRST_LOOK, self.timing.poll)
         while True:
-            serve = parsers.find_serve(await self._serve_rows())
-            if done(serve):
-                return True, serve
-            if asyncio.get_running_loop().time() >= deadline:
-                return False, serve
+            seen = await look()
+            if done(seen):
+                return True, seen
+            if loop.time() >= deadline:
+                return False, seen
             await asyncio.sleep(pause)
             pause = min(pause * 2, self.timing.poll)
+
+    async def _serve_until(
+        self, done: Callable[[parsers.TopRow | None], bool], within: float
+    ) -> tuple[bool, parsers.TopRow | None]:
+        """Watch the serve process (`docker top`) until `done` holds of it, at most `within`."""
+
+        async def serve() -> parsers.TopRow | None:
+            return parsers.find_serve(await self._serve_rows())
+
+        return await self._poll(serve, done, within)
 
     async def _gone(self, pid: int, within: float) -> bool:
         gone, _ = await self._serve_until(lambda s: s is None or s.pid != pid, within)
@@ -282,44 +297,39 @@ class Executor:
         a second or two) fails as soon as that shows, with its last line, not `serve_appear`
         later: the log is read before `top`, so a line the process wrote means it had started
         before a `top` that no longer lists it."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timing.serve_appear
-        pause = min(FIRST_LOOK, self.timing.poll)
         seconds = self.cluster.ssh.command_timeout
         tail = catalogue.reads.read_serve_log_tail(self.cluster, seconds)
-        while True:
+
+        async def look() -> tuple[list[str], parsers.TopRow | None]:
             said = launch_output(await self._read(self.cluster.head, tail) or "")
-            serve = parsers.find_serve(await self._serve_rows())
-            if serve is not None:
-                return serve
-            if said:
-                last = text_redact(said[-1], [api_key] if api_key else ())
-                raise ActionFailed(f"vllm serve exited right after launch: {last[:300]}")
-            if loop.time() >= deadline:
-                raise ActionFailed(
-                    f"vllm serve not running {self.timing.serve_appear:g}s after launch; see the "
-                    "serve log"
-                )
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, self.timing.poll)
+            return said, parsers.find_serve(await self._serve_rows())
+
+        _, (said, serve) = await self._poll(
+            look, lambda seen: bool(seen[0]) or seen[1] is not None, self.timing.serve_appear
+        )
+        if serve is not None:
+            return serve
+        if said:
+            last = text_redact(said[-1], [api_key] if api_key else ())
+            raise ActionFailed(f"vllm serve exited right after launch: {last[:300]}")
+        raise ActionFailed(
+            f"vllm serve not running {self.timing.serve_appear:g}s after launch; see the serve log"
+        )
 
     async def _engine_gone(self) -> None:
         """A launch while the stopped serve's engine still holds the GPUs fails for memory: wait
         for its EngineCore and Ray workers to exit (SIGTERM takes them in ~2.5 s). Ones that stay
         were orphaned; the planner then restarts Ray, which takes them with its containers."""
-        deadline = asyncio.get_running_loop().time() + self.timing.stop_grace
-        pause = min(FIRST_LOOK, self.timing.poll)
-        while True:
-            left = [r for r in await self._serve_rows() if any(m in r.args for m in ENGINE_MARKERS)]
-            if not left:
-                return
-            if asyncio.get_running_loop().time() >= deadline:
-                pids = ", ".join(str(r.pid) for r in left)
-                raise ActionFailed(
-                    f"vllm serve stopped, but its engine processes ({pids}) still hold the GPUs"
-                )
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, self.timing.poll)
+
+        async def engine() -> list[parsers.TopRow]:
+            return [r for r in await self._serve_rows() if any(m in r.args for m in ENGINE_MARKERS)]
+
+        gone, left = await self._poll(engine, lambda rows: not rows, self.timing.stop_grace)
+        if not gone:
+            pids = ", ".join(str(r.pid) for r in left)
+            raise ActionFailed(
+                f"vllm serve stopped, but its engine processes ({pids}) still hold the GPUs"
+            )
 
     async def _prune_cache(self, host: HostSpec, action: Action) -> str:
         await self._sh(host, self._built(host, action, action.target))
