@@ -10,14 +10,16 @@ after the new leader was elected (an election renews every lease to its full TTL
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from sparkd.ha.etcd import EtcdClient
 from sparkd_sim.world import World
-from tests.etcd.conftest import EtcdCluster, EtcdServer
+from tests.etcd.conftest import EtcdCluster, EtcdServer, lease_remaining
 from tests.support.daemon import eventually, mutations
 from tests.support.ha import (
     TTL,
@@ -84,8 +86,16 @@ async def test_leader_election_in_the_middle_of_a_takeover(
         await a.kill()
         assert a.killed_at is not None
         if moment == "before_acquire":
-            # Half the dead owner's lease still to run: the standby is waiting on its expiry.
-            await asyncio.sleep(TTL / 2)
+            # Half of what etcd says is left of the dead owner's lease: the standby is waiting
+            # on its expiry. Not TTL / 2: a renewal late under load leaves less than TTL - 1 s.
+            admin = EtcdClient(etcd3.urls, timeout=2)
+            try:
+                held, _ = await admin.get(f"sparkd/v1/owner/{cluster}")
+                assert held is not None and json.loads(held.value)["instance"] == a.name, held
+                left = await lease_remaining(admin, held.lease)
+            finally:
+                await admin.close()
+            await asyncio.sleep(left / 2)
             assert await b.role(cluster) != "owner"
         else:
 
