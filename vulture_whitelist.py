@@ -69,6 +69,7 @@ _.owned_commands
 _.prompt_tokens_total
 _.head_container_id
 _.delayed
+_.subscribed
 
 # Unused, in modules being moved or split by concern this round (sparkd/sim, web/app.py): to
 # be removed where they land, not edited under the move.

@@ -65,6 +65,12 @@ class HostEngine:
         self._subscribers.append(queue)
         return queue
 
+    @property
+    def subscribed(self) -> int:
+        """How many `docker events` streams are open. One started over SSH is here only once
+        its shell and client have run: a reader waits for it before making the event."""
+        return len(self._subscribers)
+
     def unsubscribe(self, queue: asyncio.Queue[dict[str, Any]]) -> None:
         with contextlib.suppress(ValueError):
             self._subscribers.remove(queue)

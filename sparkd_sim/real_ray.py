@@ -116,6 +116,17 @@ def _namespace_of(pid: int) -> str | None:
         return None
 
 
+def _hold_namespace(pid: int) -> tuple[str, int] | None:
+    """The name of the PID namespace of `pid` and an open handle on it: an open
+    /proc/PID/ns file keeps its namespace, and so its number, after its last process
+    (namespaces(7), "The /proc/pid/ns/ directory")."""
+    try:
+        handle = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    return os.readlink(f"/proc/self/fd/{handle}"), handle
+
+
 def _members_of(spaces: set[str]) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
@@ -168,10 +179,13 @@ class RealRay:
     gcs_port: int = field(default_factory=free_port)
     # The dashboard's port the config gives sparkd (Ray's 8265 could collide between worlds).
     dashboard_port: int = field(default_factory=free_port)
-    # Every port given to a node and every PID namespace made (as /proc/PID/ns/pid names it),
-    # so a test can check that nothing listens or runs there any more.
+    # Every port given to a node and every PID namespace made, so a test can check that nothing
+    # listens or runs there any more.
     ports: set[int] = field(default_factory=set)
-    pid_namespaces: set[str] = field(default_factory=set)
+    # A namespace's name (as /proc/PID/ns/pid gives it) -> an open handle on it, until close().
+    # The kernel gives a freed namespace's number to the next namespace made on the machine:
+    # only a held name is ours alone, and a look by name finds no stranger's processes.
+    pid_namespaces: dict[str, int] = field(default_factory=dict)
     namespaces: dict[str, Namespace] = field(default_factory=dict)
     # Every `unshare` until it has exited: it exits only once its namespace is gone (the
     # kernel reaps every process of a PID namespace before its PID 1 becomes a zombie).
@@ -246,12 +260,7 @@ class RealRay:
         self._unshares.add(process)
         namespace: Namespace | None = None
         try:
-            init = await self._init_of(process)
-            namespace = Namespace(container.id, process, init, os.pidfd_open(init))
-            made = _namespace_of(init)
-            if made is not None:
-                self.pid_namespaces.add(made)
-            self.namespaces[container.id] = namespace
+            namespace = await self._namespace(container.id, process)
             assert process.stdout is not None
             async for raw in process.stdout:
                 container.log(_ANSI.sub("", raw.decode(errors="replace").rstrip("\n")))
@@ -268,6 +277,18 @@ class RealRay:
             elif process.returncode is None:
                 for child in _children(process.pid):
                     _kill_tree(child)
+
+    async def _namespace(self, container_id: str, process: asyncio.subprocess.Process) -> Namespace:
+        """The namespace `process` (an `unshare --pid --fork`) made, once its PID 1 is there:
+        recorded as the container's, and held (see `pid_namespaces`)."""
+        init = await self._init_of(process)
+        namespace = Namespace(container_id, process, init, os.pidfd_open(init))
+        held = _hold_namespace(init)
+        if held is not None:
+            name, handle = held
+            self.pid_namespaces[name] = handle
+        self.namespaces[container_id] = namespace
+        return namespace
 
     @staticmethod
     async def _init_of(process: asyncio.subprocess.Process) -> int:
@@ -354,7 +375,12 @@ class RealRay:
                 for child in _children(process.pid):
                     _kill_tree(child)
         await asyncio.gather(*(p.wait() for p in entered + unshares), return_exceptions=True)
-        await _emptied(self.pid_namespaces)
+        try:
+            await _emptied(set(self.pid_namespaces))
+        finally:
+            for handle in self.pid_namespaces.values():
+                os.close(handle)
+            self.pid_namespaces.clear()
         self.namespaces.clear()
         self._processes.clear()
         self._unshares.clear()

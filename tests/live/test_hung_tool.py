@@ -43,7 +43,9 @@ async def test_a_hung_tool_is_killed_and_the_other_sections_arrive(
     assert "ray_status" not in others  # the node list answered: no second `ray` call
     assert set(others.values()) == {0}, others
     assert sections["fabric"].body.strip()
-    assert 1.0 <= took < 2.0  # the hung tool cost its own timeout, not the kill grace too
+    # The hung tool cost its own timeout, not the kill grace too. The other tools' share is
+    # whatever the machine's load makes it (more than a second at a load of 10).
+    assert 1.0 <= took < tool_timeout(cluster) + catalogue.remote.KILL_GRACE, took
     await eventually(lambda: released(world), within=2)
 
     # Through observe: the head is readable and the plan does not change for want of GPU apps.

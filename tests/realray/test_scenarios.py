@@ -7,6 +7,7 @@ worker gone, and a stop that must leave nothing behind."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import socket
@@ -263,26 +264,30 @@ async def test_a_launch_with_a_node_missing_waits_for_it_and_serves_once_it_rejo
 async def test_stopping_the_world_leaves_no_ray_behind(real_cluster: RealCluster) -> None:
     world = real_cluster.world
     assert world.real_ray is not None
-    # Every node started in this module, the killed and restarted ones too (the kernel reuses
-    # a freed namespace's number, so there are fewer numbers than nodes).
-    spaces = set(world.real_ray.pid_namespaces)
-    assert spaces and len(_in_namespaces(spaces)) > 4  # gcs, raylet, dashboard...
-    # What Ray writes to /tmp/ray and /dev/shm lands on tmpfs mounts of each node's own mount
-    # namespace, which end with it (the machine's /dev/shm is anyone's to use: not checked).
-    inits = [n.init for n in world.real_ray.namespaces.values()]
-    assert inits
-    for init in inits:
-        assert os.readlink(f"/proc/{init}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
-        assert _private_tmpfs(init) >= {"/tmp/ray", "/dev/shm"}
-    ports = sorted(world.real_ray.ports)
-    assert world.real_ray.gcs_port in ports
-    addresses = {"127.0.0.1"} | {h.state.address for h in world.hosts.values()}
-    addresses |= {h.state.data_ip for h in world.hosts.values()}
-    await world.stop()
-    assert _in_namespaces(spaces) == []
-    # A listener on a node's address or on the wildcard would refuse these binds.
-    for address in sorted(addresses):
-        for port in ports:
-            with socket.socket() as sock:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind((address, port))
+    # Every node started in this module, the killed and restarted ones too, each held by a
+    # handle of our own past the stop: the kernel gives a freed namespace's number to the next
+    # one made on the machine, and a look by a name no handle holds may count a stranger's.
+    with contextlib.ExitStack() as held:
+        for handle in world.real_ray.pid_namespaces.values():
+            held.callback(os.close, os.dup(handle))
+        spaces = set(world.real_ray.pid_namespaces)
+        assert spaces and len(_in_namespaces(spaces)) > 4  # gcs, raylet, dashboard...
+        # What Ray writes to /tmp/ray and /dev/shm lands on tmpfs mounts of each node's own mount
+        # namespace, which end with it (the machine's /dev/shm is anyone's to use: not checked).
+        inits = [n.init for n in world.real_ray.namespaces.values()]
+        assert inits
+        for init in inits:
+            assert os.readlink(f"/proc/{init}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+            assert _private_tmpfs(init) >= {"/tmp/ray", "/dev/shm"}
+        ports = sorted(world.real_ray.ports)
+        assert world.real_ray.gcs_port in ports
+        addresses = {"127.0.0.1"} | {h.state.address for h in world.hosts.values()}
+        addresses |= {h.state.data_ip for h in world.hosts.values()}
+        await world.stop()
+        assert _in_namespaces(spaces) == []
+        # A listener on a node's address or on the wildcard would refuse these binds.
+        for address in sorted(addresses):
+            for port in ports:
+                with socket.socket() as sock:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    sock.bind((address, port))

@@ -290,12 +290,23 @@ async def test_a_missing_weight_file_fails_the_load_as_vllm_does(healthy: World)
     assert "EngineCore failed to start." in relaunch
 
 
+async def stream_open(world: World, host: str, before: int) -> None:
+    """Until the `docker events` stream just started on `host` is in the world: it gets there a
+    shell or two after its process starts, and an event made before that is not in it."""
+
+    async def there() -> bool:
+        return world.hosts[host].engine.subscribed > before
+
+    await eventually(there, within=5)
+
+
 async def test_kill_container_emits_die_and_restart_policy_applies(world: World) -> None:
     async with await connect(world, "spark-b") as worker:
+        before = world.hosts["spark-b"].engine.subscribed
         events = await worker.create_process(
             "timeout 5 docker events --format '{{json .}}' --filter event=die"
         )
-        await asyncio.sleep(0.1)  # let the subscription reach the world
+        await stream_open(world, "spark-b", before)
         await world.fault("kill-container", "spark-b", "glm-flash")
         event = json.loads(await asyncio.wait_for(events.stdout.readline(), 5))
         events.terminate()
@@ -316,11 +327,12 @@ async def test_exec_events_carry_the_command_as_docker_does(healthy: World) -> N
     # with the same execID: a watcher can tell its own `docker exec` from the serve process.
     head_name = "sparkd-sparks-ray-head"
     async with await connect(healthy, "spark-a") as head:
+        before = healthy.hosts["spark-a"].engine.subscribed
         events = await head.create_process(
             "timeout 5 docker events --format '{{json .}}' "
             "--filter event=exec_start --filter event=exec_die"
         )
-        await asyncio.sleep(0.1)  # let the subscription reach the world
+        await stream_open(healthy, "spark-a", before)
         await run(head, f"docker exec {head_name} ray status")
         start = json.loads(await asyncio.wait_for(events.stdout.readline(), 5))
         die = json.loads(await asyncio.wait_for(events.stdout.readline(), 5))
@@ -333,10 +345,11 @@ async def test_exec_events_carry_the_command_as_docker_does(healthy: World) -> N
 
 async def test_a_detached_exec_ends_with_exec_die(world: World) -> None:
     async with await connect(world, "spark-a") as head:
+        before = world.hosts["spark-a"].engine.subscribed
         events = await head.create_process(
             "timeout 5 docker events --format '{{json .}}' --filter event=exec_die"
         )
-        await asyncio.sleep(0.1)  # let the subscription reach the world
+        await stream_open(world, "spark-a", before)
         assert (await run(head, "docker exec -d glm-flash sh -c 'exit 3'")).exit_status == 0
         die = json.loads(await asyncio.wait_for(events.stdout.readline(), 5))
         events.terminate()
