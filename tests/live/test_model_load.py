@@ -95,6 +95,10 @@ async def test_loading_is_observed_until_the_model_serves(
             break
         assert serve.progress is not None and serve.progress.percent is not None
         percents.append(serve.progress.percent)
+        if serve.progress.percent >= 100:
+            # Read before the probe, within one look: the server may be listening by the time
+            # it asks (and slow to answer on a loaded machine), so the probe may read anything.
+            continue
         assert observed.endpoint is not None and observed.endpoint.status == "refused"
         assert observed.probe is not None and observed.probe.outcome == "refused"
     # Weights percent rising over at least three readings, the process ageing throughout. A
