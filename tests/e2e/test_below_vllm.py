@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from tests.support.daemon import (
     eventually,
     mutations,
 )
-from tests.support.http import fetch, scraped
+from tests.support.http import Samples, fetch, parse, scraped, value
 
 GIB = 1 << 30
 
@@ -112,21 +112,45 @@ async def daemon(healthy_world: World, tmp_path: Path) -> AsyncIterator[Daemon]:
         yield d
 
 
+def of(samples: Samples, name: str, **labels: str) -> float | None:
+    """The cluster's series `name` in one scrape (None where it is not exported)."""
+    return value(samples, name, cluster="sparks", **labels)
+
+
+async def scrape_when(daemon: Daemon, done: Callable[[Samples], bool]) -> Samples:
+    """The first scrape of the daemon's /metrics on which `done` holds: what a test checks
+    next is read from that same scrape, not from a later look that may read less."""
+    found: list[Samples] = []
+
+    async def check() -> bool:
+        _, text = await fetch(f"{daemon.url}/metrics")
+        samples = parse(text)
+        if done(samples):
+            found.append(samples)
+        return bool(found)
+
+    await eventually(check, within=30)
+    return found[0]
+
+
 async def test_the_metrics_count_each_kernel_line_once_and_show_memory_and_triage(
     healthy_world: World, daemon: Daemon
 ) -> None:
     sample = partial(scraped, f"{daemon.url}/metrics", cluster="sparks")
 
-    async def triaged() -> bool:
-        return await sample("sparkd_cluster_triage", **{"class": "memory_pressure"}) == 1
+    def triaged(seen: Samples) -> bool:
+        # Each host is read on its own within a look: spark-b's pressure may be in a plan whose
+        # read of spark-a came before its XID lines, so wait for those lines too.
+        pressure = of(seen, "sparkd_cluster_triage", **{"class": "memory_pressure"}) == 1
+        return pressure and bool(of(seen, "sparkd_gpu_xid_total", host="spark-a", xid="13"))
 
     await healthy_world.fault("xid-13", "spark-a")
     await healthy_world.fault("memory-pressure", "spark-b", str(GIB))
-    await eventually(triaged, within=30)
-    assert await sample("sparkd_gpu_xid_total", host="spark-a", xid="13") == 3
-    assert await sample("sparkd_host_kernel_events_total", host="spark-a", **{"class": "xid"}) == 3
-    assert await sample("sparkd_host_memory_available_bytes", host="spark-b") == GIB
-    assert await sample("sparkd_cluster_triage", **{"class": "gpu_lost"}) == 0
+    seen = await scrape_when(daemon, triaged)
+    assert of(seen, "sparkd_gpu_xid_total", host="spark-a", xid="13") == 3
+    assert of(seen, "sparkd_host_kernel_events_total", host="spark-a", **{"class": "xid"}) == 3
+    assert of(seen, "sparkd_host_memory_available_bytes", host="spark-b") == GIB
+    assert of(seen, "sparkd_cluster_triage", **{"class": "gpu_lost"}) == 0
     _, body = await fetch(f"{daemon.url}/status")
     status = json.loads(body)
     [cluster] = status["clusters"]
@@ -165,25 +189,29 @@ async def test_an_mtu_mismatch_holds_the_relaunch_until_the_mtu_is_set(
 async def test_a_flap_is_reported_for_its_window_and_counted(
     healthy_world: World, daemon: Daemon
 ) -> None:
-    sample = partial(scraped, f"{daemon.url}/metrics", cluster="sparks")
-
-    async def fabric_seen() -> bool:
-        return await sample("sparkd_fabric_gid_index", host="spark-b") == 3
-
-    await eventually(fabric_seen, within=30)
-    assert await sample("sparkd_fabric_link_up", host="spark-b") == 1
-    assert await sample("sparkd_fabric_mtu_bytes", host="spark-b") == 9000
-    assert await sample("sparkd_fabric_link_rate_bytes_per_second", host="spark-b") == 25e9
+    # One scrape for each set of checks: a look that got no fabric reading of a host (seen on a
+    # loaded box) exports none of that host's fabric gauges until a later look reads it again.
+    seen = await scrape_when(
+        daemon, lambda s: of(s, "sparkd_fabric_gid_index", host="spark-b") == 3
+    )
+    assert of(seen, "sparkd_fabric_link_up", host="spark-b") == 1
+    assert of(seen, "sparkd_fabric_mtu_bytes", host="spark-b") == 9000
+    assert of(seen, "sparkd_fabric_link_rate_bytes_per_second", host="spark-b") == 25e9
     await healthy_world.fault("link-flap", "spark-b")
     await healthy_world.fault("rate-degraded", "spark-a")
 
-    async def flapped() -> bool:
-        return await sample("sparkd_cluster_triage", **{"class": "fabric"}) == 1
+    def flapped(seen: Samples) -> bool:
+        # Either host's fault alone makes the fabric triage, and each host is read on its own
+        # within a look: wait until both are seen.
+        fabric = of(seen, "sparkd_cluster_triage", **{"class": "fabric"}) == 1
+        rate = of(seen, "sparkd_fabric_link_rate_bytes_per_second", host="spark-a")
+        flaps = of(seen, "sparkd_fabric_flaps_total", host="spark-b")
+        return fabric and bool(flaps) and rate not in (None, 25e9)
 
-    await eventually(flapped, within=30)
-    assert await sample("sparkd_fabric_flaps_total", host="spark-b") == 1
-    assert await sample("sparkd_fabric_flaps_total", host="spark-a") == 0
-    assert await sample("sparkd_fabric_link_rate_bytes_per_second", host="spark-a") == 25e9 / 8
+    seen = await scrape_when(daemon, flapped)
+    assert of(seen, "sparkd_fabric_flaps_total", host="spark-b") == 1
+    assert of(seen, "sparkd_fabric_flaps_total", host="spark-a") == 0
+    assert of(seen, "sparkd_fabric_link_rate_bytes_per_second", host="spark-a") == 25e9 / 8
     _, body = await fetch(f"{daemon.url}/status")
     [cluster] = json.loads(body)["clusters"]
     assert "fabric: spark-b enp1s0f0np0 flapped" in cluster["reason"]

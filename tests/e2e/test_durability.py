@@ -270,8 +270,10 @@ async def test_a_failing_cluster_does_not_stop_the_others_or_the_watchdog(
     await eventually(lambda: broken.view.last_error is not None)
     # Past 3 intervals of failing cycles, the watchdog still pings and the other cluster runs.
     await asyncio.sleep(3.5 * broken.cluster.interval)
-    now = asyncio.get_running_loop().time()
-    assert [t for t in notifier.pings if t > now - 0.5], "watchdog withheld"
+    # A ping comes after them. (Not "one in the last 0.5 s": on a loaded box a slow step of a
+    # cycle holds the loop, and this task may run before the watchdog's overdue ping.)
+    pinged = len(notifier.pings)
+    await eventually(lambda: len(notifier.pings) > pinged)
     sparks = daemon.controllers["sparks"]
     cycles = sparks.view.cycles
     await eventually(lambda: sparks.view.cycles > cycles)
