@@ -508,9 +508,10 @@ class Controller:
                 self.view.last_error = f"{type(exc).__name__}: {exc}"
                 self.view.in_flight = None
                 self.action_deadline = None
-                # The loop goes on: for the watchdog that is progress; /healthz names it.
-                self.progress_at = self.monotonic()
                 self.log.exception("cycle_failed")
+                # The loop goes on: for the watchdog that is progress; /healthz names it. Stamped
+                # after the traceback is written, which a starved machine can take seconds over.
+                self.progress_at = self.monotonic()
                 self.on_record(self, CycleRecord(ok=False, seconds=self.monotonic() - started))
             if self.stopping:
                 break
