@@ -70,6 +70,8 @@ _.prompt_tokens_total
 _.head_container_id
 _.delayed
 _.subscribed
+# `World._serve_on`: the model server a test kills or prompts directly (tests/sim, tests/e2e).
+_._serve_on
 
 # Unused, in modules being moved or split by concern this round (sparkd/sim, web/app.py): to
 # be removed where they land, not edited under the move.

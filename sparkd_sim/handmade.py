@@ -72,17 +72,17 @@ def serve_argv(gpus: int, made: Made = ADOPTABLE) -> list[str]:
     return argv
 
 
-async def bring_up(world: Scenarios, made: Made = ADOPTABLE) -> None:
+async def bring_up(scenarios: Scenarios, made: Made = ADOPTABLE) -> None:
     """Every cluster's hand-made Ray and `vllm serve` (which then loads)."""
-    for cluster in sorted({h.cluster for h in world.hosts.values()}):
-        members = [h for h in world.hosts.values() if h.cluster == cluster]
+    for cluster in sorted({h.cluster for h in scenarios.state.hosts.values()}):
+        members = [h for h in scenarios.state.hosts.values() if h.cluster == cluster]
         head = members[0]
         if made.stale_units:
             for unit in STALE_UNITS:
                 head.state.units[unit] = Unit(unit, enabled=True, active=False)
         head_ip = head.state.data_ip
-        port = world.ray_port
-        world._create(
+        port = scenarios.state.ray_port
+        scenarios.create(
             head,
             made.head,
             {},
@@ -92,7 +92,7 @@ async def bring_up(world: Scenarios, made: Made = ADOPTABLE) -> None:
         )
         for worker in members[1:]:
             ip = worker.state.data_ip
-            world._create(
+            scenarios.create(
                 worker,
                 made.worker,
                 {},
@@ -106,12 +106,14 @@ async def bring_up(world: Scenarios, made: Made = ADOPTABLE) -> None:
                 ],
                 restart=made.restart,
             )
-        world._launches.append(world._spawn(_launch(world, head, len(members), made)))
+        scenarios.launches.append(
+            scenarios.state.spawn(_launch(scenarios, head, len(members), made))
+        )
 
 
-async def _launch(world: Scenarios, head: SimHost, gpus: int, made: Made) -> None:
+async def _launch(scenarios: Scenarios, head: SimHost, gpus: int, made: Made) -> None:
     """`docker exec -d HEAD vllm serve ...`, once Ray has every host's GPU."""
-    await world._ray_ready(head, gpus)
+    await scenarios.ray_ready(head, gpus)
     command = shlex.join(["docker", "exec", "-d", made.head, *serve_argv(gpus, made)])
     rc, _, err = await head.ssh.run_local(command)
     if rc != 0:

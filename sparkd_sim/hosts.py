@@ -1,5 +1,5 @@
 """A simulated Spark as the world keeps it (`SimHost`), the records of what was done to the
-hosts, and the names every room of the world shares."""
+hosts, and the names every part of the world shares."""
 
 from __future__ import annotations
 

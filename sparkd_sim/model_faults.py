@@ -15,20 +15,25 @@ from sparkd_sim.engine import normalize_image
 from sparkd_sim.hosts import TOOLS
 from sparkd_sim.reference import QWEN_IMAGE
 from sparkd_sim.vllm_text import AnswerStyle
+from sparkd_sim.world_state import WorldState
 
 # A prompt a long-context user sends: longer than two Sparks prefill in a minute (~2k tokens/s).
 LONG_PROMPT_TOKENS = 150_000
 
 
-class ModelFaults(Consequences):
+class ModelFaults:
     """What each model, container and tool fault does."""
 
+    def __init__(self, state: WorldState, consequences: Consequences) -> None:
+        self.state = state
+        self.consequences = consequences
+
     async def crash_model(self, host: str) -> str:
-        self._serve_on(host).crash("injected crash")
+        self.state.serve_on(host).crash("injected crash")
         return f"model on {host} crashed"
 
     async def hang_engine(self, host: str) -> str:
-        self.host(host).behaviour.engine = "hung"
+        self.state.host(host).behaviour.engine = "hung"
         return f"engine on {host} hung: /health 200, completions never finish"
 
     async def hang_under_load(self, host: str) -> str:
@@ -36,8 +41,8 @@ class ModelFaults(Consequences):
         answers /metrics with the engine's last figures, requests running and the token counter
         standing still. The hang, and the load, are this serve process's: the next one serves
         as the host did before."""
-        h = self.host(host)
-        serve = self._serve_on(host)
+        h = self.state.host(host)
+        serve = self.state.serve_on(host)
         style = h.behaviour.style
         h.behaviour.style = "busy"
         h.behaviour.engine = "hung"
@@ -57,18 +62,18 @@ class ModelFaults(Consequences):
         tokens = int(arg) if arg else LONG_PROMPT_TOKENS
         if tokens <= 0:
             raise ValueError("long-prompt needs a positive number of prompt tokens")
-        server = self._serve_on(host).server
+        server = self.state.serve_on(host).server
         if server is None:
             raise ValueError(f"the model on {host} is not serving yet")
         server.send_prompt(tokens)
         return f"a client sent the model on {host} a prompt of {tokens} tokens"
 
     async def oom_capture(self, host: str) -> str:
-        self.host(host).faults.oom_capture = True
+        self.state.host(host).faults.oom_capture = True
         return f"next CUDA graph capture on {host} is OOM-killed"
 
     async def kill_container(self, host: str, arg: str | None = None) -> str:
-        h = self.host(host)
+        h = self.state.host(host)
         if arg is None:
             raise ValueError("kill-container needs a container name")
         container = h.state.container(arg)
@@ -80,17 +85,17 @@ class ModelFaults(Consequences):
     async def hang_container(self, host: str, arg: str | None = None) -> str:
         """Every process of container `arg` stops (SIGSTOP), as on a wedged node while its host
         still answers SSH; `heal` continues them."""
-        h = self.host(host)
+        h = self.state.host(host)
         container = h.state.container(arg) if arg is not None else None
         if container is None or not container.running:
             raise ValueError(f"hang-container needs a running container on {host}, got {arg!r}")
-        self._freeze(container)
+        self.consequences.freeze(container)
         return f"container {container.name} on {host} hung (its processes stopped)"
 
     async def crash_loop(self, host: str, arg: str | None = None) -> str:
         """Container `arg`'s process dies at start-up from now on: under a restart policy docker
         restarts it with its backoff, `restarting` in between."""
-        h = self.host(host)
+        h = self.state.host(host)
         if arg is None:
             raise ValueError("crash-loop needs a container name")
         container = h.state.container(arg)
@@ -104,7 +109,7 @@ class ModelFaults(Consequences):
     async def repull_image(self, host: str, arg: str | None = None) -> str:
         """Tag `arg` (default: the Ray image) now points at a new image ID on `host` only, as
         after a `docker pull` of a moved tag there; existing containers keep their image."""
-        h = self.host(host)
+        h = self.state.host(host)
         name = normalize_image(arg or QWEN_IMAGE)
         new_id = "sha256:" + secrets.token_hex(32)
         h.state.images.add(name)
@@ -117,7 +122,7 @@ class ModelFaults(Consequences):
         ray"), pulled there: a new image ID, and `ray start` in a container of it exits 127 at
         once. The same image ID on every host it is pulled on; existing containers keep their
         image; a re-pull (`repull-image`) brings one with `ray` again."""
-        h = self.host(host)
+        h = self.state.host(host)
         name = normalize_image(arg or QWEN_IMAGE)
         # The same image wherever it is pulled: one ID for the tag on every host.
         new_id = "sha256:" + hashlib.sha256(f"without ray: {name}".encode()).hexdigest()
@@ -131,16 +136,16 @@ class ModelFaults(Consequences):
         if not arg:
             raise ValueError("pull-image needs the tag")
         name = normalize_image(arg)
-        self.host(host).state.images.add(name)
+        self.state.host(host).state.images.add(name)
         return f"{name} pulled on {host}"
 
     async def orphan_engine(self, host: str) -> str:
         """`kill -9` of the API server: its EngineCore and Ray workers stay with the GPUs."""
-        self._serve_on(host).kill_api_server()
+        self.state.serve_on(host).kill_api_server()
         return f"vllm serve on {host} SIGKILLed; its engine stays"
 
     async def hang_capture(self, host: str) -> str:
-        self.host(host).faults.hang_capture = True
+        self.state.host(host).faults.hang_capture = True
         return f"the next CUDA-graph capture on {host} hangs, spinning"
 
     async def missing_weights(self, host: str, arg: str | None = None) -> str:
@@ -152,12 +157,12 @@ class ModelFaults(Consequences):
         model, _, shard = arg.partition(":")
         shard = shard or shard_name(2)
         if model.startswith("/models/"):
-            directory = self.model_dir(model)
+            directory = self.state.model_dir(model)
             if not (directory / "model.safetensors.index.json").exists():
                 write_checkpoint(directory)
             (directory / shard).unlink(missing_ok=True)
-            self._damaged.add(model)
-        self.host(host).faults.missing_weights[model] = shard
+            self.state.damaged.add(model)
+        self.state.host(host).faults.missing_weights[model] = shard
         return f"{model} on {host} misses a weight file its index names"
 
     async def vanish_weights(self, host: str, arg: str | None = None) -> str:
@@ -166,13 +171,13 @@ class ModelFaults(Consequences):
         if not arg or not arg.startswith("/models/"):
             raise ValueError("fault 'vanish-weights' needs MODEL[:FILE], MODEL under /models")
         model, _, shard = arg.partition(":")
-        self.host(host).faults.vanish_weights[model] = shard or shard_name(2)
-        self._damaged.add(model)
+        self.state.host(host).faults.vanish_weights[model] = shard or shard_name(2)
+        self.state.damaged.add(model)
         return f"a weight file of {model} goes from {host} once its next serve starts"
 
     async def slow_load(self, host: str) -> str:
-        self.host(host).faults.slow_load = True
-        return f"model loads on {host} take {self.timing.slow_load_factor:g}x longer"
+        self.state.host(host).faults.slow_load = True
+        return f"model loads on {host} take {self.state.timing.slow_load_factor:g}x longer"
 
     async def hang_tool(self, host: str, arg: str | None = None) -> str:
         """Calls of fake tool `arg` on `host` (inside its containers too) never answer, as a
@@ -183,22 +188,22 @@ class ModelFaults(Consequences):
         tools = [t for t in TOOLS if t != "sudo"]
         if not words or words[0] not in tools:
             raise ValueError(f"hang-tool needs one of: {', '.join(tools)} (and any arguments)")
-        self.host(host).hung_tools.add(words)
+        self.state.host(host).hung_tools.add(words)
         return f"{' '.join(words)} on {host} now hangs"
 
     async def docker_down(self, host: str) -> str:
-        self.host(host).docker_down = True
+        self.state.host(host).docker_down = True
         return f"dockerd on {host} is gone; its containers keep running"
 
     async def docker_hung(self, host: str) -> str:
-        self.host(host).hung_tools.add(("docker",))
+        self.state.host(host).hung_tools.add(("docker",))
         return f"every docker call on {host} now hangs (a wedged dockerd)"
 
     async def hand_restart_serve(self, host: str) -> str:
         """An operator restarts `vllm serve` by hand: stopped, then started again with the same
         arguments into the same log, without sparkd's launch marker or PID file."""
-        serve = self._serve_on(host)
-        h = self.host(host)
+        serve = self.state.serve_on(host)
+        h = self.state.host(host)
         argv, container = list(serve.args.argv), serve.container
         serve.terminate()
         await serve.wait_stopped()
@@ -213,15 +218,15 @@ class ModelFaults(Consequences):
         return f"vllm serve on {host} restarted by hand (same arguments, no sparkd marker)"
 
     async def stall_load(self, host: str) -> str:
-        self.host(host).faults.stall_load = True
+        self.state.host(host).faults.stall_load = True
         return f"the next model load on {host} stalls at 40% and never finishes"
 
     async def chatty_stall(self, host: str) -> str:
-        self.host(host).faults.chatty_stall = True
+        self.state.host(host).faults.chatty_stall = True
         return f"the next model load on {host} sticks at 41% while its log keeps getting warnings"
 
     async def noisy_load(self, host: str) -> str:
-        self.host(host).faults.noisy_log = True
+        self.state.host(host).faults.noisy_log = True
         return f"model loads on {host} print vLLM's and Ray's harmless error-like warnings"
 
     async def answer_style(self, host: str, arg: str | None = None) -> str:
@@ -229,5 +234,5 @@ class ModelFaults(Consequences):
         style = (arg or "").replace("-", "_")
         if style not in styles:
             raise ValueError(f"answer-style needs one of: {', '.join(styles)}")
-        self.host(host).behaviour.style = style
+        self.state.host(host).behaviour.style = style
         return f"model on {host} now answers {style}"

@@ -23,6 +23,7 @@ from sparkd_sim.serve_hooks import ModelServer
 from sparkd_sim.state import Container, HostState, RayCluster
 from sparkd_sim.vllm_behaviour import SERVED_KEPT
 from sparkd_sim.vllm_server import SimVllmServer
+from sparkd_sim.world_state import WorldState
 
 # What the docker CLI prints (rc 1) when dockerd does not listen on its socket.
 DOCKER_DOWN = (
@@ -46,26 +47,30 @@ def refusing_port() -> int:
     return port
 
 
-class ToolRouting(Consequences):
+class ToolRouting:
     """The fake tools' calls and the SSH channels, routed to what answers them."""
 
-    def _dashboard_head(self, host: str) -> RayCluster | None:
+    def __init__(self, state: WorldState, consequences: Consequences) -> None:
+        self.state = state
+        self.consequences = consequences
+
+    def dashboard_head(self, host: str) -> RayCluster | None:
         """The Ray head on `host` whose dashboard answers now."""
         now = time.monotonic()
-        for cluster in self.ray.clusters:
+        for cluster in self.state.ray.clusters:
             if cluster.head_host == host and cluster.dashboard and cluster.answers(now):
                 return cluster
         return None
 
-    def _real_port(self, address: str, port: int) -> int | None:
+    def real_port(self, address: str, port: int) -> int | None:
         """Where a channel to `address:port` goes: a model server, or a head's dashboard while
         it answers; None is refused."""
-        found = self.listening.get((address, port))
-        if found is not None or self.real_ray is not None:
-            real = self.real_ray is not None and port == self.real_ray.dashboard_port
+        found = self.state.listening.get((address, port))
+        if found is not None or self.state.real_ray is not None:
+            real = self.state.real_ray is not None and port == self.state.real_ray.dashboard_port
             return found if found is not None else port if real else None
-        for name, server in self._dashboards.items():
-            head = self._dashboard_head(name) if server.address == address else None
+        for name, server in self.state.dashboards.items():
+            head = self.dashboard_head(name) if server.address == address else None
             if head is not None and head.dashboard_port == port:
                 return server.port
         return None
@@ -73,15 +78,15 @@ class ToolRouting(Consequences):
     # -- the fake tools --------------------------------------------------------------------------
 
     async def handle(self, call: ToolCall) -> Reply:
-        host = self.hosts.get(call.host)
+        host = self.state.hosts.get(call.host)
         if host is None:
             return fail(f"{call.tool}: unknown simulated host {call.host!r}", 125)
         if call.tool == "@ssh":
             # From the ForceCommand wrapper of a host behind a real sshd.
-            self._record(host.name, "ssh", call.args[0] if call.args else "")
+            self.state.record(host.name, "ssh", call.args[0] if call.args else "")
             return Done()
         container = host.state.containers.get(call.container) if call.container else None
-        self._record(
+        self.state.record(
             host.name, "tool", " ".join(call.argv), container.name if container else None,
             _session_of(call.pid),
         )  # fmt: skip
@@ -89,7 +94,7 @@ class ToolRouting(Consequences):
         tool = call.tool
         if any(tuple(call.argv[: len(prefix)]) == prefix for prefix in host.hung_tools):
             return self._hang(host, call)
-        if tool == "ray" and container is not None and self._frozen(container.id):
+        if tool == "ray" and container is not None and self.consequences.frozen(container.id):
             # Its processes are stopped: the CLI waits on them for ever.
             return self._hang(host, call)
         if tool == "docker":
@@ -97,11 +102,13 @@ class ToolRouting(Consequences):
                 return fail("bash: docker: command not found", 127)
             if host.docker_down:
                 return fail(DOCKER_DOWN, 1)
-            return await FakeDocker(host.engine, lambda c: self.session_env(host.name, c))(call)
+            return await FakeDocker(host.engine, lambda c: self.state.session_env(host.name, c))(
+                call
+            )
         if tool == "ray":
-            if self.real_ray is not None and container is not None:
-                return await self.real_ray.cli(container, call.args)
-            return self.ray.cli(container, call.args)
+            if self.state.real_ray is not None and container is not None:
+                return await self.state.real_ray.cli(container, call.args)
+            return self.state.ray.cli(container, call.args)
         if tool == "vllm":
             return self._vllm(host, container, call)
         if tool == "python3":
@@ -134,7 +141,7 @@ class ToolRouting(Consequences):
         box lost, or whose sshd refuses, still answers). iputils ping(8): exit 0 on a reply, 1
         when none came. The wait for a missing reply (`-W`) is not spent: only the exit counts."""
         target = args[-1] if args else ""
-        peer = next((h for h in self.hosts.values() if h.state.data_ip == target), None)
+        peer = next((h for h in self.state.hosts.values() if h.state.data_ip == target), None)
         answers = (
             peer is not None
             and host.state.link.up
@@ -169,7 +176,7 @@ class ToolRouting(Consequences):
         python = shutil.which("python3", path="/usr/bin:/bin")
         if python is None:
             return fail("bash: python3: command not found", 127)
-        real = self._real_port(host.ssh.address, int(rest[1]))
+        real = self.real_port(host.ssh.address, int(rest[1]))
         address, port = host.ssh.address, real
         if real is None:
             address, port = "127.0.0.1", refusing_port()
@@ -180,7 +187,7 @@ class ToolRouting(Consequences):
     def _hang(self, host: SimHost, call: ToolCall) -> Stream:
         """Answer nothing, ever: the call ends only when its caller goes away."""
         hung = HungCall(host.name, call.argv)
-        self.hung_calls.append(hung)
+        self.state.hung_calls.append(hung)
         stream = Stream()
 
         def released() -> None:
@@ -206,52 +213,49 @@ class ToolRouting(Consequences):
         def make_server(
             model: str, address: str, port: int, key: str | None, max_len: int
         ) -> ModelServer:
-            served = self.served.setdefault(host.name, deque(maxlen=SERVED_KEPT))
+            served = self.state.served.setdefault(host.name, deque(maxlen=SERVED_KEPT))
             server = SimVllmServer(
                 model,
                 host.behaviour,
                 host=address,
                 # A real sshd dials the model port it is asked for, so there the model listens
                 # on it; elsewhere on an ephemeral one, so worlds never collide.
-                port=port if self.ssh_server == "openssh" else 0,
+                port=port if self.state.ssh_server == "openssh" else 0,
                 api_key=key,
                 max_model_len=max_len,
                 served=served,
                 log_stats=not args.disable_log_stats,
             )
-            return _MappedServer(server, address, port, self.listening)
+            return _MappedServer(server, address, port, self.state.listening)
 
         serve = ServeProcess(
             host.engine,
             container,
             args,
-            self.ray.cluster_of(container.id),
-            {h.name: h.engine for h in self.hosts.values()},
-            self.timing,
+            self.state.ray.cluster_of(container.id),
+            {h.name: h.engine for h in self.state.hosts.values()},
+            self.state.timing,
             host.faults,
             make_server,
-            self.real_ray.placement(container) if self.real_ray is not None else None,
+            self.state.real_ray.placement(container) if self.state.real_ray is not None else None,
         )
-        self.serves.append(serve)
+        self.state.serves.append(serve)
         serve.stream.exit_code.add_done_callback(lambda _: self._forget(serve))
-        if self.real_ray is not None:
+        if self.state.real_ray is not None:
             # No `_node_lost` from real Ray: the engine a frozen node hung ends with its serve.
-            serve.stream.exit_code.add_done_callback(lambda _: self._unhang_engine(serve))
+            serve.stream.exit_code.add_done_callback(
+                lambda _: self.consequences.unhang_engine(serve)
+            )
         return serve.stream
 
     def _forget(self, serve: ServeProcess) -> None:
         with contextlib.suppress(ValueError):
-            self.serves.remove(serve)
-        # A broken link hung this process's NCCL, not the next launch's.
-        for host in self.hosts.values():
-            if host.engine is serve.engine and host.name in self._engines_hung_by_link:
-                self._engines_hung_by_link.discard(host.name)
-                if host.behaviour.engine == "hung":
-                    host.behaviour.engine = "ok"
+            self.state.serves.remove(serve)
+        self.consequences.serve_gone(serve)
 
     def _deliver_signal(self, state: HostState, pid: int, sig: int) -> bool:
-        host = self.hosts[state.name]
-        for serve in self.serves:
+        host = self.state.hosts[state.name]
+        for serve in self.state.serves:
             if serve.engine is host.engine and serve.pid == pid:
                 if sig:
                     serve.kill_api_server() if sig == 9 else serve.terminate()
@@ -265,9 +269,9 @@ class ToolRouting(Consequences):
             for index, proc in enumerate(container.processes):
                 if proc.pid == pid:
                     if sig in (19, 20):
-                        self._freeze(container)
+                        self.consequences.freeze(container)
                     elif sig == 18:
-                        self._thaw(container)
+                        self.consequences.thaw(container)
                     elif sig:
                         # The main process, or a Ray daemon `ray start --block` watches: either
                         # way the container's main command ends.
@@ -283,7 +287,7 @@ class ToolRouting(Consequences):
 
     def install_forced_command(self, host: str, program: str) -> None:
         """A forced-command program in front of `host`'s sshd (the OpenSSH server only)."""
-        ssh = self.host(host).ssh
+        ssh = self.state.host(host).ssh
         if not isinstance(ssh, OpenSshHost):
             raise ValueError("a forced command needs ssh_server='openssh'")
         ssh.install_forced_command(program)

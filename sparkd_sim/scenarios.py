@@ -19,17 +19,22 @@ from sparkd_sim.world_state import WorldState
 # The `hand-made` scenario's containers: the operator's own names, not sparkd's.
 
 
-class Scenarios(WorldState):
+class Scenarios:
     """Each scenario's hosts, containers and model."""
 
-    def _apply_scenario(self) -> None:
-        for host in self.hosts.values():
+    def __init__(self, state: WorldState) -> None:
+        self.state = state
+        # The model launches the `healthy` and hand-made scenarios started, until `brought_up`.
+        self.launches: list[asyncio.Future[None]] = []
+
+    def apply(self) -> None:
+        for host in self.state.hosts.values():
             state = host.state
             state.gpu_processes = graphics_processes()
-            if self.scenario == "empty":
+            if self.state.scenario == "empty":
                 continue
             state.images = {normalize_image(QWEN_IMAGE), normalize_image(GLM_IMAGE)}
-            if self.scenario not in ("seed-morning", "seed-crashloop"):
+            if self.state.scenario not in ("seed-morning", "seed-crashloop"):
                 continue
             if state.role == "head":
                 for unit in STALE_UNITS:
@@ -46,7 +51,7 @@ class Scenarios(WorldState):
                 created_wall=time.time() - 9 * 86400,
                 # `seed-crashloop`: since the reboot its server dies at start-up, and docker
                 # keeps restarting it with a growing backoff.
-                crash_loop=self.scenario == "seed-crashloop",
+                crash_loop=self.state.scenario == "seed-crashloop",
                 image_id=image_id(state, GLM_IMAGE),
             )
             state.containers[glm.id] = glm
@@ -55,10 +60,10 @@ class Scenarios(WorldState):
             state.booted_wall = time.time() - 150
             glm.started_wall = time.time() - 120
 
-    async def _bring_up_healthy(self) -> None:
+    async def bring_up_healthy(self) -> None:
         """What sparkd converges to: Ray on every host of each cluster, the model serving."""
-        for cluster in sorted({h.cluster for h in self.hosts.values()}):
-            members = [h for h in self.hosts.values() if h.cluster == cluster]
+        for cluster in sorted({h.cluster for h in self.state.hosts.values()}):
+            members = [h for h in self.state.hosts.values() if h.cluster == cluster]
             head = members[0]
             labels = {contract.LABEL_CLUSTER: cluster}
             env = {
@@ -68,7 +73,7 @@ class Scenarios(WorldState):
             }
             head_ip = head.state.data_ip
             head_start = ["ray", "start", "--block", "--head", f"--node-ip-address={head_ip}"]
-            self._create(
+            self.create(
                 head,
                 contract.container_name(cluster, "head"),
                 {
@@ -81,7 +86,7 @@ class Scenarios(WorldState):
             )
             for worker in members[1:]:
                 worker_start = ["ray", "start", "--block", f"--address={head_ip}:6379"]
-                self._create(
+                self.create(
                     worker,
                     contract.container_name(cluster, "worker"),
                     {
@@ -92,37 +97,36 @@ class Scenarios(WorldState):
                     {**env, "VLLM_HOST_IP": worker.state.data_ip},
                     [*worker_start, f"--node-ip-address={worker.state.data_ip}"],
                 )
-            launch = asyncio.ensure_future(self._launch_model(head, cluster, len(members)))
-            self._launches.append(launch)
-            self._background.add(launch)
-            launch.add_done_callback(self._background.discard)
+            self.launches.append(self.state.spawn(self._launch_model(head, cluster, len(members))))
 
-    async def _ray_ready(self, head: SimHost, gpus: int) -> None:
+    async def ray_ready(self, head: SimHost, gpus: int) -> None:
         while True:
             ray = next(
-                (c for c in self.ray.clusters if c.alive and c.ip == head.state.data_ip), None
+                (c for c in self.state.ray.clusters if c.alive and c.ip == head.state.data_ip), None
             )
-            if ray is not None and ray.total_gpus(time.monotonic(), self.timing) >= gpus:
+            if ray is not None and ray.total_gpus(time.monotonic(), self.state.timing) >= gpus:
                 return
-            await asyncio.sleep(self.timing.join_retry / 8)
+            await asyncio.sleep(self.state.timing.join_retry / 8)
 
     async def brought_up(self) -> None:
         """Returns once the `healthy` scenario has launched every cluster's model (it then
         loads): from here on a daemon finds nothing to start."""
-        await asyncio.gather(*self._launches)
+        await asyncio.gather(*self.launches)
 
     def _spec(self, cluster: str, role: str, host: str | None = None) -> str:
         key = contract.host_spec_key(cluster, host) if host is not None else None
-        by_host = self.spec_labels.get(key) if key is not None else None
-        return by_host or self.spec_labels.get(contract.spec_key(cluster, role), "sim-healthy")
+        by_host = self.state.spec_labels.get(key) if key is not None else None
+        return by_host or self.state.spec_labels.get(
+            contract.spec_key(cluster, role), "sim-healthy"
+        )
 
     async def _launch_model(self, head: SimHost, cluster: str, gpus: int) -> None:
         """Start `vllm serve` the way sparkd does, once Ray has every host's GPU."""
-        await self._ray_ready(head, gpus)
+        await self.ray_ready(head, gpus)
         log = f"{head.state.log_dir}/serve.log"
         spec_file = Path(head.state.log_dir) / "serve.spec"
         spec_file.write_text(self._spec(cluster, "model") + "\n")
-        self._give_to_session_user(spec_file)
+        self.state.give_to_session_user(spec_file)
         inner = (
             f"exec vllm serve {MODEL_ID} --port 30000 --tensor-parallel-size {gpus} "
             "--pipeline-parallel-size 1 --reasoning-parser qwen3 --tool-call-parser qwen3_coder "
@@ -133,7 +137,7 @@ class Scenarios(WorldState):
         if rc != 0:
             raise RuntimeError(f"could not launch the model on {head.name}: {err.strip()}")
 
-    def _create(
+    def create(
         self,
         host: SimHost,
         name: str,
@@ -146,7 +150,7 @@ class Scenarios(WorldState):
         # makes it beside the container it starts.
         cache = Path(host.state.log_dir) / "cache"
         cache.mkdir(mode=0o700, exist_ok=True)
-        self._give_to_session_user(cache)
+        self.state.give_to_session_user(cache)
         container = Container(
             id=new_container_id(),
             name=name,
@@ -155,7 +159,7 @@ class Scenarios(WorldState):
             labels=labels,
             env=env,
             mounts=[
-                Mount(str(self.models_dir), "/models"),
+                Mount(str(self.state.models_dir), "/models"),
                 Mount(host.state.log_dir, host.state.log_dir),
             ],
             restart=restart,

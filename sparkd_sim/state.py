@@ -1,7 +1,7 @@
 """Plain mutable state of the simulated hosts: units, containers, processes, GPUs, Ray nodes.
 
 Everything here is data; the behaviour that changes it lives in the world (`world.py` and its
-rooms) and the fake tools.
+parts) and the fake tools.
 """
 
 from __future__ import annotations

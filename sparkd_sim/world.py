@@ -18,7 +18,6 @@ import ipaddress
 import os
 import pwd
 import shutil
-import tempfile
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -28,9 +27,11 @@ import asyncssh
 
 from sparkd_sim import fake_kernel, handmade
 from sparkd_sim.config import render_config
+from sparkd_sim.consequences import Consequences
 from sparkd_sim.control import ControlServer
 from sparkd_sim.engine import HostEngine
 from sparkd_sim.faults import Faults
+from sparkd_sim.host_faults import HostFaults
 from sparkd_sim.hosts import (
     DATA_IP_OFFSET,
     SCENARIOS,
@@ -47,8 +48,10 @@ from sparkd_sim.hosts import (
     SshServer,
     host_names,
 )
+from sparkd_sim.model_faults import ModelFaults
 from sparkd_sim.openssh import OpenSshHost, find_sshd
 from sparkd_sim.owned import OwnedCommand
+from sparkd_sim.protocol import Reply, ToolCall
 from sparkd_sim.ray_dashboard import DEFAULT_DASHBOARD, DashboardServer
 from sparkd_sim.ray_runtime import RayWorld, StatusLayout
 from sparkd_sim.real_docker import RealDocker
@@ -60,11 +63,12 @@ from sparkd_sim.scenarios import Scenarios
 from sparkd_sim.serve import ServeProcess
 from sparkd_sim.serve_hooks import ServeFaults
 from sparkd_sim.sshd import SimSshHost
-from sparkd_sim.state import HostState
+from sparkd_sim.state import HostState, RayCluster, RayNode
 from sparkd_sim.timing import Timing
 from sparkd_sim.toolserver import ToolServer
 from sparkd_sim.vllm_behaviour import ModelBehaviour, Served
 from sparkd_sim.vllm_schema import FieldNaming
+from sparkd_sim.world_state import WorldState
 
 # The names tests, the demo and the CLI take from here, wherever they are defined.
 __all__ = [
@@ -88,9 +92,12 @@ _LOOPBACK = ipaddress.IPv4Network("127.0.0.0/8")
 _LOCALHOST = ipaddress.IPv4Address("127.0.0.1")
 
 
-class World(Faults, ToolRouting, Scenarios):
-    """The one entry point: builds the hosts, starts and stops everything; what the world does
-    once running lives in its rooms (faults, tool routing, scenarios, consequences)."""
+class World:
+    """The one entry point: builds the hosts, starts and stops everything. What the world does
+    once running lives in its parts, each an object handed the world's state (`WorldState`, the
+    one owner of its hosts and records) and the other parts it calls: the fault table
+    (`Faults`, over `HostFaults` and `ModelFaults`), the tool routing, the scenarios and the
+    consequences. The methods and attributes tests and tools use on a world are delegated."""
 
     def __init__(
         self,
@@ -132,68 +139,42 @@ class World(Faults, ToolRouting, Scenarios):
         top = int(first) + hosts - 1 + max(WRONG_IP_OFFSET, DATA_IP_OFFSET)
         if first not in _LOOPBACK or first == _LOCALHOST or top >= int(_LOOPBACK.broadcast_address):
             raise ValueError(f"host addresses from {first_address} must be in 127.0.0.2-127.255.x")
-        self.first_address = first
-        # Session-visible files (fake tools, per-host homes and log dirs) live in a fresh
-        # directory under the system temp dir, which the unprivileged session user can reach even
-        # when `directory` sits below a private one.
-        self.runtime_dir = Path(tempfile.mkdtemp(prefix="sparkd-sim-"))
-        # Checkpoints a fault took a file from (under /models): `heal` makes them whole again.
-        self._damaged: set[str] = set()
-        self.directory = Path(directory) if directory is not None else self.runtime_dir
-        self.host_count = hosts
-        self.cluster_count = clusters
-        self.scenario: Scenario = scenario
-        self.timing = timing or Timing.fast()
-        self.user = user
-        self.cluster_name = cluster_name
-        self.answer_naming: FieldNaming = answer_naming
-        # Loads print real vLLM/Ray's harmless error-like lines (see `ServeFaults.noisy_log`).
-        self.noisy_load_logs = noisy_load_logs
-        # Hosts' data IPs on a network of their own, apart from the management address their
-        # default route (and SSH) uses, as on real Sparks.
-        self.data_network = data_network
         # Sessions never run as root: a fake-tool PATH mistake must not reach the real system.
-        self.run_as = run_as if run_as is not None else ("nobody" if os.geteuid() == 0 else None)
-        self.ssh_server: SshServer = ssh_server
+        run_as = run_as if run_as is not None else ("nobody" if os.geteuid() == 0 else None)
         self._sshd: str | None = None
         if ssh_server == "openssh":
-            self._sshd = self._check_openssh(data_network)
+            self._sshd = _check_openssh(user, data_network)
             # sshd logs sessions in as `user` itself; the world's files must be theirs.
-            self.run_as = user
-        # The `sparkd.spec` values the `healthy` scenario stamps on what it starts: the caller
-        # computes them from the generated config (keys "CLUSTER/head", "CLUSTER/worker",
-        # "CLUSTER/model"), so a healthy world shows no drift without the simulator computing the
-        # daemon's hashes itself.
-        self.spec_labels_from = spec_labels
-        self.spec_labels: dict[str, str] = {}
-        self.hosts: dict[str, SimHost] = {}
-        self.ray = RayWorld(self.timing, self._node_lost)
-        self.ray.layout = ray_status_layout
-        self.real_ray = RealRay(self._ray_container_at) if ray == "real" else None
-        self.real_docker = (
-            RealDocker(self.runtime_dir / "docker", self._session_gid())
-            if docker == "real"
-            else None
+            run_as = user
+        self.state = WorldState(
+            first_address=first,
+            directory=Path(directory) if directory is not None else None,
+            hosts=hosts,
+            clusters=clusters,
+            scenario=scenario,
+            timing=timing or Timing.fast(),
+            user=user,
+            cluster_name=cluster_name,
+            ray_status_layout=ray_status_layout,
+            answer_naming=answer_naming,
+            run_as=run_as,
+            spec_labels=spec_labels,
+            noisy_load_logs=noisy_load_logs,
+            data_network=data_network,
+            ssh_server=ssh_server,
+            real_ray=ray == "real",
+            real_docker=docker == "real",
+            on_node_lost=self._node_lost,
         )
-        self.serves: list[ServeProcess] = []
-        self.command_log: list[CommandRecord] = []
-        self.power_log: list[PowerRecord] = []
-        self.hung_calls: list[HungCall] = []
-        # Per host, the latest requests its model servers answered, with their own times.
-        self.served: dict[str, deque[Served]] = {}
-        # (host address, simulated port) -> the real port its model server listens on.
-        self.listening: dict[tuple[str, int], int] = {}
-        # Each host's Ray dashboard (simulated Ray; real Ray serves its own).
-        self._dashboards: dict[str, DashboardServer] = {}
-        self._tool_server = ToolServer(self.handle)
+        self.consequences = Consequences(self.state)
+        self.host_faults = HostFaults(self.state, self.consequences)
+        self.model_faults = ModelFaults(self.state, self.consequences)
+        self.faults = Faults(self.state, self.host_faults, self.model_faults)
+        self.routing = ToolRouting(self.state, self.consequences)
+        self.scenarios = Scenarios(self.state)
+        self._tool_server = ToolServer(self.routing.handle)
         self._client_key = asyncssh.generate_private_key("ssh-ed25519")
-        self._background: set[asyncio.Future[None]] = set()
-        self._launches: list[asyncio.Future[None]] = []
         self._control = ControlServer(self)
-        # Head hosts whose model engine hangs because a Ray node it uses is frozen.
-        self._engines_hung_by_ray: set[str] = set()
-        # Head hosts whose model engine hangs in NCCL over a broken link: until it exits.
-        self._engines_hung_by_link: set[str] = set()
         self.started = False
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -211,100 +192,100 @@ class World(Faults, ToolRouting, Scenarios):
         await self.stop()
 
     async def start(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.state.directory.mkdir(parents=True, exist_ok=True)
         self._prepare_directory()
-        self.add_checkpoint(MODEL_ID)
-        await self._tool_server.start()
-        names = host_names(self.host_count)
-        per_cluster = -(-self.host_count // self.cluster_count)
+        self.state.add_checkpoint(MODEL_ID)
+        self.state.tool_port = await self._tool_server.start()
+        names = host_names(self.state.host_count)
+        per_cluster = -(-self.state.host_count // self.state.cluster_count)
         for index, name in enumerate(names):
             cluster_index = index // per_cluster
             first_of_cluster = index % per_cluster == 0
-            self.hosts[name] = self._make_host(name, index, cluster_index, first_of_cluster)
-        if self.real_docker is not None:
-            await self.real_docker.start(names)
-        self._apply_scenario()
-        if self.real_ray is None:
-            for name, host in self.hosts.items():
-                # A real sshd dials the port itself; the simulated one asks `_real_port`.
-                fixed = DEFAULT_DASHBOARD if self.ssh_server == "openssh" else 0
-                find = functools.partial(self._dashboard_head, name)
+            self.state.hosts[name] = self._make_host(name, index, cluster_index, first_of_cluster)
+        if self.state.real_docker is not None:
+            await self.state.real_docker.start(names)
+        self.scenarios.apply()
+        if self.state.real_ray is None:
+            for name, host in self.state.hosts.items():
+                # A real sshd dials the port itself; the simulated one asks `ToolRouting.real_port`.
+                fixed = DEFAULT_DASHBOARD if self.state.ssh_server == "openssh" else 0
+                find = functools.partial(self.routing.dashboard_head, name)
                 stalled = functools.partial(lambda h: ("ray",) in h.hung_tools, host)
-                server = DashboardServer(host.address, fixed, find, self.timing, stalled)
+                server = DashboardServer(host.address, fixed, find, self.state.timing, stalled)
                 await server.start()
-                self._dashboards[name] = server
-        ports = await asyncio.gather(*(h.ssh.listen() for h in self.hosts.values()))
+                self.state.dashboards[name] = server
+        ports = await asyncio.gather(*(h.ssh.listen() for h in self.state.hosts.values()))
         del ports
         self._write_client_files()
-        await self._control.start(self.control_path)
+        await self._control.start(self.state.control_path)
         self.started = True
-        if self.spec_labels_from is not None:
-            self.spec_labels = dict(self.spec_labels_from(self.config_path))
-        if self.scenario == "healthy":
-            await self._bring_up_healthy()
-        elif self.scenario == "hand-made":
-            await handmade.bring_up(self, handmade.SEED)
-        elif self.scenario == "handmade":
-            await handmade.bring_up(self, handmade.ADOPTABLE)
+        if self.state.spec_labels_from is not None:
+            self.state.spec_labels = dict(self.state.spec_labels_from(self.state.config_path))
+        if self.state.scenario == "healthy":
+            await self.scenarios.bring_up_healthy()
+        elif self.state.scenario == "hand-made":
+            await handmade.bring_up(self.scenarios, handmade.SEED)
+        elif self.state.scenario == "handmade":
+            await handmade.bring_up(self.scenarios, handmade.ADOPTABLE)
 
     async def stop(self) -> None:
         await self._control.stop()
-        self.ray.close()
-        for server in self._dashboards.values():
+        self.state.ray.close()
+        for server in self.state.dashboards.values():
             await server.stop()
-        self._dashboards.clear()
-        serves = list(self.serves)
+        self.state.dashboards.clear()
+        serves = list(self.state.serves)
         for serve in serves:
             serve.kill_hard()
         await asyncio.gather(*(s.wait_stopped() for s in serves), return_exceptions=True)
-        for host in self.hosts.values():
+        for host in self.state.hosts.values():
             host.engine.shutdown()
             await host.ssh.shutdown()
-        if self.real_ray is not None:
-            await self.real_ray.close()
-        if self.real_docker is not None:
-            await self.real_docker.close()
-        for task in list(self._background):
+        if self.state.real_ray is not None:
+            await self.state.real_ray.close()
+        if self.state.real_docker is not None:
+            await self.state.real_docker.close()
+        for task in list(self.state.background):
             task.cancel()
         await self._tool_server.stop()
         await asyncio.sleep(0)
-        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        shutil.rmtree(self.state.runtime_dir, ignore_errors=True)
         self.started = False
 
     def _prepare_directory(self) -> None:
-        self.runtime_dir.chmod(0o755)
-        self.bin_dir.mkdir(exist_ok=True)
-        client = self.bin_dir / "sim-tool"
+        self.state.runtime_dir.chmod(0o755)
+        self.state.bin_dir.mkdir(exist_ok=True)
+        client = self.state.bin_dir / "sim-tool"
         shutil.copyfile(BIN_DIR / "sim-tool", client)
         client.chmod(0o755)
-        shutil.copyfile(BIN_DIR / "session-init.bash", self.bin_dir / "session-init.bash")
-        (self.bin_dir / "session-init.bash").chmod(0o644)
+        shutil.copyfile(BIN_DIR / "session-init.bash", self.state.bin_dir / "session-init.bash")
+        (self.state.bin_dir / "session-init.bash").chmod(0o644)
         for tool in TOOLS:
-            link = self.bin_dir / tool
+            link = self.state.bin_dir / tool
             if link.is_symlink() or link.exists():
                 link.unlink()
             link.symlink_to("sim-tool")
-        real_cli = docker_cli() if self.real_docker is not None else None
+        real_cli = docker_cli() if self.state.real_docker is not None else None
         if real_cli is not None:
-            (self.bin_dir / "docker").unlink()
-            (self.bin_dir / "docker").symlink_to(Path(real_cli).resolve())
-        _check_reachable(self.bin_dir, self.run_as)
+            (self.state.bin_dir / "docker").unlink()
+            (self.state.bin_dir / "docker").symlink_to(Path(real_cli).resolve())
+        _check_reachable(self.state.bin_dir, self.state.run_as)
 
     def _make_host(self, name: str, index: int, cluster_index: int, head: bool) -> SimHost:
-        address = str(self.first_address + index)
-        host_dir = self.runtime_dir / "hosts" / name
+        address = str(self.state.first_address + index)
+        host_dir = self.state.runtime_dir / "hosts" / name
         log_dir = host_dir / "serve"
         home = host_dir / "home"
         for d in (log_dir, home):
             d.mkdir(parents=True, exist_ok=True)
-            self._give_to_session_user(d)
+            self.state.give_to_session_user(d)
         state = HostState(
             name=name,
             address=address,
             role="head" if head else "worker",
             data_ip=(
                 str(ipaddress.IPv4Address(address) + DATA_IP_OFFSET)
-                if self.data_network
+                if self.state.data_network
                 else address
             ),
             interface=INTERFACE,
@@ -312,7 +293,9 @@ class World(Faults, ToolRouting, Scenarios):
             home=str(home),
         )
         fake_kernel.boot(state)
-        engine = HostEngine(state, self._run_main, self._container_exited, self.timing)
+        engine = HostEngine(
+            state, self.consequences.run_main, self.consequences.container_exited, self.state.timing
+        )
         ssh_class: Callable[..., SimSshHost] = SimSshHost
         if self._sshd is not None:
             ssh_class = functools.partial(OpenSshHost, sshd=self._sshd, directory=host_dir / "sshd")
@@ -320,16 +303,16 @@ class World(Faults, ToolRouting, Scenarios):
             address=address,
             host_key=asyncssh.generate_private_key("ssh-ed25519"),
             client_key=self._client_key,
-            user=self.user,
-            session_env=lambda: self.session_env(name),
+            user=self.state.user,
+            session_env=lambda: self.state.session_env(name),
             cwd=str(home),
-            record=lambda command: self._record(name, "ssh", command),
-            other_addresses=lambda: {h.address for h in self.hosts.values()},
-            run_as=self.run_as,
-            real_port=self._real_port,
+            record=lambda command: self.state.record(name, "ssh", command),
+            other_addresses=lambda: {h.address for h in self.state.hosts.values()},
+            run_as=self.state.run_as,
+            real_port=self.routing.real_port,
             aliases=lambda: {
                 h.state.data_ip: h.address
-                for h in self.hosts.values()
+                for h in self.state.hosts.values()
                 if h.state.data_ip != h.address
             },
         )
@@ -338,71 +321,181 @@ class World(Faults, ToolRouting, Scenarios):
             engine=engine,
             ssh=ssh,
             cluster=self._cluster_label(cluster_index),
-            behaviour=ModelBehaviour(naming=self.answer_naming),
-            faults=ServeFaults(noisy_log=self.noisy_load_logs),
+            behaviour=ModelBehaviour(naming=self.state.answer_naming),
+            faults=ServeFaults(noisy_log=self.state.noisy_load_logs),
         )
 
-    def _check_openssh(self, data_network: bool) -> str:
-        sshd = find_sshd()
-        if sshd is None:
-            raise RuntimeError("no sshd on this machine (apt-get install openssh-server)")
-        if os.geteuid() != 0:
-            raise RuntimeError("a real sshd needs root (privilege separation)")
-        try:
-            entry = pwd.getpwnam(self.user)
-        except KeyError:
-            raise RuntimeError(
-                f"no account {self.user!r} for sshd to log sessions in as "
-                "(sparkd_sim.openssh.ensure_login_user creates one)"
-            ) from None
-        if entry.pw_uid == 0:
-            raise RuntimeError("sessions must not run as root: the fake tools would not be alone")
-        if data_network:
-            # sshd dials the model channel's address itself; the model listens on the host's
-            # management address only.
-            raise ValueError("data_network is not supported with ssh_server='openssh'")
-        # Debian's sshd refuses to start without its privilege-separation directory.
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-        return sshd
-
     def _cluster_label(self, index: int) -> str:
-        return self.cluster_name if index == 0 else f"{self.cluster_name}-{index + 1}"
+        return self.state.cluster_name if index == 0 else f"{self.state.cluster_name}-{index + 1}"
 
     def query(self, name: str, host: str) -> list[dict[str, Any]]:
         """What the control socket's queries answer: `requests` (the host's model servers'
         latest requests, oldest first, each with the server's own time for it) or `commands`
         (every SSH command and fake-tool call on the host)."""
-        target = self.host(host)
+        target = self.state.host(host)
         if name == "requests":
             return [
                 {"method": r.method, "path": r.path, "status": r.status, "at": r.at,
                  "seconds": r.seconds}
-                for r in self.served.get(target.name, ())
+                for r in self.state.served.get(target.name, ())
             ]  # fmt: skip
         if name == "commands":
             return [
                 {"at": r.at, "source": r.source, "command": r.command, "container": r.container}
-                for r in self.commands(target.name)
+                for r in self.state.commands(target.name)
             ]
         raise ValueError(f"unknown query {name!r}; known: commands, requests")
 
     def owned_commands(self) -> list[OwnedCommand]:
         """Every command naming its owner that a host ran (or refused), oldest first."""
-        found = [c for h in self.hosts.values() for c in h.ssh.owned]
+        found = [c for h in self.state.hosts.values() for c in h.ssh.owned]
         return sorted(found, key=lambda c: c.at)
+
+    def _node_lost(self, cluster: RayCluster, node: RayNode) -> None:
+        # Ray is the state's, which exists before the consequences that follow a lost node.
+        self.consequences.node_lost(cluster, node)
+
+    # -- what is asked of a world (delegated to its parts) --------------------------------------
+
+    async def fault(self, name: str, host: str, arg: str | None = None) -> str:
+        """Inject fault `name` on `host`; returns a one-line description of what happened."""
+        return await self.faults.fault(name, host, arg)
+
+    async def power(self, action: str, host: str) -> str:
+        return await self.faults.power(action, host)
+
+    async def handle(self, call: ToolCall) -> Reply:
+        return await self.routing.handle(call)
+
+    def install_forced_command(self, host: str, program: str) -> None:
+        self.routing.install_forced_command(host, program)
+
+    async def brought_up(self) -> None:
+        await self.scenarios.brought_up()
+
+    def host(self, name: str) -> SimHost:
+        return self.state.host(name)
+
+    def commands(self, host: str | None = None) -> list[CommandRecord]:
+        return self.state.commands(host)
+
+    def model_dir(self, model: str) -> Path:
+        return self.state.model_dir(model)
+
+    def add_checkpoint(self, model: str) -> Path:
+        return self.state.add_checkpoint(model)
+
+    def _serve_on(self, host: str) -> ServeProcess:
+        return self.state.serve_on(host)
+
+    @property
+    def hosts(self) -> dict[str, SimHost]:
+        return self.state.hosts
+
+    @property
+    def timing(self) -> Timing:
+        return self.state.timing
+
+    @property
+    def scenario(self) -> Scenario:
+        return self.state.scenario
+
+    @property
+    def user(self) -> str:
+        return self.state.user
+
+    @property
+    def run_as(self) -> str | None:
+        return self.state.run_as
+
+    @property
+    def first_address(self) -> ipaddress.IPv4Address:
+        return self.state.first_address
+
+    @property
+    def ray(self) -> RayWorld:
+        return self.state.ray
+
+    @property
+    def real_ray(self) -> RealRay | None:
+        return self.state.real_ray
+
+    @property
+    def real_docker(self) -> RealDocker | None:
+        return self.state.real_docker
+
+    @property
+    def serves(self) -> list[ServeProcess]:
+        return self.state.serves
+
+    @property
+    def served(self) -> dict[str, deque[Served]]:
+        return self.state.served
+
+    @property
+    def listening(self) -> dict[tuple[str, int], int]:
+        return self.state.listening
+
+    @property
+    def command_log(self) -> list[CommandRecord]:
+        return self.state.command_log
+
+    @property
+    def power_log(self) -> list[PowerRecord]:
+        return self.state.power_log
+
+    @property
+    def hung_calls(self) -> list[HungCall]:
+        return self.state.hung_calls
+
+    @property
+    def directory(self) -> Path:
+        return self.state.directory
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.state.bin_dir
+
+    @property
+    def models_dir(self) -> Path:
+        return self.state.models_dir
+
+    @property
+    def client_key_path(self) -> Path:
+        return self.state.client_key_path
+
+    @property
+    def known_hosts_path(self) -> Path:
+        return self.state.known_hosts_path
+
+    @property
+    def config_path(self) -> Path:
+        return self.state.config_path
+
+    @property
+    def control_path(self) -> Path:
+        return self.state.control_path
+
+    @property
+    def ray_port(self) -> int:
+        return self.state.ray_port
+
+    @property
+    def dashboard_port(self) -> int:
+        return self.state.dashboard_port
 
     # -- client files ----------------------------------------------------------------------------
 
     def _write_client_files(self) -> None:
-        self.client_key_path.write_bytes(self._client_key.export_private_key("openssh"))
-        self.client_key_path.chmod(0o600)
+        self.state.client_key_path.write_bytes(self._client_key.export_private_key("openssh"))
+        self.state.client_key_path.chmod(0o600)
         lines = [
             f"[{h.address}]:{h.port} "
             + h.ssh.host_key.export_public_key("openssh").decode().strip()
-            for h in self.hosts.values()
+            for h in self.state.hosts.values()
         ]
-        self.known_hosts_path.write_text("".join(line + "\n" for line in lines))
-        self.config_path.write_text(render_config(self))
+        self.state.known_hosts_path.write_text("".join(line + "\n" for line in lines))
+        self.state.config_path.write_text(render_config(self.state))
 
 
 def _check_reachable(path: Path, user: str | None) -> None:
@@ -415,3 +508,28 @@ def _check_reachable(path: Path, user: str | None) -> None:
             raise RuntimeError(
                 f"{part} is not traversable by {user}: the fake tools would be hidden"
             )
+
+
+def _check_openssh(user: str, data_network: bool) -> str:
+    """The sshd each host runs, once this machine is found able to run it for `user`."""
+    sshd = find_sshd()
+    if sshd is None:
+        raise RuntimeError("no sshd on this machine (apt-get install openssh-server)")
+    if os.geteuid() != 0:
+        raise RuntimeError("a real sshd needs root (privilege separation)")
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise RuntimeError(
+            f"no account {user!r} for sshd to log sessions in as "
+            "(sparkd_sim.openssh.ensure_login_user creates one)"
+        ) from None
+    if entry.pw_uid == 0:
+        raise RuntimeError("sessions must not run as root: the fake tools would not be alone")
+    if data_network:
+        # sshd dials the model channel's address itself; the model listens on the host's
+        # management address only.
+        raise ValueError("data_network is not supported with ssh_server='openssh'")
+    # Debian's sshd refuses to start without its privilege-separation directory.
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+    return sshd
