@@ -1,5 +1,5 @@
 """The simulator's modules import one another without a cycle, imports made for type checking
-only included: each room of the world can be read, and changed, from the bottom up. (Size is
+only included: each part of the world can be read, and changed, from the bottom up. (Size is
 judged by responsibility in review, not by a line count: a count split classes into halves.)"""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_the_finder_sees_a_cycle_through_a_type_checking_import() -> None:
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_the_graph_reads_the_world_and_its_rooms() -> None:
+def test_the_graph_reads_the_world_and_its_parts() -> None:
     graph = _graph()
     assert "sparkd_sim.faults" in graph["sparkd_sim.world"]
     assert "sparkd_sim.config" in graph["sparkd_sim.world"]
