@@ -140,3 +140,33 @@ def test_every_hold_on_an_answer_ends(case: tuple[ClusterSpec, Observed, Memory,
     assert later.actions or later.phase not in WAITS, (first.reason, later.reason)
     if later.phase == "blocked":
         assert later.reason
+
+
+def count_short(toy: Toy) -> Observed:
+    """The node list has every node ALIVE with its GPU; `ray status` counts one GPU fewer."""
+    seen = toy.observe()
+    assert seen.ray is not None
+    counted = seen.ray.model_copy(update={"gpus_usable": toy.cluster.ray.expected_gpus - 1.0})
+    return seen.model_copy(update={"ray": counted})
+
+
+def test_ray_status_counting_fewer_gpus_than_the_node_list_ends_blocked() -> None:
+    """A node is listed ALIVE a few seconds before `ray status` counts its GPU: a short wait.
+    Past `ray.join_timeout` the two disagreeing is no longer Ray settling but a report that
+    stopped updating (under autoscaler v1 `ray status` prints the report the monitor last
+    wrote to Ray's KV, ray 2.60 `_private/ray_constants.py` DEBUG_AUTOSCALING_STATUS) or a
+    layout the parser does not read: no node can be named, so no restart, and the model's
+    start must not wait for ever either. Before, it held the start with no end."""
+    toy, memory = healthy()
+    toy.serve_running = False
+    toy.ready = False
+    join = toy.cluster.ray.join_timeout
+    plans, memory = looks(toy, memory, int(join // 60) + 4, 60.0, count_short)
+    assert plans[0].phase == "starting_ray" and "GPUs usable yet" in plans[0].reason
+    assert not any(a.kind in ("restart_ray", "start_model") for p in plans for a in p.actions)
+    last = plans[-1]
+    assert last.phase == "blocked", last.reason
+    assert "`ray status`" in last.reason and "ray.join_timeout" in last.reason
+    assert memory.blocked is None  # not latched: `ray status` counting every GPU lifts it
+    after, _ = looks(toy, memory, 1, 60.0)
+    assert after[0].phase != "blocked", after[0].reason

@@ -349,8 +349,19 @@ def _membership(ctx: Context, verdict: RayVerdict, ray: RayState, unsettled_for:
     if total < expected or ray.gpus_total < expected:
         _short(ctx, verdict, ray, unsettled_for, "")
     elif ray.gpus_usable is not None and ray.gpus_usable < expected:
+        usable = f"every node listed, {ray.gpus_usable:g} of {expected} GPUs usable"
+        join = ctx.desired.ray.join_timeout
+        if unsettled_for <= join:
+            verdict.waits.append(f"Ray settling: {usable} yet")
+            return
+        # A GPU counted seconds after its node is listed is Ray settling; for longer it is a
+        # report that stopped updating (autoscaler v1's `ray status` is what its monitor last
+        # wrote to Ray's KV) or a layout not read. No node can be named: a human looks.
+        verdict.phase = "blocked"
         verdict.waits.append(
-            f"Ray settling: every node listed, {ray.gpus_usable:g} of {expected} GPUs usable yet"
+            f"Ray's node list and `ray status` disagree for {ago(unsettled_for)}, past "
+            f"ray.join_timeout ({ago(join)}): {usable} by `ray status`; check `ray status` on "
+            f"{ctx.desired.head.name} (the autoscaler's report and its time)"
         )
 
 
