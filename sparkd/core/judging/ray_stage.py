@@ -147,6 +147,9 @@ def _head(
         verdict.phase = "degraded" if serving else "loading"
         return False
     join = desired.ray.join_timeout
+    if age is None and unsettled_for > join:
+        _ageless(ctx, verdict, head, name, f"Ray head not answering ({error})", unsettled_for)
+        return False
     if age is not None and age > join and unsettled_for > join:
         verdict.actions.append(
             act(
@@ -334,6 +337,8 @@ def _membership(ctx: Context, verdict: RayVerdict, ray: RayState, unsettled_for:
                     f"{host.name} ({host.ip}) not in Ray {ago(age)} after start",
                 )
             )
+        elif age is None and box is not None and unsettled_for > join:
+            _ageless(ctx, verdict, host, name, f"{host.name} ({host.ip}) not in Ray", unsettled_for)
         else:
             verdict.waits.append(f"Ray node on {host.name} joining")
     head_repair = next((a for a in repairs if a.host == desired.head.name), None)
@@ -363,6 +368,23 @@ def _membership(ctx: Context, verdict: RayVerdict, ray: RayState, unsettled_for:
             f"ray.join_timeout ({ago(join)}): {usable} by `ray status`; check `ray status` on "
             f"{ctx.desired.head.name} (the autoscaler's report and its time)"
         )
+
+
+def _ageless(
+    ctx: Context, verdict: RayVerdict, host: HostSpec, name: str, what: str, waited: float
+) -> None:
+    """A Ray container whose start cannot be read (sparkd takes it from its processes' age, by
+    `docker top`), with Ray unsettled past `ray.join_timeout` on sparkd's own looks. Its age is
+    what tells a node that has failed to join from one that just (re)started (Docker's restart
+    policy, a human): a restart on unknown age may cut a start short, so none; and the wait
+    ends, `blocked` with what to check. Not latched: an age read, or Ray settling, lifts it."""
+    join = ctx.desired.ray.join_timeout
+    verdict.phase = "blocked"
+    verdict.waits.append(
+        f"{what} for {ago(waited)}, past ray.join_timeout ({ago(join)}), and when {name} "
+        f"started is unknown (its processes' age unread): not restarting it on that; check "
+        f"`docker top {name}` and `docker logs {name}` on {host.name}"
+    )
 
 
 def _strangers_of(
