@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from sparkd.core.deciding.planner import plan
 from sparkd.model.cluster import ClusterSpec
 from sparkd.model.memory import Memory
-from sparkd.model.observed import GpuProcess, HostError, Observed
+from sparkd.model.observed import GpuProcess, HostError, Observed, RayState
 from tests.support.planning import BASES, COMMON, healthy, host, looks
 from tests.toy import Toy
 
@@ -140,3 +140,88 @@ def test_every_hold_on_an_answer_ends(case: tuple[ClusterSpec, Observed, Memory,
     assert later.actions or later.phase not in WAITS, (first.reason, later.reason)
     if later.phase == "blocked":
         assert later.reason
+
+
+def count_short(toy: Toy) -> Observed:
+    """The node list has every node ALIVE with its GPU; `ray status` counts one GPU fewer."""
+    seen = toy.observe()
+    assert seen.ray is not None
+    counted = seen.ray.model_copy(update={"gpus_usable": toy.cluster.ray.expected_gpus - 1.0})
+    return seen.model_copy(update={"ray": counted})
+
+
+def test_ray_status_counting_fewer_gpus_than_the_node_list_ends_blocked() -> None:
+    """A node is listed ALIVE a few seconds before `ray status` counts its GPU: a short wait.
+    Past `ray.join_timeout` the two disagreeing is no longer Ray settling but a report that
+    stopped updating (under autoscaler v1 `ray status` prints the report the monitor last
+    wrote to Ray's KV, ray 2.60 `_private/ray_constants.py` DEBUG_AUTOSCALING_STATUS) or a
+    layout the parser does not read: no node can be named, so no restart, and the model's
+    start must not wait for ever either. Before, it held the start with no end."""
+    toy, memory = healthy()
+    toy.serve_running = False
+    toy.ready = False
+    join = toy.cluster.ray.join_timeout
+    plans, memory = looks(toy, memory, int(join // 60) + 4, 60.0, count_short)
+    assert plans[0].phase == "starting_ray" and "GPUs usable yet" in plans[0].reason
+    assert not any(a.kind in ("restart_ray", "start_model") for p in plans for a in p.actions)
+    last = plans[-1]
+    assert last.phase == "blocked", last.reason
+    assert "`ray status`" in last.reason and "ray.join_timeout" in last.reason
+    assert memory.blocked is None  # not latched: `ray status` counting every GPU lifts it
+    after, _ = looks(toy, memory, 1, 60.0)
+    assert after[0].phase != "blocked", after[0].reason
+
+
+def ageless(toy: Toy, ray: RayState | None = None) -> Observed:
+    """Every container's start unknown (its `docker top` unread: sparkd takes a container's
+    start from its processes' age), and Ray as given."""
+    seen = toy.observe()
+    hosts = tuple(
+        h.model_copy(
+            update={
+                "containers": tuple(c.model_copy(update={"started_at": None}) for c in h.containers)
+            }
+        )
+        for h in seen.hosts
+    )
+    return seen.model_copy(update={"hosts": hosts, "ray": ray if ray is not None else seen.ray})
+
+
+def test_a_silent_ray_head_of_unknown_age_ends_blocked_not_restarted() -> None:
+    """The head's `ray` times out and its container's age cannot be read. The age is what tells
+    a head that has not answered for `ray.join_timeout` from one that just started (a restart
+    of that one cuts its start short), so nothing is restarted on it; before, the wait had no
+    end (phase starting_ray for ever). Past `ray.join_timeout` of sparkd's own looks it is
+    `blocked` with what to check."""
+    toy, memory = healthy()
+    toy.serve_running = False
+    toy.ready = False
+    silent = RayState(error="`ray` timed out")
+    plans, memory = looks(toy, memory, 8, 60.0, lambda t: ageless(t, silent))
+    assert plans[0].phase == "starting_ray", plans[0].reason
+    assert not any(a.kind == "restart_ray" for p in plans for a in p.actions)
+    last = plans[-1]
+    assert last.phase == "blocked", last.reason
+    assert "docker top" in last.reason and "ray.join_timeout" in last.reason
+    assert memory.blocked is None
+
+
+def test_a_worker_missing_from_ray_with_unknown_age_ends_blocked_not_restarted() -> None:
+    toy, memory = healthy()
+    toy.serve_running = False
+    toy.ready = False
+    worker = toy.cluster.workers[0]
+
+    def without_worker(t: Toy) -> Observed:
+        seen = t.observe()
+        assert seen.ray is not None
+        nodes = tuple(n for n in seen.ray.nodes if n.ip != worker.ip)
+        gpus = sum(n.gpus for n in nodes if n.alive)
+        return ageless(t, seen.ray.model_copy(update={"nodes": nodes, "gpus_total": gpus}))
+
+    plans, memory = looks(toy, memory, 8, 60.0, without_worker)
+    assert "joining" in plans[0].reason, plans[0].reason
+    assert not any(a.kind == "restart_ray" for p in plans for a in p.actions)
+    last = plans[-1]
+    assert last.phase == "blocked", last.reason
+    assert "docker top" in last.reason and worker.name in last.reason

@@ -87,3 +87,32 @@ def test_a_look_at_which_the_model_answers_never_tears_its_engine_down(answers: 
         if answers[index] == "ours":
             assert not kinds & {"restart_ray", "restart_model", "start_model"}, made.reason
         toy.advance(30.0)
+
+
+class ServedElsewhere(Toy):
+    """No `vllm serve` and no engine process in sparkd's head container, while the port answers
+    with the served name and /health 200: a server sparkd does not run holds the port (an
+    operator's own `docker run vllm/vllm-openai --network host` trying another release, or one
+    started on the host itself). A start on top cannot make that port serve better: vLLM binds
+    its socket before it builds the engine (vllm-project/vllm entrypoints/openai/api_server.py
+    `setup_server`: "bind the port before the engine is set up"), and `create_server_socket`
+    sets SO_REUSEPORT there, so the second server either fails with the port in use (counted
+    against the spec, rolled back during a rollout) or loads a second engine into the memory
+    the serving one uses and shares its port with it."""
+
+    def _serve_state(self) -> ServeState:
+        return ServeState(running=False)
+
+
+def test_no_model_is_started_on_top_of_one_that_answers_from_elsewhere() -> None:
+    toy = ServedElsewhere.healthy()
+    _, memory = served()
+    plans = walk(toy, memory, looks=6)
+    started = [p for p in plans if any(a.kind in MODEL_KINDS for a in p.actions)]
+    assert not started, [(p.phase, p.reason) for p in started]
+    last = plans[-1]
+    assert last.phase == "degraded" and last.actions == ()
+    assert "no `vllm serve` runs in" in last.reason, last.reason
+
+
+MODEL_KINDS = ("start_model", "restart_model", "restart_ray")

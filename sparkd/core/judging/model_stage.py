@@ -70,6 +70,8 @@ def judge_model(
         return _served_unrecognised(ctx, verdict, serve.orphans)
     if not serve.running and serve.orphans:
         return _orphans(ctx, verdict, ray, serve.orphans)
+    if not serve.running and serving:
+        return _served_elsewhere(ctx, verdict)
     if not serve.running:
         if endpoint is not None and endpoint.status == "up" and name not in endpoint.models:
             others = ", ".join(endpoint.models) or "nothing"
@@ -247,6 +249,29 @@ def _served_unrecognised(
         f"{ctx.model_name} answers on {head}:{desired.model.port}, served by a process that is "
         f"not `vllm serve` ({', '.join(engines)} in {head}'s Ray container): sparkd leaves it "
         "serving and cannot restart it; restart it with `vllm serve` for sparkd to manage it"
+    )
+    verdict.holds.append(Hold(why, START_MODEL))
+    verdict.phase = "degraded"
+    verdict.notes.append(why)
+    return verdict
+
+
+def _served_elsewhere(ctx: Context, verdict: ModelVerdict) -> ModelVerdict:
+    """The port answers with the served name and /health 200 while no `vllm serve` (nor any
+    engine process) runs in the head's Ray container: a server sparkd does not run holds the
+    port (an operator's own container with host networking, or one on the host itself). A start
+    on top cannot make the port serve better: vLLM binds its socket before it builds its engine,
+    with SO_REUSEPORT in the releases that set it (entrypoints/openai/api_server.py
+    `setup_server`, `create_server_socket`), so the second server either fails for the port
+    (counted against the spec) or loads a second engine into the memory the first one uses.
+    Left serving, named; once it stops answering, sparkd starts its own."""
+    desired = ctx.desired
+    head = desired.head.name
+    why = (
+        f"{ctx.model_name} answers on {head}:{desired.model.port}, but no `vllm serve` runs in "
+        f"{head}'s Ray container: a server sparkd does not run holds the port (another "
+        "container, or the host itself); not starting a second one on top of it: stop that "
+        "server for sparkd to launch its own"
     )
     verdict.holds.append(Hold(why, START_MODEL))
     verdict.phase = "degraded"

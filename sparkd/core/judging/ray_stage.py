@@ -147,6 +147,9 @@ def _head(
         verdict.phase = "degraded" if serving else "loading"
         return False
     join = desired.ray.join_timeout
+    if age is None and unsettled_for > join:
+        _ageless(ctx, verdict, head, name, f"Ray head not answering ({error})", unsettled_for)
+        return False
     if age is not None and age > join and unsettled_for > join:
         verdict.actions.append(
             act(
@@ -334,6 +337,8 @@ def _membership(ctx: Context, verdict: RayVerdict, ray: RayState, unsettled_for:
                     f"{host.name} ({host.ip}) not in Ray {ago(age)} after start",
                 )
             )
+        elif age is None and box is not None and unsettled_for > join:
+            _ageless(ctx, verdict, host, name, f"{host.name} ({host.ip}) not in Ray", unsettled_for)
         else:
             verdict.waits.append(f"Ray node on {host.name} joining")
     head_repair = next((a for a in repairs if a.host == desired.head.name), None)
@@ -349,9 +354,37 @@ def _membership(ctx: Context, verdict: RayVerdict, ray: RayState, unsettled_for:
     if total < expected or ray.gpus_total < expected:
         _short(ctx, verdict, ray, unsettled_for, "")
     elif ray.gpus_usable is not None and ray.gpus_usable < expected:
+        usable = f"every node listed, {ray.gpus_usable:g} of {expected} GPUs usable"
+        join = ctx.desired.ray.join_timeout
+        if unsettled_for <= join:
+            verdict.waits.append(f"Ray settling: {usable} yet")
+            return
+        # A GPU counted seconds after its node is listed is Ray settling; for longer it is a
+        # report that stopped updating (autoscaler v1's `ray status` is what its monitor last
+        # wrote to Ray's KV) or a layout not read. No node can be named: a human looks.
+        verdict.phase = "blocked"
         verdict.waits.append(
-            f"Ray settling: every node listed, {ray.gpus_usable:g} of {expected} GPUs usable yet"
+            f"Ray's node list and `ray status` disagree for {ago(unsettled_for)}, past "
+            f"ray.join_timeout ({ago(join)}): {usable} by `ray status`; check `ray status` on "
+            f"{ctx.desired.head.name} (the autoscaler's report and its time)"
         )
+
+
+def _ageless(
+    ctx: Context, verdict: RayVerdict, host: HostSpec, name: str, what: str, waited: float
+) -> None:
+    """A Ray container whose start cannot be read (sparkd takes it from its processes' age, by
+    `docker top`), with Ray unsettled past `ray.join_timeout` on sparkd's own looks. Its age is
+    what tells a node that has failed to join from one that just (re)started (Docker's restart
+    policy, a human): a restart on unknown age may cut a start short, so none; and the wait
+    ends, `blocked` with what to check. Not latched: an age read, or Ray settling, lifts it."""
+    join = ctx.desired.ray.join_timeout
+    verdict.phase = "blocked"
+    verdict.waits.append(
+        f"{what} for {ago(waited)}, past ray.join_timeout ({ago(join)}), and when {name} "
+        f"started is unknown (its processes' age unread): not restarting it on that; check "
+        f"`docker top {name}` and `docker logs {name}` on {host.name}"
+    )
 
 
 def _strangers_of(
