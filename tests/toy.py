@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from sparkd.core.spec import (
     LABEL_CLUSTER,
@@ -38,6 +39,9 @@ from sparkd.model.observed import (
 from sparkd.model.plan import Action
 from sparkd.model.probe import ProbeOutcome, ProbeResult, ProbeVerdict
 from sparkd.settings import load_settings
+
+if TYPE_CHECKING:
+    from sparkd.runtime.controller import Controller
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_CONFIG = ROOT / "etc" / "sparkd" / "sparkd.toml"
@@ -238,6 +242,22 @@ class Toy:
 
     def unreachable(self, host: str, kind: HostErrorKind = "unreachable") -> None:
         self.errors[host] = HostError(kind=kind, detail="No route to host")
+
+    def controller(self, state: Path, clock: list[float]) -> Controller:
+        """A controller of this toy's cluster with no SSH and no event watch, whose wall and
+        monotonic clocks both read `clock[0]` (a test moves it)."""
+        from sparkd.runtime.controller import Controller
+        from sparkd.runtime.state import StateDir
+        from sparkd.shell.ssh import SshPool
+
+        return Controller(
+            self.cluster,
+            cast(SshPool, None),
+            StateDir(state),
+            wall_clock=lambda: clock[0],
+            monotonic=lambda: clock[0],
+            watch_events=False,
+        )
 
     # -- observation --------------------------------------------------------------------
 

@@ -8,9 +8,6 @@ from pathlib import Path
 from typing import Any, cast
 
 from sparkd.model.plan import Plan
-from sparkd.runtime.controller import Controller
-from sparkd.runtime.state import StateDir
-from sparkd.shell.ssh import SshPool
 from tests.toy import Toy
 
 
@@ -33,14 +30,7 @@ class SlowLog:
 def test_a_failed_cycle_whose_traceback_took_long_is_still_progress(tmp_path: Path) -> None:
     toy = Toy.healthy()
     clock = [1000.0]
-    controller = Controller(
-        toy.cluster,
-        cast(SshPool, None),
-        StateDir(tmp_path),
-        wall_clock=lambda: clock[0],
-        monotonic=lambda: clock[0],
-        watch_events=False,
-    )
+    controller = toy.controller(tmp_path, clock)
     # Longer than the watchdog's three intervals: only a stamp after the write can be fresh.
     log = SlowLog(clock, 4 * toy.cluster.interval)
     controller.log = cast(Any, log)

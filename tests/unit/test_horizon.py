@@ -79,23 +79,12 @@ def test_a_latched_cluster_waits_on_nobody_but_an_operator() -> None:
 def test_a_deadline_that_passed_during_the_cycle_is_looked_at_now(tmp_path: Path) -> None:
     """A look held up past its plan's deadline (a probe's 30 s timeout) looks again at once,
     not a whole interval later: a hang under load due meanwhile is found then."""
-    from typing import cast
 
     from sparkd.model.plan import Plan
-    from sparkd.runtime.controller import Controller
-    from sparkd.runtime.state import StateDir
-    from sparkd.shell.ssh import SshPool
 
     toy = Toy.healthy()
     clock = [1000.0]
-    controller = Controller(
-        toy.cluster,
-        cast(SshPool, None),
-        StateDir(tmp_path),
-        wall_clock=lambda: clock[0],
-        monotonic=lambda: clock[0],
-        watch_events=False,
-    )
+    controller = toy.controller(tmp_path, clock)
     now = controller.clock.now()
     controller.view.plan = Plan(
         cluster=toy.cluster.name, phase="degraded", reason="r", recheck_at=now + 10.0
