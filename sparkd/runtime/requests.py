@@ -110,7 +110,10 @@ class OperatorRequests:
         edited = rollout.back(self.memory.value, cluster, by, now, wall)
         if edited == self.memory.value:
             return False
-        self.memory.edit(lambda m: rollout.back(m, cluster, by, now, wall))
+        # The spec the operator asked to go back to: a cycle running now may accept the rollout
+        # and make the new spec last-good before this edit is applied on top of it.
+        good = self.memory.value.last_good
+        self.memory.edit(lambda m: rollout.back(m, cluster, by, now, wall, good))
         self.log.info("rollout_back", by=by)
         self._note("rollout_back", {"by": by})
         return True

@@ -230,6 +230,51 @@ def test_back_relaunches_the_last_good_spec_during_a_rollout() -> None:
     assert "to " + good.hash + ": asked by alice" in held.reason
 
 
+def test_back_asked_while_a_cycle_accepts_the_rollout_still_goes_back() -> None:
+    """The operator's `rollout back` lands while the cycle that accepts the rollout runs: the
+    request, applied again on top of what that cycle learnt, still goes back to the spec that
+    was last-good when it was asked, rather than answering 200 and doing nothing."""
+    import structlog
+
+    from sparkd.runtime.clock import DaemonClock
+    from sparkd.runtime.requests import MemoryNow, OperatorRequests
+
+    run = serving()
+    good = run.memory.last_good
+    assert good is not None
+    run.desired = with_args(run.desired, "--max-num-seqs", "8")
+    before = run.memory
+    for _ in range(30):
+        before = run.memory
+        run.cycle()
+        if run.memory.rollout is not None and run.memory.rollout.result == "accepted":
+            break
+    accepted = run.memory
+    assert accepted.last_good is not None and accepted.last_good.hash == identity(run.desired)
+    now = MemoryNow(before)
+    now.look_began()
+    clock = DaemonClock(lambda: run.toy.now, lambda: run.toy.now, "boot")
+    requests = OperatorRequests(
+        now,
+        lambda: run.desired,
+        clock,
+        lambda: run.toy.now,
+        structlog.get_logger(),
+        lambda event, fields: True,
+        lambda: None,
+    )
+    assert requests.rollout_back("alice")
+    now.learnt(accepted)  # the accepting cycle ends; the request is applied on top
+    now.cycle_ended()
+    record = now.value.rollout
+    assert record is not None and record.result == "rolled_back", record
+    assert now.value.last_good == good
+    run.memory = now.value
+    made = run.cycle()
+    assert [a.kind for a in made.actions] == ["restart_model"]
+    assert run.toy.serve_spec == good.hash
+
+
 def test_a_config_change_while_held_ends_the_hold() -> None:
     run = rolled_back_and_held()
     run.on_launch = []

@@ -162,9 +162,20 @@ def retry(memory: Memory, desired: ClusterSpec) -> Memory:
     return memory.evolve(rollout=None, blocked=blocked, attempts=kept)
 
 
-def back(memory: Memory, desired: ClusterSpec, by: str, now: float, wall: float) -> Memory:
-    """`sparkd rollout back`: go to the last-good spec now, and hold it as a rollback does."""
-    good = memory.last_good
+def back(
+    memory: Memory,
+    desired: ClusterSpec,
+    by: str,
+    now: float,
+    wall: float,
+    good: GoodSpec | None = None,
+) -> Memory:
+    """`sparkd rollout back`: go to the last-good spec now, and hold it as a rollback does.
+
+    `good`: the last-good spec when the operator asked (default: memory's). The request is
+    applied again on top of what the cycle running meanwhile learnt; if that cycle accepted the
+    rollout, memory's last-good is already the new spec, and the operator's spec is restored."""
+    good = good if good is not None else memory.last_good
     want = identity(desired)
     if good is None or good.hash == want:
         return memory
@@ -183,7 +194,7 @@ def back(memory: Memory, desired: ClusterSpec, by: str, now: float, wall: float)
             "restored_at": None,
         }
     )
-    return memory.evolve(rollout=held)
+    return memory.evolve(rollout=held, last_good=good)
 
 
 def differs(desired: ClusterSpec, good: GoodSpec | None) -> list[str]:
