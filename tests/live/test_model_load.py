@@ -74,12 +74,15 @@ async def test_loading_is_observed_until_the_model_serves(
             loading.append(observed)
             for _ in range(SHARDS_PER_LOOK):
                 gate.release()
-        return observed.probe is not None and observed.probe.outcome == "reasoning_only"
+        # A look reads the endpoint before it probes: the first look to get an answer may have
+        # found the port refusing a moment earlier. Served is a look that saw both.
+        endpoint = observed.endpoint
+        answered = observed.probe is not None and observed.probe.outcome == "reasoning_only"
+        return answered and endpoint is not None and endpoint.serves(cluster.model.served_name)
 
     # Probe every cycle, whatever the endpoint says, to see what a probe reads while loading.
-    served = await observe_until(
-        cluster, pool, ready, within=MODEL_LOAD + 5, probe_due=lambda _: True
-    )
+    # The load moves at the looks' pace (the gate), so the wait is the looks', not the load's.
+    served = await observe_until(cluster, pool, ready, within=60, probe_due=lambda _: True)
 
     percents: list[float] = []
     ages: list[float] = []
